@@ -229,3 +229,18 @@ def test_tee_kind_is_never_claimed_without_evidence(monkeypatch):
     assert devices.detect_tee_kind() == "emulated"
     monkeypatch.setattr(devices.Path, "read_text", lambda self: "flags\t: fpu tdx_guest sse2\n")
     assert devices.detect_tee_kind() == "tdx"
+
+
+@pytest.mark.slow
+def test_gemma3_split_configurations_run_and_t3_matches_cpu():
+    """Gemma 3: gain stored as 1+w, GELU-gated MLP, QK-norm, sliding-window layers (first load ~90 s)."""
+    m = model("gemma3-270m")
+    ps = [m.tokenizer("The capital of France is").input_ids, m.tokenizer("Water boils at a temperature of").input_ids]
+    _, cpu = run(m, "cpu", ps, 10)
+    _, t3 = run(m, "t3", ps, 10)
+    assert t3.output_ids == cpu.output_ids
+    engine, ep1 = run(m, "ep1", ps, 10, epsilon=5.0)
+    assert all(len(o) == 10 for o in ep1.output_ids)
+    gains = {r["op"]: r["gain_l4"] for r in engine.sensitivity_table() if r["layer"] == 0}
+    # Gemma stores the gain as 1 + w; the bound must use the effective gain (all ‖α‖₄ well above 0).
+    assert min(gains.values()) > 1.0

@@ -79,13 +79,14 @@ class Gaussian:
         with ctx.clock.time("masking"):
             # σ per batch row: the engine sets Δ-free factors (1/ε or √n_prompt) for the current batch.
             sigma = (op.delta * ctx.sigma_factor).to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
-            exposed = x + sigma * masks.view(*rows, -1)
+            exposed = torch.addcmul(x, sigma, masks.view(*rows, -1))
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
             ys = [F.linear(sent, w, b) for w, b in op.device_params]
         ys = ctx.boundary.receive(ys)
         with ctx.clock.time("masking"):
-            return [y - sigma * c.view(*rows, -1) for y, c in zip(ys, corrections)]
+            # The answers are fresh tensors owned by the TEE now: unmask in place, fused.
+            return [y.addcmul_(sigma, c.view(*rows, -1), value=-1.0) for y, c in zip(ys, corrections)]
 
 
 class Slalom:
@@ -114,19 +115,21 @@ class Slalom:
         rows = x.shape[:-1]
         masks, corrections = op.take(math.prod(rows))
         with ctx.clock.time("masking"):
-            exposed = torch.remainder(quantise(x, self.frac_bits) + masks.view(*rows, -1), q).to(torch.int32)
+            # x·2^f and its rounding are exact in float32 while |x_q| < 2^24; residues < q < 2^24 fit int32.
+            x_q = torch.round(x * float(2**self.frac_bits)).to(torch.int32)
+            exposed = torch.remainder(x_q + masks.view(*rows, -1), q)
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
             flat = sent.reshape(-1, sent.shape[-1]).double()
             ys = [exact_matmul_mod(flat, w, q, op.device_chunk).to(torch.int32) for w in op.device_quantised]
         ys = ctx.boundary.receive(ys)
         with ctx.clock.time("masking"):
-            scale = float(2 ** (2 * self.frac_bits))
+            # |z| < q/2 < 2^23 is exact in float32, and so is scaling by a power of two.
+            scale = 2.0 ** (-2 * self.frac_bits)
             outs = []
             for y, c, (_, b) in zip(ys, corrections, op.tee_params):
-                z = centre(torch.remainder(y.double() - c.double(), q), q) / scale
-                out = z.to(x.dtype).view(*rows, -1)
-                outs.append(out + b if b is not None else out)
+                z = centre(torch.remainder(y - c, q), q).to(x.dtype).mul_(scale).view(*rows, -1)
+                outs.append(z.add_(b) if b is not None else z)
             return outs
 
 
