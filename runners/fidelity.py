@@ -1,0 +1,321 @@
+"""Fidelity runner (paper §7.3.1, Tables 2-3): how much a configuration changes the model's answers.
+
+Greedy generation of exactly `generation.max_new_tokens` tokens for every prompt of the workload, once
+with the baseline configuration (gpu, or cpu where there is no CUDA: `baseline=auto`) and once with the
+configuration under test; each pair is compared with metrics/text.compare_generations. The baseline
+generations are cached under paths.cache_dir, keyed by everything that changes them (model, workload and
+its filter, the prompts' token ids, seed, generation settings, baseline configuration, code version), so
+a sweep over ε computes them once.
+
+Writes results.json (DESIGN.md contract), samples.jsonl (one line per prompt), sensitivity.json (the
+engine's per-op Δ table) and, with engine.record_view=true, view.pt (the adversary view).
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness import provenance, schema
+from harness.results import GenerationCache, RunContext, cache_key
+from harness.wandb_mirror import mirror
+
+# Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
+_TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
+                  "rouge_l", "semantic_similarity", "first_divergence")
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """Everything but `timing`, with ε normalised: configurations other than ep1 ignore it."""
+    return schema.semantic_config(cfg, drop=("timing",),
+                                  epsilon=schema.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+
+
+def describe_skip(cfg: DictConfig) -> str | None:
+    """Why a skipped job is a duplicate: said when the job set ε but its configuration ignores it."""
+    if not cfg.configuration.uses_epsilon and overridden("epsilon"):
+        return (f"configuration {cfg.configuration.name} ignores epsilon, so epsilon={cfg.epsilon:g} "
+                "is the same run")
+    return None
+
+
+def overridden(key: str) -> bool:
+    """Whether this job's command-line overrides (its own, in a sweep) set `key`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in HydraConfig.get().overrides.task)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared with runners/timing.py: engines from the config, batched generation
+# ---------------------------------------------------------------------------------------------------
+
+
+def resolve_baseline(choice: str) -> str:
+    """`auto` → gpu where CUDA exists, else cpu; explicit choices stand."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
+    """A SplitEngine for `configuration` from cfg.engine (a `_target_` node for EngineSettings)."""
+    from hydra.utils import instantiate
+
+    from harness.split.engine import SplitEngine
+
+    settings = instantiate(
+        cfg.engine,
+        configuration=configuration,
+        epsilon=schema.effective_epsilon(configuration, cfg.epsilon),
+        seed=cfg.seed,
+        _convert_="all",  # plain lists, not ListConfig, inside the settings
+    )
+    settings.offload = tuple(settings.offload)
+    return SplitEngine(model, settings)
+
+
+@dataclass
+class BatchedGeneration:
+    """GenerationResults of consecutive batches, joined: ids in prompt order, times and bytes summed."""
+
+    output_ids: list[list[int]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    boundary: dict[str, float] = field(default_factory=dict)
+    bank: dict[str, Any] = field(default_factory=dict)
+    epsilons: list[float | None] = field(default_factory=list)
+    n_generated_tokens: int = 0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        total = self.timings.get("total", 0.0)
+        return self.n_generated_tokens / total if total > 0 else None
+
+    def per_prompt(self) -> dict[str, float]:
+        n = max(1, len(self.output_ids))
+        return {k: v / n for k, v in self.timings.items()}
+
+
+def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
+                     pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str) -> BatchedGeneration:
+    from tqdm.auto import tqdm
+
+    out = BatchedGeneration()
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None):
+        batch = [list(p) for p in prompts[start:start + batch_size]]
+        res = engine.generate(batch, max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+                              stop_at_eos=stop_at_eos)
+        out.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
+        for key, value in res.timings.items():
+            out.timings[key] = out.timings.get(key, 0.0) + float(value)
+        for key, value in (res.boundary or {}).items():
+            out.boundary[key] = out.boundary.get(key, 0) + value
+        out.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
+        out.epsilons.extend(getattr(res, "epsilons", None) or [None] * len(batch))
+        out.n_generated_tokens += int(res.n_generated_tokens)
+    return out
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int | None]:
+    """(pad, eos) for left-padded batches: the tokenizer's pad, else its eos, else 0."""
+    eos = tokenizer.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos if eos is not None else 0
+    return int(pad), (None if eos is None else int(eos))
+
+
+def workload_record(workload: Any) -> dict[str, Any]:
+    return {"name": workload.name, "source": workload.source, "chat_template": workload.chat_template,
+            "filter": dict(workload.filter), "prompt_ids": [p.id for p in workload.prompts]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The runner
+# ---------------------------------------------------------------------------------------------------
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from harness.models import load_model
+    from harness.workloads import load_workload
+    from metrics.text import compare_generations
+
+    configuration = cfg.configuration.name
+    gen = cfg.generation
+    semantic_model = _load_semantic(cfg.semantic_model)  # before any work: a missing model is a user error
+
+    loaded = load_model(cfg.model)
+    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
+    prompts = [list(p.input_ids) for p in workload.prompts]
+    pad, eos = special_ids(loaded.tokenizer)
+    generate = dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=pad,
+                    eos_token_id=eos, stop_at_eos=gen.stop_at_eos)
+
+    baseline = resolve_baseline(cfg.baseline)
+    base = _baseline(cfg, loaded, workload, prompts, baseline, generate)
+
+    engine = make_engine(cfg, configuration, loaded.model)
+    test = generate_batches(engine, prompts, desc=configuration, **generate)
+    test_engine = engine.describe()
+
+    decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    base_texts = [decode(ids) for ids in base["output_ids"]]
+    test_texts = [decode(ids) for ids in test.output_ids]
+    scores = compare_generations(base_texts, test_texts, base["output_ids"], test.output_ids,
+                                 semantic_model=semantic_model)
+
+    metrics = scores.summary()
+    epsilon = schema.effective_epsilon(configuration, cfg.epsilon)
+    used = [e for e in test.epsilons if e is not None]
+    # EPN's ε is 1/√n per prompt: its mean is what the paper quotes (0.0773 in §7.3.1).
+    metrics["epsilon_mean"] = sum(used) / len(used) if used else None
+    metrics["seconds_per_prompt"] = test.per_prompt().get("total")
+    metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(prompts))
+
+    notes = []
+    if baseline == "cpu" and cfg.baseline == "auto":
+        notes.append("no CUDA on this machine: the baseline is the cpu configuration, not gpu")
+    if test_engine.get("accelerator_is_cpu_fallback"):
+        notes.append("no CUDA on this machine: the device side ran on the CPU")
+
+    samples = []
+    for i, prompt in enumerate(workload.prompts):
+        row = scores.rows[i]
+        samples.append({
+            "id": prompt.id,
+            "prompt": prompt.text,
+            "n_prompt_tokens": len(prompt.input_ids),
+            "epsilon": test.epsilons[i] if i < len(test.epsilons) else epsilon,
+            "baseline_ids": base["output_ids"][i],
+            "output_ids": test.output_ids[i],
+            "baseline_text": base_texts[i],
+            "output_text": test_texts[i],
+            **row,
+        })
+
+    results = {
+        "experiment": "fidelity",
+        "experiment_name": cfg.experiment_name,
+        "status": "ok",
+        "configuration": configuration,
+        "epsilon": epsilon,
+        "baseline": baseline,
+        "model": loaded.name,
+        "model_source": loaded.source,
+        "workload": workload.name,
+        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
+        "n_prompts": len(prompts),
+        "generation": OmegaConf.to_container(gen, resolve=True),
+        "metrics": metrics,
+        "metric_definitions": {
+            "exact_match": "% of prompts whose generated ids equal the baseline's",
+            "token_match_rate": "% of generated positions with the same id as the baseline (position-wise, "
+                                "over max(len) positions)",
+            "bleu": "corpus BLEU (sacrebleu defaults), bootstrap 95% CI over prompts",
+            "bleu_sentence_mean": "mean sentence BLEU (effective order), t 95% CI",
+            "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), t 95% CI",
+            "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
+            "epsilon_mean": "mean per-token epsilon the configuration ran under (None: no noise)",
+        },
+        "semantic_model": cfg.semantic_model,
+        "timings": {"test": test.timings, "baseline": base["timings"], "test_per_prompt": test.per_prompt()},
+        "boundary": test.boundary,
+        "bank": test.bank,
+        "tokens_per_second": test.tokens_per_second,
+        "notes": notes,
+        "tags": list(cfg.tags),
+        "config_hash": ctx.config_hash,
+        "run_dir": ctx.name,
+        "provenance": provenance.collect(
+            OmegaConf.to_container(cfg, resolve=True), cfg.seed,
+            engines={"baseline": base["engine"], "test": test_engine},
+            extra={"baseline_cache": base["cache"], "bleu_signature": metrics.get("bleu_signature")}),
+    }
+
+    side = {"sensitivity.json": engine.sensitivity_table()}
+    ctx.run_dir.write_results(results, samples, side_files=side, before_done=_view_writer(cfg, engine, ctx))
+    print_summary(results)
+    mirror(cfg, ctx.run_dir.path, results, samples, name=ctx.name, table_columns=_TABLE_COLUMNS)
+    return results
+
+
+def _view_writer(cfg: DictConfig, engine: Any, ctx: RunContext):
+    if not cfg.engine.record_view:
+        return None
+    return lambda: engine.view.save(ctx.run_dir.path / "view.pt")
+
+
+def _load_semantic(name: str | None) -> Any:
+    if not name:
+        return None
+    from metrics.semantic import load_semantic_model
+
+    return load_semantic_model(name)
+
+
+def _baseline(cfg: DictConfig, loaded: Any, workload: Any, prompts: list[list[int]], baseline: str,
+              generate: dict[str, Any]) -> dict[str, Any]:
+    """Baseline generations from the cache, or generated now and cached."""
+    key = cache_key({
+        "kind": "baseline_generation",
+        "model": {"name": loaded.name, "source": loaded.source, "config": _plain(cfg.model)},
+        "workload": workload_record(workload),
+        "input_ids": prompts,
+        "seed": cfg.seed,
+        "generation": {k: generate[k] for k in ("batch_size", "max_new_tokens", "stop_at_eos", "pad_token_id",
+                                                 "eos_token_id")},
+        "configuration": baseline,
+        "engine": {k: v for k, v in _plain(cfg.engine).items() if k in ("tee_threads", "allow_cpu_fallback")},
+        # The sources, not the git commit: a commit that touches only docs keeps the cache, an
+        # uncommitted edit to harness/ or metrics/ invalidates it.
+        "code": provenance.source_digest(),
+    })
+    cache = GenerationCache(cfg.paths.cache_dir)
+    hit = cache.get(key)
+    if hit is not None:
+        return {**hit, "cache": {"key": key, "hit": True}}
+    engine = make_engine(cfg, baseline, loaded.model)
+    res = generate_batches(engine, prompts, desc=f"baseline {baseline}", **generate)
+    entry = {"output_ids": res.output_ids, "timings": res.timings, "engine": engine.describe()}
+    cache.put(key, entry)
+    return {**entry, "cache": {"key": key, "hit": False}}
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    """A short table on the terminal; results.json has everything."""
+    m = results["metrics"]
+    eps = results["epsilon"]
+    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
+            f"{'' if eps is None else f' (ε={eps:g})'} vs {results['baseline']} · {results['n_prompts']} prompts · "
+            f"{results['generation']['max_new_tokens']} new tokens")
+    lines = [head, f"  {'metric':<22}{'value':>8}   95% CI"]
+    for name in ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"):
+        value = m.get(name)
+        if value is None:
+            continue
+        lo, hi = m.get(f"{name}_ci_lo"), m.get(f"{name}_ci_hi")
+        ci = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+        lines.append(f"  {name:<22}{value:>8.2f}   {ci}")
+    if m.get("mean_first_divergence") is not None:
+        lines.append(f"  {'mean_first_divergence':<22}{m['mean_first_divergence']:>8.1f}   (over diverging prompts)")
+    for note in results.get("notes", []):
+        lines.append(f"  note: {note}")
+    print("\n".join(lines), flush=True)

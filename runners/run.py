@@ -1,0 +1,204 @@
+"""splitbench's command line: `python -m runners.run [overrides]` (console script `splitbench`), `-m` to sweep.
+
+    splitbench experiment=smoke
+    splitbench -m experiment=fidelity workload=dolly configuration=ep1,epn,slalom epsilon=0.5,1,5,10,15
+    splitbench experiment=timing 'timing.max_new_tokens=[50,100]'
+    splitbench -m hydra/launcher=joblib ...          # local parallel sweep
+
+Every job goes through `run_job`: validate, lock its run directory, skip it if it is already complete,
+else hand it to the runner named by `cfg.runner` (RUNNERS below). Runners compose library code
+(harness/, metrics/) and write results through harness/results.py.
+
+Errors. A mistake the user can make (bad override, unknown option, value out of range, missing model,
+no network) ends in exactly one line `splitbench: error: ...` on stderr and exit code 2; anything else
+is a bug and keeps its traceback (exit code 1). How that is done with Hydra 1.3: Hydra's `hydra.main`
+catches every exception itself, prints a multi-line report and calls sys.exit(1) — unless the documented
+variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it for its own process
+(remembering whether the user had set it) and renders what comes out:
+- composition errors (ConfigCompositionException, MissingConfigException, OverrideParseException, an
+  OmegaConf ValidationError under them) and UserError → one line, exit 2;
+- UserError inside a single run: the job itself prints the line and raises SystemExit(2), because Hydra
+  would otherwise print "Error executing job with overrides: [...]" first; in a sweep it re-raises so
+  the other jobs still run, and the sweep ends with exit 2 once they have;
+- anything else → the traceback, exit 1. If the user set HYDRA_FULL_ERROR=1 themselves, user errors also
+  show their traceback before the one line.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from harness import schema
+from harness.errors import UserError
+from harness.results import RunContext, RunDir, config_hash, remove_if_empty
+
+# runner name → module. A runner module provides:
+#   semantic_config(cfg) -> dict     what its config hash covers (harness.schema.semantic_config)
+#   run(cfg, ctx: RunContext) -> dict  does the work and writes results via ctx.run_dir
+#   describe_skip(cfg) -> str | None   why a job may be a duplicate of another (e.g. ε ignored), or None
+# Modules are imported when a job runs, so composing or rejecting a config never imports torch.
+RUNNERS: dict[str, str] = {
+    "fidelity": "runners.fidelity",
+    "timing": "runners.timing",
+}
+
+PROG = "splitbench"
+# An absolute config dir, computed from this file: works from a source checkout (`python -m runners.run`),
+# an editable install and a wheel (conf/ is installed beside runners/). A relative "../conf" makes Hydra
+# look the configs up as the package `conf` when the entry point is imported (the console script), and
+# importlib.resources rejects that namespace package under setuptools' editable finder.
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+class JobFailed(Exception):
+    """A job failed on a bug or an environment problem; its results.json says status "failed"."""
+
+
+def load_runner(name: str) -> ModuleType:
+    return importlib.import_module(RUNNERS[name])
+
+
+def _say(message: str, *, err: bool = False) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def run_job(cfg: DictConfig) -> dict:
+    """One job (a single run or one job of a sweep) in Hydra's output dir for it. Returns a small status
+    dict ({"status": ..., "run_dir": ...})."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
+    output_root = Path(cfg.paths.output_dir).expanduser().resolve()
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    name = _relative(run_dir.path, output_root)
+    try:
+        schema.validate(cfg, tuple(RUNNERS))
+        runner = load_runner(cfg.runner)
+        semantic = runner.semantic_config(cfg)
+        digest = config_hash(semantic)
+        with run_dir.lock() as held:
+            if not held:
+                _say(f"skip {name}: another job is computing this run right now{_dup_note(runner, cfg)}")
+                return {"status": "skipped_running", "run_dir": str(run_dir.path)}
+            state = run_dir.state(digest)
+            if state == "complete" and not cfg.rerun:
+                _say(f"skip {name}: already complete{_dup_note(runner, cfg)}")
+                return {"status": "skipped_complete", "run_dir": str(run_dir.path)}
+            if state == "stale" and not cfg.rerun:
+                raise UserError(
+                    f"{run_dir.path} holds a finished run of a different config (hash {run_dir.stored_hash()} != "
+                    f"{digest}); move it away, or pass rerun=true to recompute it in place")
+            try:
+                runner.run(cfg, RunContext(run_dir, name, digest, semantic))
+            except UserError:
+                raise
+            except BaseException as exc:
+                _record_failure(run_dir, cfg, name, digest, exc)
+                if isinstance(exc, Exception):
+                    _say(f"FAILED {name}: {type(exc).__name__}: {_first_line(exc)}", err=True)
+                    raise JobFailed(f"{name}: {type(exc).__name__}: {_first_line(exc)}") from exc
+                raise
+        _say(f"done {name}")
+        return {"status": "ok", "run_dir": str(run_dir.path)}
+    except UserError as exc:
+        # Hydra made the directory before we ran; a user error leaves nothing behind.
+        remove_if_empty(run_dir.path, output_root)
+        if sweeping:
+            _say(f"error: {name}: {exc}", err=True)
+            exc.job = name  # main() says which job, once the other jobs have run
+            raise
+        _say(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+def _dup_note(runner: ModuleType, cfg: DictConfig) -> str:
+    note = runner.describe_skip(cfg) if hasattr(runner, "describe_skip") else None
+    return f" ({note})" if note else ""
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _record_failure(run_dir: RunDir, cfg: DictConfig, name: str, digest: str, exc: BaseException) -> None:
+    run_dir.write_failure({
+        "experiment": cfg.runner,
+        "experiment_name": cfg.experiment_name,
+        "configuration": cfg.configuration.name,
+        "epsilon": schema.effective_epsilon(cfg.configuration.name, cfg.epsilon),
+        "model": cfg.model.get("name"),
+        "workload": cfg.workload.get("name"),
+        "n_prompts": None,
+        "status": "failed",
+        "error": f"{type(exc).__name__}: {_first_line(exc)}",
+        "traceback": traceback.format_exception(exc)[-12:],
+        "metrics": {},
+        "tags": list(cfg.tags),
+        "config_hash": digest,
+        "run_dir": name,
+    })
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def render_error(exc: BaseException) -> str:
+    """One line for a composition / override / user error (Hydra's own messages span several lines)."""
+    if isinstance(exc, MissingConfigException) and exc.options:
+        missing = exc.missing_cfg_file or _first_line(exc)
+        return f"no config option '{missing}' (available: {', '.join(sorted(exc.options))})"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, OverrideParseException):
+        return f"cannot parse override '{exc.override}': {lines[0] if lines else 'syntax error'}"
+    message = lines[0].rstrip(".") if lines else type(exc).__name__
+    cause = exc.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        cause_lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+        if cause_lines:
+            message = f"{message}: {cause_lines[0]}"
+    return message.replace("\t", " ")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def app(cfg: DictConfig) -> dict:
+    return run_job(cfg)
+
+
+def main() -> None:
+    """Console entry point (`splitbench`)."""
+    user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except UserError as exc:
+        if user_full_error:
+            traceback.print_exc()
+        job = getattr(exc, "job", None)
+        _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
+        sys.exit(2)
+    except JobFailed:
+        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        if user_full_error:
+            traceback.print_exc()
+        _say(f"error: {render_error(exc)}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

