@@ -67,7 +67,7 @@ class EngineConfig:
     bank_capacity: Optional[int] = None
     record_view: bool = False
     tee_threads: Optional[int] = None
-    allow_cpu_fallback: bool = True
+    allow_cpu_fallback: bool = False
     slalom_frac_bits: int = 8
     sigma_scale: float = 1.0
     sensitivity_rule: str = "paper"

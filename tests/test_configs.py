@@ -73,7 +73,8 @@ def test_full_product(hydra_conf):
 def test_defaults_and_experiments(hydra_conf):
     cfg = compose_config([])
     assert (cfg.runner, cfg.experiment_name, cfg.configuration.name, cfg.model.name) == ("fidelity", "fidelity", "ep1", "smollm2-135m")
-    assert cfg.logger.name == "none" and cfg.tags == [] and cfg.generation.max_new_tokens == 200
+    assert cfg.logger.name == "none" and cfg.tags == [] and cfg.generation.max_new_tokens == 64
+    assert cfg.engine.allow_cpu_fallback is False and cfg.workload.n_prompts == 15
 
     smoke = compose_config(["experiment=smoke"])
     assert smoke.model.name == "tiny-llama" and smoke.workload.n_prompts == 3
@@ -84,6 +85,7 @@ def test_defaults_and_experiments(hydra_conf):
 
     tim = compose_config(["experiment=timing"])
     assert tim.runner == "timing" and tim.workload.n_prompts == 45 and tim.generation.batch_size == 15
+    assert tim.engine.allow_cpu_fallback is True  # Table 1 times gpu too, on the CPU where there is no CUDA
     assert list(tim.timing.configurations) == list(schema.CONFIGURATIONS)
     assert list(tim.timing.max_new_tokens) == [100, 200, 400, 800]
     ts = compose_config(["experiment=timing_smoke"])

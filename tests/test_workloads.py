@@ -68,7 +68,7 @@ def test_workload_yaml_files_match_the_schema(tok):
 
     from omegaconf import OmegaConf
 
-    expected = {"builtin": ("builtin", 45), "dolly": ("dolly", 30)}
+    expected = {"builtin": ("builtin", 15), "dolly": ("dolly", 30)}
     for name, (source, n) in expected.items():
         conf = OmegaConf.load(CONF_DIR / f"{name}.yaml")
         assert set(conf) == {f.name for f in fields(WorkloadConfig)}
@@ -76,7 +76,7 @@ def test_workload_yaml_files_match_the_schema(tok):
         assert conf.path is None and conf.require_context is False
         OmegaConf.merge(OmegaConf.structured(WorkloadConfig), conf)  # types agree with the schema
     w = load_workload(OmegaConf.load(CONF_DIR / "builtin.yaml"), tok, seed=0)
-    assert w.name == "builtin" and len(w.prompts) == 45 and w.chat_template is True
+    assert w.name == "builtin" and len(w.prompts) == 15 and w.chat_template is True
 
 
 def test_seeded_sampling_is_deterministic_and_depends_on_the_seed(tok):
