@@ -10,6 +10,7 @@ import hashlib
 import importlib.metadata
 import platform
 import subprocess
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -111,6 +112,7 @@ def collect(resolved_config: dict[str, Any], seed: int, engines: dict[str, dict]
         "device": accelerators[0] if len(accelerators) == 1 else (accelerators or None),
         "engines": engines,
         "config": resolved_config,
-        "command": " ".join(sys.argv),
+        "command": shlex.join(["splitbench" if sys.argv[0].endswith(("runners/run.py", "splitbench")) else sys.argv[0],
+                                *sys.argv[1:]]),
         **(extra or {}),
     }

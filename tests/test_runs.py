@@ -96,6 +96,25 @@ def test_bad_override_one_line_exit_2_no_files(tmp_path, override, expected):
     assert _files(out) == []
 
 
+@pytest.mark.parametrize("override, expected", [
+    (["model=nope"], "no config option 'model/nope'"),
+    (["model=llama-3.2-3b-instruct"], "meta-llama/Llama-3.2-3B-Instruct"),   # a hub model, offline
+    (["configuration=gpu"], "needs CUDA"),
+    (["generation.max_new_tokens=5000"], "exceeds the model's context"),
+])
+def test_user_errors_found_at_run_time_one_line_exit_2_no_files(tmp_path, override, expected):
+    import torch
+
+    if override == ["configuration=gpu"] and torch.cuda.is_available():
+        pytest.skip("checks the no-CUDA path")
+    out = tmp_path / "out"
+    res = run_cli(TINY + override, out, tmp_path / "cache")
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr_lines) == 1, res.stderr
+    assert res.stderr_lines[0].startswith("splitbench: error: ") and expected in res.stderr_lines[0], res.stderr
+    assert _files(out) == []
+
+
 def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     res = run_cli(["experiment=smoke"], out, cache)
