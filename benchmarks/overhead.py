@@ -47,11 +47,31 @@ def engine_for(model, configuration: str, epsilon: float, threads: int | None):
                                              tee_threads=threads))
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux carries that over from the parent
+    across fork + exec, so a child of a large benchmark process would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def peak_memory_child(args) -> None:
     loaded, batch, _ = load(args.model, args.batch)
     engine = engine_for(loaded.model, args.child, args.epsilon, args.threads)
     engine.generate(batch, args.new_tokens, pad_token_id=loaded.tokenizer.pad_token_id)
-    print(json.dumps({"maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"maxrss_mib": peak_rss_mib()}))
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (uncommitted changes)" if dirty else "")
 
 
 def main() -> None:
@@ -108,7 +128,7 @@ def main() -> None:
         f"template), {args.new_tokens} new tokens each, greedy. Device side: "
         f"{engines['t3'].describe()['accelerator']}; TEE: {engines['t3'].describe()['tee_kind']} "
         f"({engines['t3'].describe()['tee_device']}, {torch.get_num_threads()} threads). torch {torch.__version__}, "
-        f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}.",
+        f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, splitbench commit {git_commit()}.",
         "",
         "| ratio | median over rounds | min | max | target |",
         "|---|---|---|---|---|",

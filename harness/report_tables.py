@@ -15,6 +15,10 @@ table without the CLI.
   max_new_tokens, baseline, similarity model, tags), rows ep1 by ascending ε, then epn, slalom, others.
 - `timing_tables` builds Table 1 / Fig. 4 (§7.1-7.2): configuration × output limit → seconds per
   prompt, broken into the paper's components, with ratios to TDX and T3 at the same limit.
+- `fp_error_groups` builds Table 4 (§7.3.2): per ε, mean true error against the mean bound, their ratio
+  and the violation rate, then per op type, per precision × kernel, and Down (§6.3).
+- `controlled_tables` builds Table 5 (§7.3.2): per error level, the mean absolute error and the fidelity
+  metrics against T3.
 """
 from __future__ import annotations
 
@@ -467,8 +471,285 @@ def timing_breakdown_md(table: TimingTable) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Other experiments (floating-point study, attacks, ...): their headline metrics, generically
+# Table 4: floating-point error of unmasking (runners/fp_error.py)
 # ---------------------------------------------------------------------------------------------------
+
+# Paper order of the op types (§7.3.2), Down last: it is not offloaded, only a reference.
+FP_OPS: tuple[tuple[str, str], ...] = (
+    ("q", "Q"), ("k", "K"), ("v", "V"), ("o", "O"), ("gate", "Gate"), ("up", "Up"), ("lm_head", "LM head"),
+    ("down", "Down (TEE)"),
+)
+
+
+@dataclass
+class FpErrorRow:
+    run: Run
+    configuration: str
+    epsilon: float | None
+    epsilon_mean: float | None
+    table: list[dict[str, Any]]
+
+    def label(self) -> str:
+        if self.configuration == "ep1" and self.epsilon is not None:
+            return f"ep1 (ε={self.epsilon:g})"
+        if self.configuration == "epn" and self.epsilon_mean is not None:
+            return f"epn (mean ε={self.epsilon_mean:.4g})"
+        return self.configuration
+
+    @property
+    def x(self) -> float | None:
+        """Where the row sits on an ε axis: ep1's ε, epn's mean ε."""
+        return self.epsilon if self.epsilon is not None else self.epsilon_mean
+
+    def cell(self, precision: str, kernel: str, op: str) -> dict[str, Any] | None:
+        for r in self.table:
+            if (r.get("precision"), r.get("kernel"), r.get("op")) == (precision, kernel, op):
+                return r
+        return None
+
+
+@dataclass
+class FpErrorGroup:
+    experiment_name: str
+    model: str
+    workload: str
+    n_prompts: Any
+    headline: tuple[str, str]
+    variant: str
+    tags: tuple[str, ...]
+    rows: list[FpErrorRow]
+
+    @property
+    def title(self) -> str:
+        parts = [self.model, self.workload, f"{self.n_prompts} prompts",
+                 f"headline {self.headline[0]} · {self.headline[1]} kernel"]
+        if self.variant and self.variant != "default":
+            parts.append(f"overrides {self.variant}")
+        head = f"{self.experiment_name}: " + " · ".join(str(p) for p in parts)
+        return head + (f" · tagged {', '.join(self.tags)}" if self.tags else "")
+
+    @property
+    def slug(self) -> str:
+        raw = "_".join(str(x) for x in (self.experiment_name, self.model, self.workload, *self.tags))
+        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (precision, kernel) any row has, in the order the runs list them."""
+        seen: list[tuple[str, str]] = []
+        for row in self.rows:
+            for r in row.table:
+                key = (str(r.get("precision")), str(r.get("kernel")))
+                if key not in seen:
+                    seen.append(key)
+        return seen
+
+
+def _eps_sort(row: Any) -> tuple:
+    conf = row.configuration
+    rank = {"ep1": 0, "epn": 1, "t3": 2}.get(conf, 3)
+    return (rank, row.epsilon if row.epsilon is not None else math.inf)
+
+
+def fp_error_groups(runs: Iterable[Run]) -> list[FpErrorGroup]:
+    """Finished fp_error runs grouped into Table-4 tables: rows ep1 by ascending ε, then epn, then t3."""
+    groups: dict[tuple, list[FpErrorRow]] = {}
+    for run in runs:
+        if run.state != "ok" or run.experiment != "fp_error":
+            continue
+        d = run.data
+        head = d.get("headline") or {}
+        key = (str(d.get("experiment_name") or "fp_error"), str(d.get("model")), str(d.get("workload")),
+               d.get("n_prompts"), (str(head.get("precision")), str(head.get("kernel"))), run.variant, run.tags)
+        eps = _num(d.get("epsilon")) if d.get("configuration") == "ep1" else None
+        groups.setdefault(key, []).append(FpErrorRow(run, str(d.get("configuration")), eps,
+                                                     _num(run.metrics.get("epsilon_mean")), d.get("table") or []))
+    out = [FpErrorGroup(*key, rows=sorted(rows, key=_eps_sort)) for key, rows in groups.items()]
+    return sorted(out, key=lambda g: (g.tags, g.experiment_name, g.model, g.workload, g.variant))
+
+
+def fmt_pct(value: Any) -> str:
+    v = _num(value)
+    return "—" if v is None else f"{100 * v:.2f}"
+
+
+def _bound(c: dict[str, Any], key: str = "mean_bound") -> str:
+    """A bound cell: ∞ where the bound does not exist (d·u ≥ 1; stored as null)."""
+    if c.get("bound_finite") is False:
+        return "∞ (d·u ≥ 1)"
+    return fmt_auto(c.get(key))
+
+
+def _times(value: Any) -> str:
+    v = _num(value)
+    if v is None:
+        return "—"
+    return f"{v:,.0f}×" if v >= 100 else f"{v:.2f}×"
+
+
+def fp_table4_md(group: FpErrorGroup) -> str:
+    """Paper Table 4: per ε, over every offloaded op instance, in the headline precision and kernel."""
+    prec, kernel = group.headline
+    headers = ["configuration", "op instances", "trials", "mean true error [95% CI]", "mean bound", "bound / error",
+               "bound violation %", "first-order violation %"]
+    rows = []
+    for row in group.rows:
+        c = row.cell(prec, kernel, "offloaded") or {}
+        ci = c.get("instance_error_ci") or (None, None)
+        rows.append([row.label(), c.get("n_instances", "—"), c.get("n_trials", "—"),
+                     fmt_auto(c.get("mean_true_error"), *ci), _bound(c),
+                     _times(c.get("bound_ratio")), fmt_pct(c.get("bound_violation_rate")),
+                     fmt_pct(c.get("first_order_violation_rate"))])
+    return md_table(headers, rows)
+
+
+def fp_by_op_md(group: FpErrorGroup) -> str:
+    """Mean true error / mean bound per op type and ε (headline precision and kernel)."""
+    prec, kernel = group.headline
+    ops = [(k, h) for k, h in FP_OPS if any(r.cell(prec, kernel, k) for r in group.rows)]
+    headers = ["configuration", *[h for _, h in ops]]
+    rows = []
+    for row in group.rows:
+        cells = []
+        for key, _ in ops:
+            c = row.cell(prec, kernel, key)
+            cells.append("—" if c is None else f"{fmt_auto(c.get('mean_true_error'))} / {_bound(c)}")
+        rows.append([row.label(), *cells])
+    return md_table(headers, rows)
+
+
+def fp_precision_md(group: FpErrorGroup) -> str:
+    """Every precision × kernel, offloaded ops and Down, per ε: the bound's model against each kernel."""
+    headers = ["configuration", "precision", "kernel", "accumulates in", "ops", "mean true error", "mean bound",
+               "bound / error", "bound violation %", "overflow %"]
+    rows = []
+    for row in group.rows:
+        for prec, kernel in group.pairs():
+            for op in ("offloaded", "down"):
+                c = row.cell(prec, kernel, op)
+                if c is None:
+                    continue
+                n, over = c.get("n_trials") or 0, c.get("n_overflow") or 0
+                rows.append([row.label(), prec, kernel, c.get("accumulate", "—"), "Down (TEE)" if op == "down" else op,
+                             fmt_auto(c.get("mean_true_error")), _bound(c),
+                             _times(c.get("bound_ratio")), fmt_pct(c.get("bound_violation_rate")),
+                             fmt_pct(over / (n + over) if n + over else None)])
+    return md_table(headers, rows, align="lllll" + "r" * 5)
+
+
+def fp_down_md(group: FpErrorGroup) -> str:
+    """Why Down stays in the TEE (§6.3): its Δ and error next to the offloaded ops', fp32 and fp64."""
+    kernel = group.headline[1]
+    headers = ["configuration", "mean Δ offloaded", "mean Δ Down", "offloaded fp32 error", "Down fp32 error",
+               "Down fp32 bound", "Down fp64 error", "Down fp64 bound"]
+    rows = []
+    for row in group.rows:
+        off = row.cell("fp32", kernel, "offloaded") or {}
+        d32 = row.cell("fp32", kernel, "down") or {}
+        d64 = row.cell("fp64", kernel, "down") or {}
+        if not d32 and not d64:
+            continue
+        rows.append([row.label(), fmt_auto(off.get("delta_mean")), fmt_auto((d32 or d64).get("delta_mean")),
+                     fmt_auto(off.get("mean_true_error")), fmt_auto(d32.get("mean_true_error")),
+                     _bound(d32), fmt_auto(d64.get("mean_true_error")), _bound(d64)])
+    return md_table(headers, rows) if rows else ""
+
+
+def fp_probes_md(group: FpErrorGroup) -> str:
+    probes: dict[str, dict] = {}
+    for row in group.rows:
+        for name, pr in (row.run.data.get("accumulation_probes") or {}).items():
+            probes.setdefault(name, pr)
+    if not probes:
+        return ""
+    rows = [[name, pr.get("kind"), fmt_pct(pr.get("frac_rounded_once")), fmt_pct(pr.get("frac_sequential")),
+             pr.get("torch", "—")] for name, pr in probes.items()]
+    return md_table(["precision", "torch F.linear on this machine", "= exactly rounded %", "= recursive summation %",
+                     "torch"], rows, align="llrrl")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 5: controlled numerical error (runners/controlled_error.py)
+# ---------------------------------------------------------------------------------------------------
+
+CE_METRICS: tuple[tuple[str, str], ...] = (
+    ("semantic_similarity", "semantic sim. %"),
+    ("exact_match", "exact match %"),
+    ("token_match_rate", "token match %"),
+    ("bleu", "BLEU"),
+    ("rouge_l", "ROUGE-L"),
+)
+
+
+@dataclass
+class ControlledRow:
+    level: str
+    slug: str
+    target: float | None
+    mae: float | None
+    data: dict[str, Any]
+
+    def label(self, configuration: str) -> str:
+        if self.slug == "t3":
+            return "T3"
+        if self.slug == "natural":
+            return f"{configuration.upper()} (natural)"
+        return f"CE {self.target:.3g}" if self.target is not None else self.level
+
+    def ci(self, key: str) -> tuple[float | None, float | None, float | None]:
+        return _num(self.data.get(key)), _num(self.data.get(f"{key}_ci_lo")), _num(self.data.get(f"{key}_ci_hi"))
+
+
+@dataclass
+class ControlledTable:
+    run: Run
+    rows: list[ControlledRow]
+
+    @property
+    def configuration(self) -> str:
+        return str(self.run.data.get("configuration"))
+
+    @property
+    def title(self) -> str:
+        d = self.run.data
+        eps = _num(d.get("epsilon"))
+        parts = [str(d.get("model")), str(d.get("workload")), f"{d.get('n_prompts')} prompts",
+                 f"{(d.get('generation') or {}).get('max_new_tokens')} new tokens",
+                 f"{self.configuration}" + (f" ε={eps:g}" if eps is not None else ""), "reference t3"]
+        head = f"{d.get('experiment_name') or 'controlled_error'}: " + " · ".join(parts)
+        return head + (f" · tagged {', '.join(self.run.tags)}" if self.run.tags else "")
+
+    @property
+    def slug(self) -> str:
+        raw = self.run.rel if self.run.rel != "." else str(self.run.data.get("run_dir") or "controlled_error")
+        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+
+
+def controlled_tables(runs: Iterable[Run]) -> list[ControlledTable]:
+    """One Table 5 per finished controlled_error run, rows by ascending mean absolute error (T3 first)."""
+    out = []
+    for run in runs:
+        if run.state != "ok" or run.experiment != "controlled_error":
+            continue
+        rows = [ControlledRow(str(r.get("level")), str(r.get("slug")), _num(r.get("target_mae")),
+                              _num(r.get("realised_mae")), r) for r in run.data.get("table") or []]
+        rows.sort(key=lambda r: (r.slug != "t3", r.mae if r.mae is not None else math.inf))
+        out.append(ControlledTable(run, rows))
+    return sorted(out, key=lambda t: (t.run.tags, t.run.rel))
+
+
+def controlled_table5_md(table: ControlledTable) -> str:
+    headers = ["setting", "mean absolute error", *[h for _, h in CE_METRICS]]
+    rows = [[r.label(table.configuration), "0" if r.mae == 0 else fmt_auto(r.mae),
+             *[fmt_ci(*r.ci(k)) for k, _ in CE_METRICS]] for r in table.rows]
+    return md_table(headers, rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Other experiments (attacks, ...): their headline metrics, generically
+# ---------------------------------------------------------------------------------------------------
+
+# Experiments with a dedicated section of the report.
+DEDICATED = ("fidelity", "timing", "fp_error", "controlled_error", "attack")
 
 
 def other_tables_md(runs: Iterable[Run]) -> list[tuple[str, str]]:
@@ -476,7 +757,7 @@ def other_tables_md(runs: Iterable[Run]) -> list[tuple[str, str]]:
     metric, with its interval where one is recorded."""
     by_exp: dict[tuple[str, tuple[str, ...]], list[Run]] = {}
     for run in runs:
-        if run.state == "ok" and run.experiment not in ("fidelity", "timing"):
+        if run.state == "ok" and run.experiment not in DEDICATED:
             by_exp.setdefault((run.experiment, run.tags), []).append(run)  # tagged runs: a table of their own
     out = []
     for (exp, tags), exp_runs in sorted(by_exp.items()):

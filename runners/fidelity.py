@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import provenance, schema
+from harness import accounting, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.wandb_mirror import mirror
 
@@ -181,6 +181,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     used = [e for e in test.epsilons if e is not None]
     # EPN's ε is 1/√n per prompt: its mean is what the paper quotes (0.0773 in §7.3.1).
     metrics["epsilon_mean"] = sum(used) / len(used) if used else None
+    # Nominal per-token ε beside the GDP composition over every exposure one prompt token reaches (DESIGN.md).
+    metrics.update(accounting.privacy_summary(configuration, epsilon, [len(p) for p in prompts],
+                                              len(loaded.model.model.layers), gen.max_new_tokens,
+                                              tuple(cfg.engine.offload), cfg.engine.sigma_scale))
     metrics["seconds_per_prompt"] = test.per_prompt().get("total")
     metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(prompts))
 

@@ -10,6 +10,9 @@ unless `--include-tagged smoke`, and writes report.md (atomically) with:
 - Table 2 of the paper (fidelity vs the baseline, "mean [95% interval]"), one table per comparable group,
   with a plot of every utility metric against ε;
 - Table 1 / Fig. 4 (seconds per prompt by configuration, output limit and component), with stacked bars;
+- Table 4 (floating-point error against its bound, per ε, op type, precision and kernel; Down), with a
+  plot of error and bound against ε;
+- Table 5 (controlled numerical error), with a plot of semantic similarity against mean absolute error;
 - the failed and unfinished runs.
 The tables come from harness/report_tables.py; this module only draws and writes.
 """
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness import report_attack as ra
 from harness import report_tables as rt
 
 PROG = "splitbench-report"
@@ -176,6 +180,104 @@ def plot_timing(table: rt.TimingTable, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_fp_error(group: rt.FpErrorGroup, path: Path) -> None:
+    """Mean true error and mean bound against ε (log-log), offloaded ops in the headline precision and
+    kernel; Down (kept in the TEE) in fp32 and fp64 for contrast; epn at its mean ε."""
+    plt = _pyplot()
+    prec, kernel = group.headline
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    series = [("offloaded", prec, "mean true error", "o-", "C0"), ("offloaded", prec, "mean bound", "o--", "C0"),
+              ("down", "fp32", "Down fp32 error", "s-", "C3"), ("down", "fp32", "Down fp32 bound", "s--", "C3"),
+              ("down", "fp64", "Down fp64 error", "^-", "C2"), ("down", "fp64", "Down fp64 bound", "^--", "C2")]
+    ep1 = [r for r in group.rows if r.configuration == "ep1" and r.epsilon is not None]
+    others = [r for r in group.rows if r not in ep1 and r.x is not None]
+    for op, p, label, style, color in series:
+        key = "mean_bound" if "bound" in label else "mean_true_error"
+        if op == "offloaded":
+            label = f"{label} ({p}, {kernel})"
+        pts = [(r.epsilon, rt._num((r.cell(p, kernel, op) or {}).get(key))) for r in ep1]
+        pts = [(x, y) for x, y in pts if y is not None and y > 0]
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, color=color, label=label,
+                    alpha=1.0 if "error" in label else 0.6)
+        for r in others:
+            y = rt._num((r.cell(p, kernel, op) or {}).get(key))
+            if y is not None and y > 0:
+                ax.plot([r.x], [y], "*" if "error" in label else "x", color=color, markersize=10)
+    if others:
+        ax.plot([], [], "*", color="gray", markersize=10, label="epn (at its mean ε)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ε per token")
+    ax.set_ylabel("absolute error per output element")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"{group.title}\n(solid: measured mean error; dashed: mean of the proven bound)", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_controlled(table: rt.ControlledTable, path: Path) -> None:
+    """Semantic similarity (95% interval) against mean absolute error (log x); T3 (zero error) as a
+    horizontal line; the natural level marked. Token match where no similarity was computed."""
+    plt = _pyplot()
+    key, ylabel = "semantic_similarity", "semantic similarity to T3 (%)"
+    if all(r.ci(key)[0] is None for r in table.rows):
+        key, ylabel = "token_match_rate", "token match with T3 (%) — no similarity model"
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    pts = [(r.mae, *r.ci(key), r) for r in table.rows if r.mae and r.mae > 0 and r.ci(key)[0] is not None]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="C0", label="controlled error (CE)", zorder=3)
+        bars = [p for p in pts if p[2] is not None and p[3] is not None]
+        ax.errorbar([p[0] for p in bars], [p[1] for p in bars], yerr=[[p[1] - p[2] for p in bars],
+                    [p[3] - p[1] for p in bars]], fmt="none", ecolor="C0", capsize=3, zorder=3)
+        for p in pts:
+            if p[4].slug == "natural":
+                ax.plot([p[0]], [p[1]], "*", color="C3", markersize=14, zorder=4,
+                        label=f"{table.configuration} natural error ({p[0]:.3g})")
+    for r in table.rows:
+        if r.slug == "t3" and r.ci(key)[0] is not None:
+            ax.axhline(r.ci(key)[0], color="gray", linestyle="--", label="T3 (zero error)")
+    ax.set_xscale("log")
+    ax.set_xlabel("mean absolute error of every offloaded op output")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(table.title, fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_k_curve(group: ra.AttackGroup, path: Path) -> None:
+    """Bayes top-1 recovery against the number k of submissions of the same prompt (fresh masks each),
+    measured (95% interval) and predicted for σ/√k, one colour per configuration and ε."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    colors = plt.get_cmap("tab10").colors
+    for i, curve in enumerate(ra.k_curves(group)):
+        c = colors[i % len(colors)]
+        pts = [(k, *v) for k, v in zip(curve.ks, curve.top1) if v[0] is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=curve.label)
+        bars = [p for p in pts if p[2] is not None and p[3] is not None]
+        ax.errorbar([p[0] for p in bars], [p[1] for p in bars], yerr=[[p[1] - p[2] for p in bars],
+                    [p[3] - p[1] for p in bars]], fmt="none", ecolor=c, capsize=3)
+        pred = [(k, v) for k, v in zip(curve.ks, curve.predicted) if v is not None]
+        if pred:
+            ax.plot([p[0] for p in pred], [p[1] for p in pred], "x--", color=c, alpha=0.7)
+    ax.plot([], [], "x--", color="gray", label="predicted for σ/√k")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("submissions of the same prompt, k (exposures averaged)")
+    ax.set_ylabel("Bayes top-1 token recovery (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------------
@@ -204,7 +306,10 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
     runs = selection.finished
     fidelity = rt.fidelity_groups(runs)
     timing = rt.timing_tables(runs)
+    fp_groups = rt.fp_error_groups(runs)
+    controlled = rt.controlled_tables(runs)
     others = rt.other_tables_md(runs)
+    attacks = ra.attack_groups(runs)
     written: list[Path] = []
 
     md: list[str] = ["# splitbench report", ""]
@@ -259,6 +364,83 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
             written.append(png)
             md += [f"![time per prompt by component: {table.title}]({png.name})", ""]
 
+    if fp_groups:
+        md += ["## Floating-point error of unmasking (paper Table 4)", "",
+               "Per output element of every offloaded op instance (q, k, v, o, gate, up per layer and the LM head), "
+               "over `trials` draws of a captured real input vector, a weight row and a fresh mask η ~ N(0, σ²I) "
+               "with the op's σ (paper §7.3.2): the true error |fl(⟨w,x+η⟩) − fl(⟨w,η⟩) − ⟨w,x⟩| against an "
+               "exact reference, and the proven bound of docs/fp_bound.md (input rounding, both dot products, "
+               "the final subtraction). *bound / error* = mean bound ÷ mean true error (the paper reports about "
+               "4); *bound violation* = share of trials whose error exceeds the bound, 0 wherever the kernel "
+               "follows the bound's model; *first-order* = γ_d·(Σ|w||x+η| + Σ|w||η|) alone, not a proven bound. "
+               "95% interval: t over op instances' mean errors.", ""]
+        for i, group in enumerate(fp_groups, 1):
+            md += [f"### {group.title}", "", rt.fp_table4_md(group), "",
+                   f"Per op type, mean true error / mean bound ({group.headline[0]}, {group.headline[1]} kernel; "
+                   "Down is not offloaded, shown for reference):", "", rt.fp_by_op_md(group), ""]
+            down = rt.fp_down_md(group)
+            if down:
+                md += ["Down projection (paper §6.3): its Δ after the gated activation (docs/fp_bound.md §6) "
+                       "makes σ, and so the error, orders of magnitude larger; fp64 brings it back down:", "",
+                       down, ""]
+            md += ["Every working precision and kernel (*library* = torch's F.linear as the engine calls it; "
+                   "*sequential* = recursive summation in the working precision, the bound's model; *accumulates "
+                   "in* = the accumulator the bound assumed; the bound is ∞ where d·u ≥ 1):", "",
+                   rt.fp_precision_md(group), ""]
+            probes = rt.fp_probes_md(group)
+            if probes:
+                md += ["How torch's kernels accumulate here (harness/split/fp_error.probe_accumulation):", "",
+                       probes, ""]
+            png = out / f"{PNG_PREFIX}fp_error_{i}_{group.slug}.png"
+            plot_fp_error(group, png)
+            written.append(png)
+            md += [f"![error and bound against ε: {group.title}]({png.name})", ""]
+
+    if controlled:
+        md += ["## Controlled numerical error (paper Table 5)", "",
+               "Every offloaded op call's natural error pattern (the configuration's unmasked output minus T3's "
+               "output for the same input) rescaled to a target mean absolute error, generation compared with "
+               "T3's (paper §7.3.2). The error column is the error actually realised; the natural row is the "
+               "configuration itself. Cells are **mean [95% interval]** over prompts, in %.", ""]
+        for i, table in enumerate(controlled, 1):
+            png = out / f"{PNG_PREFIX}controlled_error_{i}_{table.slug}.png"
+            plot_controlled(table, png)
+            written.append(png)
+            md += [f"### {table.title}", "", rt.controlled_table5_md(table), "",
+                   f"![semantic similarity against mean absolute error: {table.title}]({png.name})", ""]
+
+    if attacks:
+        md += ["## Prompt reconstruction (paper Table 6)", "",
+               "Can the accelerator rebuild the prompt from what it sees (paper §7.4)? A learned inverter (a decoder "
+               "LM reading the exposed vectors through a trained projection, attacks/inversion.py) per attacker "
+               "setting and exposed component: *noise-free* = trained and evaluated on unmasked (t3) inputs; "
+               "*noise-oblivious* = that attacker on masked inputs; *noise-aware* = trained on inputs masked "
+               "with the same mechanism and ε. Token precision / recall / F1: multiset overlap of "
+               "reconstruction and prompt tokens, macro over prompts; text metrics on the decoded texts. Cells "
+               "are **mean [95% interval]** over the evaluation prompts, in %. *Chance floor*: the token F1 an "
+               "unrelated evaluation prompt scores (mean over all pairs). *Gate*: pass when both controls hold and "
+               "the upper bound of token F1 is within the stated margin of the floor; a run whose positive control "
+               "(the noise-free attacker on t3) or negative control (trained on shuffled pairs) fails is "
+               "*invalid*, not private.", ""]
+        for i, group in enumerate(attacks, 1):
+            md += [f"### {group.title}", "", ra.table6_md(group), "", "Controls:", "", ra.controls_md(group), ""]
+            bayes = ra.bayes_md(group)
+            if bayes:
+                md += ["Bayes-optimal token attacker on the layer-0 QKV exposure (no training: nearest codeword "
+                       "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/bayes.py). "
+                       "Top-1 / top-5: % of prompt positions recovered; *k*: the same prompt submitted k times with "
+                       "fresh masks and the exposures averaged, beside the recovery predicted for σ/√k:", "", bayes, ""]
+            acc = ra.accounting_md(group)
+            if acc:
+                md += ["Privacy accounting (harness/accounting.py): the per-token ε the paper quotes, and the "
+                       "Gaussian-DP composition over every exposure one prompt token reaches (every op, layer, later "
+                       "position and decode step), with its (ε, δ)-DP equivalent (dp-accounting):", "", acc, ""]
+            if ra.k_curves(group):
+                png = out / f"{PNG_PREFIX}attack_k_{i}_{group.slug}.png"
+                plot_k_curve(group, png)
+                written.append(png)
+                md += [f"![Bayes recovery against repeated submissions: {group.title}]({png.name})", ""]
+
     for exp, table_md in others:
         md += [f"## Other experiment: {exp}", "", table_md, ""]
 
@@ -276,7 +458,8 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
     for stale in out.glob(f"{PNG_PREFIX}*.png"):
         if stale.name not in keep:
             stale.unlink()
-    return {"report": report, "pngs": written, "selection": selection, "fidelity": fidelity, "timing": timing}
+    return {"report": report, "pngs": written, "selection": selection, "fidelity": fidelity, "timing": timing,
+            "fp_error": fp_groups, "controlled_error": controlled}
 
 
 def summary_text(result: dict) -> str:
@@ -296,6 +479,17 @@ def summary_text(result: dict) -> str:
             cells = [table.cell(conf, n) for n in table.limits]
             lines.append(f"    {conf:<24}" + "".join(f"{rt.fmt_seconds(c.seconds_per_prompt if c else None):>9}"
                                                      for c in cells))
+    for group in result.get("fp_error", []):
+        lines.append(f"  {group.title}")
+        for row in group.rows:
+            c = row.cell(*group.headline, "offloaded") or {}
+            lines.append(f"    {row.label():<28} error {rt.fmt_auto(c.get('mean_true_error')):>10}  bound "
+                         f"{rt.fmt_auto(c.get('mean_bound')):>10}  violations {rt.fmt_pct(c.get('bound_violation_rate'))}%")
+    for table in result.get("controlled_error", []):
+        lines.append(f"  {table.title}")
+        for r in table.rows:
+            lines.append(f"    {r.label(table.configuration):<20} MAE {rt.fmt_auto(r.mae):>10}  semantic "
+                         f"{rt.fmt_ci(r.ci('semantic_similarity')[0]):>7}")
     return "\n".join(lines)
 
 

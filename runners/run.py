@@ -51,6 +51,9 @@ from harness.results import RunContext, RunDir, config_hash, remove_if_empty
 RUNNERS: dict[str, str] = {
     "fidelity": "runners.fidelity",
     "timing": "runners.timing",
+    "fp_error": "runners.fp_error",
+    "controlled_error": "runners.controlled_error",
+    "attack": "runners.attack",
 }
 
 PROG = "splitbench"

@@ -14,7 +14,7 @@ from harness import schema
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
 from harness.workloads import WorkloadConfig
-from runners import fidelity, timing
+from runners import attack, controlled_error, fidelity, fp_error, timing
 from runners.run import RUNNERS, render_error
 
 from .conftest import compose_config, group_options
@@ -42,7 +42,8 @@ def _check_composed(cfg) -> None:
     assert len(config_hash(semantic)) == 64
 
 
-RUNNERS_MODULES = {"fidelity": fidelity, "timing": timing}
+RUNNERS_MODULES = {"fidelity": fidelity, "timing": timing, "fp_error": fp_error,
+                   "controlled_error": controlled_error, "attack": attack}
 
 
 def test_group_options_exist():
@@ -119,7 +120,7 @@ def test_schema_rejects_at_composition(hydra_conf, override, error):
     ("generation.max_new_tokens=0", "generation.max_new_tokens must be >= 1"),
     ("generation.batch_size=0", "generation.batch_size must be >= 1"),
     ("baseline=tpu", "baseline='tpu' is not one of auto, cpu, gpu"),
-    ("runner=attack", "runner='attack' is not one of"),
+    ("runner=defend", "runner='defend' is not one of"),
     ("timing.configurations=[cpu,nope]", "timing.configurations must be"),
     ("timing.max_new_tokens=[0]", "timing.max_new_tokens must be"),
     ("engine.offload=[qkv,down_up]", "engine.offload: unknown op"),

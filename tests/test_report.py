@@ -426,12 +426,13 @@ def test_out_that_is_a_file_exits_2(tmp_path: Path, capsys) -> None:
 
 
 def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
+    # An experiment without a dedicated section (fp_error has one now: tests/test_fp_error.py).
     fp = copy.deepcopy(FIDELITY)
-    fp.update(experiment="fp_error", configuration="ep1", epsilon=1.0,
+    fp.update(experiment="gradient_audit", configuration="ep1", epsilon=1.0,
               metrics={"mean_true_error": 1.5e-6, "mean_bound": 6.0e-6, "bound_violation_rate": 0.5,
                        "bound_violation_rate_ci_lo": 0.25, "bound_violation_rate_ci_hi": 0.75})
     write_run(tmp_path, "fp/a", fp)
     assert run_report([str(tmp_path)], capsys)[0] == 0
-    other = section((tmp_path / "report.md").read_text(), "Other experiment: fp_error")
+    other = section((tmp_path / "report.md").read_text(), "Other experiment: gradient_audit")
     assert "| mean_true_error | mean_bound | bound_violation_rate |" in other
     assert "| 1.5e-06 | 6e-06 | 0.50 [0.25, 0.75] |" in other

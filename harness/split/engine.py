@@ -76,6 +76,12 @@ class _Context:
         self.boundary, self.clock = boundary, clock
         self.sigma_factor = torch.ones(1)
         self.refill_size = 1
+        # Optional hook(op, x, outputs) -> outputs, called with every offloaded op's TEE-side input and
+        # its unmasked outputs (one per member); None (the default) leaves every configuration as is.
+        # The floating-point study uses it to set each call's error (harness/split/controlled_error.py).
+        self.inject = None
+        # Real (non-padding) positions of the current forward, [batch, seq] bool; None = all real.
+        self.valid: torch.Tensor | None = None
 
 
 class SplitEngine:
@@ -135,6 +141,10 @@ class SplitEngine:
                 if path not in offloaded:
                     installed.swap(path, TimedLinear(module, CATEGORY[name], self.clock))
         return installed
+
+    def set_output_hook(self, hook) -> None:
+        """Install hook(op, x, outputs) -> outputs on every offloaded op call (None removes it)."""
+        self.ctx.inject = hook
 
     def sensitivity_table(self) -> list[dict]:
         return as_dicts(self.table)
@@ -219,6 +229,7 @@ class SplitEngine:
             sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
             start = time.perf_counter()
             self.boundary.step = 0
+            self.ctx.valid = mask.bool()
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                                 use_cache=True, logits_to_keep=1).logits
             next_ids = logits[:, -1].argmax(-1)
@@ -232,6 +243,7 @@ class SplitEngine:
                 if step == max_new_tokens or (stop_at_eos and bool(finished.all())):
                     break
                 self.boundary.step = step
+                self.ctx.valid = None
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
                 positions = positions[:, -1:] + 1
                 logits = self.model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
@@ -240,6 +252,7 @@ class SplitEngine:
             sync()
             total_s = time.perf_counter() - start
         finally:
+            self.ctx.valid = None
             installed.restore()
             if moved:
                 self.model.to("cpu")

@@ -46,7 +46,10 @@ class OffloadedOp:
     def output_for(self, member: int, x: torch.Tensor) -> torch.Tensor:
         pending = self._pending
         if pending is None or pending[0] is not x or member in pending[2]:
-            pending = self._pending = (x, self.mechanism.run(self, x), set())
+            outputs = self.mechanism.run(self, x)
+            if self.ctx.inject is not None:
+                outputs = self.ctx.inject(self, x, outputs)
+            pending = self._pending = (x, outputs, set())
         pending[2].add(member)
         if len(pending[2]) == len(pending[1]):
             self._pending = None  # every member served: drop the reference to the input

@@ -8,7 +8,9 @@
   the bound that provably covers that case is 2·√d·‖α‖₄·√(n_rep·Σ_g ‖W_V^g‖₂²) over the KV-head blocks
   W_V^g, each repeated n_rep times by grouped-query attention ("per_head" rule). Both are reported; the
   mechanism uses the one configured.
-- Down (after SiLU/GELU) has no bound here: the paper keeps it in the TEE (§6.3).
+- Down (after SiLU/GELU) is never offloaded (the paper keeps it in the TEE, §6.3), so the engine has no
+  Δ for it; `down_sensitivity` gives a sound one for the floating-point study, which shows why
+  (docs/fp_bound.md §6).
 Here d is the dimension of the normalised vector (the hidden size), as in the derivation.
 """
 from __future__ import annotations
@@ -106,3 +108,50 @@ def sensitivity_table(model: nn.Module, ops: tuple[str, ...], attention_rule: st
 
 def as_dicts(table: list[OpSensitivity]) -> list[dict]:
     return [asdict(row) for row in table]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Down (after the gated activation): for the floating-point study only, never for the engine
+# ---------------------------------------------------------------------------------------------------
+
+# Activations with |act(t)| ≤ |t| for every t: SiLU t·σ(t), GELU t·Φ(t) and its tanh form t·(1+tanh(·))/2.
+BOUNDED_BY_IDENTITY = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new")
+
+
+@dataclass(frozen=True)
+class DownSensitivity:
+    layer: int
+    input_dim: int          # the intermediate size d_ff
+    norm_dim: int           # d of the MLP norm
+    gain_l4: float
+    gate_spectral: float    # ‖W_gate‖₂
+    up_spectral: float
+    gate_max_row: float     # max_i ‖W_gate[i]‖₂
+    up_max_row: float
+    delta: float            # 2·R²·min(ρ_gate·‖W_up‖₂, ‖W_gate‖₂·ρ_up), R = √d·‖α‖₄ (the one used)
+    delta_spectral: float   # 2·R²·‖W_gate‖₂·‖W_up‖₂ (looser, the shape of a bound in the matrices' norms)
+
+
+def down_sensitivity(model: nn.Module) -> list[DownSensitivity]:
+    """Global ℓ2 sensitivity of the Down projection's input z = act(W_g·h) ⊙ (W_u·h), h = RMSNorm output.
+
+    docs/fp_bound.md §6: ‖h‖₂ ≤ R = √d·‖α‖₄ (the paper's Prop. for §5.3.2); |act(t)| ≤ |t|, so
+    |zᵢ| ≤ |gᵢ|·|uᵢ| and ‖z‖₂ ≤ ‖g‖_∞·‖u‖₂ ≤ (ρ_g·R)·(‖W_u‖₂·R), or symmetrically; Δ ≤ 2·sup‖z‖₂.
+    """
+    arch = architecture_of(model)
+    act = str(getattr(model.config, "hidden_act", None) or getattr(model.config, "hidden_activation", None))
+    if act not in BOUNDED_BY_IDENTITY:
+        raise UserError(f"no Down sensitivity bound for the activation {act!r}; known: {', '.join(BOUNDED_BY_IDENTITY)}")
+    out = []
+    for index, layer in enumerate(decoder_layers(model)):
+        gain = effective_gain(getattr(layer, arch.mlp_norm), arch)
+        d = gain.numel()
+        l4 = torch.linalg.vector_norm(gain, ord=4).item()
+        r2 = d * l4 * l4
+        wg = layer.mlp.gate_proj.weight.detach().double()
+        wu = layer.mlp.up_proj.weight.detach().double()
+        sg, su = (torch.linalg.matrix_norm(w, ord=2).item() for w in (wg, wu))
+        rg, ru = (torch.linalg.vector_norm(w, dim=1).max().item() for w in (wg, wu))
+        out.append(DownSensitivity(index, wg.shape[0], d, l4, sg, su, rg, ru,
+                                   2.0 * r2 * min(rg * su, sg * ru), 2.0 * r2 * sg * su))
+    return out

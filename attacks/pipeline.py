@@ -1,0 +1,315 @@
+"""The attack pipeline with its cache: captures, trained inverters, reconstructions, Bayes evaluations.
+
+Every expensive artefact is stored under `<paths.cache_dir>/attacks/<kind>/<key>` and reused, keyed by
+everything that changes it (harness.results.cache_key): the victim model (name, source, config), the
+decoder, the prompts' token ids, the capture settings (configuration, ε, seed, component, layer, offload,
+σ scale, sensitivity rule), the corpus and its split, the training settings, whether the pairs were
+shuffled, and the code version (a digest of harness/, metrics/ and attacks/). A sweep over settings and
+ε therefore trains each attacker once: the noise-free attacker serves the noise-free rows, the
+noise-oblivious rows and every positive control; the shuffled attacker every negative control. Builds are
+serialised by a lock per key, so parallel jobs of a sweep wait for one another instead of training twice.
+
+Mask streams. The engine's noise bank is seeded by (seed, op, layer), so two captures with one seed would
+reuse the same masks. Each role gets its own seed: evaluation `seed`, training corpus `seed + 1000003`,
+validation `seed + 2000006`, repeated submissions `seed + 3000009`.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attacks import bayes
+from attacks.capture import Capture, CaptureSpec, capture, sigma_qkv0
+from attacks.inversion import Inverter, TrainSettings, build, make_examples, shuffle_pairs, train
+from harness.results import atomic_write_json, cache_key, read_json
+
+SEED_OFFSETS = {"eval": 0, "train": 1_000_003, "val": 2_000_006, "repeat": 3_000_009}
+
+
+def digest_ids(prompts: Sequence[Sequence[int]]) -> str:
+    return hashlib.sha256(json.dumps([list(map(int, p)) for p in prompts]).encode()).hexdigest()
+
+
+class Store:
+    """Files under root/<kind>/<key>.<ext>, built at most once per key (flock while building)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser() / "attacks"
+
+    def path(self, kind: str, key: str, ext: str) -> Path:
+        return self.root / kind / f"{key}.{ext}"
+
+    @contextmanager
+    def building(self, kind: str, key: str):
+        lock = self.root / kind / f"{key}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@dataclass
+class Pipeline:
+    """What one attack run shares: models, prompts, corpus, settings, and the cache."""
+
+    victim: Any                        # harness.models.LoadedModel
+    decoder: Any                       # the decoder LM (LoadedModel); the victim's by default
+    eval_prompts: list[list[int]]
+    corpus: Any                        # attacks.corpus.Corpus
+    corpus_record: dict
+    store: Store
+    seed: int
+    train_settings: TrainSettings
+    offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
+    sigma_scale: float = 1.0
+    sensitivity_rule: str = "paper"
+    capture_batch_size: int = 8
+    capture_max_new_tokens: int = 1
+    code: str = ""
+    log: Callable[[str], None] = print
+    victim_config: dict | None = None    # the conf/model entries, part of every cache key
+    decoder_config: dict | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    cache_events: list[dict] = field(default_factory=list)
+
+    # ---------------------------------------------------------------- identities
+    @property
+    def pad(self) -> int:
+        tok = self.victim.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return int(pad if pad is not None else 0)
+
+    def _model_id(self, loaded: Any, config: dict | None) -> dict:
+        return {"name": loaded.name, "source": loaded.source, "config": config}
+
+    def spec(self, configuration: str, epsilon: float | None, component: str, layer: int, role: str) -> CaptureSpec:
+        return CaptureSpec(configuration=configuration, epsilon=epsilon if configuration == "ep1" else None,
+                           seed=self.seed + SEED_OFFSETS[role], component=component, layer=layer,
+                           offload=tuple(self.offload), sigma_scale=self.sigma_scale,
+                           sensitivity_rule=self.sensitivity_rule, max_new_tokens=self.capture_max_new_tokens,
+                           batch_size=self.capture_batch_size)
+
+    def _key(self, kind: str, **parts: Any) -> str:
+        return cache_key({"kind": kind, "victim": self._model_id(self.victim, self.victim_config), "code": self.code,
+                          **parts})
+
+    def _timed(self, name: str, seconds: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+    # ---------------------------------------------------------------- captures
+    def eval_capture(self, configuration: str, epsilon: float | None, component: str, layer: int) -> Capture:
+        """The evaluation prompts as the device sees them under `configuration` (cached)."""
+        spec = self.spec(configuration, epsilon, component, layer, "eval")
+        key = self._key("capture", spec=spec.record(), prompts=digest_ids(self.eval_prompts))
+        path = self.store.path("captures", key, "pt")
+        with self.store.building("captures", key):
+            if path.exists():
+                self.cache_events.append({"what": f"eval capture {configuration} {component}", "hit": True})
+                data = torch.load(path, weights_only=False)
+                return Capture(spec, data["features"], data["epsilons"], data["dims"])
+            start = time.perf_counter()
+            cap = capture(self.victim.model, self.eval_prompts, spec, pad_token_id=self.pad)[0]
+            self._timed("capture_s", time.perf_counter() - start)
+            _atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+            self.cache_events.append({"what": f"eval capture {configuration} {component}", "hit": False})
+            return cap
+
+    def _corpus_capture(self, configuration: str, epsilon: float | None, component: str, layer: int,
+                        role: str) -> Capture:
+        """The corpus as the device sees it. LM-head captures (one row per prompt, but a full forward pass
+        each) are cached, so the attacker and its shuffled control capture once; position-wise captures are
+        large and cheap (a truncated model), so they are recomputed."""
+        prompts = self.corpus.train if role == "train" else self.corpus.val
+        spec = self.spec(configuration, epsilon, component, layer, role)
+        if component != "lm_head":
+            start = time.perf_counter()
+            cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad)[0]
+            self._timed("capture_s", time.perf_counter() - start)
+            return cap
+        key = self._key("corpus_capture", spec=spec.record(), corpus=self.corpus_record, role=role,
+                        prompts=digest_ids(prompts))
+        path = self.store.path("captures", key, "pt")
+        with self.store.building("captures", key):
+            if path.exists():
+                data = torch.load(path, weights_only=False)
+                return Capture(spec, data["features"], data["epsilons"], data["dims"])
+            start = time.perf_counter()
+            cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad)[0]
+            self._timed("capture_s", time.perf_counter() - start)
+            _atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+            return cap
+
+    # ---------------------------------------------------------------- learned attacker
+    def settings_for(self, component: str) -> TrainSettings:
+        """The LM head exposes one row per prompt: it is always read as a prefix."""
+        return replace(self.train_settings, layout="prefix") if component == "lm_head" else self.train_settings
+
+    def attacker(self, configuration: str, epsilon: float | None, component: str, layer: int,
+                 shuffled: bool = False) -> tuple[Inverter, dict]:
+        """An inverter trained on corpus captures under `configuration` (t3 for noise-free), loaded from the
+        cache when it exists. Returns it and a record (key, cache hit, training log)."""
+        settings = self.settings_for(component)
+        train_spec = self.spec(configuration, epsilon, component, layer, "train")
+        key = self._key("inverter", decoder=self._model_id(self.decoder, self.decoder_config), train_spec=train_spec.record(),
+                        corpus=self.corpus_record, settings={k: v for k, v in settings.__dict__.items()
+                                                            if k != "gen_batch_size"}, shuffled=shuffled)
+        path = self.store.path("inverters", key, "pt")
+        label = f"{'shuffled ' if shuffled else ''}{component} attacker trained under {configuration}" + (
+            f" ε={epsilon:g}" if configuration == "ep1" else "")
+        with self.store.building("inverters", key):
+            if path.exists():
+                data = torch.load(path, weights_only=False)
+                inv = build(self.decoder.model, int(data["meta"]["d_in"]), settings)
+                inv.load_state(data["state"])
+                self.cache_events.append({"what": label, "hit": True})
+                self.log(f"{label}: loaded from the cache")
+                return inv, {"key": key, "cache_hit": True, "path": str(path), **data["meta"]}
+            per_position = component != "lm_head"
+            tr = self._corpus_capture(configuration, epsilon, component, layer, "train")
+            va = self._corpus_capture(configuration, epsilon, component, layer, "val")
+            half = max(1, settings.window // 2)
+            # Training features in float16 (halves memory; the projection standardises them in float32).
+            train_ex = make_examples(tr.features, self.corpus.train, per_position, settings.window,
+                                     settings.max_target_tokens, phases=(0, half), dtype=torch.float16)
+            val_ex = make_examples(va.features, self.corpus.val, per_position, settings.window,
+                                   settings.max_target_tokens, dtype=torch.float16)
+            d_in = int(tr.features[0].shape[1])
+            del tr, va      # the float16 examples are all training needs
+            if shuffled:
+                train_ex = shuffle_pairs(train_ex, self.seed)
+                val_ex = shuffle_pairs(val_ex, self.seed + 1)
+            inv = build(self.decoder.model, d_in, settings)
+            self.log(f"{label}: training ({len(train_ex)} examples, mode {settings.mode}, layout {settings.layout}, "
+                     f"≤{settings.max_steps} steps / ≤{settings.max_minutes:g} min)")
+            log = train(inv, train_ex, val_ex, settings,
+                        progress=lambda s, tl, vl: self.log(f"  step {s}: train loss {tl:.3f}, val loss {vl:.3f}"))
+            self._timed("train_s", log.seconds)
+            meta = {"d_in": d_in, "training": log.record(), "label": label}
+            _atomic_torch_save({"state": inv.state(), "meta": meta}, path)
+            self.cache_events.append({"what": label, "hit": False})
+            return inv, {"key": key, "cache_hit": False, "path": str(path), **meta}
+
+    def reconstruct(self, inv: Inverter, attacker_key: str, cap: Capture, component: str) -> list[list[int]]:
+        """Reconstructions of the evaluation prompts from `cap` (cached per attacker and capture)."""
+        settings = self.settings_for(component)
+        key = self._key("reconstruction", attacker=attacker_key, capture=cap.spec.record(),
+                        prompts=digest_ids(self.eval_prompts), gen_batch_size=settings.gen_batch_size)
+        path = self.store.path("reconstructions", key, "json")
+        with self.store.building("reconstructions", key):
+            if path.exists():
+                return read_json(path)["reconstructions"]
+            start = time.perf_counter()
+            examples = make_examples(cap.features, self.eval_prompts, component != "lm_head", settings.window,
+                                     settings.max_target_tokens)
+            if component == "lm_head":
+                # The attacker knows n (every prefill exposure shape reveals it): emit min(n, cap) tokens.
+                for ex, p in zip(examples, self.eval_prompts):
+                    ex.target = list(p)[: settings.max_target_tokens]
+            recon = inv.reconstruct(examples, len(self.eval_prompts), settings.gen_batch_size)
+            self._timed("reconstruct_s", time.perf_counter() - start)
+            atomic_write_json(path, {"reconstructions": recon})
+            return recon
+
+    # ---------------------------------------------------------------- Bayes attacker
+    def bayes(self, configuration: str, epsilon: float | None, ks: Sequence[int], top_k: int, prior: str,
+              rows_per_chunk: int, vocab_per_chunk: int) -> dict:
+        """ML (or MAP) token recovery from the layer-0 QKV exposures; for noisy configurations also the
+        repeated-submission curve: the prompts submitted max(ks) times through one engine (fresh masks),
+        the running mean of the first k exposures attacked at every k in `ks`, beside the recovery
+        predicted for σ/√k by simulation from the public codebook. Cached."""
+        noisy = configuration in ("ep1", "epn")
+        ks = sorted(set(int(k) for k in ks)) if noisy else [1]
+        # Only QKV offloaded: the layer-0 QKV input is computed before any other op and its masks come from
+        # its own bank stream, so the exposures are the same as with every op offloaded, at a third of the cost.
+        spec = replace(self.spec(configuration, epsilon, "qkv", 0, "repeat"), offload=("qkv",))
+        key = self._key("bayes", spec=spec.record(), prompts=digest_ids(self.eval_prompts), ks=ks, top_k=top_k,
+                        prior=prior, corpus=self.corpus_record if prior == "corpus" else None)
+        path = self.store.path("bayes", key, "json")
+        with self.store.building("bayes", key):
+            if path.exists():
+                self.cache_events.append({"what": f"bayes {configuration}", "hit": True})
+                return read_json(path)
+            start = time.perf_counter()
+            out = self._bayes(configuration, epsilon, ks, top_k, prior, rows_per_chunk, vocab_per_chunk, spec)
+            self._timed("bayes_s", time.perf_counter() - start)
+            atomic_write_json(path, out)
+            self.cache_events.append({"what": f"bayes {configuration}", "hit": False})
+            return out
+
+    def _bayes(self, configuration, epsilon, ks, top_k, prior, rows_per_chunk, vocab_per_chunk, spec) -> dict:
+        model = self.victim.model
+        noisy = configuration in ("ep1", "epn")
+        book = bayes.codebook(model)
+        lengths = [len(p) for p in self.eval_prompts]
+        sigmas = [sigma_qkv0(model, configuration, epsilon, n, self.sigma_scale) for n in lengths]
+        row_sigma = torch.as_tensor([s for s, n in zip(sigmas, lengths) for _ in range(n)], dtype=torch.float32)
+        log_prior = None
+        if prior == "corpus":
+            log_prior = bayes.unigram_log_prior(self.corpus.train, book.shape[0])
+        elif prior != "uniform":
+            raise ValueError(f"unknown prior {prior!r}")
+        kw = dict(rows_per_chunk=rows_per_chunk, vocab_per_chunk=vocab_per_chunk, log_prior=log_prior)
+        sums: list[torch.Tensor] | None = None
+        curve: list[dict] = []
+        first: dict | None = None
+
+        def evaluate(features: list[torch.Tensor], k: int, sigma_rows: torch.Tensor) -> bayes.Recovery:
+            return bayes.attack(features, self.eval_prompts, book, top_k, sigma=sigma_rows, **kw)
+
+        def on_repeat(index: int, cap: Capture) -> None:
+            nonlocal sums, first
+            sums = [f.double().clone() for f in cap.features] if sums is None else [
+                s.add_(f.double()) for s, f in zip(sums, cap.features)]
+            k = index + 1
+            if k not in ks:
+                return
+            mean = [(s / k).float() for s in sums]
+            rec = evaluate(mean, k, row_sigma / math.sqrt(k))
+            t1, tk = rec.estimates()
+            point = {"k": k, "top1": t1.mean, "top1_ci_lo": t1.lo, "top1_ci_hi": t1.hi, "topk": tk.mean,
+                     "topk_ci_lo": tk.lo, "topk_ci_hi": tk.hi, "top1_pooled": rec.pooled_top1,
+                     "n_positions": rec.n_positions}
+            if noisy:
+                sim = bayes.simulate_exposures(self.eval_prompts, book, [s / math.sqrt(k) for s in sigmas],
+                                               seed=spec.seed + 7919 * k)
+                pred = evaluate(sim, k, row_sigma / math.sqrt(k))
+                p1, _ = pred.estimates()
+                point.update({"top1_predicted": p1.mean, "top1_predicted_ci_lo": p1.lo, "top1_predicted_ci_hi": p1.hi,
+                              "top1_predicted_pooled": pred.pooled_top1})
+            curve.append(point)
+            if k == 1:
+                first = {"recovery": rec, "sigma_mean": float(sum(sigmas) / len(sigmas))}
+
+        capture(model, self.eval_prompts, spec, pad_token_id=self.pad, repeats=max(ks), on_repeat=on_repeat)
+        rec: bayes.Recovery = first["recovery"]
+        return {"k_curve": curve, "top1": rec.top1, "topk": rec.topk, "guesses": rec.guesses, "top_k": top_k,
+                "sigma_mean": first["sigma_mean"], "prior": prior,
+                "chance_top1": bayes.chance_top1(rec.guesses, self.eval_prompts)}

@@ -1,0 +1,106 @@
+"""The real inputs of every op instance, captured while the model answers a workload (for the FP study).
+
+`capture_op_inputs` runs the T3 configuration with the adversary view recorded: every offloaded op's input
+(QKV, O, Gate/Up per layer, the LM head's positions) is exactly what crossed the boundary, unmasked. The
+Down projection's input never crosses (it stays in the TEE), so a forward pre-hook on each layer's
+`mlp.down_proj` records it. Per prompt, `vectors_per_prompt` token positions (prompt and generated, never
+padding) are drawn once and kept for every layer op; the LM head keeps up to that many of its positions
+(one per generated token). Each kept vector remembers the length of its prompt, which EPN's σ needs.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from harness.split.architectures import decoder_layers
+from harness.split.engine import EngineSettings, SplitEngine
+from harness.split.noise_bank import stream_seed
+
+CAPTURED_OPS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+@dataclass
+class CapturedInputs:
+    """Per op instance (op, layer): inputs [K, d] (fp32) and the prompt length of each row [K]."""
+
+    inputs: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict)
+    prompt_lengths: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict)
+    output_ids: list[list[int]] = field(default_factory=list)
+
+    def to_payload(self) -> dict:
+        return {"inputs": {f"{op}:{'' if layer is None else layer}": t for (op, layer), t in self.inputs.items()},
+                "prompt_lengths": {f"{op}:{'' if layer is None else layer}": t
+                                   for (op, layer), t in self.prompt_lengths.items()},
+                "output_ids": self.output_ids}
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> "CapturedInputs":
+        def key(text: str) -> tuple[str, int | None]:
+            op, _, layer = text.partition(":")
+            return op, (int(layer) if layer else None)
+
+        return cls({key(k): v for k, v in payload["inputs"].items()},
+                   {key(k): v for k, v in payload["prompt_lengths"].items()}, payload["output_ids"])
+
+
+def _down_hooks(model: nn.Module, store: dict[int, list[torch.Tensor]]) -> list:
+    handles = []
+    for index, layer in enumerate(decoder_layers(model)):
+        def hook(_module, args, index=index):
+            store[index].append(args[0].detach().to("cpu", copy=True))
+        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook))
+    return handles
+
+
+def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens: int, batch_size: int,
+                      vectors_per_prompt: int, seed: int, pad_token_id: int, include_down: bool = True,
+                      threads: int | None = None, progress=None) -> CapturedInputs:
+    """Greedy T3 generation of `new_tokens` per prompt, keeping sampled real inputs of every op instance."""
+    engine = SplitEngine(model, EngineSettings("t3", record_view=True, seed=seed, tee_threads=threads))
+    kept: dict[tuple[str, int | None], list[torch.Tensor]] = defaultdict(list)
+    lengths: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    out = CapturedInputs()
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        down: dict[int, list[torch.Tensor]] = defaultdict(list)
+        handles = _down_hooks(model, down) if include_down else []
+        try:
+            engine.view.exposures.clear()
+            res = engine.generate(batch, new_tokens, pad_token_id=pad_token_id)
+        finally:
+            for h in handles:
+                h.remove()
+        out.output_ids.extend(res.output_ids)
+        # Per (op, layer): the tensors of prefill (step 0, [B, T, d]) then one [B, 1, d] per decode step.
+        calls: dict[tuple[str, int | None], list[torch.Tensor]] = defaultdict(list)
+        for e in engine.view.exposures:
+            calls[(e.op, e.layer)].append(e.tensor)
+        for layer, tensors in down.items():
+            calls[("down", layer)] = tensors
+        longest = max(len(p) for p in batch)
+        for row, prompt in enumerate(batch):
+            n = len(prompt)
+            g = torch.Generator().manual_seed(stream_seed(seed, "capture", start + row))
+            # Slots: prompt positions 0..n-1 (prefill), then decode steps 1..new_tokens-1.
+            slots = n + new_tokens - 1
+            picked = torch.randperm(slots, generator=g)[:vectors_per_prompt].sort().values.tolist()
+            head = torch.randperm(new_tokens, generator=g)[:vectors_per_prompt].sort().values.tolist()
+            for key, tensors in calls.items():
+                rows = []
+                if key[0] == "lm_head":   # one position per step: the last prompt token, then each new one
+                    rows = [tensors[s][row, -1] for s in head]
+                else:
+                    for s in picked:
+                        rows.append(tensors[0][row, longest - n + s] if s < n else tensors[s - n + 1][row, -1])
+                kept[key].extend(rows)
+                lengths[key].extend([n] * len(rows))
+        engine.view.exposures.clear()
+        if progress is not None:
+            progress(min(start + batch_size, len(prompts)))
+    for key, rows in kept.items():
+        out.inputs[key] = torch.stack(rows).float()
+        out.prompt_lengths[key] = torch.tensor(lengths[key], dtype=torch.long)
+    return out
