@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import sys
+import shlex
 import time
 from pathlib import Path
 
@@ -122,6 +124,8 @@ def main() -> None:
     n_instances = sum(len(v) for v in timings.values())
     lines = [
         "# Cost of the floating-point study at the paper's size",
+        "",
+        "Command: `" + shlex.join(["python", "-m", "benchmarks.fp_study_cost", *sys.argv[1:]]) + "`",
         "",
         f"Llama-3.2-3B shapes, {args.layers} layers: {6 * args.layers + 1} offloaded op instances"
         + (f" + {args.layers} Down" if down_precisions else "") + f", {args.trials} trials each "
