@@ -31,7 +31,7 @@ import torch
 from attacks import bayes
 from attacks.capture import Capture, CaptureSpec, capture, sigma_qkv0
 from attacks.inversion import Inverter, TrainSettings, build, make_examples, shuffle_pairs, train
-from harness.results import atomic_write_json, cache_key, read_json
+from harness.results import atomic_torch_save, atomic_write_json, cache_key, read_json
 
 SEED_OFFSETS = {"eval": 0, "train": 1_000_003, "val": 2_000_006, "repeat": 3_000_009}
 
@@ -59,21 +59,6 @@ class Store:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 @dataclass
@@ -138,7 +123,7 @@ class Pipeline:
             start = time.perf_counter()
             cap = capture(self.victim.model, self.eval_prompts, spec, pad_token_id=self.pad)[0]
             self._timed("capture_s", time.perf_counter() - start)
-            _atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+            atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
             self.cache_events.append({"what": f"eval capture {configuration} {component}", "hit": False})
             return cap
 
@@ -164,7 +149,7 @@ class Pipeline:
             start = time.perf_counter()
             cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad)[0]
             self._timed("capture_s", time.perf_counter() - start)
-            _atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+            atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
             return cap
 
     # ---------------------------------------------------------------- learned attacker
@@ -213,7 +198,7 @@ class Pipeline:
                         progress=lambda s, tl, vl: self.log(f"  step {s}: train loss {tl:.3f}, val loss {vl:.3f}"))
             self._timed("train_s", log.seconds)
             meta = {"d_in": d_in, "training": log.record(), "label": label}
-            _atomic_torch_save({"state": inv.state(), "meta": meta}, path)
+            atomic_torch_save({"state": inv.state(), "meta": meta}, path)
             self.cache_events.append({"what": label, "hit": False})
             return inv, {"key": key, "cache_hit": False, "path": str(path), **meta}
 

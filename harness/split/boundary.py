@@ -7,12 +7,10 @@ read only a saved AdversaryView, so whatever they recover really was exposed.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -64,17 +62,9 @@ class AdversaryView:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file in the same directory, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"meta": self.meta, "exposures": [e.__dict__ for e in self.exposures]}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(payload, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        from harness.results import atomic_torch_save
+
+        atomic_torch_save({"meta": self.meta, "exposures": [e.__dict__ for e in self.exposures]}, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "AdversaryView":
