@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.report_tables import Run, _num, fmt_ci, fmt_eps, md_table
+from harness.report_tables import Run, _num, file_slug, fmt_ci, fmt_eps, md_table
 
 SETTING_ORDER = ("noise_free", "noise_oblivious", "noise_aware")
 COMPONENT_ORDER = ("qkv", "composite", "o", "gate_up", "lm_head")
@@ -98,7 +98,7 @@ class AttackGroup:
     @property
     def slug(self) -> str:
         raw = "_".join(str(x) for x in (self.experiment_name, self.model, self.workload, *self.tags))
-        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+        return file_slug(raw)
 
     def floors(self) -> list[float]:
         return sorted({round(v, 6) for r in self.rows if (v := _num(r.m.get("chance_floor_token_f1"))) is not None})

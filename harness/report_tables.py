@@ -22,6 +22,7 @@ table without the CLI.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -288,7 +289,16 @@ class FidelityGroup:
     def slug(self) -> str:
         raw = "_".join(str(x) for x in (self.experiment_name, self.model, self.workload, self.max_new_tokens,
                                          *self.tags))
-        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+        return file_slug(raw)
+
+
+def file_slug(raw: str, limit: int = 48) -> str:
+    """A filesystem-safe name for a plot: run directories can be long (every override is in them), so a
+    long name is cut and made unique again with a short hash of the whole."""
+    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+    if len(safe) <= limit:
+        return safe
+    return f"{safe[:limit - 9]}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
 
 
 def _sort_key(row: FidelityRow) -> tuple:
@@ -404,7 +414,7 @@ class TimingTable:
     @property
     def slug(self) -> str:
         raw = self.run.rel if self.run.rel != "." else str(self.run.data.get("run_dir") or "timing")
-        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+        return file_slug(raw)
 
 
 def timing_row(raw: dict[str, Any]) -> TimingRow:
@@ -531,7 +541,7 @@ class FpErrorGroup:
     @property
     def slug(self) -> str:
         raw = "_".join(str(x) for x in (self.experiment_name, self.model, self.workload, *self.tags))
-        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+        return file_slug(raw)
 
     def pairs(self) -> list[tuple[str, str]]:
         """Every (precision, kernel) any row has, in the order the runs list them."""
@@ -721,7 +731,7 @@ class ControlledTable:
     @property
     def slug(self) -> str:
         raw = self.run.rel if self.run.rel != "." else str(self.run.data.get("run_dir") or "controlled_error")
-        return "".join(c if c.isalnum() or c in "-." else "_" for c in raw)
+        return file_slug(raw)
 
 
 def controlled_tables(runs: Iterable[Run]) -> list[ControlledTable]:
