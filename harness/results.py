@@ -70,33 +70,12 @@ def dumps(obj: Any, indent: int | None = None) -> str:
     return json.dumps(_clean(obj), indent=indent, default=_json_default, allow_nan=False, ensure_ascii=False)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file in the same directory and os.replace (atomic on POSIX)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes the file 0600; results are meant to be read by colleagues: honour the umask instead.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+@contextmanager
+def atomic_path(path: Path) -> Iterator[str]:
+    """A temp file beside `path` for the block to write; it replaces `path` only if the block succeeds.
 
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to a temp file in the same directory, then os.replace; streams, so large views fit."""
-    import torch  # here, not at import time: composing a config must not import torch
-
+    mkstemp makes the file 0600; results are meant to be read by colleagues, so the umask decides instead.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -105,11 +84,27 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         os.close(fd)
-        torch.save(obj, tmp)
+        yield tmp
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, os.replace)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save atomically; it streams to the temp file, so large adversary views fit."""
+    import torch  # here, not at import time: composing a config must not import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -80,13 +80,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks.pipeline import Pipeline, Store
     from harness.models import load_model
     from harness.workloads import load_workload
-    from runners.fidelity import _load_semantic, workload_record
+    from runners.common import load_semantic, workload_record
 
     a = cfg.attack
     configuration = cfg.configuration.name
     epsilon = schema.effective_epsilon(configuration, cfg.epsilon)
     check_setting(configuration, a.setting)
-    semantic_model = _load_semantic(cfg.semantic_model)
+    semantic_model = load_semantic(cfg.semantic_model)
     threads = a.train.threads if a.train.threads is not None else cfg.engine.tee_threads
     if threads is not None:
         torch.set_num_threads(int(threads))

@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness import provenance, schema
 from harness.results import RunContext
 from harness.wandb_mirror import mirror
-from runners.fidelity import (_load_semantic, describe_skip, generate_batches, make_engine, special_ids,  # noqa: F401
-                              workload_record)
+from runners.common import generate_batches, load_inputs, load_semantic, make_engine, results_header
+from runners.fidelity import describe_skip  # noqa: F401  (the runner protocol: the same ε rule)
 
 FIDELITY_KEYS = ("semantic_similarity", "exact_match", "token_match_rate", "bleu", "rouge_l")
 TABLE_COLUMNS = ("level", "target_mae", "realised_mae", "natural_mae", *FIDELITY_KEYS)
@@ -50,9 +50,7 @@ CONFIGURATIONS = ("ep1", "epn")
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.errors import UserError
-    from harness.models import load_model
     from harness.split.controlled_error import ErrorRescaler
-    from harness.workloads import load_workload
     from metrics.text import compare_generations
 
     configuration = cfg.configuration.name
@@ -60,13 +58,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         raise UserError(f"experiment controlled_error rescales the natural error of {' or '.join(CONFIGURATIONS)}; "
                         f"configuration={configuration} has none")
     gen = cfg.generation
-    semantic_model = _load_semantic(cfg.semantic_model)
-    loaded = load_model(cfg.model)
-    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
-    prompts = [list(p.input_ids) for p in workload.prompts]
-    pad, eos = special_ids(loaded.tokenizer)
-    generate = dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=pad,
-                    eos_token_id=eos, stop_at_eos=gen.stop_at_eos)
+    semantic_model = load_semantic(cfg.semantic_model)
+    inputs = load_inputs(cfg)
+    loaded, workload, prompts = inputs.loaded, inputs.workload, inputs.prompts
+    generate = inputs.generate_kwargs(gen)
     decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
 
     started = time.perf_counter()
@@ -121,18 +116,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         })
     epsilon = schema.effective_epsilon(configuration, cfg.epsilon)
     results = {
-        "experiment": "controlled_error",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
+        **results_header(cfg, "controlled_error", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
         "reference": "t3",
-        "model": loaded.name,
-        "model_source": loaded.source,
-        "workload": workload.name,
-        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
-        "n_prompts": len(prompts),
-        "generation": OmegaConf.to_container(gen, resolve=True),
         "levels": list(cfg.controlled_error.levels),
         "metrics": metrics,
         "metric_definitions": {

@@ -12,16 +12,15 @@ engine's per-op Δ table) and, with engine.record_view=true, view.pt (the advers
 """
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from harness import accounting, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.wandb_mirror import mirror
+from runners.common import (Inputs, generate_batches, load_inputs, load_semantic, make_engine, overridden,
+                            resolve_baseline, results_header, workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -42,129 +41,24 @@ def describe_skip(cfg: DictConfig) -> str | None:
     return None
 
 
-def overridden(key: str) -> bool:
-    """Whether this job's command-line overrides (its own, in a sweep) set `key`."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return False
-    return any(o.lstrip("+~").split("=", 1)[0] == key for o in HydraConfig.get().overrides.task)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Shared with runners/timing.py: engines from the config, batched generation
-# ---------------------------------------------------------------------------------------------------
-
-
-def resolve_baseline(choice: str) -> str:
-    """`auto` → gpu where CUDA exists, else cpu; explicit choices stand."""
-    if choice != "auto":
-        return choice
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
-    """A SplitEngine for `configuration` from cfg.engine (a `_target_` node for EngineSettings)."""
-    from hydra.utils import instantiate
-
-    from harness.split.engine import SplitEngine
-
-    settings = instantiate(
-        cfg.engine,
-        configuration=configuration,
-        epsilon=schema.effective_epsilon(configuration, cfg.epsilon),
-        seed=cfg.seed,
-        _convert_="all",  # plain lists, not ListConfig, inside the settings
-    )
-    settings.offload = tuple(settings.offload)
-    return SplitEngine(model, settings)
-
-
-@dataclass
-class BatchedGeneration:
-    """GenerationResults of consecutive batches, joined: ids in prompt order, times and bytes summed."""
-
-    output_ids: list[list[int]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    boundary: dict[str, float] = field(default_factory=dict)
-    bank: dict[str, Any] = field(default_factory=dict)
-    epsilons: list[float | None] = field(default_factory=list)
-    n_generated_tokens: int = 0
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        total = self.timings.get("total", 0.0)
-        return self.n_generated_tokens / total if total > 0 else None
-
-    def per_prompt(self) -> dict[str, float]:
-        n = max(1, len(self.output_ids))
-        return {k: v / n for k, v in self.timings.items()}
-
-
-def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
-                     pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str) -> BatchedGeneration:
-    from tqdm.auto import tqdm
-
-    out = BatchedGeneration()
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None):
-        batch = [list(p) for p in prompts[start:start + batch_size]]
-        res = engine.generate(batch, max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-                              stop_at_eos=stop_at_eos)
-        out.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
-        for key, value in res.timings.items():
-            out.timings[key] = out.timings.get(key, 0.0) + float(value)
-        for key, value in (res.boundary or {}).items():
-            out.boundary[key] = out.boundary.get(key, 0) + value
-        out.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
-        out.epsilons.extend(getattr(res, "epsilons", None) or [None] * len(batch))
-        out.n_generated_tokens += int(res.n_generated_tokens)
-    return out
-
-
-def special_ids(tokenizer: Any) -> tuple[int, int | None]:
-    """(pad, eos) for left-padded batches: the tokenizer's pad, else its eos, else 0."""
-    eos = tokenizer.eos_token_id
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        pad = eos if eos is not None else 0
-    return int(pad), (None if eos is None else int(eos))
-
-
-def workload_record(workload: Any) -> dict[str, Any]:
-    return {"name": workload.name, "source": workload.source, "chat_template": workload.chat_template,
-            "filter": dict(workload.filter), "prompt_ids": [p.id for p in workload.prompts]}
-
-
 # ---------------------------------------------------------------------------------------------------
 # The runner
 # ---------------------------------------------------------------------------------------------------
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from harness.models import load_model
-    from harness.workloads import load_workload
     from metrics.text import compare_generations
 
     configuration = cfg.configuration.name
     gen = cfg.generation
-    semantic_model = _load_semantic(cfg.semantic_model)  # before any work: a missing model is a user error
+    semantic_model = load_semantic(cfg.semantic_model)  # before any work: a missing model is a user error
 
-    loaded = load_model(cfg.model)
-    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
-    prompts = [list(p.input_ids) for p in workload.prompts]
-    pad, eos = special_ids(loaded.tokenizer)
-    generate = dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=pad,
-                    eos_token_id=eos, stop_at_eos=gen.stop_at_eos)
+    inputs = load_inputs(cfg)
+    loaded, workload, prompts = inputs.loaded, inputs.workload, inputs.prompts
+    generate = inputs.generate_kwargs(gen)
 
     baseline = resolve_baseline(cfg.baseline)
-    base = _baseline(cfg, loaded, workload, prompts, baseline, generate)
+    base = _baseline(cfg, inputs, baseline, generate)
 
     engine = make_engine(cfg, configuration, loaded.model)
     test = generate_batches(engine, prompts, desc=configuration, **generate)
@@ -210,18 +104,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         })
 
     results = {
-        "experiment": "fidelity",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
+        **results_header(cfg, "fidelity", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
         "baseline": baseline,
-        "model": loaded.name,
-        "model_source": loaded.source,
-        "workload": workload.name,
-        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
-        "n_prompts": len(prompts),
-        "generation": OmegaConf.to_container(gen, resolve=True),
         "metrics": metrics,
         "metric_definitions": {
             "exact_match": "% of prompts whose generated ids equal the baseline's",
@@ -261,17 +147,9 @@ def _view_writer(cfg: DictConfig, engine: Any, ctx: RunContext):
     return lambda: engine.view.save(ctx.run_dir.path / "view.pt")
 
 
-def _load_semantic(name: str | None) -> Any:
-    if not name:
-        return None
-    from metrics.semantic import load_semantic_model
-
-    return load_semantic_model(name)
-
-
-def _baseline(cfg: DictConfig, loaded: Any, workload: Any, prompts: list[list[int]], baseline: str,
-              generate: dict[str, Any]) -> dict[str, Any]:
+def _baseline(cfg: DictConfig, inputs: Inputs, baseline: str, generate: dict[str, Any]) -> dict[str, Any]:
     """Baseline generations from the cache, or generated now and cached."""
+    loaded, workload, prompts = inputs.loaded, inputs.workload, inputs.prompts
     key = cache_key({
         "kind": "baseline_generation",
         "model": {"name": loaded.name, "source": loaded.source, "config": _plain(cfg.model)},
@@ -298,8 +176,6 @@ def _baseline(cfg: DictConfig, loaded: Any, workload: Any, prompts: list[list[in
 
 
 def _plain(node: Any) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
 

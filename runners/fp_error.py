@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import provenance, schema
 from harness.results import RunContext, cache_key
 from harness.wandb_mirror import mirror
-from runners.fidelity import overridden, special_ids, workload_record
+from runners.common import load_inputs, overridden, results_header, workload_record
 
 TABLE_COLUMNS = ("precision", "kernel", "op", "accumulate", "n_trials", "mean_true_error", "mean_bound",
                  "bound_ratio", "bound_violation_rate", "first_order_violation_rate", "n_overflow")
@@ -62,9 +62,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from harness.errors import UserError
-    from harness.models import load_model
     from harness.split import fp_error as fe
-    from harness.workloads import load_workload
 
     fp = cfg.fp_error
     configuration = cfg.configuration.name
@@ -72,10 +70,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         raise UserError(f"experiment fp_error studies the masks of {', '.join(CONFIGURATIONS)}; "
                         f"configuration={configuration} has none")
     epsilon = schema.effective_epsilon(configuration, cfg.epsilon)
-    loaded = load_model(cfg.model)
-    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
-    prompts = [list(p.input_ids) for p in workload.prompts]
-    pad, _ = special_ids(loaded.tokenizer)
+    inputs = load_inputs(cfg)
+    loaded, workload, prompts, pad = inputs.loaded, inputs.workload, inputs.prompts, inputs.pad
 
     started = time.perf_counter()
     captured, capture_info = _capture(cfg, loaded, workload, prompts, pad)
@@ -117,16 +113,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                for p, ids in zip(workload.prompts, captured.output_ids)]
     n_offloaded = sum(1 for i in instances if i.offloaded)
     results = {
-        "experiment": "fp_error",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
+        **results_header(cfg, "fp_error", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
-        "model": loaded.name,
-        "model_source": loaded.source,
-        "workload": workload.name,
-        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
-        "n_prompts": len(prompts),
         "headline": {"precision": precisions[0], "kernel": kernels[0]},
         "precisions": precisions,
         "down_precisions": down_precisions,

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import provenance, schema
 from harness.results import RunContext
 from harness.wandb_mirror import mirror
-from runners.fidelity import generate_batches, make_engine, overridden, special_ids, workload_record
+from runners.common import generate_batches, load_inputs, make_engine, overridden, results_header
 
 # Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
 COMPONENTS = ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing", "other")
@@ -44,14 +44,9 @@ def describe_skip(cfg: DictConfig) -> str | None:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from harness.models import load_model
-    from harness.workloads import load_workload
-
     gen = cfg.generation
-    loaded = load_model(cfg.model)
-    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
-    prompts = [list(p.input_ids) for p in workload.prompts]
-    pad, eos = special_ids(loaded.tokenizer)
+    inputs = load_inputs(cfg)
+    loaded, workload, prompts, pad, eos = inputs.loaded, inputs.workload, inputs.prompts, inputs.pad, inputs.eos
     configurations = list(cfg.timing.configurations)
     limits = [int(x) for x in cfg.timing.max_new_tokens]
     cuda = torch.cuda.is_available()
@@ -96,19 +91,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
     notes = [] if cuda else [NO_CUDA_NOTE]
     results = {
-        "experiment": "timing",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
+        **results_header(cfg, "timing", inputs),
         "configuration": None,  # one run covers every configuration in `configurations`
         "configurations": configurations,
         "max_new_tokens": limits,
         "epsilon": float(cfg.epsilon) if "ep1" in configurations else None,
-        "model": loaded.name,
-        "model_source": loaded.source,
-        "workload": workload.name,
-        "workload_info": {k: v for k, v in workload_record(workload).items() if k != "name"},
-        "n_prompts": len(prompts),
-        "generation": OmegaConf.to_container(gen, resolve=True),
         "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
                     for r in table},
         "table": table,

@@ -114,13 +114,14 @@ class SplitEngine:
         table_ops = tuple(settings.offload) if noisy else tuple(o for o in settings.offload if o != "down")
         self.table = sensitivity_table(model, table_ops, settings.sensitivity_rule)
         self.ops: list[OffloadedOp] = []
+        self.mechanism = make_mechanism(config, settings.slalom_frac_bits) if self.split else None
         if self.split:
             self._build_ops()
 
     # ---------------------------------------------------------------- setup
     def _build_ops(self) -> None:
         deltas = {(row.op, row.layer): row.delta for row in self.table}
-        mechanism = make_mechanism(self.settings.configuration, self.settings.slalom_frac_bits)
+        mechanism = self.mechanism
         for name, layer in all_op_instances(self.model, self.offload):
             linears = [module for _, module in op_linears(self.model, name, layer)]
             op = OffloadedOp(name, layer, linears, deltas.get((name, layer)), self.ctx, mechanism, self.accelerator.device)
@@ -165,7 +166,7 @@ class SplitEngine:
             "accelerator_is_cpu_fallback": bool(self.accelerator and self.accelerator.is_fallback),
             "run_device": str(self.run_device),
             "offloaded_ops": list(self.offload),
-            "mechanism": make_mechanism(s.configuration).name if self.split else None,
+            "mechanism": self.mechanism.name if self.mechanism else None,
             "sigma_scale": s.sigma_scale,
             "sensitivity_rule": s.sensitivity_rule,
             "slalom_frac_bits": s.slalom_frac_bits if s.configuration == "slalom" else None,

@@ -105,9 +105,8 @@ class Slalom:
     def chunk_maker(self, op):
         from harness.split.noise_bank import slalom_chunk_maker
 
-        chunk = exact_chunk(max(w.abs().max().item() for w in op.tee_quantised), self.modulus)
         return slalom_chunk_maker(
-            op.tee_quantised, self.modulus, lambda x, w: exact_matmul_mod(x, w, self.modulus, chunk)
+            op.tee_quantised, self.modulus, lambda x, w: exact_matmul_mod(x, w, self.modulus, op.device_chunk)
         )
 
     def run(self, op, x: torch.Tensor) -> list[torch.Tensor]:

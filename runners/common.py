@@ -1,0 +1,157 @@
+"""What every runner does the same way: load the model and workload, build engines from the config,
+generate in batches, and open results.json with the fields DESIGN.md's contract names.
+
+Runners compose; this module holds their shared plumbing so each runner file keeps only its experiment.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import schema
+
+
+@dataclass
+class Inputs:
+    """The model, the workload and the prompts' token ids one run works on."""
+
+    loaded: Any                 # harness.models.LoadedModel
+    workload: Any               # harness.workloads.Workload
+    prompts: list[list[int]]
+    pad: int
+    eos: int | None
+
+    def generate_kwargs(self, gen: Any) -> dict[str, Any]:
+        """Keyword arguments of generate_batches for the config's `generation` section."""
+        return dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=self.pad,
+                    eos_token_id=self.eos, stop_at_eos=gen.stop_at_eos)
+
+
+def load_inputs(cfg: DictConfig) -> Inputs:
+    from harness.models import load_model
+    from harness.workloads import load_workload
+
+    loaded = load_model(cfg.model)
+    workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
+    pad, eos = special_ids(loaded.tokenizer)
+    return Inputs(loaded, workload, [list(p.input_ids) for p in workload.prompts], pad, eos)
+
+
+def results_header(cfg: DictConfig, experiment: str, inputs: Inputs) -> dict[str, Any]:
+    """The results.json fields every experiment shares (DESIGN.md contract), in one order."""
+    return {
+        "experiment": experiment,
+        "experiment_name": cfg.experiment_name,
+        "status": "ok",
+        "model": inputs.loaded.name,
+        "model_source": inputs.loaded.source,
+        "workload": inputs.workload.name,
+        "workload_info": {k: v for k, v in workload_record(inputs.workload).items() if k != "name"},
+        "n_prompts": len(inputs.prompts),
+        "generation": OmegaConf.to_container(cfg.generation, resolve=True),
+    }
+
+
+def overridden(key: str) -> bool:
+    """Whether this job's command-line overrides (its own, in a sweep) set `key`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in HydraConfig.get().overrides.task)
+
+
+def resolve_baseline(choice: str) -> str:
+    """`auto` → gpu where CUDA exists, else cpu; explicit choices stand."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
+    """A SplitEngine for `configuration` from cfg.engine (a `_target_` node for EngineSettings)."""
+    from hydra.utils import instantiate
+
+    from harness.split.engine import SplitEngine
+
+    settings = instantiate(
+        cfg.engine,
+        configuration=configuration,
+        epsilon=schema.effective_epsilon(configuration, cfg.epsilon),
+        seed=cfg.seed,
+        _convert_="all",  # plain lists, not ListConfig, inside the settings
+    )
+    settings.offload = tuple(settings.offload)
+    return SplitEngine(model, settings)
+
+
+@dataclass
+class BatchedGeneration:
+    """GenerationResults of consecutive batches, joined: ids in prompt order, times and bytes summed."""
+
+    output_ids: list[list[int]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    boundary: dict[str, float] = field(default_factory=dict)
+    bank: dict[str, Any] = field(default_factory=dict)
+    epsilons: list[float | None] = field(default_factory=list)
+    n_generated_tokens: int = 0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        total = self.timings.get("total", 0.0)
+        return self.n_generated_tokens / total if total > 0 else None
+
+    def per_prompt(self) -> dict[str, float]:
+        n = max(1, len(self.output_ids))
+        return {k: v / n for k, v in self.timings.items()}
+
+
+def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
+                     pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str) -> BatchedGeneration:
+    from tqdm.auto import tqdm
+
+    out = BatchedGeneration()
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None):
+        batch = [list(p) for p in prompts[start:start + batch_size]]
+        res = engine.generate(batch, max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+                              stop_at_eos=stop_at_eos)
+        out.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
+        for key, value in res.timings.items():
+            out.timings[key] = out.timings.get(key, 0.0) + float(value)
+        for key, value in (res.boundary or {}).items():
+            out.boundary[key] = out.boundary.get(key, 0) + value
+        out.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
+        out.epsilons.extend(getattr(res, "epsilons", None) or [None] * len(batch))
+        out.n_generated_tokens += int(res.n_generated_tokens)
+    return out
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int | None]:
+    """(pad, eos) for left-padded batches: the tokenizer's pad, else its eos, else 0."""
+    eos = tokenizer.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos if eos is not None else 0
+    return int(pad), (None if eos is None else int(eos))
+
+
+def workload_record(workload: Any) -> dict[str, Any]:
+    return {"name": workload.name, "source": workload.source, "chat_template": workload.chat_template,
+            "filter": dict(workload.filter), "prompt_ids": [p.id for p in workload.prompts]}
+
+
+def load_semantic(name: str | None) -> Any:
+    if not name:
+        return None
+    from metrics.semantic import load_semantic_model
+
+    return load_semantic_model(name)
