@@ -139,18 +139,31 @@ def _verdict(row: AttackRow) -> str:
     return "—"
 
 
+def _bayes_gate(row: AttackRow) -> str:
+    gate = row.m.get("bayes_gate")
+    return "—" if gate is None else ("**pass** (at chance)" if gate else "fail (above chance)")
+
+
 def table6_md(group: AttackGroup) -> str:
-    headers = ["configuration", "attacker", "component", *[h for _, h in TABLE6_METRICS], "gate"]
+    """One row per run; beside the learned attacker's metrics and gate, the Bayes attacker's token recovery
+    and gate under the same configuration and ε (it reads layer-0 QKV whatever the row's component, so it
+    repeats down a pair). The two gates can disagree: a weak learned attacker at chance is no evidence of
+    privacy when the Bayes attacker recovers the prompt."""
+    headers = ["configuration", "attacker", "component", *[h for _, h in TABLE6_METRICS], "gate",
+               "Bayes top-1 % (layer-0 QKV)", "Bayes gate"]
     rows = []
     for r in group.rows:
         comp = COMPONENT_LABEL.get(r.component, r.component)
         if r.component != "lm_head" and r.layer not in (None, 0):
             comp += f" (layer {r.layer})"
         rows.append([r.privacy_label(), SETTING_LABEL.get(r.setting, r.setting), comp,
-                     *[fmt_ci(*r.ci(k)) for k, _ in TABLE6_METRICS], _verdict(r)])
+                     *[fmt_ci(*r.ci(k)) for k, _ in TABLE6_METRICS], _verdict(r), fmt_ci(*r.ci("bayes_top1")),
+                     _bayes_gate(r)])
     floors = group.floors()
     floor = (f"{floors[0]:.2f}" if len(floors) == 1 else f"{floors[0]:.2f} … {floors[-1]:.2f}") if floors else "—"
-    rows.append(["chance floor", "an unrelated evaluation prompt", "—", "—", "—", floor, "—", "—", "—", "—", "—"])
+    floor_row = ["chance floor", "an unrelated evaluation prompt", "—"] + ["—"] * (len(headers) - 3)
+    floor_row[3 + [k for k, _ in TABLE6_METRICS].index("token_f1")] = floor
+    rows.append(floor_row)
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
 
 

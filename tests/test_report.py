@@ -436,3 +436,74 @@ def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
     other = section((tmp_path / "report.md").read_text(), "Other experiment: gradient_audit")
     assert "| mean_true_error | mean_bound | bound_violation_rate |" in other
     assert "| 1.5e-06 | 6e-06 | 0.50 [0.25, 0.75] |" in other
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 6 (attack runs)
+# ---------------------------------------------------------------------------------------------------
+
+
+def attack(configuration: str, epsilon: float | None, setting: str, component: str, f1: float, *,
+           verdict: str = "fail", bayes_top1: float = 90.0, floor: float = 22.0, positive_pass: bool = True) -> dict:
+    """An attack results.json (runners/attack.py) trimmed to what the report reads: the learned attacker's
+    token metrics all `f1 [f1-3, f1+3]`, the controls, the Bayes attacker with a k curve for noisy runs, the
+    accounting."""
+    m: dict = {"chance_floor_token_f1": floor, "attack_verdict": verdict, "attack_valid": verdict != "invalid",
+               "attack_gate": verdict == "pass", "positive_control_pass": positive_pass,
+               "negative_control_pass": True}
+    for name in ("token_precision", "token_recall", "token_f1", "semantic_similarity", "bleu", "rouge_l",
+                 "exact_match"):
+        m.update({name: f1, f"{name}_ci_lo": f1 - 3, f"{name}_ci_hi": f1 + 3})
+    m.update({"positive_control_token_f1": 45.0, "negative_control_token_f1": floor - 1,
+              "bayes_top1": bayes_top1, "bayes_top1_ci_lo": bayes_top1 - 2, "bayes_top1_ci_hi": bayes_top1 + 2,
+              "bayes_top5": 99.0, "bayes_token_f1": bayes_top1, "bayes_gate": bayes_top1 < 1.0, "bayes_top1_chance": 0.01,
+              "bayes_sigma_mean": 0.0 if configuration == "t3" else 10.0 / epsilon})
+    if configuration != "t3":
+        for k in (1, 4, 16):
+            m.update({f"bayes_top1_k{k}": min(100.0, bayes_top1 * k ** 0.5),
+                      f"bayes_top1_k{k}_ci_lo": min(100.0, bayes_top1 * k ** 0.5) - 1,
+                      f"bayes_top1_k{k}_ci_hi": min(100.0, bayes_top1 * k ** 0.5) + 1,
+                      f"bayes_top1_k{k}_predicted": min(100.0, bayes_top1 * k ** 0.5)})
+        m.update({"epsilon_nominal": epsilon, "gdp_mu_composed": 163.0 * epsilon, "dp_epsilon_composed": 1.4e4,
+                  "dp_delta": 1e-5, "gdp_exposures_composed": 26561})
+    eps_dir = f"eps={epsilon:g}" if configuration == "ep1" else "eps=na"
+    return {"experiment": "attack", "experiment_name": "attack", "status": "ok", "configuration": configuration,
+            "epsilon": epsilon, "model": "smollm2-135m", "workload": "dolly", "n_prompts": 30,
+            "attack": {"setting": setting, "component": component, "layer": 0}, "metrics": m,
+            "accounting": {"max_new_tokens": 200}, "tags": [], "config_hash": "1" * 64,
+            "run_dir": f"attack/smollm2-135m/{configuration}/{eps_dir}/attack.component={component},"
+                       f"attack.setting={setting}", "provenance": PROVENANCE}
+
+
+def test_attack_table6_rows_floor_verdicts_bayes_and_k_curve(tmp_path: Path, capsys) -> None:
+    runs, out_dir = tmp_path / "runs", tmp_path / "report"
+    for data in (attack("ep1", 2500.0, "noise_aware", "qkv", 60.0, bayes_top1=80.0),
+                 attack("ep1", 1.0, "noise_oblivious", "qkv", 21.0, verdict="pass", bayes_top1=0.5),
+                 attack("t3", None, "noise_free", "lm_head", 30.0, bayes_top1=100.0),
+                 attack("t3", None, "noise_free", "qkv", 45.0, bayes_top1=100.0),
+                 attack("ep1", 1.0, "noise_aware", "qkv", 22.5, verdict="invalid", bayes_top1=0.5,
+                        positive_pass=False)):
+        write_run(runs, data["run_dir"], data)
+    code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    md = (out_dir / "report.md").read_text()
+    table = section(md, "Prompt reconstruction").split("Controls:")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    # t3 first (qkv before lm_head), then ep1 by ascending ε, noise-oblivious before noise-aware; floor last.
+    assert [r.split("|")[1].strip() for r in rows] == ["t3", "t3", "ep1 ε=1", "ep1 ε=1", "ep1 ε=2500",
+                                                       "chance floor"]
+    assert "LM head" in rows[1] and "noise-oblivious" in rows[2] and "noise-aware" in rows[3]
+    assert "45.00 [42.00, 48.00]" in rows[0] and "fail (above chance)" in rows[0]
+    assert "**pass** (at chance)" in rows[2] and "**invalid**" in rows[3]
+    cells = [c.strip() for c in rows[-1].split("|")[1:-1]]
+    header = [c.strip() for c in table.splitlines()[[l.startswith("| configuration") for l in
+                                                    table.splitlines()].index(True)].split("|")[1:-1]]
+    assert len(cells) == len(header) and cells[header.index("token F1 %")] == "22.00"
+    # The Bayes attacker beside the learned one, in the same row, with its own gate.
+    assert header[-2].startswith("Bayes top-1") and header[-1] == "Bayes gate"
+    assert [c.strip() for c in rows[4].split("|")[-3:-1]] == ["80.00 [78.00, 82.00]", "fail (above chance)"]
+    assert rows[2].split("|")[-2].strip() == "**pass** (at chance)"
+    # The k curve: one PNG, linked, for the noisy (configuration, ε) pairs.
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == 1 and "attack_k" in links[0]
+    assert (out_dir / links[0]).read_bytes().startswith(PNG_MAGIC)
