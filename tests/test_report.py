@@ -456,7 +456,8 @@ def attack(configuration: str, epsilon: float | None, setting: str, component: s
         m.update({name: f1, f"{name}_ci_lo": f1 - 3, f"{name}_ci_hi": f1 + 3})
     m.update({"positive_control_token_f1": 45.0, "negative_control_token_f1": floor - 1,
               "bayes_top1": bayes_top1, "bayes_top1_ci_lo": bayes_top1 - 2, "bayes_top1_ci_hi": bayes_top1 + 2,
-              "bayes_top5": 99.0, "bayes_token_f1": bayes_top1, "bayes_gate": bayes_top1 < 1.0, "bayes_top1_chance": 0.01,
+              "bayes_top5": 99.0, "bayes_token_f1": bayes_top1, "bayes_gate": bayes_top1 < 1.0,
+              "bayes_top1_chance": 0.01,
               "bayes_sigma_mean": 0.0 if configuration == "t3" else 10.0 / epsilon})
     if configuration != "t3":
         for k in (1, 4, 16):

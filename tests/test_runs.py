@@ -326,3 +326,19 @@ def test_wandb_failure_is_one_warning_and_still_finishes(tmp_path, monkeypatch, 
     monkeypatch.setattr(wandb, "init", refuse)
     assert mirror(_logger_cfg(), tmp_path, {"metrics": {}}, [], name="x") is False
     assert "RuntimeError: wandb.init timed out" in capsys.readouterr().err
+
+
+def test_source_digest_follows_computing_code_not_reports(tmp_path):
+    """Caches (baselines, trained attackers) are keyed on this digest: an edit to computing code must change
+    it, an edit to a report module (which only reads finished results) must not."""
+    from harness.provenance import source_digest as cached
+
+    source_digest = cached.__wrapped__     # the process-wide memo would hide the edits below
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "engine.py").write_text("x = 1\n")
+    (tmp_path / "harness" / "report_tables.py").write_text("y = 1\n")
+    before = source_digest(tmp_path, ("harness",))
+    (tmp_path / "harness" / "report_tables.py").write_text("y = 2\n")
+    assert source_digest(tmp_path, ("harness",)) == before
+    (tmp_path / "harness" / "engine.py").write_text("x = 2\n")
+    assert source_digest(tmp_path, ("harness",)) != before
