@@ -167,16 +167,25 @@ def table6_md(group: AttackGroup) -> str:
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
 
 
+def _training(row: AttackRow) -> str:
+    """How long the attacker this row evaluates was trained (the noise-free one for noise-oblivious rows)."""
+    steps, minutes = row.m.get("train_steps"), _num(row.m.get("train_minutes"))
+    if steps is None:
+        return "—"
+    return f"{steps}" + (f" ({minutes:.1f})" if minutes is not None else "")
+
+
 def controls_md(group: AttackGroup) -> str:
     headers = ["configuration", "attacker", "component", "token F1 %", "positive control (t3) F1 %",
-               "negative control (shuffled) F1 %", "chance floor %", "valid"]
+               "negative control (shuffled) F1 %", "chance floor %", "valid", "training steps (minutes)"]
     rows = []
     for r in group.rows:
         pos = fmt_ci(*r.ci("positive_control_token_f1")) + ("" if r.m.get("positive_control_pass") else " ✗")
         neg = fmt_ci(*r.ci("negative_control_token_f1")) + ("" if r.m.get("negative_control_pass") else " ✗")
         rows.append([r.privacy_label(), SETTING_LABEL.get(r.setting, r.setting),
                      COMPONENT_LABEL.get(r.component, r.component), fmt_ci(*r.ci("token_f1")), pos, neg,
-                     fmt_ci(r.m.get("chance_floor_token_f1")), "yes" if r.m.get("attack_valid") else "**no**"])
+                     fmt_ci(r.m.get("chance_floor_token_f1")), "yes" if r.m.get("attack_valid") else "**no**",
+                     _training(r)])
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
 
 

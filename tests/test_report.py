@@ -450,7 +450,7 @@ def attack(configuration: str, epsilon: float | None, setting: str, component: s
     accounting."""
     m: dict = {"chance_floor_token_f1": floor, "attack_verdict": verdict, "attack_valid": verdict != "invalid",
                "attack_gate": verdict == "pass", "positive_control_pass": positive_pass,
-               "negative_control_pass": True}
+               "negative_control_pass": True, "train_steps": 141, "train_minutes": 4.02}
     for name in ("token_precision", "token_recall", "token_f1", "semantic_similarity", "bleu", "rouge_l",
                  "exact_match"):
         m.update({name: f1, f"{name}_ci_lo": f1 - 3, f"{name}_ci_hi": f1 + 3})
@@ -504,6 +504,8 @@ def test_attack_table6_rows_floor_verdicts_bayes_and_k_curve(tmp_path: Path, cap
     assert header[-2].startswith("Bayes top-1") and header[-1] == "Bayes gate"
     assert [c.strip() for c in rows[4].split("|")[-3:-1]] == ["80.00 [78.00, 82.00]", "fail (above chance)"]
     assert rows[2].split("|")[-2].strip() == "**pass** (at chance)"
+    controls = section(md, "Prompt reconstruction").split("Controls:")[1].split("Bayes-optimal")[0]
+    assert "training steps (minutes)" in controls and controls.count("| 141 (4.0) |") == 5
     # The k curve: one PNG, linked, for the noisy (configuration, ε) pairs.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert len(links) == 1 and "attack_k" in links[0]
