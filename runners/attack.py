@@ -32,6 +32,7 @@ from harness import accounting, provenance, schema
 from harness.errors import UserError
 from harness.results import RunContext
 from harness.wandb_mirror import mirror
+from runners.common import metric_lines
 
 _TABLE_COLUMNS = ("id", "prompt", "output_text", "token_precision", "token_recall", "token_f1", "exact_match", "bleu",
                   "rouge_l", "semantic_similarity", "bayes_top1", "bayes_top5")
@@ -282,15 +283,9 @@ def print_summary(results: dict[str, Any]) -> None:
     head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
             f"{'' if eps is None else f' (ε={eps:g})'} · {a['setting']} · {a['component']} layer {a['layer']} · "
             f"{results['n_prompts']} prompts")
-    lines = [head, f"  {'metric':<28}{'value':>8}   95% CI"]
-    for name in ("token_precision", "token_recall", "token_f1", "positive_control_token_f1",
-                 "negative_control_token_f1", "semantic_similarity", "bayes_top1", "bayes_top5", "bayes_token_f1"):
-        value = m.get(name)
-        if value is None:
-            continue
-        lo, hi = m.get(f"{name}_ci_lo"), m.get(f"{name}_ci_hi")
-        ci = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
-        lines.append(f"  {name:<28}{value:>8.2f}   {ci}")
+    lines = [head, *metric_lines(m, ("token_precision", "token_recall", "token_f1", "positive_control_token_f1",
+                                     "negative_control_token_f1", "semantic_similarity", "bayes_top1", "bayes_top5",
+                                     "bayes_token_f1"), width=28)]
     lines.append(f"  {'chance floor (token F1)':<28}{m['chance_floor_token_f1']:>8.2f}")
     ks = sorted(int(k[len("bayes_top1_k"):]) for k in m if k.startswith("bayes_top1_k") and k[12:].isdigit())
     if len(ks) > 1:

@@ -155,3 +155,17 @@ def load_semantic(name: str | None) -> Any:
     from metrics.semantic import load_semantic_model
 
     return load_semantic_model(name)
+
+
+def metric_lines(metrics: dict[str, Any], names: Sequence[str], width: int) -> list[str]:
+    """The metric table of a run's terminal summary: a header, then "name  value  [lo, hi]" for each of
+    `names` the run has (results.json has everything)."""
+    lines = [f"  {'metric':<{width}}{'value':>8}   95% CI"]
+    for name in names:
+        value = metrics.get(name)
+        if value is None:
+            continue
+        lo, hi = metrics.get(f"{name}_ci_lo"), metrics.get(f"{name}_ci_hi")
+        ci = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+        lines.append(f"  {name:<{width}}{value:>8.2f}   {ci}")
+    return lines

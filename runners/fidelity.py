@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness import accounting, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.wandb_mirror import mirror
-from runners.common import (Inputs, generate_batches, load_inputs, load_semantic, make_engine, overridden,
-                            resolve_baseline, results_header, workload_record)
+from runners.common import (Inputs, generate_batches, load_inputs, load_semantic, make_engine, metric_lines,
+                            overridden, resolve_baseline, results_header, workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -186,14 +186,8 @@ def print_summary(results: dict[str, Any]) -> None:
     head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
             f"{'' if eps is None else f' (ε={eps:g})'} vs {results['baseline']} · {results['n_prompts']} prompts · "
             f"{results['generation']['max_new_tokens']} new tokens")
-    lines = [head, f"  {'metric':<22}{'value':>8}   95% CI"]
-    for name in ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"):
-        value = m.get(name)
-        if value is None:
-            continue
-        lo, hi = m.get(f"{name}_ci_lo"), m.get(f"{name}_ci_hi")
-        ci = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
-        lines.append(f"  {name:<22}{value:>8.2f}   {ci}")
+    lines = [head, *metric_lines(m, ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"),
+                                 width=22)]
     if m.get("mean_first_divergence") is not None:
         lines.append(f"  {'mean_first_divergence':<22}{m['mean_first_divergence']:>8.1f}   (over diverging prompts)")
     for note in results.get("notes", []):

@@ -22,9 +22,10 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from harness import report_attack as ra
 from harness import report_tables as rt
@@ -312,6 +313,14 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
     attacks = ra.attack_groups(runs)
     written: list[Path] = []
 
+    def figure(kind: str, i: int, item: Any, plot: Callable[[Any, Path], None], alt: str) -> list[str]:
+        """Draw `item` (a table or group with .slug and .title) into its PNG next to report.md, remember the
+        file, and return the markdown that shows it."""
+        png = out / f"{PNG_PREFIX}{kind}_{i}_{item.slug}.png"
+        plot(item, png)
+        written.append(png)
+        return [f"![{alt}: {item.title}]({png.name})", ""]
+
     md: list[str] = ["# splitbench report", ""]
     tagged_in = sorted({t for r in runs for t in r.tags} & set(selection.included_tags))
     if tagged_in:
@@ -339,10 +348,7 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
                 details.append(f"overrides `{group.variants[0]}`")
             text = "; ".join(details)
             md += [text[0].upper() + text[1:] + ".", "", rt.fidelity_table_md(group), ""]
-            png = out / f"{PNG_PREFIX}fidelity_{i}_{group.slug}.png"
-            plot_fidelity(group, png)
-            written.append(png)
-            md += [f"![utility metrics against ε: {group.title}]({png.name})", ""]
+            md += figure("fidelity", i, group, plot_fidelity, "utility metrics against ε")
 
     if timing:
         md += ["## Inference time per prompt (paper Table 1 / Fig. 4)", "",
@@ -359,10 +365,7 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
                        "ratios compare CPU against CPU and do not reproduce the paper's GPU speed-ups.", ""]
             md += ["Seconds per prompt:", "", rt.timing_overview_md(table), "", "By component (seconds per prompt):",
                    "", rt.timing_breakdown_md(table), ""]
-            png = out / f"{PNG_PREFIX}timing_{i}_{table.slug}.png"
-            plot_timing(table, png)
-            written.append(png)
-            md += [f"![time per prompt by component: {table.title}]({png.name})", ""]
+            md += figure("timing", i, table, plot_timing, "time per prompt by component")
 
     if fp_groups:
         md += ["## Floating-point error of unmasking (paper Table 4)", "",
@@ -391,10 +394,7 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
             if probes:
                 md += ["How torch's kernels accumulate here (harness/split/fp_error.probe_accumulation):", "",
                        probes, ""]
-            png = out / f"{PNG_PREFIX}fp_error_{i}_{group.slug}.png"
-            plot_fp_error(group, png)
-            written.append(png)
-            md += [f"![error and bound against ε: {group.title}]({png.name})", ""]
+            md += figure("fp_error", i, group, plot_fp_error, "error and bound against ε")
 
     if controlled:
         md += ["## Controlled numerical error (paper Table 5)", "",
@@ -403,11 +403,9 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
                "T3's (paper §7.3.2). The error column is the error actually realised; the natural row is the "
                "configuration itself. Cells are **mean [95% interval]** over prompts, in %.", ""]
         for i, table in enumerate(controlled, 1):
-            png = out / f"{PNG_PREFIX}controlled_error_{i}_{table.slug}.png"
-            plot_controlled(table, png)
-            written.append(png)
             md += [f"### {table.title}", "", rt.controlled_table5_md(table), "",
-                   f"![semantic similarity against mean absolute error: {table.title}]({png.name})", ""]
+                   *figure("controlled_error", i, table, plot_controlled,
+                           "semantic similarity against mean absolute error")]
 
     if attacks:
         md += ["## Prompt reconstruction (paper Table 6)", "",
@@ -436,10 +434,7 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
                        "Gaussian-DP composition over every exposure one prompt token reaches (every op, layer, later "
                        "position and decode step), with its (ε, δ)-DP equivalent (dp-accounting):", "", acc, ""]
             if ra.k_curves(group):
-                png = out / f"{PNG_PREFIX}attack_k_{i}_{group.slug}.png"
-                plot_k_curve(group, png)
-                written.append(png)
-                md += [f"![Bayes recovery against repeated submissions: {group.title}]({png.name})", ""]
+                md += figure("attack_k", i, group, plot_k_curve, "Bayes recovery against repeated submissions")
 
     for exp, table_md in others:
         md += [f"## Other experiment: {exp}", "", table_md, ""]
