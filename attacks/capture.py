@@ -2,8 +2,8 @@
 adversary view into per-prompt exposure sequences (paper §7.4.1).
 
 The victim side (`capture`) drives a SplitEngine under a configuration (t3, ep1 at ε, epn) exactly as a
-deployment would; the attacker side (`features_from_view`) reads nothing but the recorded AdversaryView
-and the prompt lengths.
+deployment would; the attacker side (`features_from_view`) reads nothing but the `masked_input` channel
+of the recorded AdversaryView (harness/adversary_view.py) and the prompt lengths.
 
 Components (`COMPONENTS`): `qkv` (the shared input of Q, K and V of one layer), `o`, `gate_up`,
 `composite` (QKV, O and Gate/Up of one layer, concatenated per position, paper §7.4.2) and `lm_head`
@@ -25,15 +25,15 @@ identical), a fraction of the cost.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
+from harness import configurations
+from harness.adversary_view import MASKED_INPUT, AdversaryView, describe
 from harness.errors import UserError
-from harness.split.boundary import AdversaryView
 from harness.split.engine import EngineSettings, SplitEngine
 
 COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -43,7 +43,10 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "composite": ("qkv", "o", "gate_up"),
     "lm_head": ("lm_head",),
 }
-ATTACKABLE = ("t3", "ep1", "epn")
+# The masks the attacks model: none (`plain`, what crosses is the op input itself) and Gaussian noise.
+ATTACKABLE = tuple(n for n in configurations.names(split=True)
+                   if configurations.get(n).mechanism in ("plain", "gaussian"))   # t3, ep1, epn
+UNMASKED = next(n for n in ATTACKABLE if configurations.get(n).mechanism == "plain")  # t3: the noise-free attacks
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ class CaptureSpec:
     def record(self) -> dict:
         return asdict(self)
 
+    def meta(self, model: str | None = None, workload: str | None = None, code_digest: str = "") -> dict:
+        """The meta of the adversary views this capture records (harness.adversary_view.describe)."""
+        return describe(configuration=self.configuration, epsilon=self.epsilon, seed=self.seed, model=model,
+                        workload=workload, code_digest=code_digest)
+
 
 @dataclass
 class Capture:
@@ -76,6 +84,7 @@ class Capture:
     features: list[torch.Tensor]
     epsilons: list[float | None] = field(default_factory=list)   # per-token ε each prompt ran under
     dims: dict[str, int] = field(default_factory=dict)          # input dimension of each op, in concat order
+    meta: dict = field(default_factory=dict)                    # the views' meta (CaptureSpec.meta)
 
 
 def check_component(component: str, layer: int, offload: Sequence[str], n_layers: int) -> None:
@@ -108,21 +117,22 @@ def truncated(model: nn.Module, n_layers: int) -> nn.Module:
 
 
 def features_from_view(view: AdversaryView, ops: Sequence[str], layer: int, lengths: Sequence[int]) -> list[torch.Tensor]:
-    """Per-prompt exposure sequences of one batch's view (the attacker's side: reads only `view`).
+    """Per-prompt exposure sequences of one batch's view (the attacker's side: reads only the view's
+    `masked_input` channel, so exposures other systems add on their own channels change nothing here).
 
     Layer ops: the prefill exposure [B, T, d] of each op in `ops` at `layer`, the last len_r positions of
     row r, ops concatenated along the feature axis. LM head: every LM-head exposure of the batch in step
     order, one row per step. Integer exposures (Slalom residues) are returned as float32.
     """
     if tuple(ops) == ("lm_head",):
-        steps = sorted(view.select(op="lm_head"), key=lambda e: e.step)
+        steps = sorted(view.select(op="lm_head", channel=MASKED_INPUT), key=lambda e: e.step)
         if not steps:
             raise ValueError("the view holds no lm_head exposure")
         stacked = torch.cat([e.tensor.float().reshape(len(lengths), -1, e.tensor.shape[-1]) for e in steps], dim=1)
         return [stacked[r].clone() for r in range(len(lengths))]
     parts = []
     for op in ops:
-        found = view.select(op=op, layer=layer, step=0)
+        found = view.select(op=op, layer=layer, step=0, channel=MASKED_INPUT)
         if len(found) != 1:
             raise ValueError(f"expected one prefill exposure of {op}[{layer}] in the view, found {len(found)}")
         t = found[0].tensor.float()
@@ -152,19 +162,21 @@ def make_engine(model: nn.Module, spec: CaptureSpec) -> tuple[SplitEngine, tuple
 
 @torch.no_grad()
 def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpec, *, pad_token_id: int,
-            repeats: int = 1, on_repeat=None) -> list[Capture]:
+            repeats: int = 1, on_repeat=None, meta: dict | None = None) -> list[Capture]:
     """Run `prompts` through the engine `repeats` times (fresh masks each time: the noise bank never serves
     an entry twice) and return one Capture per repeat.
 
     `on_repeat(index, capture)` is called after each repeat; when given, the captures are not kept (for
     the repeated-submission attack, which only needs running sums) and [] is returned. The features are
-    ordinary tensors (cloned outside the engine's inference mode), usable as training inputs.
+    ordinary tensors (cloned outside the engine's inference mode), usable as training inputs. `meta` is
+    every batch's view's and each Capture's meta (default `spec.meta()`, which names no model or workload).
     """
     if spec.configuration not in ATTACKABLE:
         raise UserError(f"the attack suite handles configurations {', '.join(ATTACKABLE)}, got {spec.configuration!r}")
     check_component(spec.component, spec.layer, spec.offload, len(model.model.layers))
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    meta = spec.meta() if meta is None else meta
     engine, ops = make_engine(model, spec)
     dims = {}
     out: list[Capture] = []
@@ -176,13 +188,13 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
             lengths = [len(p) for p in batch]
             first = len(engine.view.exposures)
             result = engine.generate(batch, spec.max_new_tokens, pad_token_id=pad_token_id)
-            view = AdversaryView(engine.view.exposures[first:])
+            view = AdversaryView(engine.view.exposures[first:], meta)
             del engine.view.exposures[first:]  # the batch's record is consumed here: memory stays bounded
             features.extend(features_from_view(view, ops, spec.layer, lengths))
             epsilons.extend(result.epsilons)
             if not dims:
                 dims = {op: _dim(view, op, spec.layer) for op in ops}
-        cap = Capture(spec, features, epsilons, dims)
+        cap = Capture(spec, features, epsilons, dims, meta)
         if on_repeat is not None:
             on_repeat(rep, cap)
         else:
@@ -191,7 +203,8 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
 
 
 def _dim(view: AdversaryView, op: str, layer: int) -> int:
-    found = view.select(op=op) if op == "lm_head" else view.select(op=op, layer=layer, step=0)
+    found = (view.select(op=op, channel=MASKED_INPUT) if op == "lm_head"
+             else view.select(op=op, layer=layer, step=0, channel=MASKED_INPUT))
     return int(found[0].shape[-1])
 
 
@@ -207,12 +220,14 @@ def feature_dim(model: nn.Module, component: str) -> int:
 
 def sigma_qkv0(model: nn.Module, configuration: str, epsilon: float | None, n_tokens: int,
                sigma_scale: float = 1.0) -> float:
-    """σ of the layer-0 QKV mask of a prompt of n tokens: Δ·sigma_scale/ε (ε = 1/√n for EPN), from the
-    public weights (harness.split.sensitivity), as the attacker computes it; 0 for t3."""
+    """σ of the layer-0 QKV mask of a prompt of n tokens, as the attacker computes it: Δ from the public
+    weights (harness.split.sensitivity) over the ε the exposure really gets (harness.configurations); 0
+    without Gaussian masks (t3)."""
     from harness.split.sensitivity import sensitivity_table
 
-    if configuration == "t3":
+    (eps,) = configurations.exposure_epsilons(configuration, epsilon, [n_tokens], sigma_scale)
+    if eps is None:
         return 0.0
     delta = next(r.delta for r in sensitivity_table(model, ("qkv",)) if r.op == "qkv" and r.layer == 0)
-    eps = epsilon if configuration == "ep1" else 1.0 / math.sqrt(n_tokens)
-    return float(delta) * sigma_scale / float(eps)
+    # Δ/ε rather than Δ·noise_factor: the σ the attacker has always used, to the bit (Δ·sigma_scale/ε).
+    return float(delta) / eps

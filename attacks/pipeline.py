@@ -31,6 +31,7 @@ import torch
 from attacks import bayes
 from attacks.capture import Capture, CaptureSpec, capture, sigma_qkv0
 from attacks.inversion import Inverter, TrainSettings, build, make_examples, shuffle_pairs, train
+from harness import configurations
 from harness.results import atomic_torch_save, atomic_write_json, cache_key, read_json
 
 SEED_OFFSETS = {"eval": 0, "train": 1_000_003, "val": 2_000_006, "repeat": 3_000_009}
@@ -82,6 +83,7 @@ class Pipeline:
     log: Callable[[str], None] = print
     victim_config: dict | None = None    # the conf/model entries, part of every cache key
     decoder_config: dict | None = None
+    workload: str | None = None          # the evaluation prompts' workload, named in the captures' meta
     timings: dict[str, float] = field(default_factory=dict)
     cache_events: list[dict] = field(default_factory=list)
 
@@ -96,7 +98,8 @@ class Pipeline:
         return {"name": loaded.name, "source": loaded.source, "config": config}
 
     def spec(self, configuration: str, epsilon: float | None, component: str, layer: int, role: str) -> CaptureSpec:
-        return CaptureSpec(configuration=configuration, epsilon=epsilon if configuration == "ep1" else None,
+        return CaptureSpec(configuration=configuration,
+                           epsilon=configurations.effective_epsilon(configuration, epsilon),
                            seed=self.seed + SEED_OFFSETS[role], component=component, layer=layer,
                            offload=tuple(self.offload), sigma_scale=self.sigma_scale,
                            sensitivity_rule=self.sensitivity_rule, max_new_tokens=self.capture_max_new_tokens,
@@ -109,6 +112,27 @@ class Pipeline:
     def _timed(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
 
+    def _meta(self, spec: CaptureSpec, role: str) -> dict:
+        """The captured views' meta: the victim, the prompts (the workload, or the corpus split) and the code."""
+        prompts = self.workload if role in ("eval", "repeat") else f"{self.corpus_record.get('name', 'corpus')}/{role}"
+        return spec.meta(model=self.victim.name, workload=prompts, code_digest=self.code)
+
+    def _captured(self, prompts: list[list[int]], spec: CaptureSpec, role: str) -> Capture:
+        start = time.perf_counter()
+        cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad, meta=self._meta(spec, role))[0]
+        self._timed("capture_s", time.perf_counter() - start)
+        return cap
+
+    @staticmethod
+    def _save(cap: Capture, path: Path) -> None:
+        atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims, "meta": cap.meta},
+                          path)
+
+    @staticmethod
+    def _load(spec: CaptureSpec, path: Path) -> Capture:
+        data = torch.load(path, weights_only=False)
+        return Capture(spec, data["features"], data["epsilons"], data["dims"], data["meta"])
+
     # ---------------------------------------------------------------- captures
     def eval_capture(self, configuration: str, epsilon: float | None, component: str, layer: int) -> Capture:
         """The evaluation prompts as the device sees them under `configuration` (cached)."""
@@ -118,12 +142,9 @@ class Pipeline:
         with self.store.building("captures", key):
             if path.exists():
                 self.cache_events.append({"what": f"eval capture {configuration} {component}", "hit": True})
-                data = torch.load(path, weights_only=False)
-                return Capture(spec, data["features"], data["epsilons"], data["dims"])
-            start = time.perf_counter()
-            cap = capture(self.victim.model, self.eval_prompts, spec, pad_token_id=self.pad)[0]
-            self._timed("capture_s", time.perf_counter() - start)
-            atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+                return self._load(spec, path)
+            cap = self._captured(self.eval_prompts, spec, "eval")
+            self._save(cap, path)
             self.cache_events.append({"what": f"eval capture {configuration} {component}", "hit": False})
             return cap
 
@@ -135,21 +156,15 @@ class Pipeline:
         prompts = self.corpus.train if role == "train" else self.corpus.val
         spec = self.spec(configuration, epsilon, component, layer, role)
         if component != "lm_head":
-            start = time.perf_counter()
-            cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad)[0]
-            self._timed("capture_s", time.perf_counter() - start)
-            return cap
+            return self._captured(prompts, spec, role)
         key = self._key("corpus_capture", spec=spec.record(), corpus=self.corpus_record, role=role,
                         prompts=digest_ids(prompts))
         path = self.store.path("captures", key, "pt")
         with self.store.building("captures", key):
             if path.exists():
-                data = torch.load(path, weights_only=False)
-                return Capture(spec, data["features"], data["epsilons"], data["dims"])
-            start = time.perf_counter()
-            cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad)[0]
-            self._timed("capture_s", time.perf_counter() - start)
-            atomic_torch_save({"features": cap.features, "epsilons": cap.epsilons, "dims": cap.dims}, path)
+                return self._load(spec, path)
+            cap = self._captured(prompts, spec, role)
+            self._save(cap, path)
             return cap
 
     # ---------------------------------------------------------------- learned attacker
@@ -168,7 +183,7 @@ class Pipeline:
                                                             if k != "gen_batch_size"}, shuffled=shuffled)
         path = self.store.path("inverters", key, "pt")
         label = f"{'shuffled ' if shuffled else ''}{component} attacker trained under {configuration}" + (
-            f" ε={epsilon:g}" if configuration == "ep1" else "")
+            f" ε={epsilon:g}" if configurations.get(configuration).uses_epsilon else "")
         with self.store.building("inverters", key):
             if path.exists():
                 data = torch.load(path, weights_only=False)
@@ -230,7 +245,7 @@ class Pipeline:
         repeated-submission curve: the prompts submitted max(ks) times through one engine (fresh masks),
         the running mean of the first k exposures attacked at every k in `ks`, beside the recovery
         predicted for σ/√k by simulation from the public codebook. Cached."""
-        noisy = configuration in ("ep1", "epn")
+        noisy = configurations.get(configuration).gaussian
         ks = sorted(set(int(k) for k in ks)) if noisy else [1]
         # Only QKV offloaded: the layer-0 QKV input is computed before any other op and its masks come from
         # its own bank stream, so the exposures are the same as with every op offloaded, at a third of the cost.
@@ -251,7 +266,7 @@ class Pipeline:
 
     def _bayes(self, configuration, epsilon, ks, top_k, prior, rows_per_chunk, vocab_per_chunk, spec) -> dict:
         model = self.victim.model
-        noisy = configuration in ("ep1", "epn")
+        noisy = configurations.get(configuration).gaussian
         book = bayes.codebook(model)
         lengths = [len(p) for p in self.eval_prompts]
         sigmas = [sigma_qkv0(model, configuration, epsilon, n, self.sigma_scale) for n in lengths]
@@ -293,7 +308,8 @@ class Pipeline:
             if k == 1:
                 first = {"recovery": rec, "sigma_mean": float(sum(sigmas) / len(sigmas))}
 
-        capture(model, self.eval_prompts, spec, pad_token_id=self.pad, repeats=max(ks), on_repeat=on_repeat)
+        capture(model, self.eval_prompts, spec, pad_token_id=self.pad, repeats=max(ks), on_repeat=on_repeat,
+                meta=self._meta(spec, "repeat"))
         rec: bayes.Recovery = first["recovery"]
         return {"k_curve": curve, "top1": rec.top1, "topk": rec.topk, "guesses": rec.guesses, "top_k": top_k,
                 "sigma_mean": first["sigma_mean"], "prior": prior,

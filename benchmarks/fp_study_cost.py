@@ -5,7 +5,7 @@ Llama-3.2-3B's shapes (28 layers, d = 3072; q 3072, k/v 1024, o 3072, gate/up 81
 depends on the shapes only. Only drawn rows enter the computation, so each matrix is represented by a
 random sample of `--rows` of its rows (the LM head's 1.5 GB never has to exist).
 
-Side by side in one run: the vectorised study (harness/split/fp_error.run_study: every trial of an
+Side by side in one run: the vectorised study (harness/numerics/study.run_study: every trial of an
 instance at once, exact reference, bound, both kernels) against a per-trial implementation of the same
 computations (Python loop over the dot product for the sequential kernel, math.fsum for the exact
 reference), timed on a few trials and extrapolated. The ratio is the result; absolute times are this
@@ -27,7 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.split import fp_error as fe
+from harness.numerics.bound import bound_from_sums
+from harness.numerics.kernels import probe_accumulation
+from harness.numerics.precisions import PRECISIONS
+from harness.numerics.study import OpInstance, run_study
 
 # Llama-3.2-3B-Instruct (hidden 3072, 24 heads of 128, 8 KV heads, intermediate 8192, vocab 128256).
 SHAPES = {"q": (3072, 3072), "k": (1024, 3072), "v": (1024, 3072), "o": (3072, 3072), "gate": (8192, 3072),
@@ -42,19 +45,19 @@ def instances(layers: int, rows: int, pool: int, sigma: float, seed: int, includ
     for layer in range(layers):
         for op in ("q", "k", "v", "o", "gate", "up"):
             out, d = SHAPES[op]
-            yield fe.OpInstance(op, layer, torch.randn(min(rows, out), d, generator=g) * d ** -0.5, inputs[d], sig)
+            yield OpInstance(op, layer, torch.randn(min(rows, out), d, generator=g) * d ** -0.5, inputs[d], sig)
     out, d = SHAPES["lm_head"]
-    yield fe.OpInstance("lm_head", None, torch.randn(rows, d, generator=g) * d ** -0.5, inputs[d], sig)
+    yield OpInstance("lm_head", None, torch.randn(rows, d, generator=g) * d ** -0.5, inputs[d], sig)
     if include_down:
         for layer in range(layers):
             out, d = SHAPES["down"]
-            yield fe.OpInstance("down", layer, torch.randn(min(rows, out), d, generator=g) * d ** -0.5, inputs[d],
-                                sig * 100, offloaded=False)
+            yield OpInstance("down", layer, torch.randn(min(rows, out), d, generator=g) * d ** -0.5, inputs[d],
+                             sig * 100, offloaded=False)
 
 
-def per_trial(inst: fe.OpInstance, trials: int, precision: str, seed: int) -> float:
+def per_trial(inst: OpInstance, trials: int, precision: str, seed: int) -> float:
     """Seconds per trial of a straightforward per-trial implementation of the same computations."""
-    dt = fe.PRECISIONS[precision].dtype
+    dt = PRECISIONS[precision].dtype
     np_dt = {torch.float32: np.float32, torch.float64: np.float64}[dt]
     g = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
@@ -77,7 +80,7 @@ def per_trial(inst: fe.OpInstance, trials: int, precision: str, seed: int) -> fl
             ref = math.fsum(float(p) for p in (x.astype(np.float64) * w.astype(np.float64)))
             s1 = math.fsum(abs(float(p)) for p in (w.astype(np.float64) * (x.astype(np.float64) + eta)))
             s2 = math.fsum(abs(float(p)) for p in (w.astype(np.float64) * eta))
-            fe.bound_from_sums(torch.tensor(s1), torch.tensor(s2), torch.tensor(abs(ref)), x.shape[0], precision)
+            bound_from_sums(torch.tensor(s1), torch.tensor(s2), torch.tensor(abs(ref)), x.shape[0], precision)
             abs(float(r) - ref)
     return (time.perf_counter() - start) / trials
 
@@ -99,7 +102,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     precisions, kernels = args.precisions.split(","), args.kernels.split(",")
     down_precisions = [p for p in args.down_precisions.split(",") if p]
-    probes = {p: fe.probe_accumulation(p) for p in dict.fromkeys(precisions + down_precisions)}
+    probes = {p: probe_accumulation(p) for p in dict.fromkeys(precisions + down_precisions)}
 
     timings: dict[str, list[float]] = {}
     n_trials: dict[str, int] = {}
@@ -107,8 +110,8 @@ def main() -> None:
     for inst in instances(args.layers, args.rows, args.pool, 10.0, 0, bool(down_precisions)):
         group = "down" if not inst.offloaded else ("lm_head" if inst.op == "lm_head" else "layer ops")
         t0 = time.perf_counter()
-        stats = fe.run_study([inst], precisions=down_precisions if not inst.offloaded else precisions, kernels=kernels,
-                             trials=args.trials, rows_per_vector=args.rows_per_vector, seed=0, probes=probes)
+        stats = run_study([inst], precisions=down_precisions if not inst.offloaded else precisions, kernels=kernels,
+                          trials=args.trials, rows_per_vector=args.rows_per_vector, seed=0, probes=probes)
         timings.setdefault(group, []).append(time.perf_counter() - t0)
         n_trials[group] = n_trials.get(group, 0) + stats[0].n
         assert all(s.violations == 0 for s in stats if s.kernel == "sequential"), "the bound failed its own model"

@@ -24,7 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGURATIONS = ("cpu", "t3", "ep1", "slalom")
+# The configurations this benchmark times side by side (a subset of harness/configurations.py).
+BENCHMARKED = ("cpu", "t3", "ep1", "slalom")
 
 
 def load(model_name: str, batch: int):
@@ -41,9 +42,10 @@ def load(model_name: str, batch: int):
 
 
 def engine_for(model, configuration: str, epsilon: float, threads: int | None):
+    from harness.configurations import effective_epsilon
     from harness.split.engine import EngineSettings, SplitEngine
 
-    return SplitEngine(model, EngineSettings(configuration, epsilon=epsilon if configuration == "ep1" else None,
+    return SplitEngine(model, EngineSettings(configuration, epsilon=effective_epsilon(configuration, epsilon),
                                              tee_threads=threads))
 
 
@@ -90,13 +92,13 @@ def main() -> None:
 
     loaded, batch, prompts = load(args.model, args.batch)
     pad = loaded.tokenizer.pad_token_id
-    engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads) for c in CONFIGURATIONS}
+    engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads) for c in BENCHMARKED}
     engines["cpu"].generate(batch[:2], 4, pad_token_id=pad)  # warm-up (allocator, thread pool)
-    times: dict[str, list[float]] = {c: [] for c in CONFIGURATIONS}
+    times: dict[str, list[float]] = {c: [] for c in BENCHMARKED}
     bank: dict[str, dict] = {}
     outputs: dict[str, list] = {}
     for r in range(args.rounds):
-        order = CONFIGURATIONS[r % len(CONFIGURATIONS):] + CONFIGURATIONS[: r % len(CONFIGURATIONS)]
+        order = BENCHMARKED[r % len(BENCHMARKED):] + BENCHMARKED[: r % len(BENCHMARKED)]
         for c in order:
             result = engines[c].generate(batch, args.new_tokens, pad_token_id=pad)
             times[c].append(result.timings["total"])
@@ -110,7 +112,7 @@ def main() -> None:
 
     generated = args.batch * args.new_tokens
     memory = {}
-    for c in CONFIGURATIONS:
+    for c in BENCHMARKED:
         child = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--child", c, "--model", args.model,
                                 "--batch", str(args.batch), "--new-tokens", str(args.new_tokens),
                                 "--epsilon", str(args.epsilon)] + (["--threads", str(args.threads)] if args.threads else []),
@@ -139,7 +141,7 @@ def main() -> None:
         lines.append(f"| {a}/{b} | {med:.3f} | {lo:.3f} | {hi:.3f} | {target} |")
     lines += ["", "| configuration | median total (s) | tokens/s | bank precompute (s) | bank precompute per generated token (ms) "
                   "| bank bytes (MiB) | peak RSS (MiB) |", "|---|---|---|---|---|---|---|"]
-    for c in CONFIGURATIONS:
+    for c in BENCHMARKED:
         t = statistics.median(times[c])
         pre = bank[c]["bank_precompute"]
         lines.append(f"| {c} | {t:.2f} | {generated / t:.1f} | {pre:.2f} | {1000 * pre / generated:.2f} | "

@@ -23,8 +23,8 @@ N − 1 decode forward passes), offloaded ops ⊆ {qkv, o, gate_up, lm_head}:
 K(n, i) = [qkv]·(1 + (L−1)(n−i)) + ([o] + [gate_up])·L(n−i) + [lm_head] + (N−1)·(L·([qkv]+[o]+[gate_up]) + [lm_head])
 
 The worst case is i = 0. Every one of these exposures is ε-GDP at the configuration's per-exposure ε
-(EP1: the `epsilon` knob; EPN: 1/√n for that prompt; both divided by `engine.sigma_scale`, which
-multiplies every σ), so μ = ε·√K. Prompts submitted more than once compose further (k submissions:
+(harness/configurations.py `exposure_epsilons`: the configuration's per-row ε divided by
+`engine.sigma_scale`, which multiplies every σ), so μ = ε·√K. Prompts submitted more than once compose further (k submissions:
 μ·√k); that is a property of the user's behaviour, not of one inference, and is not included.
 Configurations without Gaussian masks (t3: none; slalom: computational hiding, not DP; cpu/gpu/tdx) have
 no ε: their entries are None.
@@ -35,8 +35,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from harness import configurations
+
 LAYER_OPS = ("qkv", "o", "gate_up")
-NOISY = ("ep1", "epn")
 DEFAULT_DELTA = 1e-5
 
 
@@ -99,21 +100,6 @@ def dp_epsilon(mu: float, delta: float = DEFAULT_DELTA) -> float:
     return float(dp_accounting.get_epsilon_gaussian(1.0 / mu, delta))
 
 
-def per_token_epsilons(configuration: str, epsilon: float | None, prompt_lengths: Sequence[int],
-                       sigma_scale: float = 1.0) -> list[float | None]:
-    """The ε every exposure of each prompt is masked at: EP1 ε, EPN 1/√n, divided by sigma_scale (σ =
-    sigma_scale·Δ/ε); None where no Gaussian mask is applied (and inf for sigma_scale = 0)."""
-    if configuration not in NOISY:
-        return [None] * len(prompt_lengths)
-    if configuration == "ep1":
-        if epsilon is None:
-            raise ValueError("ep1 needs epsilon")
-        base = [float(epsilon)] * len(prompt_lengths)
-    else:
-        base = [1.0 / math.sqrt(n) for n in prompt_lengths]
-    return [math.inf if sigma_scale == 0 else e / sigma_scale for e in base]
-
-
 def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: Sequence[int], n_layers: int,
                     max_new_tokens: int, offload: Iterable[str] = ("qkv", "o", "gate_up", "lm_head"),
                     sigma_scale: float = 1.0, delta: float = DEFAULT_DELTA) -> dict:
@@ -131,7 +117,7 @@ def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: S
     lengths = [int(n) for n in prompt_lengths]
     if not lengths:
         raise ValueError("privacy_summary needs at least one prompt length")
-    eps = per_token_epsilons(configuration, epsilon, lengths, sigma_scale)
+    eps = configurations.exposure_epsilons(configuration, epsilon, lengths, sigma_scale)
     out: dict = {"epsilon_nominal": None, "gdp_exposures_composed": None, "gdp_mu_composed": None,
                  "dp_epsilon_composed": None, "dp_delta": delta}
     counts = [exposure_count(n, 0, n_layers, max_new_tokens, offload).total for n in lengths]

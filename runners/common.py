@@ -1,18 +1,19 @@
 """What every runner does the same way: load the model and workload, build engines from the config,
-generate in batches, and open results.json with the fields DESIGN.md's contract names.
+generate in batches, and finish a run (the results header DESIGN.md's contract names, provenance, the
+atomic write, the terminal summary and the W&B mirror) through one `finish()`.
 
 Runners compose; this module holds their shared plumbing so each runner file keeps only its experiment.
 """
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import schema
+from harness import configurations
 
 
 @dataclass
@@ -25,6 +26,10 @@ class Inputs:
     pad: int
     eos: int | None
 
+    def decode_all(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        """Generated ids as text, special tokens dropped (what every text metric compares)."""
+        return [self.loaded.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
+
     def generate_kwargs(self, gen: Any) -> dict[str, Any]:
         """Keyword arguments of generate_batches for the config's `generation` section."""
         return dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=self.pad,
@@ -35,15 +40,16 @@ def load_inputs(cfg: DictConfig) -> Inputs:
     from harness.models import load_model
     from harness.workloads import load_workload
 
-    loaded = load_model(cfg.model)
+    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
     workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
     pad, eos = special_ids(loaded.tokenizer)
     return Inputs(loaded, workload, [list(p.input_ids) for p in workload.prompts], pad, eos)
 
 
-def results_header(cfg: DictConfig, experiment: str, inputs: Inputs) -> dict[str, Any]:
-    """The results.json fields every experiment shares (DESIGN.md contract), in one order."""
-    return {
+def results_header(cfg: DictConfig, experiment: str, inputs: Inputs, *, generation: bool = True) -> dict[str, Any]:
+    """The results.json fields every experiment shares (DESIGN.md contract), in one order. `generation`:
+    whether the run generates with cfg.generation (and so records it)."""
+    header = {
         "experiment": experiment,
         "experiment_name": cfg.experiment_name,
         "status": "ok",
@@ -52,8 +58,37 @@ def results_header(cfg: DictConfig, experiment: str, inputs: Inputs) -> dict[str
         "workload": inputs.workload.name,
         "workload_info": {k: v for k, v in workload_record(inputs.workload).items() if k != "name"},
         "n_prompts": len(inputs.prompts),
-        "generation": OmegaConf.to_container(cfg.generation, resolve=True),
     }
+    if generation:
+        header["generation"] = OmegaConf.to_container(cfg.generation, resolve=True)
+    return header
+
+
+def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence[dict[str, Any]], *,
+           summary: Callable[[dict[str, Any]], str], engines: dict[str, dict] | None = None,
+           provenance_extra: dict[str, Any] | None = None, side_files: dict[str, Any] | None = None,
+           before_done: Callable[[], None] | None = None, mirror_rows: Sequence[dict[str, Any]] | None = None,
+           mirror_columns: Sequence[str] = ()) -> dict[str, Any]:
+    """The tail every runner shares: add tags, config hash, run name and provenance to `results` (which
+    starts with results_header), write side files, samples.jsonl, results.json and .done atomically
+    (ctx.run_dir.write_results), print `summary(results)`, then mirror to W&B (rows: `mirror_rows`, default
+    the samples). Returns the full results."""
+    from harness import provenance
+    from harness.wandb_mirror import mirror
+
+    results = {
+        **results,
+        "tags": list(cfg.tags),
+        "config_hash": ctx.config_hash,
+        "run_dir": ctx.name,
+        "provenance": provenance.collect(OmegaConf.to_container(cfg, resolve=True), cfg.seed, engines=engines,
+                                         extra=provenance_extra),
+    }
+    ctx.run_dir.write_results(results, samples, side_files=side_files, before_done=before_done)
+    print(summary(results), flush=True)
+    mirror(cfg, ctx.run_dir.path, results, samples if mirror_rows is None else mirror_rows, name=ctx.name,
+           table_columns=tuple(mirror_columns))
+    return results
 
 
 def overridden(key: str) -> bool:
@@ -63,6 +98,15 @@ def overridden(key: str) -> bool:
     if not HydraConfig.initialized():
         return False
     return any(o.lstrip("+~").split("=", 1)[0] == key for o in HydraConfig.get().overrides.task)
+
+
+def epsilon_ignored_note(cfg: DictConfig) -> str | None:
+    """describe_skip for runners of one configuration: why a job that set ε is the same run as another
+    (its configuration ignores ε), else None."""
+    if not configurations.get(cfg.configuration.name).uses_epsilon and overridden("epsilon"):
+        return (f"configuration {cfg.configuration.name} ignores epsilon, so epsilon={cfg.epsilon:g} "
+                "is the same run")
+    return None
 
 
 def resolve_baseline(choice: str) -> str:
@@ -83,7 +127,7 @@ def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
     settings = instantiate(
         cfg.engine,
         configuration=configuration,
-        epsilon=schema.effective_epsilon(configuration, cfg.epsilon),
+        epsilon=configurations.effective_epsilon(configuration, cfg.epsilon),
         seed=cfg.seed,
         _convert_="all",  # plain lists, not ListConfig, inside the settings
     )
@@ -149,12 +193,13 @@ def workload_record(workload: Any) -> dict[str, Any]:
             "filter": dict(workload.filter), "prompt_ids": [p.id for p in workload.prompts]}
 
 
-def load_semantic(name: str | None) -> Any:
-    if not name:
+def load_semantic(cfg: DictConfig) -> Any:
+    """The similarity model cfg.semantic_model (None: the metric is skipped), cached under paths.cache_dir."""
+    if not cfg.semantic_model:
         return None
     from metrics.semantic import load_semantic_model
 
-    return load_semantic_model(name)
+    return load_semantic_model(cfg.semantic_model, cache_dir=cfg.paths.cache_dir)
 
 
 def metric_lines(metrics: dict[str, Any], names: Sequence[str], width: int) -> list[str]:

@@ -16,135 +16,116 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import accounting, provenance, schema
+from harness import accounting, configurations, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
-from harness.wandb_mirror import mirror
-from runners.common import (Inputs, generate_batches, load_inputs, load_semantic, make_engine, metric_lines,
-                            overridden, resolve_baseline, results_header, workload_record)
+from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
+                            load_semantic, make_engine, metric_lines, resolve_baseline, results_header,
+                            workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
                   "rouge_l", "semantic_similarity", "first_divergence")
+NO_CUDA_BASELINE = "no CUDA on this machine: the baseline is the cpu configuration, not gpu"
+NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """Everything but `timing`, with ε normalised: configurations other than ep1 ignore it."""
+    """Everything but `timing`, with ε normalised: configurations that ignore it record None."""
     return schema.semantic_config(cfg, drop=("timing",),
-                                  epsilon=schema.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
-def describe_skip(cfg: DictConfig) -> str | None:
-    """Why a skipped job is a duplicate: said when the job set ε but its configuration ignores it."""
-    if not cfg.configuration.uses_epsilon and overridden("epsilon"):
-        return (f"configuration {cfg.configuration.name} ignores epsilon, so epsilon={cfg.epsilon:g} "
-                "is the same run")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------
-# The runner
-# ---------------------------------------------------------------------------------------------------
+describe_skip = epsilon_ignored_note
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from metrics.text import compare_generations
 
     configuration = cfg.configuration.name
-    gen = cfg.generation
-    semantic_model = load_semantic(cfg.semantic_model)  # before any work: a missing model is a user error
-
+    semantic_model = load_semantic(cfg)  # before any work: a missing model is a user error
     inputs = load_inputs(cfg)
-    loaded, workload, prompts = inputs.loaded, inputs.workload, inputs.prompts
-    generate = inputs.generate_kwargs(gen)
+    generate = inputs.generate_kwargs(cfg.generation)
 
     baseline = resolve_baseline(cfg.baseline)
     base = _baseline(cfg, inputs, baseline, generate)
-
-    engine = make_engine(cfg, configuration, loaded.model)
-    test = generate_batches(engine, prompts, desc=configuration, **generate)
+    engine = make_engine(cfg, configuration, inputs.loaded.model)
+    test = generate_batches(engine, inputs.prompts, desc=configuration, **generate)
     test_engine = engine.describe()
 
-    decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    base_texts = [decode(ids) for ids in base["output_ids"]]
-    test_texts = [decode(ids) for ids in test.output_ids]
+    base_texts, test_texts = inputs.decode_all(base["output_ids"]), inputs.decode_all(test.output_ids)
     scores = compare_generations(base_texts, test_texts, base["output_ids"], test.output_ids,
                                  semantic_model=semantic_model)
-
-    metrics = scores.summary()
-    epsilon = schema.effective_epsilon(configuration, cfg.epsilon)
-    used = [e for e in test.epsilons if e is not None]
-    # EPN's ε is 1/√n per prompt: its mean is what the paper quotes (0.0773 in §7.3.1).
-    metrics["epsilon_mean"] = sum(used) / len(used) if used else None
-    # Nominal per-token ε beside the GDP composition over every exposure one prompt token reaches (DESIGN.md).
-    metrics.update(accounting.privacy_summary(configuration, epsilon, [len(p) for p in prompts],
-                                              len(loaded.model.model.layers), gen.max_new_tokens,
-                                              tuple(cfg.engine.offload), cfg.engine.sigma_scale))
-    metrics["seconds_per_prompt"] = test.per_prompt().get("total")
-    metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(prompts))
-
-    notes = []
-    if baseline == "cpu" and cfg.baseline == "auto":
-        notes.append("no CUDA on this machine: the baseline is the cpu configuration, not gpu")
-    if test_engine.get("accelerator_is_cpu_fallback"):
-        notes.append("no CUDA on this machine: the device side ran on the CPU")
-
-    samples = []
-    for i, prompt in enumerate(workload.prompts):
-        row = scores.rows[i]
-        samples.append({
-            "id": prompt.id,
-            "prompt": prompt.text,
-            "n_prompt_tokens": len(prompt.input_ids),
-            "epsilon": test.epsilons[i] if i < len(test.epsilons) else epsilon,
-            "baseline_ids": base["output_ids"][i],
-            "output_ids": test.output_ids[i],
-            "baseline_text": base_texts[i],
-            "output_text": test_texts[i],
-            **row,
-        })
-
+    epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
+    notes = [note for note, applies in ((NO_CUDA_BASELINE, baseline == "cpu" and cfg.baseline == "auto"),
+                                        (NO_CUDA_DEVICE, test_engine.get("accelerator_is_cpu_fallback"))) if applies]
+    samples = [{"id": prompt.id, "prompt": prompt.text, "n_prompt_tokens": len(prompt.input_ids),
+                "epsilon": test.epsilons[i] if i < len(test.epsilons) else epsilon,
+                "baseline_ids": base["output_ids"][i], "output_ids": test.output_ids[i],
+                "baseline_text": base_texts[i], "output_text": test_texts[i], **scores.rows[i]}
+               for i, prompt in enumerate(inputs.workload.prompts)]
     results = {
         **results_header(cfg, "fidelity", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
         "baseline": baseline,
-        "metrics": metrics,
-        "metric_definitions": {
-            "exact_match": "% of prompts whose generated ids equal the baseline's",
-            "token_match_rate": "% of generated positions with the same id as the baseline (position-wise, "
-                                "over max(len) positions)",
-            "bleu": "corpus BLEU (sacrebleu defaults), bootstrap 95% CI over prompts",
-            "bleu_sentence_mean": "mean sentence BLEU (effective order), t 95% CI",
-            "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), t 95% CI",
-            "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
-            "epsilon_mean": "mean per-token epsilon the configuration ran under (None: no noise)",
-        },
+        "metrics": _metrics(cfg, inputs, scores.summary(), test, base),
+        "metric_definitions": _definitions(cfg),
         "semantic_model": cfg.semantic_model,
         "timings": {"test": test.timings, "baseline": base["timings"], "test_per_prompt": test.per_prompt()},
         "boundary": test.boundary,
         "bank": test.bank,
         "tokens_per_second": test.tokens_per_second,
         "notes": notes,
-        "tags": list(cfg.tags),
-        "config_hash": ctx.config_hash,
-        "run_dir": ctx.name,
-        "provenance": provenance.collect(
-            OmegaConf.to_container(cfg, resolve=True), cfg.seed,
-            engines={"baseline": base["engine"], "test": test_engine},
-            extra={"baseline_cache": base["cache"], "bleu_signature": metrics.get("bleu_signature")}),
+    }
+    return finish(cfg, ctx, results, samples, summary=summary_text,
+                  engines={"baseline": base["engine"], "test": test_engine},
+                  provenance_extra={"baseline_cache": base["cache"], "bleu_signature": results["metrics"].get("bleu_signature")},
+                  side_files={"sensitivity.json": engine.sensitivity_table()},
+                  before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS)
+
+
+def _metrics(cfg: DictConfig, inputs: Inputs, metrics: dict[str, Any], test: BatchedGeneration,
+             base: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's summary plus the ε the run used, its privacy accounting and its speed."""
+    configuration = cfg.configuration.name
+    used = [e for e in test.epsilons if e is not None]
+    # EPN's ε is 1/√n per prompt: its mean is what the paper quotes (0.0773 in §7.3.1).
+    metrics["epsilon_mean"] = sum(used) / len(used) if used else None
+    # Nominal per-token ε beside the GDP composition over every exposure one prompt token reaches (DESIGN.md).
+    metrics.update(accounting.privacy_summary(configuration, configurations.effective_epsilon(configuration, cfg.epsilon),
+                                              [len(p) for p in inputs.prompts], len(inputs.loaded.model.model.layers),
+                                              cfg.generation.max_new_tokens, tuple(cfg.engine.offload),
+                                              cfg.engine.sigma_scale))
+    metrics["seconds_per_prompt"] = test.per_prompt().get("total")
+    metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(inputs.prompts))
+    return metrics
+
+
+def _definitions(cfg: DictConfig) -> dict[str, str]:
+    return {
+        "exact_match": "% of prompts whose generated ids equal the baseline's",
+        "token_match_rate": "% of generated positions with the same id as the baseline (position-wise, "
+                            "over max(len) positions)",
+        "bleu": "corpus BLEU (sacrebleu defaults), bootstrap 95% CI over prompts",
+        "bleu_sentence_mean": "mean sentence BLEU (effective order), t 95% CI",
+        "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), t 95% CI",
+        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
+        "epsilon_mean": "mean per-token epsilon the configuration ran under (None: no noise)",
     }
 
-    side = {"sensitivity.json": engine.sensitivity_table()}
-    ctx.run_dir.write_results(results, samples, side_files=side, before_done=_view_writer(cfg, engine, ctx))
-    print_summary(results)
-    mirror(cfg, ctx.run_dir.path, results, samples, name=ctx.name, table_columns=_TABLE_COLUMNS)
-    return results
 
-
-def _view_writer(cfg: DictConfig, engine: Any, ctx: RunContext):
+def _view_writer(cfg: DictConfig, engine: Any, inputs: Inputs, ctx: RunContext):
+    """Saves the adversary view (view.pt) with its meta, when engine.record_view asks for it."""
     if not cfg.engine.record_view:
         return None
-    return lambda: engine.view.save(ctx.run_dir.path / "view.pt")
+
+    def write() -> None:
+        from harness.adversary_view import view_meta
+
+        engine.view.meta.update(view_meta(cfg, model=inputs.loaded.name, workload=inputs.workload.name))
+        engine.view.save(ctx.run_dir.path / "view.pt")
+
+    return write
 
 
 def _baseline(cfg: DictConfig, inputs: Inputs, baseline: str, generate: dict[str, Any]) -> dict[str, Any]:
@@ -179,8 +160,8 @@ def _plain(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
 
-def print_summary(results: dict[str, Any]) -> None:
-    """A short table on the terminal; results.json has everything."""
+def summary_text(results: dict[str, Any]) -> str:
+    """A short table for the terminal; results.json has everything."""
     m = results["metrics"]
     eps = results["epsilon"]
     head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
@@ -192,4 +173,4 @@ def print_summary(results: dict[str, Any]) -> None:
         lines.append(f"  {'mean_first_divergence':<22}{m['mean_first_divergence']:>8.1f}   (over diverging prompts)")
     for note in results.get("notes", []):
         lines.append(f"  note: {note}")
-    print("\n".join(lines), flush=True)
+    return "\n".join(lines)

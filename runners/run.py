@@ -6,7 +6,7 @@
     splitbench -m hydra/launcher=joblib ...          # local parallel sweep
 
 Every job goes through `run_job`: validate, lock its run directory, skip it if it is already complete,
-else hand it to the runner named by `cfg.runner` (RUNNERS below). Runners compose library code
+else hand it to the runner named by `cfg.runner` (runners/registry.py: the contract and the registry). Runners compose library code
 (harness/, metrics/) and write results through harness/results.py.
 
 Errors. A mistake the user can make (bad override, unknown option, value out of range, missing model,
@@ -25,12 +25,10 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import traceback
 from pathlib import Path
-from types import ModuleType
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -39,22 +37,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from harness import schema
+from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
-
-# runner name → module. A runner module provides:
-#   semantic_config(cfg) -> dict     what its config hash covers (harness.schema.semantic_config)
-#   run(cfg, ctx: RunContext) -> dict  does the work and writes results via ctx.run_dir
-#   describe_skip(cfg) -> str | None   why a job may be a duplicate of another (e.g. ε ignored), or None
-# Modules are imported when a job runs, so composing or rejecting a config never imports torch.
-RUNNERS: dict[str, str] = {
-    "fidelity": "runners.fidelity",
-    "timing": "runners.timing",
-    "fp_error": "runners.fp_error",
-    "controlled_error": "runners.controlled_error",
-    "attack": "runners.attack",
-}
+from runners.registry import RUNNERS, Runner, load_runner
 
 PROG = "splitbench"
 # An absolute config dir, computed from this file: works from a source checkout (`python -m runners.run`),
@@ -66,10 +52,6 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 class JobFailed(Exception):
     """A job failed on a bug or an environment problem; its results.json says status "failed"."""
-
-
-def load_runner(name: str) -> ModuleType:
-    return importlib.import_module(RUNNERS[name])
 
 
 def _say(message: str, *, err: bool = False) -> None:
@@ -124,8 +106,8 @@ def run_job(cfg: DictConfig) -> dict:
         raise SystemExit(2) from None
 
 
-def _dup_note(runner: ModuleType, cfg: DictConfig) -> str:
-    note = runner.describe_skip(cfg) if hasattr(runner, "describe_skip") else None
+def _dup_note(runner: Runner, cfg: DictConfig) -> str:
+    note = runner.describe_skip(cfg)
     return f" ({note})" if note else ""
 
 
@@ -141,7 +123,7 @@ def _record_failure(run_dir: RunDir, cfg: DictConfig, name: str, digest: str, ex
         "experiment": cfg.runner,
         "experiment_name": cfg.experiment_name,
         "configuration": cfg.configuration.name,
-        "epsilon": schema.effective_epsilon(cfg.configuration.name, cfg.epsilon),
+        "epsilon": configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon),
         "model": cfg.model.get("name"),
         "workload": cfg.workload.get("name"),
         "n_prompts": None,

@@ -16,23 +16,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from harness import provenance, schema
+from harness import configurations, schema
 from harness.results import RunContext
-from harness.wandb_mirror import mirror
-from runners.common import generate_batches, load_inputs, make_engine, overridden, results_header
+from runners.common import Inputs, finish, generate_batches, load_inputs, make_engine, overridden, results_header
 
 # Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
 COMPONENTS = ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing", "other")
 NO_CUDA_NOTE = "no CUDA on this machine: the device side ran on the CPU"
 
 
+def _epsilon(cfg: DictConfig) -> float | None:
+    """ε matters only if one of the timed configurations uses it."""
+    uses = any(configurations.get(c).uses_epsilon for c in cfg.timing.configurations)
+    return float(cfg.epsilon) if uses else None
+
+
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """The `configuration` group, baseline and semantic model play no part; ε matters only through ep1."""
-    uses_eps = "ep1" in cfg.timing.configurations
-    return schema.semantic_config(cfg, drop=("configuration", "baseline", "semantic_model"),
-                                  epsilon=float(cfg.epsilon) if uses_eps else None)
+    """The `configuration` group, baseline and semantic model play no part; ε only through the timed
+    configurations that use it."""
+    return schema.semantic_config(cfg, drop=("configuration", "baseline", "semantic_model"), epsilon=_epsilon(cfg))
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -44,10 +48,8 @@ def describe_skip(cfg: DictConfig) -> str | None:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    gen = cfg.generation
     inputs = load_inputs(cfg)
-    loaded, workload, prompts, pad, eos = inputs.loaded, inputs.workload, inputs.prompts, inputs.pad, inputs.eos
-    configurations = list(cfg.timing.configurations)
+    configuration_names = list(cfg.timing.configurations)
     limits = [int(x) for x in cfg.timing.max_new_tokens]
     cuda = torch.cuda.is_available()
 
@@ -55,70 +57,76 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     engines: dict[str, dict] = {}
     sensitivity: dict[str, list] = {}
-    for configuration in configurations:
-        engine = make_engine(cfg, configuration, loaded.model)
+    for configuration in configuration_names:
+        engine = make_engine(cfg, configuration, inputs.loaded.model)
         engines[configuration] = engine.describe()
         sensitivity[configuration] = engine.sensitivity_table()
-        if cfg.timing.warmup:
-            engine.generate(prompts[: gen.batch_size], min(2, min(limits)), pad_token_id=pad,
-                            eos_token_id=eos, stop_at_eos=gen.stop_at_eos)
-        for limit in limits:
-            res = generate_batches(engine, prompts, batch_size=gen.batch_size, max_new_tokens=limit,
-                                   pad_token_id=pad, eos_token_id=eos, stop_at_eos=gen.stop_at_eos,
-                                   desc=f"{configuration} {limit} tokens")
-            per_prompt = res.per_prompt()
-            n = max(1, len(prompts))
-            table.append({
-                "configuration": configuration,
-                "max_new_tokens": limit,
-                "n_prompts": len(prompts),
-                "seconds_per_prompt": per_prompt.get("total"),
-                **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
-                "components_s": per_prompt,
-                "tokens_per_second": res.tokens_per_second,
-                "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
-                "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
-                "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
-                "bank": res.bank,
-                "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
-                "device": engines[configuration].get("accelerator") or "cpu",
-                "device_is_cpu_fallback": bool(engines[configuration].get("accelerator_is_cpu_fallback")),
-            })
-            for prompt, ids, eps in zip(workload.prompts, res.output_ids, res.epsilons):
-                samples.append({"id": prompt.id, "configuration": configuration, "max_new_tokens": limit,
-                                "n_prompt_tokens": len(prompt.input_ids), "epsilon": eps, "output_ids": ids})
+        rows, rows_samples = _time_configuration(cfg, inputs, engine, configuration, limits)
+        table += rows
+        samples += rows_samples
         del engine
 
-    notes = [] if cuda else [NO_CUDA_NOTE]
     results = {
         **results_header(cfg, "timing", inputs),
         "configuration": None,  # one run covers every configuration in `configurations`
-        "configurations": configurations,
+        "configurations": configuration_names,
         "max_new_tokens": limits,
-        "epsilon": float(cfg.epsilon) if "ep1" in configurations else None,
+        "epsilon": _epsilon(cfg),
         "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
                     for r in table},
         "table": table,
         "cuda": cuda,
-        "notes": notes,
-        "tags": list(cfg.tags),
-        "config_hash": ctx.config_hash,
-        "run_dir": ctx.name,
-        "provenance": provenance.collect(OmegaConf.to_container(cfg, resolve=True), cfg.seed, engines=engines,
-                                         extra={"timing_warmup": bool(cfg.timing.warmup)}),
+        "notes": [] if cuda else [NO_CUDA_NOTE],
     }
-    ctx.run_dir.write_results(results, samples, side_files={"sensitivity.json": sensitivity})
-    print_summary(results)
-    mirror(cfg, ctx.run_dir.path, results, table, name=ctx.name,
-           table_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]))
-    return results
+    return finish(cfg, ctx, results, samples, summary=summary_text, engines=engines,
+                  provenance_extra={"timing_warmup": bool(cfg.timing.warmup)},
+                  side_files={"sensitivity.json": sensitivity}, mirror_rows=table,
+                  mirror_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]))
+
+
+def _time_configuration(cfg: DictConfig, inputs: Inputs, engine: Any, configuration: str,
+                        limits: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One configuration at every generation limit: a table row per limit (per-prompt seconds by
+    component, bytes and crossings per prompt) and a sample per prompt and limit."""
+    gen, prompts = cfg.generation, inputs.prompts
+    description = engine.describe()
+    if cfg.timing.warmup:
+        engine.generate(prompts[: gen.batch_size], min(2, min(limits)), pad_token_id=inputs.pad,
+                        eos_token_id=inputs.eos, stop_at_eos=gen.stop_at_eos)
+    rows, samples = [], []
+    n = max(1, len(prompts))
+    for limit in limits:
+        res = generate_batches(engine, prompts, batch_size=gen.batch_size, max_new_tokens=limit,
+                               pad_token_id=inputs.pad, eos_token_id=inputs.eos, stop_at_eos=gen.stop_at_eos,
+                               desc=f"{configuration} {limit} tokens")
+        per_prompt = res.per_prompt()
+        rows.append({
+            "configuration": configuration,
+            "max_new_tokens": limit,
+            "n_prompts": len(prompts),
+            "seconds_per_prompt": per_prompt.get("total"),
+            **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
+            "components_s": per_prompt,
+            "tokens_per_second": res.tokens_per_second,
+            "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
+            "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
+            "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
+            "bank": res.bank,
+            "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
+            "device": description.get("accelerator") or "cpu",
+            "device_is_cpu_fallback": bool(description.get("accelerator_is_cpu_fallback")),
+        })
+        samples += [{"id": prompt.id, "configuration": configuration, "max_new_tokens": limit,
+                     "n_prompt_tokens": len(prompt.input_ids), "epsilon": eps, "output_ids": ids}
+                    for prompt, ids, eps in zip(inputs.workload.prompts, res.output_ids, res.epsilons)]
+    return rows, samples
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def print_summary(results: dict[str, Any]) -> None:
+def summary_text(results: dict[str, Any]) -> str:
     lines = [f"{results['experiment_name']}: {results['model']} · {results['n_prompts']} prompts · "
              f"batch {results['generation']['batch_size']} · seconds per prompt"]
     header = f"  {'configuration':<14}{'tokens':>7}{'total':>9}" + "".join(f"{c[:9]:>10}" for c in COMPONENTS)
@@ -128,4 +136,4 @@ def print_summary(results: dict[str, Any]) -> None:
         lines.append(f"  {r['configuration']:<14}{r['max_new_tokens']:>7}{r['seconds_per_prompt']:>9.3f}{cells}")
     for note in results["notes"]:
         lines.append(f"  note: {note}")
-    print("\n".join(lines), flush=True)
+    return "\n".join(lines)

@@ -56,7 +56,23 @@ def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = No
     full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 **(env or {})}
     full_env.pop("HYDRA_FULL_ERROR", None)
+    _share_tokenizer_cache(Path(cache))
     head = [sys.executable, str(script)] if script else [sys.executable, "-m", "runners.run"]
     done = subprocess.run([*head, *args, f"paths.output_dir={out}", f"paths.cache_dir={cache}"], cwd=REPO,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def _share_tokenizer_cache(cache: Path) -> None:
+    """Point a fresh test cache's tokenizers/ at the user's cache root, so that the tiny models' SmolLM2
+    tokenizer is parsed from its GGUF once per machine rather than once per CLI test (a few seconds each).
+    Only the tokenizer is shared: generations, captures and attackers stay in the test's own cache."""
+    from harness.models import cache_root
+
+    shared = cache_root() / "tokenizers"
+    link = cache / "tokenizers"
+    if link.exists() or link.is_symlink() or Path(cache).resolve() == cache_root().resolve():
+        return
+    shared.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(shared, target_is_directory=True)

@@ -82,7 +82,7 @@ def test_capture_drops_left_padding(tied, prompts):
 
 def test_truncated_capture_equals_full_engine(tied, prompts):
     """Capturing on the model cut after layer ℓ gives bit-identical exposures (same masks) to the full engine."""
-    from harness.split.boundary import AdversaryView
+    from harness.adversary_view import AdversaryView
     from harness.split.engine import EngineSettings, SplitEngine
 
     batch = prompts[:3]
@@ -94,6 +94,47 @@ def test_truncated_capture_equals_full_engine(tied, prompts):
     assert all(torch.equal(a, b) for a, b in zip(short.features, full))
     assert short.dims == {"qkv": 64, "o": 64, "gate_up": 64}
     assert len(truncated(tied.model, 1).model.layers) == 1 and len(tied.model.model.layers) == 2
+
+
+def test_view_round_trips_meta_and_channels(tied, prompts, tmp_path):
+    """A saved view.pt keeps its meta and every exposure's channel; attacks read only their own channel, so
+    an exposure another system adds changes nothing; a view.pt written before channels existed still loads."""
+    from harness.adversary_view import MASKED_INPUT, AdversaryView, Exposure, view_meta
+    from harness.provenance import source_digest
+    from harness.split.engine import EngineSettings, SplitEngine
+
+    batch, lengths = prompts[:2], [len(p) for p in prompts[:2]]
+    engine = SplitEngine(tied.model, EngineSettings("ep1", epsilon=3.0, seed=7, record_view=True))
+    engine.generate(batch, 2, pad_token_id=2)
+    cfg = OmegaConf.create({"configuration": {"name": "ep1"}, "epsilon": 3.0, "seed": 7,
+                            "model": {"name": "tiny-llama-tied"}, "workload": {"name": "builtin"}})
+    view = engine.view
+    view.meta.update(view_meta(cfg, workload="six prompts"))
+    assert view.meta == {"system": "splitee", "configuration": "ep1",
+                         "privacy_parameter": {"name": "epsilon", "value": 3.0}, "seed": 7, "model": "tiny-llama-tied",
+                         "workload": "six prompts", "code_digest": source_digest()}
+    assert view_meta(cfg, configuration="epn")["privacy_parameter"] == {"name": None, "value": None}
+    features = {ops: features_from_view(view, ops, 0, lengths) for ops in (("qkv", "o"), ("lm_head",))}
+    view.exposures.append(Exposure("lm_head", None, 1, (2, 7), torch.rand(2, 7), channel="probabilities"))
+    view.save(tmp_path / "view.pt")
+
+    back = AdversaryView.load(tmp_path / "view.pt")
+    assert back.meta == view.meta and back.channels() == (MASKED_INPUT, "probabilities")
+    assert [(e.op, e.layer, e.step, e.shape, e.channel) for e in back.exposures] == \
+        [(e.op, e.layer, e.step, e.shape, e.channel) for e in view.exposures]
+    assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(back.exposures, view.exposures))
+    assert len(back.select(op="lm_head")) == 3 and len(back.select(op="lm_head", channel="probabilities")) == 1
+    for ops, want in features.items():
+        assert all(torch.equal(a, b) for a, b in zip(features_from_view(back, ops, 0, lengths), want))
+
+    old = tmp_path / "old_view.pt"
+    torch.save({"meta": {}, "exposures": [{k: v for k, v in e.__dict__.items() if k != "channel"}
+                                          for e in view.exposures[:-1]]}, old)
+    assert AdversaryView.load(old).channels() == (MASKED_INPUT,)
+    # Captures fill their views' meta too (the Pipeline adds the model, the prompts and the code).
+    spec = CaptureSpec("epn", None, 3, "qkv")
+    cap = capture(tied.model, batch, spec, pad_token_id=2)[0]
+    assert cap.meta == spec.meta() and cap.meta["configuration"] == "epn" and cap.meta["seed"] == 3
 
 
 def test_capture_refuses_what_is_not_exposed(tied, prompts):

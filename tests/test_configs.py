@@ -8,12 +8,11 @@ import os
 import pytest
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
-from harness import schema
+from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
-from harness.workloads import WorkloadConfig
 from runners import attack, controlled_error, fidelity, fp_error, timing
 from runners.run import RUNNERS, render_error
 
@@ -35,9 +34,10 @@ def _check_composed(cfg) -> None:
     assert OmegaConf.get_type(cfg) is schema.SplitbenchConfig
     schema.validate(cfg, tuple(RUNNERS))
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    assert resolved["configuration"]["name"] in schema.CONFIGURATIONS
-    # The workload node also satisfies the workload loader's own schema.
-    OmegaConf.merge(OmegaConf.structured(WorkloadConfig), cfg.workload)
+    assert resolved["configuration"]["name"] in configurations.NAMES
+    # Model and workload are typed too: the model by its kind's schema.
+    assert OmegaConf.get_type(cfg.workload) is schema.WorkloadConfig
+    assert OmegaConf.get_type(cfg.model) is schema.MODEL_SCHEMAS[cfg.model.kind]
     semantic = RUNNERS_MODULES[cfg.runner].semantic_config(cfg)
     assert len(config_hash(semantic)) == 64
 
@@ -47,7 +47,7 @@ RUNNERS_MODULES = {"fidelity": fidelity, "timing": timing, "fp_error": fp_error,
 
 
 def test_group_options_exist():
-    assert set(CONFIGURATIONS) == set(schema.CONFIGURATIONS)
+    assert set(CONFIGURATIONS) == set(configurations.NAMES)
     assert {"smoke", "timing", "fidelity", "timing_smoke"} <= set(EXPERIMENTS)
     assert {"tiny-llama", "smollm2-135m"} <= set(MODELS)
     assert set(RUNNERS) == set(RUNNERS_MODULES)
@@ -87,7 +87,7 @@ def test_defaults_and_experiments(hydra_conf):
     tim = compose_config(["experiment=timing"])
     assert tim.runner == "timing" and tim.workload.n_prompts == 45 and tim.generation.batch_size == 15
     assert tim.engine.allow_cpu_fallback is True  # Table 1 times gpu too, on the CPU where there is no CUDA
-    assert list(tim.timing.configurations) == list(schema.CONFIGURATIONS)
+    assert list(tim.timing.configurations) == list(configurations.NAMES)
     assert list(tim.timing.max_new_tokens) == [100, 200, 400, 800]
     ts = compose_config(["experiment=timing_smoke"])
     assert ts.runner == "timing" and ts.model.name == "tiny-llama" and list(ts.tags) == ["smoke"]
@@ -96,8 +96,11 @@ def test_defaults_and_experiments(hydra_conf):
     assert fid.generation.max_new_tokens == 200 and fid.workload.n_prompts == 30
     assert fid.semantic_model == "all-mpnet-base-v2"
 
+    # A configuration's YAML holds its name and description; what it does is its registry entry.
     for name in CONFIGURATIONS:
-        assert compose_config([f"configuration={name}"]).configuration.uses_epsilon is (name == "ep1")
+        composed = compose_config([f"configuration={name}"]).configuration
+        assert set(composed) == {"name", "description"} and composed.name == name
+        assert configurations.get(name).uses_epsilon is (name == "ep1")
 
 
 @pytest.mark.parametrize("override, error", [
@@ -105,6 +108,8 @@ def test_defaults_and_experiments(hydra_conf):
     ("generation.max_new_tokens=abc", ConfigCompositionException),
     ("configuration=nope", MissingConfigException),
     ("no_such_key=1", ConfigCompositionException),
+    ("workload.no_such_key=1", ConfigCompositionException),
+    ("model.hub_id=x", ConfigCompositionException),  # smollm2-135m is a gguf_package model
 ])
 def test_schema_rejects_at_composition(hydra_conf, override, error):
     with pytest.raises(error) as info:
@@ -127,6 +132,10 @@ def test_schema_rejects_at_composition(hydra_conf, override, error):
     ("engine.bank_on_exhaustion=wait", "engine.bank_on_exhaustion='wait'"),
     ("logger=wandb", None),
     ("logger.mode=sometimes", "logger.mode='sometimes'"),
+    ("configuration.name=nope", "configuration.name='nope' is not one of cpu, gpu, tdx, t3, ep1, epn, slalom"),
+    ("model.kind=onnx", "model smollm2-135m: unknown kind 'onnx'"),
+    ("model.kind=hub", "model.kind='hub' but model smollm2-135m is typed by the gguf_package schema"),
+    ("generation.batch_size=???", "no value given for generation.batch_size"),
 ])
 def test_validate(hydra_conf, override, message):
     cfg = compose_config([override])
@@ -141,6 +150,29 @@ def _run_dir(overrides: list[str]) -> str:
     cfg = compose_config(overrides, hydra_node=True)
     HydraConfig.instance().set_config(cfg)
     return str(cfg.hydra.run.dir)
+
+
+def test_schema_holds_no_values():
+    """Defaults live in conf/ only: every schema field is MISSING until a YAML file or an override sets it."""
+    import dataclasses
+
+    nodes = [obj for obj in vars(schema).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
+    assert {schema.SplitbenchConfig, schema.AttackCorpusConfig, schema.WorkloadConfig, schema.HubModelConfig} <= set(nodes)
+    for node in nodes:
+        for f in dataclasses.fields(node):
+            assert f.default == MISSING and f.default_factory is dataclasses.MISSING, f"{node.__name__}.{f.name}"
+
+
+def test_model_entries_are_typed_by_their_kind(hydra_conf):
+    for model in MODELS:
+        cfg = compose_config([f"model={model}"])
+        assert OmegaConf.get_type(cfg.model) is schema.MODEL_SCHEMAS[cfg.model.kind]
+    assert compose_config(["model=tiny-llama"]).model.revision is None
+    assert compose_config(["experiment=attack_smoke"]).attack.decoder is None
+    cfg = compose_config(["experiment=attack_smoke", "+model@attack.decoder=tiny-qwen3"])
+    assert OmegaConf.get_type(cfg.attack.decoder) is schema.RandomModelConfig
+    assert (cfg.attack.decoder.name, cfg.model.name) == ("tiny-qwen3", "tiny-llama-tied")
+    schema.validate(cfg, tuple(RUNNERS))
 
 
 def test_run_dir_layout(hydra_conf):
@@ -255,19 +287,15 @@ def test_generation_cache(tmp_path):
 
 
 def test_eps_dirname_and_overrides_dirname():
-    assert schema.eps_dirname(True, 0.5) == "eps=0.5"
-    assert schema.eps_dirname("true", 15) == "eps=15"
-    assert schema.eps_dirname(False, 0.5) == "eps=na"
+    assert schema.eps_dirname("ep1", 0.5) == "eps=0.5"
+    assert schema.eps_dirname("ep1", 15.0) == "eps=15" == schema.eps_label(15)
+    for name in ("cpu", "gpu", "tdx", "t3", "epn", "slalom"):
+        assert schema.eps_dirname(name, 0.5) == "eps=na"
+    assert schema.eps_dirname("nope", 0.5) == "eps=na"  # validate rejects the name, in one line
     assert schema.overrides_dirname("") == "default"
     long = schema.overrides_dirname("a=" + "x" * 300)
     assert len(long) <= 120 and long != schema.overrides_dirname("a=" + "x" * 299)
     assert "/" not in schema.overrides_dirname("workload.path=/a/b")
-
-
-def test_effective_epsilon():
-    assert schema.effective_epsilon("ep1", 5) == 5.0
-    for name in ("cpu", "gpu", "tdx", "t3", "epn", "slalom"):
-        assert schema.effective_epsilon(name, 5) is None
 
 
 def test_logger_yaml_matches_wandb_modes(hydra_conf):

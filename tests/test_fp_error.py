@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from harness.models import load_model
-from harness.split import fp_error as fe
-from harness.split.controlled_error import ErrorRescaler, member_names, rescale_to_mae
+from harness.numerics import bound, kernels, precisions, reference, study, summary
+from harness.numerics.controlled_error import ErrorRescaler, rescale_to_mae
+from harness.numerics.study import member_names
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.sensitivity import down_sensitivity
 
@@ -42,11 +43,11 @@ def _exact(a: torch.Tensor, b: torch.Tensor) -> Fraction:
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(fe.PRECISIONS))
+@pytest.mark.parametrize("name", list(precisions.PRECISIONS))
 def test_exact_dot_is_exact_to_its_stated_tolerance_against_fractions(name):
     """Wide exponent ranges and heavy cancellation: |ref − exact| within reference_error_bound; without
     heavy cancellation (odd rows) within one rounding of the exact value ('as if in twice fp64')."""
-    prec = fe.PRECISIONS[name]
+    prec = precisions.PRECISIONS[name]
     g = _gen(1)
     d = 61
     spread = 1.5 if name == "fp16" else 4.0     # fp16 overflows at 65504
@@ -55,9 +56,9 @@ def test_exact_dot_is_exact_to_its_stated_tolerance_against_fractions(name):
     # Make half of the rows cancel almost completely: the last term undoes the sum of the others.
     a[::2, -1] = -(a[::2, :-1] * b[::2, :-1]).sum(-1) / b[::2, -1]
     a, b = a.to(prec.dtype), b.to(prec.dtype)
-    ref = fe.exact_dot(a, b)
+    ref = reference.exact_dot(a, b)
     s_abs = (a.double().abs() * b.double().abs()).sum(-1)
-    tol = fe.reference_error_bound(ref, s_abs, d)
+    tol = reference.reference_error_bound(ref, s_abs, d)
     for i in range(a.shape[0]):
         exact = _exact(a[i], b[i])
         err = abs(Fraction(ref[i].item()) - exact)
@@ -72,15 +73,15 @@ def test_exact_dot_is_exact_to_its_stated_tolerance_against_fractions(name):
 def test_reference_of_narrow_operands_agrees_with_fsum(name):
     """fp32/bf16/fp16 products are exact in fp64, so math.fsum of them is the exactly rounded dot product;
     the harness's grid reference (an fp64 GEMM) stays within its tolerance of it, exact_dot within 1 ulp."""
-    dt = fe.PRECISIONS[name].dtype
+    dt = precisions.PRECISIONS[name].dtype
     g = _gen(2)
     x = (torch.randn(12, 300, generator=g, dtype=torch.float64) * 3).to(dt)
     w = (torch.randn(9, 300, generator=g, dtype=torch.float64) * 0.05).to(dt)
-    grid, method = fe.reference_dot_grid(x, w)
+    grid, method = reference.reference_dot_grid(x, w)
     assert method == "fp64"
     s_abs = x.double().abs() @ w.double().abs().T
-    tol = fe.reference_error_bound(grid, s_abs, 300, method)
-    exact_grid = fe.exact_dot(x[:, None, :], w[None, :, :])
+    tol = reference.reference_error_bound(grid, s_abs, 300, method)
+    exact_grid = reference.exact_dot(x[:, None, :], w[None, :, :])
     for i in range(12):
         for j in range(9):
             products = [p * q for p, q in zip(x[i].double().tolist(), w[j].double().tolist())]
@@ -96,14 +97,14 @@ def test_reference_of_narrow_operands_agrees_with_fsum(name):
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(fe.PRECISIONS))
+@pytest.mark.parametrize("name", list(precisions.PRECISIONS))
 def test_sequential_dot_is_recursive_summation_rounded_at_every_step(name):
     """Bit for bit the scalar loop s ← fl(s + fl(wᵢxᵢ)), each step a 0-d tensor operation in the dtype."""
-    dt = fe.PRECISIONS[name].dtype
+    dt = precisions.PRECISIONS[name].dtype
     g = _gen(3)
     a = torch.randn(6, 200, generator=g).to(dt)
     b = (torch.randn(6, 200, generator=g) * 7).to(dt)
-    fast = fe.sequential_dot(a, b, name)
+    fast = kernels.sequential_dot(a, b, name)
     for i in range(6):
         acc = a[i, 0] * b[i, 0]
         for k in range(1, 200):
@@ -130,18 +131,18 @@ def test_bf16_and_fp16_rounding_of_one_step_is_correct_rounding():
 
 
 def test_bound_coefficients():
-    for name, prec in fe.PRECISIONS.items():
+    for name, prec in precisions.PRECISIONS.items():
         d = 200 if name != "bf16" else 100
-        c1, c2 = fe.bound_coefficients(d, name)
-        assert c2 == fe.gamma(d, prec.u)
-        assert fe.gamma(d, prec.u) < c1 <= fe.gamma(d + 1, prec.u)      # Lemma 2: one factor more
-    assert fe.bound_coefficients(256, "bf16") == (math.inf, math.inf)   # d·u = 1: no bound
-    assert math.isfinite(fe.bound_coefficients(4096, "bf16", "fp32")[0])
-    c1, c2 = fe.bound_coefficients(4096, "bf16", "fp32")
+        c1, c2 = bound.bound_coefficients(d, name)
+        assert c2 == precisions.gamma(d, prec.u)
+        assert precisions.gamma(d, prec.u) < c1 <= precisions.gamma(d + 1, prec.u)      # Lemma 2: one factor more
+    assert bound.bound_coefficients(256, "bf16") == (math.inf, math.inf)   # d·u = 1: no bound
+    assert math.isfinite(bound.bound_coefficients(4096, "bf16", "fp32")[0])
+    c1, c2 = bound.bound_coefficients(4096, "bf16", "fp32")
     u = 2.0 ** -8
     assert 2 * u < c1 < 2 * u + 4096 * 2.0 ** -23 and u < c2 < u + 4096 * 2.0 ** -23
     with pytest.raises(ValueError):
-        fe.bound_coefficients(10, "fp32", "bf16")
+        bound.bound_coefficients(10, "fp32", "bf16")
 
 
 # (precision, d): d·u < 1 in every case, so the bound exists.
@@ -156,8 +157,8 @@ def test_bound_holds_for_every_element_of_recursive_summation(name, d, sigma):
     g = _gen(5)
     weight = torch.randn(64, d, generator=g) * 0.05
     inputs = torch.randn(32, d, generator=g) * torch.rand(32, 1, generator=g) * 2
-    inst = fe.OpInstance("q", 0, weight, inputs, torch.full((32,), sigma, dtype=torch.float64))
-    stats = fe.run_study([inst], precisions=[name], kernels=["sequential"], trials=600, rows_per_vector=20, seed=1)
+    inst = study.OpInstance("q", 0, weight, inputs, torch.full((32,), sigma, dtype=torch.float64))
+    stats = study.run_study([inst], precisions=[name], kernels=["sequential"], trials=600, rows_per_vector=20, seed=1)
     (s,) = stats
     assert s.n == 600 and s.n_overflow == 0
     assert math.isfinite(s.sum_bound)
@@ -174,13 +175,13 @@ def test_forward_error_bound_elementwise_on_independent_dot_products(name):
     w = torch.randn(3, 500, d, generator=g) * 0.1
     x = torch.randn(3, 500, d, generator=g)
     eta = torch.randn(3, 500, d, generator=g) * 50
-    dt = fe.PRECISIONS[name].dtype
+    dt = precisions.PRECISIONS[name].dtype
     w, x, eta = w.to(dt), x.to(dt), eta.to(dt)
-    r = (fe.sequential_dot(w, (x + eta), name) - fe.sequential_dot(w, eta, name)).double()
-    err = (r - fe.exact_dot(w, x)).abs()
-    bound = fe.forward_error_bound(w, x, eta, name)
-    assert bound.shape == (3, 500)
-    assert bool((err <= bound).all()), (err / bound).max().item()
+    r = (kernels.sequential_dot(w, (x + eta), name) - kernels.sequential_dot(w, eta, name)).double()
+    err = (r - reference.exact_dot(w, x)).abs()
+    limit = bound.forward_error_bound(w, x, eta, name)
+    assert limit.shape == (3, 500)
+    assert bool((err <= limit).all()), (err / limit).max().item()
 
 
 @pytest.mark.parametrize("name", ["fp64", "fp32", "bf16", "fp16"])
@@ -188,15 +189,15 @@ def test_library_kernel_violation_rate_is_measured_under_the_model_the_probe_fou
     """torch's own F.linear: fp32/fp64 sum in blocks within the working precision (Theorem 1 holds for any
     order); bf16/fp16 accumulate in fp32 and round once on CPU (Corollary 2). The violation rate is
     measured and must be 0 under the model the probe reports; if torch changes, this fails loudly."""
-    probe = fe.probe_accumulation(name)
+    probe = kernels.probe_accumulation(name)
     if name in ("bf16", "fp16"):
         assert probe["kind"] == "wide-accumulator", probe
-        assert fe.library_accumulation(name, probe) == "fp32"
+        assert kernels.library_accumulation(name, probe) == "fp32"
     d = 1536
     g = _gen(7)
-    inst = fe.OpInstance("gate", 3, torch.randn(300, d, generator=g) * 0.05, torch.randn(40, d, generator=g),
+    inst = study.OpInstance("gate", 3, torch.randn(300, d, generator=g) * 0.05, torch.randn(40, d, generator=g),
                          torch.full((40,), 20.0, dtype=torch.float64))
-    (s,) = fe.run_study([inst], precisions=[name], kernels=["library"], trials=1000, rows_per_vector=25, seed=2,
+    (s,) = study.run_study([inst], precisions=[name], kernels=["library"], trials=1000, rows_per_vector=25, seed=2,
                         probes={name: probe})
     assert s.n == 1000 and math.isfinite(s.sum_bound)
     assert s.violations == 0, (name, s.max_error_over_bound)
@@ -211,24 +212,24 @@ def test_a_kernel_outside_the_model_shows_up_as_violations(monkeypatch):
             return torch.ldexp(torch.round(m * 2**11) / 2**11, e).to(t.dtype)
         return F.linear(round11(x), round11(w))
 
-    monkeypatch.setattr(fe, "library_grid", tf32_like)
+    monkeypatch.setattr(kernels, "library_grid", tf32_like)
     g = _gen(8)
     # A short dot product: the proven bound scales with d·2^−24, TF32's input rounding with √d·2^−11.
-    inst = fe.OpInstance("o", 0, torch.randn(100, 32, generator=g) * 0.05, torch.randn(20, 32, generator=g),
+    inst = study.OpInstance("o", 0, torch.randn(100, 32, generator=g) * 0.05, torch.randn(20, 32, generator=g),
                          torch.full((20,), 10.0, dtype=torch.float64))
-    (s,) = fe.run_study([inst], precisions=["fp32"], kernels=["library"], trials=400, rows_per_vector=20, seed=3)
+    (s,) = study.run_study([inst], precisions=["fp32"], kernels=["library"], trials=400, rows_per_vector=20, seed=3)
     assert s.violations / s.n > 0.5
-    row = fe.summarise([s], "fp32", "library", "offloaded")
+    row = summary.summarise([s], "fp32", "library", "offloaded")
     assert row.bound_violation_rate == s.violations / s.n and row.max_error_over_bound > 1
 
 
 def test_bf16_recursive_summation_past_d_u_1_has_no_bound_and_no_violation_count():
     g = _gen(9)
-    inst = fe.OpInstance("up", 1, torch.randn(50, 576, generator=g) * 0.05, torch.randn(10, 576, generator=g),
+    inst = study.OpInstance("up", 1, torch.randn(50, 576, generator=g) * 0.05, torch.randn(10, 576, generator=g),
                          torch.full((10,), 5.0, dtype=torch.float64))
-    (s,) = fe.run_study([inst], precisions=["bf16"], kernels=["sequential"], trials=100, rows_per_vector=10, seed=0)
+    (s,) = study.run_study([inst], precisions=["bf16"], kernels=["sequential"], trials=100, rows_per_vector=10, seed=0)
     assert math.isinf(s.sum_bound) and s.violations == 0
-    assert fe.summarise([s], "bf16", "sequential", "up").bound_finite is False
+    assert summary.summarise([s], "bf16", "sequential", "up").bound_finite is False
 
 
 def test_error_grows_with_sigma_like_the_bound():
@@ -237,8 +238,8 @@ def test_error_grows_with_sigma_like_the_bound():
     weight, inputs = torch.randn(200, 1024, generator=g) * 0.05, torch.randn(30, 1024, generator=g)
     means = []
     for sigma in (1.0, 10.0, 100.0):
-        inst = fe.OpInstance("q", 0, weight, inputs, torch.full((30,), sigma, dtype=torch.float64))
-        (s,) = fe.run_study([inst], precisions=["fp32"], kernels=["library"], trials=1000, rows_per_vector=25, seed=4)
+        inst = study.OpInstance("q", 0, weight, inputs, torch.full((30,), sigma, dtype=torch.float64))
+        (s,) = study.run_study([inst], precisions=["fp32"], kernels=["library"], trials=1000, rows_per_vector=25, seed=4)
         means.append((s.mean_error, s.mean_bound))
     assert means[0][0] < means[1][0] < means[2][0]
     assert means[0][1] < means[1][1] < means[2][1]
@@ -302,13 +303,13 @@ def test_rescaled_engine_error_hits_the_target_mae_within_one_percent(target):
     hook = ErrorRescaler(target)
     engine.set_output_hook(hook)
     engine.generate(_prompts(3, 40), 5, pad_token_id=0)
-    summary = hook.summary()
+    measured = hook.summary()
     forwards, layers = 5, len(m.model.model.layers)                  # prefill + 4 decode steps
-    assert summary["calls"] == forwards * (6 * layers + 1)           # q, k, v, o, gate, up per layer; LM head
-    assert summary["zero_calls"] == 0
-    assert abs(summary["realised_mae"] / target - 1) < 0.01
-    assert summary["max_per_call_relative_deviation"] < 0.01
-    assert set(summary["by_op"]) == {"q", "k", "v", "o", "gate", "up", "lm_head"}
+    assert measured["calls"] == forwards * (6 * layers + 1)          # q, k, v, o, gate, up per layer; LM head
+    assert measured["zero_calls"] == 0
+    assert abs(measured["realised_mae"] / target - 1) < 0.01
+    assert measured["max_per_call_relative_deviation"] < 0.01
+    assert set(measured["by_op"]) == {"q", "k", "v", "o", "gate", "up", "lm_head"}
 
 
 def test_output_hook_is_off_by_default_and_a_measuring_hook_changes_nothing():

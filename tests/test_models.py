@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness import models
+from harness import models, schema
 from harness.errors import UserError
 from harness.models import LoadedModel, load_model
 
@@ -26,10 +26,14 @@ def test_every_model_yaml_is_named_after_its_file_and_has_a_known_kind():
     paths = sorted(CONF.glob("*.yaml"))
     assert {p.stem for p in paths} >= {"tiny-llama", "tiny-qwen3", "smollm2-135m", "gemma3-270m",
                                        "llama-3.2-3b-instruct", "qwen3-4b-instruct"}
+    assert set(models.KINDS) == set(schema.MODEL_SCHEMAS)  # one loader per kind of the config schema
     for path in paths:
         cfg = OmegaConf.load(path)
         assert cfg.name == path.stem, path
         assert cfg.kind in models.KINDS, path
+        # Typed by its kind's schema; `revision` is always there (null where there is nothing to pin).
+        assert list(cfg.defaults) == [f"/schema/model/{cfg.kind}@_here_"], path
+        assert "revision" in cfg and (cfg.kind != "random" or cfg.revision is None), path
 
 
 # --- tiny random models ------------------------------------------------------------------------------
@@ -162,11 +166,41 @@ def test_hub_kind_loads_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_pat
 
 @pytest.fixture(scope="module")
 def smollm2_cold(tmp_path_factory):
-    """SmolLM2 loaded cold into a fresh cache (dequantises the GGUF: about 20 s on 2 cores)."""
+    """SmolLM2 loaded cold into a fresh cache given as `cache_dir` (dequantises the GGUF: about 20 s on 2
+    cores); $SPLITBENCH_CACHE points elsewhere and is left empty."""
     root = tmp_path_factory.mktemp("splitbench-cache")
+    elsewhere = tmp_path_factory.mktemp("unused-env-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPLITBENCH_CACHE", str(root))
-        yield root, load_model(_cfg("smollm2-135m"))
+        mp.setenv("SPLITBENCH_CACHE", str(elsewhere))
+        lm = load_model(_cfg("smollm2-135m"), cache_dir=root)
+    assert list(elsewhere.iterdir()) == []
+    yield root, lm
+
+
+def test_hub_revision_is_passed_to_from_pretrained(monkeypatch):
+    seen = []
+
+    def unreachable(hub_id, **kwargs):
+        seen.append((hub_id, kwargs.get("revision")))
+        raise OSError("no network")
+
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", unreachable)
+    with pytest.raises(UserError, match="cannot load hub model org/m"):
+        load_model({"name": "m", "kind": "hub", "hub_id": "org/m", "revision": "abc123"})
+    assert seen == [("org/m", "abc123")]
+
+
+def test_random_model_refuses_a_revision():
+    with pytest.raises(UserError, match="random model has no revision"):
+        load_model({**OmegaConf.to_container(_cfg("tiny-llama")), "revision": "v1"})
+
+
+def test_cache_root_follows_cache_dir_then_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLITBENCH_CACHE", str(tmp_path / "env"))
+    assert models.cache_root() == tmp_path / "env"
+    assert models.cache_root(tmp_path / "cfg") == tmp_path / "cfg"
+    monkeypatch.delenv("SPLITBENCH_CACHE")
+    assert models.cache_root() == Path.home() / ".cache" / "splitbench"
 
 
 def test_smollm2_cold_load_writes_the_cache(smollm2_cold):

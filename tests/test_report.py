@@ -1,4 +1,4 @@
-"""splitbench-report: run dirs → tables → report.md + PNGs (harness/report_tables.py, runners/report.py).
+"""splitbench-report: run dirs → tables → report.md + PNGs (the runners/report/ package).
 
 The results.json files below are real ones written by `splitbench experiment=smoke` and
 `splitbench experiment=timing_smoke` (runners/fidelity.py, runners/timing.py), trimmed to the fields the
@@ -15,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import report_tables as rt
+from harness import configurations
 from runners import report
+from runners.registry import RUNNERS
+from runners.report import fidelity as fidelity_section
+from runners.report import timing as timing_section
+from runners.report.runs import scan
+from runners.report.sections import EXPERIMENTS
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -197,7 +202,7 @@ def section(md: str, heading: str) -> str:
 
 def test_fidelity_rows_sorted_by_epsilon_then_epn_slalom(tmp_path: Path) -> None:
     sweep(tmp_path)
-    groups = rt.fidelity_groups(rt.scan(tmp_path))
+    groups = fidelity_section.groups(scan(tmp_path))
     assert len(groups) == 1
     labels = [r.label() for r in groups[0].rows]
     assert labels == ["ep1 (ε=0.5)", "ep1 (ε=1)", "ep1 (ε=5)", "epn (mean ε=0.0773)", "slalom"]
@@ -229,7 +234,7 @@ def test_missing_value_and_no_divergence_are_marked(tmp_path: Path) -> None:
     d = fidelity("ep1", 10.0, 100.0, 100.0, 100.0, divergence=None)
     d["metrics"].update(semantic_similarity=None, semantic_similarity_ci_lo=None, semantic_similarity_ci_hi=None)
     write_run(tmp_path, "r", d)
-    md = rt.fidelity_table_md(rt.fidelity_groups(rt.scan(tmp_path))[0])
+    md = fidelity_section.table_md(fidelity_section.groups(scan(tmp_path))[0])
     row = md.splitlines()[2]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[6] == "—"                # semantic similarity not computed
@@ -240,7 +245,7 @@ def test_groups_split_by_output_length_and_model(tmp_path: Path) -> None:
     write_run(tmp_path, "a", fidelity("ep1", 1.0, 80.0, 70.0, 90.0))
     write_run(tmp_path, "b", fidelity("ep1", 1.0, 50.0, 40.0, 60.0, generation={"max_new_tokens": 100}))
     write_run(tmp_path, "c", fidelity("ep1", 1.0, 30.0, 20.0, 40.0, model="gemma3-270m"))
-    groups = rt.fidelity_groups(rt.scan(tmp_path))
+    groups = fidelity_section.groups(scan(tmp_path))
     assert sorted((g.model, g.max_new_tokens) for g in groups) == [
         ("gemma3-270m", 200), ("smollm2-135m", 100), ("smollm2-135m", 200)]
     assert all(len(g.rows) == 1 for g in groups)
@@ -252,7 +257,7 @@ def test_differing_overrides_label_their_rows(tmp_path: Path) -> None:
     b["run_dir"] = b["run_dir"].replace("/default", "/engine.sigma_scale=0")
     write_run(tmp_path, "a", a)
     write_run(tmp_path, "b", b)
-    group = rt.fidelity_groups(rt.scan(tmp_path))[0]
+    group = fidelity_section.groups(scan(tmp_path))[0]
     assert [r.label(group.show_variant) for r in group.rows] == ["ep1 (ε=1) · default",
                                                                  "ep1 (ε=1) · engine.sigma_scale=0"]
 
@@ -266,7 +271,7 @@ def test_timing_table_components_and_ratios(tmp_path: Path) -> None:
     write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", timing({
         ("tdx", 100): 4.0, ("t3", 100): 2.0, ("ep1", 100): 2.2, ("slalom", 100): 3.0,
         ("tdx", 200): 8.0, ("t3", 200): 4.0, ("ep1", 200): 4.4}))
-    [table] = rt.timing_tables(rt.scan(tmp_path))
+    [table] = timing_section.groups(scan(tmp_path))
     assert table.limits == [100, 200]
     assert table.configurations == ["tdx", "t3", "ep1", "slalom"]
     ep1 = table.cell("ep1", 100)
@@ -277,17 +282,17 @@ def test_timing_table_components_and_ratios(tmp_path: Path) -> None:
     assert sum(ep1.components.values()) == pytest.approx(2.2)
     assert ep1.down_proj == pytest.approx(0.08 * 2.2)
 
-    breakdown = rt.timing_breakdown_md(table)
+    breakdown = timing_section.breakdown_md(table)
     assert "| 100 | ep1 (ε=1) | 2.200 | 0.880 | 0.440 | 0.220 | 0.110 | 0.110 | 0.440 | 0.176 | 0.55× | 1.10× | 0.500 |" \
         in breakdown
-    overview = rt.timing_overview_md(table)
+    overview = timing_section.overview_md(table)
     assert "| slalom | 3.000 | — |" in overview
     assert overview.splitlines()[0] == "| configuration | 100 tokens | 200 tokens |"
 
 
 def test_timing_reads_flat_component_keys_without_components_s() -> None:
     raw = {k: v for k, v in TIMING_ROW.items() if k != "components_s"}
-    row = rt.timing_row(raw)
+    row = timing_section.timing_row(raw)
     assert row.components["attention_proj"] == pytest.approx(0.07580205525033534)
     assert sum(row.components.values()) == pytest.approx(raw["seconds_per_prompt"])
 
@@ -354,7 +359,7 @@ def test_pngs_written_linked_and_nonempty(tmp_path: Path, capsys) -> None:
     runs, out_dir = tmp_path / "runs", tmp_path / "report"
     sweep(runs)
     write_run(runs, "timing/smollm2-135m/all/eps=1/default",
-              timing({(c, n): 1.0 + i for i, c in enumerate(rt.CONFIG_ORDER) for n in (100, 200)}))
+              timing({(c, n): 1.0 + i for i, c in enumerate(configurations.NAMES) for n in (100, 200)}))
     code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
     assert code == 0, err
     md = (out_dir / "report.md").read_text()
@@ -510,3 +515,47 @@ def test_attack_table6_rows_floor_verdicts_bayes_and_k_curve(tmp_path: Path, cap
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert len(links) == 1 and "attack_k" in links[0]
     assert (out_dir / links[0]).read_bytes().startswith(PNG_MAGIC)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The section registry and the configuration registry
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_every_runner_has_a_report_section() -> None:
+    assert sorted(EXPERIMENTS) == sorted(RUNNERS)
+
+
+def test_display_orders_name_registered_configurations() -> None:
+    """A renamed configuration must fail here, not fall silently to the end of a paper table."""
+    from runners.report import attack, fp_error
+
+    for order in (fidelity_section.ORDER, fp_error.ORDER, attack.ORDER):
+        assert set(order) <= set(configurations.NAMES)
+    assert sorted(fidelity_section.ORDER) == sorted(configurations.NAMES)   # Table 2 shows every one
+
+
+def test_labels_ask_the_configuration_registry(tmp_path: Path, monkeypatch) -> None:
+    """A configuration added to the registry with a constant ε gets ε in its label, without report code."""
+    monkeypatch.setitem(configurations.REGISTRY, "ep2", configurations.Configuration(
+        "ep2", configurations.TEE, split=True, mechanism="gaussian", epsilon_rule=configurations.CONSTANT))
+    write_run(tmp_path, "a", fidelity("ep2", 2.0, 50.0, 40.0, 60.0))
+    write_run(tmp_path, "b", fidelity("ep1", 1.0, 80.0, 70.0, 90.0))
+    [group] = fidelity_section.groups(scan(tmp_path))
+    assert [r.label() for r in group.rows] == ["ep1 (ε=1)", "ep2 (ε=2)"]
+
+
+def test_unknown_configurations_in_old_results_render_under_their_name(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    write_run(tmp_path, "fidelity/smollm2-135m/ep9/eps=2/default", fidelity("ep9", 2.0, 50.0, 40.0, 60.0))
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default",
+              timing({("oldconf", 100): 9.0, ("tdx", 100): 4.0, ("ep1", 100): 2.0}))
+    code, _, err = run_report([str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    table2 = section(md, "Output fidelity")
+    assert "| ep9 | 30 | 50.00 [40.00, 60.00] |" in table2          # no ε label: the registry does not know it
+    assert table2.index("| slalom |") < table2.index("| ep9 |")        # after every known configuration
+    overview = section(md, "Inference time").split("By component")[0]
+    rows = [line.split("|")[1].strip() for line in overview.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["configuration", "tdx", "ep1 (ε=1)", "oldconf"]

@@ -330,15 +330,32 @@ def test_wandb_failure_is_one_warning_and_still_finishes(tmp_path, monkeypatch, 
 
 def test_source_digest_follows_computing_code_not_reports(tmp_path):
     """Caches (baselines, trained attackers) are keyed on this digest: an edit to computing code must change
-    it, an edit to a report module (which only reads finished results) must not."""
-    from harness.provenance import source_digest as cached
+    it, an edit to the report (runners/report/, which only reads finished results) must not."""
+    from harness.provenance import SOURCE_DIRS, source_digest as cached
 
     source_digest = cached.__wrapped__     # the process-wide memo would hide the edits below
-    (tmp_path / "harness").mkdir()
+    for name in SOURCE_DIRS:
+        (tmp_path / name).mkdir()
+    (tmp_path / "runners" / "report").mkdir(parents=True)
     (tmp_path / "harness" / "engine.py").write_text("x = 1\n")
-    (tmp_path / "harness" / "report_tables.py").write_text("y = 1\n")
-    before = source_digest(tmp_path, ("harness",))
-    (tmp_path / "harness" / "report_tables.py").write_text("y = 2\n")
-    assert source_digest(tmp_path, ("harness",)) == before
+    (tmp_path / "runners" / "report" / "fidelity.py").write_text("y = 1\n")
+    before = source_digest(tmp_path, SOURCE_DIRS)
+    (tmp_path / "runners" / "report" / "fidelity.py").write_text("y = 2\n")
+    assert source_digest(tmp_path, SOURCE_DIRS) == before
     (tmp_path / "harness" / "engine.py").write_text("x = 2\n")
-    assert source_digest(tmp_path, ("harness",)) != before
+    assert source_digest(tmp_path, SOURCE_DIRS) != before
+
+
+def test_saved_view_says_what_produced_it(tmp_path):
+    """engine.record_view=true saves view.pt beside the results, its meta naming the run that made it."""
+    from harness.adversary_view import MASKED_INPUT, AdversaryView
+
+    done = run_cli([*TINY, "engine.record_view=true", "epsilon=2"], tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    (path,) = (tmp_path / "out").rglob("view.pt")
+    view = AdversaryView.load(path)
+    assert view.channels() == (MASKED_INPUT,) and view.exposures
+    meta = {k: v for k, v in view.meta.items() if k != "code_digest"}
+    assert meta == {"system": "splitee", "configuration": "ep1", "privacy_parameter": {"name": "epsilon", "value": 2.0},
+                    "seed": 0, "model": "tiny-llama", "workload": "builtin"}
+    assert len(view.meta["code_digest"]) == 64

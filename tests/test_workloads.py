@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.workloads import BUILTIN_PATH, DOLLY_HUB_ID, WorkloadConfig, format_prompt, load_workload
+from harness.schema import WorkloadConfig
+from harness.workloads import BUILTIN_PATH, DOLLY_HUB_ID, format_prompt, load_workload
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "workload"
 

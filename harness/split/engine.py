@@ -14,24 +14,24 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from harness import configurations
+from harness.adversary_view import AdversaryView
 from harness.devices import detect_tee_kind, resolve_accelerator, set_tee_threads, cpu_description
 from harness.errors import UserError
 from harness.split.architectures import OFFLOADABLE, architecture_of
-from harness.split.boundary import AdversaryView, Boundary, Stopwatch
+from harness.split.boundary import Boundary, Stopwatch
 from harness.split.mechanisms import make_mechanism
 from harness.split.noise_bank import NoiseBank
 from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
 from harness.split.sensitivity import as_dicts, sensitivity_table
 
-CONFIGURATIONS = ("cpu", "gpu", "tdx", "t3", "ep1", "epn", "slalom")
-SPLIT = ("t3", "ep1", "epn", "slalom")
 TIMING_COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill")
 
 
 @dataclass
 class EngineSettings:
-    configuration: str
-    epsilon: float | None = None          # ep1 only; epn derives ε = 1/√n per prompt
+    configuration: str                    # a name in harness/configurations.py
+    epsilon: float | None = None          # configurations that use ε (ep1); the registry derives the rest
     offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
     allow_cpu_fallback: bool = False      # 'gpu' without CUDA: error unless True
     tee_threads: int | None = None
@@ -44,11 +44,10 @@ class EngineSettings:
     sensitivity_rule: str = "paper"       # or "per_head" (see harness.split.sensitivity)
 
     def validate(self) -> None:
-        if self.configuration not in CONFIGURATIONS:
-            raise UserError(f"unknown configuration {self.configuration!r}; choose one of {', '.join(CONFIGURATIONS)}")
-        if self.configuration == "ep1":
+        conf = configurations.get(self.configuration)  # UserError for an unknown name
+        if conf.uses_epsilon:
             if self.epsilon is None or not isinstance(self.epsilon, (int, float)) or not math.isfinite(self.epsilon) or self.epsilon <= 0:
-                raise UserError(f"epsilon must be a positive number for ep1, got {self.epsilon!r}")
+                raise UserError(f"epsilon must be a positive number for {conf.name}, got {self.epsilon!r}")
         unknown = set(self.offload) - set(OFFLOADABLE)
         if unknown:
             raise UserError(f"unknown offloaded op(s) {sorted(unknown)}; choose from {', '.join(OFFLOADABLE)}")
@@ -78,7 +77,8 @@ class _Context:
         self.refill_size = 1
         # Optional hook(op, x, outputs) -> outputs, called with every offloaded op's TEE-side input and
         # its unmasked outputs (one per member); None (the default) leaves every configuration as is.
-        # The floating-point study uses it to set each call's error (harness/split/controlled_error.py).
+        # The controlled-error study (harness/numerics/) uses it to set each call's error; the engine knows
+        # nothing of the studies built on it.
         self.inject = None
         # Real (non-padding) positions of the current forward, [batch, seq] bool; None = all real.
         self.valid: torch.Tensor | None = None
@@ -89,19 +89,20 @@ class SplitEngine:
         settings.validate()
         self.model, self.settings = model, settings
         self.arch = architecture_of(model)
-        config = settings.configuration
-        self.split = config in SPLIT
-        self.tee_kind = detect_tee_kind() if config in ("tdx", *SPLIT) else "none"
-        if config == "cpu":
+        self.conf = conf = configurations.get(settings.configuration)
+        self.split = conf.split
+        on_accelerator = conf.runs_on == configurations.ACCELERATOR
+        self.tee_kind = detect_tee_kind() if conf.in_tee else "none"
+        if conf.runs_on == configurations.HOST_CPU:
             self.accelerator = None
         else:
-            self.accelerator = resolve_accelerator(settings.allow_cpu_fallback, strict=(config == "gpu"))
-        if config == "tdx" or self.split:
+            self.accelerator = resolve_accelerator(settings.allow_cpu_fallback, strict=on_accelerator)
+        if conf.in_tee:
             self.threads = set_tee_threads(settings.tee_threads)
         else:
             self.threads = torch.get_num_threads()
-        self.run_device = self.accelerator.device if config == "gpu" else torch.device("cpu")
-        if config == "gpu" and self.accelerator.device.type == "cuda":
+        self.run_device = self.accelerator.device if on_accelerator else torch.device("cpu")
+        if on_accelerator and self.accelerator.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = False  # fidelity: the paper compares fp32 outputs
         devices = (self.accelerator.device,) if self.accelerator else ()
         self.clock = Stopwatch(devices + (self.run_device,))
@@ -110,11 +111,10 @@ class SplitEngine:
         self.ctx = _Context(self.boundary, self.clock)
         self.offload = tuple(op for op in OFFLOADABLE if op in settings.offload) if self.split else ()
         # The Δ table is written with every run; noise-free configurations get it for the default op set.
-        noisy = config in ("ep1", "epn")
-        table_ops = tuple(settings.offload) if noisy else tuple(o for o in settings.offload if o != "down")
+        table_ops = tuple(settings.offload) if conf.gaussian else tuple(o for o in settings.offload if o != "down")
         self.table = sensitivity_table(model, table_ops, settings.sensitivity_rule)
         self.ops: list[OffloadedOp] = []
-        self.mechanism = make_mechanism(config, settings.slalom_frac_bits) if self.split else None
+        self.mechanism = make_mechanism(conf.mechanism, settings.slalom_frac_bits) if self.split else None
         if self.split:
             self._build_ops()
 
@@ -152,6 +152,8 @@ class SplitEngine:
 
     @property
     def view(self) -> AdversaryView:
+        """What the accelerator received (with record_view); its meta is the caller's to fill
+        (harness.adversary_view.view_meta): the engine knows neither the model's name nor the workload."""
         return self.boundary.view
 
     def describe(self) -> dict:
@@ -176,13 +178,8 @@ class SplitEngine:
 
     # ---------------------------------------------------------------- privacy parameters
     def epsilons_for(self, prompt_lengths: list[int]) -> list[float | None]:
-        """Per-token ε per prompt: constant for EP1, 1/√n for EPN, None where nothing is masked with noise."""
-        c = self.settings.configuration
-        if c == "ep1":
-            return [float(self.settings.epsilon)] * len(prompt_lengths)
-        if c == "epn":
-            return [1.0 / math.sqrt(n) for n in prompt_lengths]
-        return [None] * len(prompt_lengths)
+        """Per-token ε per prompt (harness/configurations.py mask_epsilons), None where nothing is masked with noise."""
+        return configurations.mask_epsilons(self.settings.configuration, self.settings.epsilon, prompt_lengths)
 
     # ---------------------------------------------------------------- generation
     @torch.inference_mode()
@@ -201,8 +198,9 @@ class SplitEngine:
         batch = len(prompts)
         lengths = [len(p) for p in prompts]
         epsilons = self.epsilons_for(lengths)
-        # σ = Δ·factor: EP1 factor 1/ε; EPN 1/ε = √n per prompt row.
-        factors = [0.0 if e is None else self.settings.sigma_scale / e for e in epsilons]
+        # σ = Δ·factor per prompt row (harness/configurations.py noise_factors).
+        factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
+                                               self.settings.sigma_scale)
         self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
 
         bank_precompute = self._prepare_banks(batch * longest + batch * (max_new_tokens - 1), batch * max_new_tokens)

@@ -2,7 +2,7 @@
 
 - Plain (T3): the input crosses in the clear.
 - Gaussian (EP1, EPN): x + σ·η with η from the bank, σ = Δ_op·(per-row factor); the TEE subtracts σ·(W·η)
-  (paper §4.3, §5.4). EP1's factor is 1/ε, EPN's is √n for a prompt of n tokens (ε = 1/√n).
+  (paper §4.3, §5.4). The factor comes from the configuration (harness/configurations.py noise_factors).
 - Slalom (Tramèr & Boneh 2019, paper §7.2): fixed-point quantisation with `frac_bits` fractional bits of
   inputs and weights, a uniform mask in Z_q, the device computes W_q·(x_q + r) mod q, the TEE subtracts the
   precomputed W_q·r mod q, re-centres into (−q/2, q/2] and de-quantises. Products are carried exactly in a
@@ -132,11 +132,12 @@ class Slalom:
             return outs
 
 
-def make_mechanism(configuration: str, slalom_frac_bits: int = 8):
-    if configuration == "t3":
+def make_mechanism(name: str, slalom_frac_bits: int = 8):
+    """The mechanism a split configuration names (harness/configurations.py `mechanism`)."""
+    if name == Plain.name:
         return Plain()
-    if configuration in ("ep1", "epn"):
+    if name == Gaussian.name:
         return Gaussian()
-    if configuration == "slalom":
+    if name == Slalom.name:
         return Slalom(slalom_frac_bits)
-    raise ValueError(f"{configuration!r} is not a split configuration")
+    raise ValueError(f"{name!r} is not a masking mechanism")

@@ -17,24 +17,27 @@ left-padded prefill are excluded, and get the same scale); the LM head sees only
 which is always real. Sums accumulate in fp64; the rescaled output is computed in the model's dtype
 (one rounding of the scaled pattern, one of the sum: relative 2^−23 at most), and the error actually
 realised (returned output − clean output) is what is measured.
+
+The levels of the experiment (`levels`): T3 itself (zero error, the reference), the configuration's
+natural error (measured, untouched), then one level per target MAE; `level_row` and `level_metrics` shape
+what results.json records of each.
 """
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from harness.split.architectures import OP_MEMBERS
+from harness.numerics.study import member_names
 
-
-def member_names(op: str) -> tuple[str, ...]:
-    """q, k, v / o / gate, up / lm_head: the paper's names of an op's linear modules."""
-    if op == "lm_head":
-        return ("lm_head",)
-    return tuple(m.rsplit(".", 1)[-1].removesuffix("_proj") for m in OP_MEMBERS[op])
+# The fidelity metrics (metrics/text.compare_generations) recorded per level, and the W&B table's columns.
+FIDELITY_KEYS = ("semantic_similarity", "exact_match", "token_match_rate", "bleu", "rouge_l")
+TABLE_COLUMNS = ("level", "target_mae", "realised_mae", "natural_mae", *FIDELITY_KEYS)
 
 
 def rescale_to_mae(error: torch.Tensor, target: float, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,3 +147,52 @@ def _valid_rows(valid: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | N
     if valid is None or tuple(valid.shape) != tuple(x.shape[:-1]):
         return None
     return valid.to(torch.bool)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The levels of the experiment
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Level:
+    """One error level: T3 (no hook: the reference itself), natural (a measuring hook) or a target MAE."""
+
+    label: str                        # t3, natural, "ce 0.014"
+    target: float | None
+    rescaler: ErrorRescaler | None    # None: T3's own generation
+
+    @property
+    def slug(self) -> str:
+        """Metric-key suffix: t3, natural, ce_0p014 (target 0.014)."""
+        if self.target is None:
+            return self.label
+        return "ce_" + f"{self.target:.2g}".replace(".", "p").replace("-", "m").replace("+", "")
+
+
+def levels(targets: Iterable[float]) -> list[Level]:
+    """T3, the natural error, then one level per target mean absolute error, in that order."""
+    return [Level("t3", None, None), Level("natural", None, ErrorRescaler(None)),
+            *(Level(f"ce {t:g}", float(t), ErrorRescaler(float(t))) for t in targets)]
+
+
+def level_row(level: Level, error: dict[str, Any], seconds: float, scores: dict[str, Any]) -> dict[str, Any]:
+    """The results.json `table` row of a level: its error (ErrorRescaler.summary) and fidelity scores."""
+    return {"level": level.label, "slug": level.slug, "target_mae": level.target,
+            "realised_mae": error.get("realised_mae"), "natural_mae": error.get("natural_mae"),
+            "error": error, "generation_seconds": seconds, **scores}
+
+
+def level_metrics(table: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The flat results.json `metrics`: natural_mean_abs_error, max_rescale_deviation, then
+    mean_abs_error_<slug> and every FIDELITY_KEYS metric (with its 95% interval) per level."""
+    natural = next(r for r in table if r["slug"] == "natural")
+    metrics: dict[str, Any] = {"natural_mean_abs_error": natural["realised_mae"],
+                               "max_rescale_deviation": max((r["error"].get("max_per_call_relative_deviation") or 0.0)
+                                                            for r in table)}
+    for row in table:
+        metrics[f"mean_abs_error_{row['slug']}"] = row["realised_mae"]
+        for key in FIDELITY_KEYS:
+            for suffix in ("", "_ci_lo", "_ci_hi"):
+                metrics[f"{key}{suffix}_{row['slug']}"] = row.get(f"{key}{suffix}")
+    return metrics

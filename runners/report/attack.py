@@ -1,33 +1,58 @@
-"""Attack runs → Table 6 of the paper (§7.4) and its companions, for `splitbench-report`.
+"""Prompt reconstruction: paper Table 6 (§7.4) and its companions, from runners/attack.py's runs.
 
-Pure functions over the results.json files runners/attack.py writes (no torch, no plotting):
-- `attack_groups(runs)`: one group per (experiment name, model, workload, number of prompts, tags); a
-  group's rows are its runs, sorted t3 first, then ep1 by ascending ε, then epn; within a configuration
+- `groups(runs)`: one group per (experiment name, model, workload, number of prompts, tags); a group's
+  rows are its runs, sorted t3 first, then ep1 by ascending ε, then epn; within a configuration
   noise-free, noise-oblivious, noise-aware; then by component.
 - `table6_md`: settings × components with token precision / recall / F1, semantic similarity, BLEU,
   ROUGE-L and exact match as "mean [95% interval]", the verdict per run, and the chance-floor row.
 - `controls_md`, `bayes_md`, `accounting_md`: the controls per run; the Bayes attacker and its
   repeated-submission curve per configuration and ε; the privacy accounting per configuration and ε.
-- `k_curves(group)`: the points of the k-exposure plot (runners/report.py draws it).
+- `k_curves(group)` and `plot`: the k-exposure plot.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from harness.report_tables import Run, _num, file_slug, fmt_ci, fmt_eps, md_table
+from runners.report.format import (ci, configuration_label, file_slug, fmt_ci, fmt_eps, gaussian, md_table, num,
+                                   rank, tagged)
+from runners.report.plotting import Figures, pyplot, save
+from runners.report.runs import Run, finished_runs
 
+EXPERIMENT = "attack"
+
+# Table 6's display orders.
+ORDER = ("t3", "ep1", "epn")
 SETTING_ORDER = ("noise_free", "noise_oblivious", "noise_aware")
 COMPONENT_ORDER = ("qkv", "composite", "o", "gate_up", "lm_head")
-CONFIG_ORDER = ("t3", "ep1", "epn")
 SETTING_LABEL = {"noise_free": "noise-free", "noise_oblivious": "noise-oblivious", "noise_aware": "noise-aware"}
 COMPONENT_LABEL = {"qkv": "QKV", "composite": "composite (QKV+O+Gate/Up)", "o": "O", "gate_up": "Gate/Up",
                    "lm_head": "LM head"}
 TABLE6_METRICS = (("token_precision", "token precision %"), ("token_recall", "token recall %"),
                   ("token_f1", "token F1 %"), ("semantic_similarity", "semantic sim. %"), ("bleu", "BLEU"),
                   ("rouge_l", "ROUGE-L"), ("exact_match", "exact match %"))
+
+INTRO = ("Can the accelerator rebuild the prompt from what it sees (paper §7.4)? A learned inverter (a decoder "
+         "LM reading the exposed vectors through a trained projection, attacks/inversion.py) per attacker "
+         "setting and exposed component: *noise-free* = trained and evaluated on unmasked (t3) inputs; "
+         "*noise-oblivious* = that attacker on masked inputs; *noise-aware* = trained on inputs masked "
+         "with the same mechanism and ε. Token precision / recall / F1: multiset overlap of "
+         "reconstruction and prompt tokens, macro over prompts; text metrics on the decoded texts. Cells "
+         "are **mean [95% interval]** over the evaluation prompts, in %. *Chance floor*: the token F1 an "
+         "unrelated evaluation prompt scores (mean over all pairs). *Gate*: pass when both controls hold and "
+         "the upper bound of token F1 is within the stated margin of the floor; a run whose positive control "
+         "(the noise-free attacker on t3) or negative control (trained on shuffled pairs) fails is "
+         "*invalid*, not private.")
+BAYES_INTRO = ("Bayes-optimal token attacker on the layer-0 QKV exposure (no training: nearest codeword "
+               "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/bayes.py). "
+               "Top-1 / top-5: % of prompt positions recovered; *k*: the same prompt submitted k times with "
+               "fresh masks and the exposures averaged, beside the recovery predicted for σ/√k:")
+ACCOUNTING_INTRO = ("Privacy accounting (harness/accounting.py): the per-token ε the paper quotes, and the "
+                    "Gaussian-DP composition over every exposure one prompt token reaches (every op, layer, later "
+                    "position and decode step), with its (ε, δ)-DP equivalent (dp-accounting):")
 
 
 @dataclass
@@ -48,7 +73,7 @@ class AttackRow:
 
     @property
     def epsilon(self) -> float | None:
-        return _num(self.data.get("epsilon"))
+        return num(self.data.get("epsilon"))
 
     @property
     def setting(self) -> str:
@@ -63,22 +88,15 @@ class AttackRow:
         return (self.data.get("attack") or {}).get("layer")
 
     def privacy_label(self) -> str:
-        if self.configuration == "ep1" and self.epsilon is not None:
-            return f"ep1 ε={self.epsilon:g}"
-        if self.configuration == "epn":
-            mean = _num(self.m.get("epsilon_mean"))
-            return "epn" + (f" (mean ε={mean:.3g})" if mean is not None else "")
-        return self.configuration
+        return configuration_label(self.configuration, self.epsilon, num(self.m.get("epsilon_mean")), compact=True)
 
     def sort_key(self) -> tuple:
-        conf = CONFIG_ORDER.index(self.configuration) if self.configuration in CONFIG_ORDER else len(CONFIG_ORDER)
         eps = self.epsilon if self.epsilon is not None else -math.inf
-        setting = SETTING_ORDER.index(self.setting) if self.setting in SETTING_ORDER else len(SETTING_ORDER)
-        comp = COMPONENT_ORDER.index(self.component) if self.component in COMPONENT_ORDER else len(COMPONENT_ORDER)
-        return (conf, eps, setting, comp, str(self.layer))
+        return (rank(ORDER, self.configuration), eps, rank(SETTING_ORDER, self.setting),
+                rank(COMPONENT_ORDER, self.component), str(self.layer))
 
-    def ci(self, key: str) -> tuple[Any, Any, Any]:
-        return self.m.get(key), self.m.get(f"{key}_ci_lo"), self.m.get(f"{key}_ci_hi")
+    def ci(self, key: str) -> tuple[float | None, float | None, float | None]:
+        return ci(self.m, key)
 
 
 @dataclass
@@ -92,8 +110,8 @@ class AttackGroup:
 
     @property
     def title(self) -> str:
-        head = f"{self.experiment_name}: {self.model} · {self.workload} · {self.n_prompts} evaluation prompts"
-        return head + (f" · tagged {', '.join(self.tags)}" if self.tags else "")
+        return tagged(f"{self.experiment_name}: {self.model} · {self.workload} · {self.n_prompts} evaluation prompts",
+                      self.tags)
 
     @property
     def slug(self) -> str:
@@ -101,7 +119,7 @@ class AttackGroup:
         return file_slug(raw)
 
     def floors(self) -> list[float]:
-        return sorted({round(v, 6) for r in self.rows if (v := _num(r.m.get("chance_floor_token_f1"))) is not None})
+        return sorted({round(v, 6) for r in self.rows if (v := num(r.m.get("chance_floor_token_f1"))) is not None})
 
     def by_privacy(self) -> list[AttackRow]:
         """The first run of every (configuration, ε): the Bayes attacker and the accounting are per
@@ -115,16 +133,14 @@ class AttackGroup:
         return out
 
 
-def attack_groups(runs: Iterable[Run]) -> list[AttackGroup]:
-    groups: dict[tuple, list[AttackRow]] = {}
-    for run in runs:
-        if run.state != "ok" or run.experiment != "attack":
-            continue
+def groups(runs: Sequence[Run]) -> list[AttackGroup]:
+    by_key: dict[tuple, list[AttackRow]] = {}
+    for run in finished_runs(runs, EXPERIMENT):
         d = run.data
         key = (str(d.get("experiment_name") or "attack"), str(d.get("model")), str(d.get("workload")),
                d.get("n_prompts"), run.tags)
-        groups.setdefault(key, []).append(AttackRow(run))
-    out = [AttackGroup(*key, rows=sorted(rows, key=AttackRow.sort_key)) for key, rows in groups.items()]
+        by_key.setdefault(key, []).append(AttackRow(run))
+    out = [AttackGroup(*key, rows=sorted(rows, key=AttackRow.sort_key)) for key, rows in by_key.items()]
     return sorted(out, key=lambda g: (g.tags, g.experiment_name, g.model, g.workload))
 
 
@@ -169,7 +185,7 @@ def table6_md(group: AttackGroup) -> str:
 
 def _training(row: AttackRow) -> str:
     """How long the attacker this row evaluates was trained (the noise-free one for noise-oblivious rows)."""
-    steps, minutes = row.m.get("train_steps"), _num(row.m.get("train_minutes"))
+    steps, minutes = row.m.get("train_steps"), num(row.m.get("train_minutes"))
     if steps is None:
         return "—"
     return f"{steps}" + (f" ({minutes:.1f})" if minutes is not None else "")
@@ -211,11 +227,10 @@ def bayes_md(group: AttackGroup) -> str | None:
         cells = []
         for k in ks:
             got = r.m.get(f"bayes_top1_k{k}")
-            pred = _num(r.m.get(f"bayes_top1_k{k}_predicted"))
-            cells.append("—" if got is None else fmt_ci(got, r.m.get(f"bayes_top1_k{k}_ci_lo"),
-                                                         r.m.get(f"bayes_top1_k{k}_ci_hi"))
+            pred = num(r.m.get(f"bayes_top1_k{k}_predicted"))
+            cells.append("—" if got is None else fmt_ci(*r.ci(f"bayes_top1_k{k}"))
                          + (f" ({pred:.2f})" if pred is not None else ""))
-        sigma = _num(r.m.get("bayes_sigma_mean"))
+        sigma = num(r.m.get("bayes_sigma_mean"))
         rows.append([r.privacy_label(), "0" if not sigma else f"{sigma:.4g}", fmt_ci(*r.ci("bayes_top1")),
                      fmt_ci(*r.ci("bayes_top5")), fmt_ci(*r.ci("bayes_token_f1")),
                      fmt_ci(r.m.get("bayes_top1_chance"), digits=3),
@@ -224,15 +239,14 @@ def bayes_md(group: AttackGroup) -> str | None:
 
 
 def accounting_md(group: AttackGroup) -> str | None:
-    rows_in = group.by_privacy()
     headers = ["configuration", "ε per token (nominal)", "exposures one token reaches", "composed μ-GDP",
                "composed (ε, δ)-DP", "new tokens"]
     rows = []
-    for r in rows_in:
+    for r in group.by_privacy():
         m = r.m
         acc = r.data.get("accounting") or {}
-        mu, eps = _num(m.get("gdp_mu_composed")), _num(m.get("dp_epsilon_composed"))
-        delta = _num(m.get("dp_delta"))
+        mu, eps = num(m.get("gdp_mu_composed")), num(m.get("dp_epsilon_composed"))
+        delta = num(m.get("dp_delta"))
         rows.append([r.privacy_label(), fmt_eps(m.get("epsilon_nominal")) if m.get("epsilon_nominal") is not None
                      else "— (no noise)", m.get("gdp_exposures_composed") or "—",
                      "—" if mu is None else f"{mu:.4g}",
@@ -253,12 +267,58 @@ def k_curves(group: AttackGroup) -> list[KCurve]:
     ks = k_values(group)
     out = []
     for r in group.by_privacy():
-        if r.configuration not in ("ep1", "epn") or r.m.get("bayes_top1") is None:
+        if not gaussian(r.configuration) or r.m.get("bayes_top1") is None:
             continue
         have = [k for k in ks if r.m.get(f"bayes_top1_k{k}") is not None]
         if len(have) < 2:
             continue
-        out.append(KCurve(r.privacy_label(), have,
-                          [tuple(_num(r.m.get(f"bayes_top1_k{k}{s}")) for s in ("", "_ci_lo", "_ci_hi")) for k in have],
-                          [_num(r.m.get(f"bayes_top1_k{k}_predicted")) for k in have]))
+        out.append(KCurve(r.privacy_label(), have, [r.ci(f"bayes_top1_k{k}") for k in have],
+                          [num(r.m.get(f"bayes_top1_k{k}_predicted")) for k in have]))
     return out
+
+
+def plot(group: AttackGroup, path: Path) -> None:
+    """Bayes top-1 recovery against the number k of submissions of the same prompt (fresh masks each),
+    measured (95% interval) and predicted for σ/√k, one colour per configuration and ε."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    colors = plt.get_cmap("tab10").colors
+    for i, curve in enumerate(k_curves(group)):
+        c = colors[i % len(colors)]
+        pts = [(k, *v) for k, v in zip(curve.ks, curve.top1) if v[0] is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=curve.label)
+        bars = [p for p in pts if p[2] is not None and p[3] is not None]
+        ax.errorbar([p[0] for p in bars], [p[1] for p in bars], yerr=[[p[1] - p[2] for p in bars],
+                    [p[3] - p[1] for p in bars]], fmt="none", ecolor=c, capsize=3)
+        pred = [(k, v) for k, v in zip(curve.ks, curve.predicted) if v is not None]
+        if pred:
+            ax.plot([p[0] for p in pred], [p[1] for p in pred], "x--", color=c, alpha=0.7)
+    ax.plot([], [], "x--", color="gray", label="predicted for σ/√k")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("submissions of the same prompt, k (exposures averaged)")
+    ax.set_ylabel("Bayes top-1 token recovery (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker", fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:
+    md = ["## Prompt reconstruction (paper Table 6)", "", INTRO, ""]
+    for i, group in enumerate(items, 1):
+        md += [f"### {group.title}", "", table6_md(group), "", "Controls:", "", controls_md(group), ""]
+        bayes = bayes_md(group)
+        if bayes:
+            md += [BAYES_INTRO, "", bayes, ""]
+        acc = accounting_md(group)
+        if acc:
+            md += [ACCOUNTING_INTRO, "", acc, ""]
+        if k_curves(group):
+            md += figure("attack_k", i, group, plot, "Bayes recovery against repeated submissions")
+    return md
+
+
+def summary(items: Sequence[AttackGroup]) -> list[str]:
+    """The attack tables are too wide for a terminal: report.md holds them."""
+    return []

@@ -1,4 +1,5 @@
-"""The real inputs of every op instance, captured while the model answers a workload (for the FP study).
+"""The real inputs of every op instance, captured while the model answers a workload (for the FP study,
+paper §7.3.2).
 
 `capture_op_inputs` runs the T3 configuration with the adversary view recorded: every offloaded op's input
 (QKV, O, Gate/Up per layer, the LM head's positions) is exactly what crossed the boundary, unmasked. The
@@ -6,15 +7,23 @@ Down projection's input never crosses (it stays in the TEE), so a forward pre-ho
 `mlp.down_proj` records it. Per prompt, `vectors_per_prompt` token positions (prompt and generated, never
 padding) are drawn once and kept for every layer op; the LM head keeps up to that many of its positions
 (one per generated token). Each kept vector remembers the length of its prompt, which EPN's σ needs.
+`cached_capture` keeps a capture under the cache root, keyed by everything that changes it, so that an ε
+sweep captures once.
 """
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from harness import provenance
+from harness.results import atomic_torch_save, cache_key
 from harness.split.architectures import decoder_layers
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.noise_bank import stream_seed
@@ -35,6 +44,10 @@ class CapturedInputs:
                 "prompt_lengths": {f"{op}:{'' if layer is None else layer}": t
                                    for (op, layer), t in self.prompt_lengths.items()},
                 "output_ids": self.output_ids}
+
+    def vectors_per_op(self) -> dict[str, int]:
+        """Captured vectors of each op (its first layer's instance; every layer keeps as many)."""
+        return {op: int(t.shape[0]) for (op, layer), t in self.inputs.items() if layer in (0, None)}
 
     @classmethod
     def from_payload(cls, payload: dict) -> "CapturedInputs":
@@ -57,7 +70,7 @@ def _down_hooks(model: nn.Module, store: dict[int, list[torch.Tensor]]) -> list:
 
 def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens: int, batch_size: int,
                       vectors_per_prompt: int, seed: int, pad_token_id: int, include_down: bool = True,
-                      threads: int | None = None, progress=None) -> CapturedInputs:
+                      threads: int | None = None, progress: Callable[[int], None] | None = None) -> CapturedInputs:
     """Greedy T3 generation of `new_tokens` per prompt, keeping sampled real inputs of every op instance."""
     engine = SplitEngine(model, EngineSettings("t3", record_view=True, seed=seed, tee_threads=threads))
     kept: dict[tuple[str, int | None], list[torch.Tensor]] = defaultdict(list)
@@ -104,3 +117,30 @@ def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens:
         out.inputs[key] = torch.stack(rows).float()
         out.prompt_lengths[key] = torch.tensor(lengths[key], dtype=torch.long)
     return out
+
+
+def cached_capture(model: nn.Module, prompts: list[list[int]], *, cache_dir: str | Path,
+                   identity: Mapping[str, Any], new_tokens: int, batch_size: int, vectors_per_prompt: int, seed: int,
+                   pad_token_id: int, include_down: bool = True,
+                   threads: int | None = None) -> tuple[CapturedInputs, dict[str, Any]]:
+    """`capture_op_inputs` through a cache under `cache_dir`/fp_capture/: the capture from the cache, or
+    captured now and saved atomically. The key covers `identity` (what the caller knows about the model
+    and workload: names, sources, configs), the prompts' token ids, the seed, the capture settings and the
+    code version. Returns the capture and its record for results.json (cache key, hit, settings)."""
+    settings = {"vectors_per_prompt": vectors_per_prompt, "capture_new_tokens": new_tokens,
+                "capture_batch_size": batch_size, "include_down": include_down}
+    key = cache_key({"kind": "fp_capture", **identity, "input_ids": prompts, "seed": seed, "capture": settings,
+                     "code": provenance.source_digest()})
+    path = Path(cache_dir).expanduser() / "fp_capture" / f"{key}.pt"
+    if path.exists():
+        try:
+            payload = torch.load(path, weights_only=False)
+            if payload.get("key") == key:
+                return CapturedInputs.from_payload(payload), {"cache": {"key": key, "hit": True}, **settings}
+        except Exception as exc:  # a torn or foreign file: capture again, and say so
+            print(f"splitbench: warning: ignoring unreadable capture cache {path}: {type(exc).__name__}", file=sys.stderr)
+    captured = capture_op_inputs(model, prompts, new_tokens=new_tokens, batch_size=batch_size,
+                                 vectors_per_prompt=vectors_per_prompt, seed=seed, pad_token_id=pad_token_id,
+                                 include_down=include_down, threads=threads)
+    atomic_torch_save({**captured.to_payload(), "key": key}, path)
+    return captured, {"cache": {"key": key, "hit": False}, **settings}

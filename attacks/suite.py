@@ -1,0 +1,221 @@
+"""One cell of Table 6 (paper §7.4): an attacker setting × component at one configuration and ε, with the
+controls that make it mean something, the Bayes-optimal token attacker, and what results.json reports.
+
+Settings (`attack.setting`): `noise_free` attacks the unmasked inputs of the `plain` configuration (t3)
+with an attacker trained on them; `noise_oblivious` attacks masked inputs (ep1, epn) with that same
+noise-free attacker; `noise_aware` with one trained on masked captures of the same configuration and ε.
+Controls (attacks/controls.py): the component's noise-free attacker on t3 (positive) and that attacker
+trained on shuffled pairs, on t3 (negative). Everything expensive is cached by attacks/pipeline.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attacks import controls
+from attacks.capture import ATTACKABLE, UNMASKED, Capture, check_component
+from attacks.corpus import load_corpus
+from attacks.inversion import TrainSettings
+from attacks.pipeline import Pipeline, Store
+from harness import configurations, provenance
+from harness.errors import UserError
+
+NOISE_FREE = "noise_free"
+NOISE_OBLIVIOUS = "noise_oblivious"
+
+
+def _either(names: Sequence[str], word: str) -> str:
+    return f"{', '.join(names[:-1])} {word} {names[-1]}" if len(names) > 1 else names[0]
+
+
+def check_setting(configuration: str, setting: str) -> None:
+    """noise_free attacks unmasked inputs (t3); the other settings attack masked ones (ep1, epn)."""
+    if configuration not in ATTACKABLE:
+        raise UserError(f"the attack runner handles configurations {_either(ATTACKABLE, 'and')}, "
+                        f"got {configuration!r}")
+    masked = _either([n for n in ATTACKABLE if n != UNMASKED], "or")
+    if setting == NOISE_FREE and configuration != UNMASKED:
+        raise UserError(f"attack.setting=noise_free attacks unmasked inputs: use configuration={UNMASKED} "
+                        f"(got {configuration}); for masked inputs use noise_oblivious or noise_aware")
+    if setting != NOISE_FREE and configuration == UNMASKED:
+        raise UserError(f"attack.setting={setting} needs masked inputs (configuration={masked}); {UNMASKED} has "
+                        "no noise, so its attack is attack.setting=noise_free")
+
+
+def pipeline(victim: Any, decoder: Any, prompts: list[list[int]], attack: Mapping[str, Any],
+             engine: Mapping[str, Any], *, seed: int, cache_dir: str | Path, workload: str | None,
+             victim_config: dict | None, decoder_config: dict | None, log: Callable[[str], None]) -> Pipeline:
+    """The run's Pipeline from the plain `attack` and `engine` config sections: the corpus, the validated
+    training settings, and the cache under cache_dir/attacks keyed on the code of harness/, metrics/ and
+    attacks/."""
+    corpus = load_corpus(attack["corpus"], victim.tokenizer, seed)
+    settings = TrainSettings(**{k: v for k, v in attack["train"].items() if k != "threads"}, seed=seed)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise UserError(f"attack.train: {exc}") from None
+    return Pipeline(victim=victim, decoder=decoder, eval_prompts=prompts, corpus=corpus,
+                    corpus_record={**attack["corpus"], "provenance": corpus.source, "seed": seed},
+                    store=Store(cache_dir), seed=seed, train_settings=settings, offload=tuple(engine["offload"]),
+                    sigma_scale=float(engine["sigma_scale"]), sensitivity_rule=engine["sensitivity_rule"],
+                    capture_batch_size=attack["capture"]["batch_size"],
+                    capture_max_new_tokens=attack["capture"]["max_new_tokens"],
+                    code=provenance.source_digest(dirs=("harness", "metrics", "attacks")), log=log,
+                    victim_config=victim_config, decoder_config=decoder_config, workload=workload)
+
+
+@dataclass
+class Cell:
+    """What one attack run measured."""
+
+    configuration: str
+    setting: str
+    component: str
+    layer: int
+    floor: float
+    trained_under: dict[str, Any]         # the attacker's training configuration and ε
+    attacker: dict[str, Any]              # its record (key, cache hit, training log)
+    capture: Capture                      # the evaluation prompts as the device saw them
+    reconstructions: list[list[int]]
+    scores: controls.Scores
+    margin: float                         # the gate margin, percentage points
+    positive: controls.ControlResult
+    positive_key: str
+    negative: controls.ControlResult
+    negative_key: str
+    verdict: dict[str, Any]
+    bayes: dict[str, Any] | None
+    bayes_metrics: dict[str, Any]
+
+    def metrics(self, privacy: Mapping[str, Any]) -> dict[str, Any]:
+        """results.json `metrics`, with the accounting's flat `privacy` keys (harness.accounting)."""
+        m: dict[str, Any] = {"chance_floor_token_f1": self.floor, **self.scores.metrics, **self.verdict,
+                             "gate_margin_pp": self.margin}
+        m.update(self.positive.f1.flat("positive_control_token_f1"))
+        m["positive_control_pass"] = self.positive.passed
+        m.update(self.negative.f1.flat("negative_control_token_f1"))
+        m["negative_control_pass"] = self.negative.passed
+        m.update(self.bayes_metrics)
+        m.update(privacy)
+        training = self.attacker.get("training") or {}
+        m["train_steps"] = training.get("steps")
+        m["train_minutes"] = (training.get("seconds") or 0.0) / 60.0 if training else None
+        m["train_best_val_loss"] = training.get("best_val_loss")
+        eps = self.capture.epsilons
+        m["epsilon_mean"] = (sum(e for e in eps if e is not None) / len(eps)
+                             if configurations.get(self.configuration).gaussian else None)
+        return m
+
+    def sections(self, pipe: Pipeline, attack: Mapping[str, Any]) -> dict[str, Any]:
+        """results.json `attack`, `controls`, `training` and `bayes`."""
+        return {
+            "attack": {"setting": self.setting, "component": self.component, "layer": self.layer,
+                       "trained_under": self.trained_under, "train": attack["train"],
+                       "corpus": {**pipe.corpus_record, "n_stream_tokens": pipe.corpus.n_stream_tokens},
+                       "capture": attack["capture"]},
+            "controls": {"chance_floor_token_f1": self.floor,
+                         "positive": {"attacker": self.positive_key, "passed": self.positive.passed},
+                         "negative": {"attacker": self.negative_key, "passed": self.negative.passed}},
+            "training": {"attacker": {k: v for k, v in self.attacker.items() if k != "state"},
+                         "positive_control": self.positive_key, "negative_control": self.negative_key},
+            "bayes": None if self.bayes is None else {k: v for k, v in self.bayes.items()
+                                                      if k not in ("top1", "topk", "guesses")},
+        }
+
+    def samples(self, prompts: Sequence[Any]) -> list[dict[str, Any]]:
+        """samples.jsonl: one row per evaluation prompt (harness.workloads.Prompt)."""
+        rows = []
+        for i, prompt in enumerate(prompts):
+            row = {"id": prompt.id, "prompt": prompt.text, "prompt_ids": list(prompt.input_ids),
+                   "n_prompt_tokens": len(prompt.input_ids), "epsilon": self.capture.epsilons[i],
+                   "output_ids": self.reconstructions[i], **self.scores.rows[i]}
+            if self.bayes is not None:
+                row.update({"bayes_top1": self.bayes["top1"][i], "bayes_top5": self.bayes["topk"][i],
+                            "bayes_output_ids": self.bayes["guesses"][i]})
+            rows.append(row)
+        return rows
+
+    def notes(self) -> list[str]:
+        notes = []
+        if self.component == "lm_head":
+            notes.append("the LM head exposes only the positions whose logits are computed (the last prompt position "
+                         "at prefill, then one per decode step), not every position")
+        if self.verdict["attack_verdict"] == "invalid":
+            why = [n for n, c in (("positive", self.positive), ("negative", self.negative)) if not c.passed]
+            notes.append(f"INVALID: the {' and '.join(why)} control failed; this run certifies nothing")
+        return notes
+
+
+def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attack: Mapping[str, Any], *,
+                semantic_model: Any = None) -> Cell:
+    """Run the cell `attack` (the plain attack config section: setting, component, layer, bayes, controls)
+    names under `configuration` at ε: the attack, both controls, the verdict, and the Bayes attacker on
+    layer-0 QKV when it is enabled and QKV is offloaded."""
+    setting, component, layer = attack["setting"], attack["component"], attack["layer"]
+    prompts = pipe.eval_prompts
+    check_component(component, layer, pipe.offload, len(pipe.victim.model.model.layers))
+    decode = lambda ids: pipe.victim.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    floor = controls.floor(prompts)
+
+    # The attack itself.
+    train_conf, train_eps = ((UNMASKED, None) if setting in (NOISE_FREE, NOISE_OBLIVIOUS)
+                             else (configuration, epsilon))
+    inverter, attacker = pipe.attacker(train_conf, train_eps, component, layer)
+    cap = pipe.eval_capture(configuration, epsilon, component, layer)
+    recon = pipe.reconstruct(inverter, attacker["key"], cap, component)
+    scores = controls.score(prompts, recon, decode, semantic_model=semantic_model)
+
+    # Controls: the noise-free attacker on t3 (positive), the shuffled-pairs attacker on t3 (negative).
+    clean_cap = cap if configuration == UNMASKED else pipe.eval_capture(UNMASKED, None, component, layer)
+    if setting == NOISE_FREE:
+        positive_f1, positive_key = scores.f1, attacker["key"]
+    else:
+        clean, clean_rec = pipe.attacker(UNMASKED, None, component, layer)
+        positive_f1 = controls.score(prompts, pipe.reconstruct(clean, clean_rec["key"], clean_cap, component),
+                                     decode, text_metrics=False).f1
+        positive_key = clean_rec["key"]
+    shuffled, shuffled_rec = pipe.attacker(UNMASKED, None, component, layer, shuffled=True)
+    negative_f1 = controls.score(prompts, pipe.reconstruct(shuffled, shuffled_rec["key"], clean_cap, component),
+                                 decode, text_metrics=False).f1
+    checks = attack["controls"]
+    margin = float(checks["gate_margin_pp"])
+    positive = controls.positive_control(positive_f1, floor, float(checks["positive_margin_pp"]))
+    negative = controls.negative_control(negative_f1, floor, margin)
+
+    # The Bayes-optimal token attacker on layer-0 QKV.
+    b = attack["bayes"]
+    bayes_out, bayes_metrics = None, {}
+    if b["enabled"] and "qkv" in pipe.offload:
+        bayes_out = pipe.bayes(configuration, epsilon, list(b["k"]), b["top_k"], b["prior"], b["rows_per_chunk"],
+                               b["vocab_per_chunk"])
+        bayes_metrics = _bayes_metrics(bayes_out, prompts, floor, margin)
+
+    return Cell(configuration=configuration, setting=setting, component=component, layer=layer, floor=floor,
+                trained_under={"configuration": train_conf, "epsilon": train_eps}, attacker=attacker, capture=cap,
+                reconstructions=recon, scores=scores, margin=margin, positive=positive, positive_key=positive_key,
+                negative=negative, negative_key=shuffled_rec["key"],
+                verdict=controls.verdict(scores.f1, floor, margin, positive, negative), bayes=bayes_out,
+                bayes_metrics=bayes_metrics)
+
+
+def _bayes_metrics(out: dict, prompts: list[list[int]], floor: float, margin: float) -> dict[str, Any]:
+    from metrics.intervals import mean_ci
+
+    m: dict[str, Any] = {}
+    m.update(mean_ci(out["top1"], bounds=(0.0, 100.0)).flat("bayes_top1"))
+    m.update(mean_ci(out["topk"], bounds=(0.0, 100.0)).flat(f"bayes_top{out['top_k']}"))
+    f1 = controls.score(prompts, out["guesses"], None, text_metrics=False).f1
+    m.update(f1.flat("bayes_token_f1"))
+    m["bayes_gate"] = controls.gate(f1, floor, margin)
+    m["bayes_top1_chance"] = out["chance_top1"]
+    m["bayes_sigma_mean"] = out["sigma_mean"]
+    for point in out["k_curve"]:
+        k = point["k"]
+        m[f"bayes_top1_k{k}"] = point["top1"]
+        m[f"bayes_top1_k{k}_ci_lo"] = point["top1_ci_lo"]
+        m[f"bayes_top1_k{k}_ci_hi"] = point["top1_ci_hi"]
+        if "top1_predicted" in point:
+            m[f"bayes_top1_k{k}_predicted"] = point["top1_predicted"]
+    return m

@@ -1,0 +1,233 @@
+"""Output fidelity against the baseline: paper Table 2 (§7.3.1), from runners/fidelity.py's runs.
+
+One table per (experiment, model, workload, max_new_tokens, baseline, similarity model, tags); rows are
+the ε-taking configuration by ascending ε, then the other configurations in the paper's order. The plot
+draws every utility metric against ε, the other configurations as reference lines.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runners.report.format import (ci, configuration_label, epsilon_names, file_slug, fmt_ci, md_table, num,
+                                   rank, tagged, uses_epsilon)
+from runners.report.plotting import DASHES, Figures, pyplot, save
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "fidelity"
+
+# Paper Table 2's row order (Table 1's is the registry's, configurations.NAMES).
+ORDER = ("ep1", "epn", "slalom", "t3", "tdx", "cpu", "gpu")
+
+# (metrics key, column header) of Table 2, in the paper's order.
+UTILITY_METRICS: tuple[tuple[str, str], ...] = (
+    ("exact_match", "exact match %"),
+    ("token_match_rate", "token match %"),
+    ("bleu", "BLEU"),
+    ("rouge_l", "ROUGE-L"),
+    ("semantic_similarity", "semantic sim. %"),
+)
+
+INTRO = ("Each configuration's greedy generations compared per prompt with the baseline configuration's "
+         "(paper §7.3.1). Cells are **mean [95% interval]** over prompts, in %: exact match = share of "
+         "prompts whose generated ids equal the baseline's; token match = position-wise share of equal "
+         "generated ids; BLEU = corpus BLEU (sacrebleu, bootstrap interval); ROUGE-L = mean F1 (rouge-score, "
+         "stemmer); semantic sim. = mean cosine × 100 of sentence embeddings. ep1 rows by ascending ε; "
+         "epn shows the mean of its per-prompt ε = 1/√n. First divergence = mean first generated position "
+         "that differs, over diverging prompts.")
+
+
+@dataclass
+class FidelityRow:
+    run: Run
+    configuration: str
+    epsilon: float | None           # the knob's ε where the configuration takes it; None for the others
+    epsilon_mean: float | None      # the mean per-token ε actually used (epn: mean of 1/√n)
+    variant: str
+    n_prompts: int | None
+    metrics: dict[str, Any]
+
+    def label(self, show_variant: bool = False) -> str:
+        text = configuration_label(self.configuration, self.epsilon, self.epsilon_mean)
+        return f"{text} · {self.variant}" if show_variant and self.variant else text
+
+    def ci(self, key: str) -> tuple[float | None, float | None, float | None]:
+        return ci(self.metrics, key)
+
+
+@dataclass
+class FidelityGroup:
+    """Runs whose numbers are comparable: same experiment, model, workload, output length, baseline,
+    similarity model and tags."""
+
+    experiment_name: str
+    model: str
+    workload: str
+    max_new_tokens: int | None
+    baseline: str | None
+    semantic_model: str | None
+    tags: tuple[str, ...]
+    rows: list[FidelityRow]
+
+    @property
+    def title(self) -> str:
+        parts = [self.model, self.workload, f"{self.max_new_tokens} new tokens", f"baseline {self.baseline}"]
+        return tagged(f"{self.experiment_name}: " + " · ".join(str(p) for p in parts), self.tags)
+
+    @property
+    def variants(self) -> list[str]:
+        return sorted({r.variant for r in self.rows})
+
+    @property
+    def show_variant(self) -> bool:
+        """Name each row's overrides only when they differ between rows (else the header says them)."""
+        return len(self.variants) > 1
+
+    @property
+    def slug(self) -> str:
+        raw = "_".join(str(x) for x in (self.experiment_name, self.model, self.workload, self.max_new_tokens,
+                                         *self.tags))
+        return file_slug(raw)
+
+
+def _sort_key(row: FidelityRow) -> tuple:
+    eps = row.epsilon if row.epsilon is not None else math.inf
+    return (rank(ORDER, row.configuration), row.configuration, row.variant, eps)
+
+
+def fidelity_row(run: Run) -> FidelityRow:
+    d = run.data
+    m = run.metrics
+    conf = str(d.get("configuration"))
+    eps = num(d.get("epsilon")) if uses_epsilon(conf) else None
+    return FidelityRow(run=run, configuration=conf, epsilon=eps, epsilon_mean=num(m.get("epsilon_mean")),
+                       variant=run.variant, n_prompts=d.get("n_prompts", m.get("n_prompts")), metrics=m)
+
+
+def groups(runs: Sequence[Run]) -> list[FidelityGroup]:
+    """Group finished fidelity runs into Table-2 tables; rows sorted ep1 by ascending ε, epn, slalom,
+    then the rest."""
+    by_key: dict[tuple, list[FidelityRow]] = {}
+    for run in finished_runs(runs, EXPERIMENT):
+        d = run.data
+        key = (str(d.get("experiment_name") or "fidelity"), str(d.get("model")), str(d.get("workload")),
+               (d.get("generation") or {}).get("max_new_tokens"), d.get("baseline"), d.get("semantic_model"),
+               run.tags)
+        by_key.setdefault(key, []).append(fidelity_row(run))
+    out = [FidelityGroup(*key, rows=sorted(rows, key=_sort_key)) for key, rows in by_key.items()]
+    return sorted(out, key=lambda g: (g.tags, g.experiment_name, g.model, g.workload, g.max_new_tokens or 0))
+
+
+def table_md(group: FidelityGroup) -> str:
+    headers = ["configuration", "n", *[h for _, h in UTILITY_METRICS], "first divergence"]
+    rows = []
+    for row in group.rows:
+        cells = [fmt_ci(*row.ci(key)) for key, _ in UTILITY_METRICS]
+        rows.append([row.label(group.show_variant), row.n_prompts if row.n_prompts is not None else "—",
+                     *cells, _divergence(row.metrics)])
+    return md_table(headers, rows)
+
+
+def _divergence(m: dict[str, Any]) -> str:
+    mean = num(m.get("mean_first_divergence"))
+    n_div, n = m.get("n_diverging"), m.get("n_prompts")
+    if mean is None:
+        return "none diverge" if n_div == 0 else "—"
+    count = f" ({n_div}/{n} diverge)" if n_div is not None and n is not None else ""
+    return f"{mean:.1f}{count}"
+
+
+def plot(group: FidelityGroup, path: Path) -> None:
+    """Each utility metric against ε (log x) for the ε-taking configuration with its 95% band; every
+    other configuration as a horizontal reference line with its band."""
+    plt = pyplot()
+    from matplotlib.ticker import NullFormatter
+
+    metrics = [(k, h) for k, h in UTILITY_METRICS if any(r.ci(k)[0] is not None for r in group.rows)]
+    if not metrics:
+        metrics = list(UTILITY_METRICS)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.4), squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    swept = [r for r in group.rows if r.epsilon is not None]
+    refs = [r for r in group.rows if r.epsilon is None]
+    eps_values = sorted({r.epsilon for r in swept})
+    xlim = (min(eps_values) / 1.6, max(eps_values) * 1.6) if eps_values else (0.3, 20.0)
+    series: dict[tuple[str, str], list[FidelityRow]] = {}
+    for r in swept:
+        series.setdefault((r.configuration, r.variant if group.show_variant else ""), []).append(r)
+    for ax, (key, header) in zip(axes[0], metrics):
+        color_i = 0
+        for (conf, variant), rows in series.items():
+            rows = sorted(rows, key=lambda r: r.epsilon)
+            xs = [r.epsilon for r in rows]
+            ys = [r.ci(key) for r in rows]
+            pts = [(x, m, lo, hi) for x, (m, lo, hi) in zip(xs, ys) if m is not None]
+            if not pts:
+                continue
+            c = colors[color_i % len(colors)]
+            color_i += 1
+            label = conf + (f" · {variant}" if variant else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=label, zorder=3)
+            bars = [p for p in pts if p[2] is not None and p[3] is not None]
+            ax.errorbar([p[0] for p in bars], [p[1] for p in bars],
+                        yerr=[[p[1] - p[2] for p in bars], [p[3] - p[1] for p in bars]], fmt="none", ecolor=c,
+                        capsize=3, zorder=3)
+            if bars:
+                ax.fill_between([p[0] for p in bars], [p[2] for p in bars], [p[3] for p in bars], color=c,
+                                alpha=0.2, linewidth=0)
+        for j, r in enumerate(refs):
+            m, lo, hi = r.ci(key)
+            if m is None:
+                continue
+            c = colors[color_i % len(colors)]
+            color_i += 1
+            # Reference lines often coincide (several at 100): later ones thinner and differently dashed,
+            # so each stays visible.
+            ax.axhline(m, color=c, linestyle=DASHES[j % len(DASHES)], linewidth=max(1.0, 3.0 - 0.6 * j),
+                       label=r.label(group.show_variant), zorder=2)
+            if lo is not None and hi is not None:
+                ax.axhspan(lo, hi, color=c, alpha=0.12, linewidth=0)
+        ax.set_xscale("log")
+        ax.set_xlim(*xlim)
+        if eps_values:
+            ax.set_xticks(eps_values)
+            ax.set_xticklabels([f"{e:g}" for e in eps_values])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"ε per token ({', '.join(epsilon_names())})")
+        ax.set_title(header)
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), bbox_to_anchor=(0.5, -0.08),
+                   frameon=False)
+    fig.suptitle(f"{group.title}\n(mean over prompts, shaded: 95% interval)", fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def markdown(items: Sequence[FidelityGroup], figure: Figures) -> list[str]:
+    md = ["## Output fidelity against the baseline (paper Table 2)", "", INTRO, ""]
+    for i, group in enumerate(items, 1):
+        md += [f"### {group.title}", ""]
+        details = [f"similarity model `{group.semantic_model}`" if group.semantic_model
+                   else "no similarity model (semantic similarity not computed)"]
+        if not group.show_variant and group.variants and group.variants[0] not in ("", "default"):
+            details.append(f"overrides `{group.variants[0]}`")
+        text = "; ".join(details)
+        md += [text[0].upper() + text[1:] + ".", "", table_md(group), ""]
+        md += figure("fidelity", i, group, plot, "utility metrics against ε")
+    return md
+
+
+def summary(items: Sequence[FidelityGroup]) -> list[str]:
+    lines = []
+    for group in items:
+        lines.append(f"  {group.title}")
+        lines.append(f"    {'configuration':<28}{'n':>4}" + "".join(f"{h.split()[0][:8]:>10}" for _, h in UTILITY_METRICS))
+        for row in group.rows:
+            vals = "".join(f"{fmt_ci(row.ci(k)[0]):>10}" for k, _ in UTILITY_METRICS)
+            lines.append(f"    {row.label(group.show_variant)[:27]:<28}{str(row.n_prompts):>4}{vals}")
+    return lines

@@ -1,0 +1,54 @@
+"""Plot plumbing shared by the report sections: headless pyplot, atomic PNG writes, and `Figures`, which
+names each PNG, remembers it, and removes the ones a rewrite no longer draws.
+
+matplotlib is imported on first use, never at import time: the tables need no plotting library.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.results import atomic_path
+
+PNG_PREFIX = "report_"  # PNGs this command owns in the output dir (stale ones are removed on rewrite)
+DASHES = ("--", ":", "-.", (0, (6, 2, 1, 2)), (0, (1, 3)))  # distinct reference-line styles
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path) -> None:
+    """The figure as a PNG, written atomically (a reader never sees half an image), then closed."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+class Figures:
+    """The PNGs of one report: `figure(...)` draws one and returns the markdown that shows it."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.written: list[Path] = []
+
+    def __call__(self, kind: str, i: int, item: Any, plot: Callable[[Any, Path], None], alt: str) -> list[str]:
+        """Draw `item` (a table or group with .slug and .title) into its PNG next to report.md, remember the
+        file, and return the markdown that shows it."""
+        png = self.out / f"{PNG_PREFIX}{kind}_{i}_{item.slug}.png"
+        plot(item, png)
+        self.written.append(png)
+        return [f"![{alt}: {item.title}]({png.name})", ""]
+
+    def remove_stale(self) -> None:
+        """Delete this command's PNGs from an earlier report that this one did not draw."""
+        keep = {p.name for p in self.written}
+        for stale in self.out.glob(f"{PNG_PREFIX}*.png"):
+            if stale.name not in keep:
+                stale.unlink()
