@@ -162,7 +162,8 @@ def make_engine(model: nn.Module, spec: CaptureSpec) -> tuple[SplitEngine, tuple
 
 @torch.no_grad()
 def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpec, *, pad_token_id: int,
-            repeats: int = 1, on_repeat=None, meta: dict | None = None) -> list[Capture]:
+            repeats: int = 1, on_repeat=None, meta: dict | None = None,
+            epsilon_lengths: Sequence[int] | None = None) -> list[Capture]:
     """Run `prompts` through the engine `repeats` times (fresh masks each time: the noise bank never serves
     an entry twice) and return one Capture per repeat.
 
@@ -170,6 +171,7 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
     the repeated-submission attack, which only needs running sums) and [] is returned. The features are
     ordinary tensors (cloned outside the engine's inference mode), usable as training inputs. `meta` is
     every batch's view's and each Capture's meta (default `spec.meta()`, which names no model or workload).
+    `epsilon_lengths`: each prompt's n for EPN's ε = 1/√n (default its length; SplitEngine.generate).
     """
     if spec.configuration not in ATTACKABLE:
         raise UserError(f"the attack suite handles configurations {', '.join(ATTACKABLE)}, got {spec.configuration!r}")
@@ -187,7 +189,9 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
             batch = [list(map(int, p)) for p in prompts[start:start + spec.batch_size]]
             lengths = [len(p) for p in batch]
             first = len(engine.view.exposures)
-            result = engine.generate(batch, spec.max_new_tokens, pad_token_id=pad_token_id)
+            result = engine.generate(batch, spec.max_new_tokens, pad_token_id=pad_token_id,
+                                     epsilon_lengths=None if epsilon_lengths is None
+                                     else list(epsilon_lengths[start:start + spec.batch_size]))
             view = AdversaryView(engine.view.exposures[first:], meta)
             del engine.view.exposures[first:]  # the batch's record is consumed here: memory stays bounded
             features.extend(features_from_view(view, ops, spec.layer, lengths))

@@ -1,4 +1,4 @@
-"""Scoring reconstructions, the chance floor, the positive and negative controls, and the gate.
+"""Scoring reconstructions, the chance floor, the positive and negative controls, and the verdict.
 
 An attack measurement means something only if it can fail and can succeed:
 - chance floor: the token F1 an *unrelated* real prompt scores against each evaluation prompt (mean over
@@ -7,12 +7,36 @@ An attack measurement means something only if it can fail and can succeed:
 - positive control: the same attack pipeline (component, decoder, training recipe) trained and evaluated
   without masks (T3) must reconstruct far above the floor: the lower 95% bound of its token F1 at least
   `positive_margin_pp` above the floor. Otherwise the attack is broken and a low score under noise says
-  nothing: the run is reported `invalid`, never as private.
+  nothing.
 - negative control: the pipeline trained on shuffled (exposure, prompt) pairs must not rise above the
-  floor (upper 95% bound ≤ floor + gate margin); if it does, something other than the exposures carries
-  the prompt (a leak in the pipeline) and the run is `invalid` as well.
-- gate: `attack_gate` passes when the upper 95% bound of the attack's token F1 is at most floor +
-  `gate_margin_pp` (default 1.0 percentage point, fixed before the run) and both controls passed.
+  floor (upper 95% bound ≤ floor + margin); if it does, something other than the exposures carries the
+  prompt (a leak in the pipeline), and neither a high nor a low score is evidence about the exposures.
+- verdict (`classify`), with m = `gate_margin_pp` (default 1.0 percentage point, fixed before the run), the
+  attack's token F1 interval [lo, hi] and its reference r (the chance floor for the learned attacker):
+
+      leak          lo > r + m and the negative control passed
+      at_chance     r − m ≤ lo and hi ≤ r + m, and both controls passed
+      inconclusive  everything else: lo < r − m (below chance: the attacker failed, which says nothing
+                    about the masks), an interval reaching past r ± m so that neither holds, or a failed
+                    (or missing) control.
+
+  A leak needs no positive control: the reconstruction itself shows the attack works. It does need the
+  negative one, since a pipeline that reconstructs without exposures would score high anyway. Badness
+  orders the verdicts leak > inconclusive > at_chance; a configuration's verdict is the worst over the
+  attackers run against it (`worst`). `attack_gate` (kept from the two-way gate) is true exactly when the
+  verdict is at_chance.
+- the Bayes attacker (attacks/bayes.py) gets the same rule on its token F1 (`bayes_verdict`), with its own
+  reference: `exposure_free_f1`, the F1 its guess for prompt j scores against prompt i ≠ j (mean over
+  ordered pairs). Its guesses are not text — under heavy noise they are tokens drawn across the whole
+  vocabulary — so the real-prompt floor is not what it scores without information (it scores far below
+  it), while a guess made from another prompt's exposures is. Its negative control holds by construction
+  (nothing is trained: its guesses are a function of the exposure and the public codebook alone); its
+  positive control is the same attacker on T3 exposures, lower bound ≥ its reference + positive margin.
+
+Results from before the three-way verdict (`attack_verdict` pass | fail | invalid, no `bayes_verdict`)
+are read by `recompute` (the same rule on the interval, floor, margin and control flags those results
+hold too; pass | fail | invalid → at_chance | leak | inconclusive, `LEGACY`, where one is missing) and
+`recompute_bayes`; the report shows what they give, so an old below-floor "pass" reads inconclusive.
 
 Token precision / recall / F1 here are multiset (a token counts as often as it occurs) and macro-averaged
 over prompts (per-prompt scores averaged, Student-t interval), the same definitions as the chance floor;
@@ -92,20 +116,100 @@ def negative_control(f1: Estimate, floor_f1: float, margin_pp: float) -> Control
     return ControlResult(f1, f1.hi <= floor_f1 + margin_pp)
 
 
+LEAK, AT_CHANCE, INCONCLUSIVE = "leak", "at_chance", "inconclusive"
+VERDICTS = (AT_CHANCE, INCONCLUSIVE, LEAK)          # from best to worst
+LEGACY = {"pass": AT_CHANCE, "fail": LEAK, "invalid": INCONCLUSIVE}   # the two-way gate's attack_verdict
+
+
 def gate(f1: Estimate, floor_f1: float, margin_pp: float) -> bool:
-    """The attack is at chance: upper 95% bound of its token F1 ≤ floor + margin."""
+    """The upper 95% bound of the token F1 is at most floor + margin (`attack_at_floor`; one-sided, so it
+    also holds far below the floor: not a verdict by itself)."""
     return f1.hi <= floor_f1 + margin_pp
+
+
+def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positive_passed: bool,
+             negative_passed: bool) -> str:
+    """The three-way verdict of a token-F1 interval [lo, hi] against `reference` (module docstring):
+    leak if lo > reference + margin and the negative control passed; at_chance if reference − margin ≤ lo
+    and hi ≤ reference + margin and both controls passed; otherwise inconclusive."""
+    if lo > reference + margin_pp:
+        return LEAK if negative_passed else INCONCLUSIVE
+    if positive_passed and negative_passed and reference - margin_pp <= lo and hi <= reference + margin_pp:
+        return AT_CHANCE
+    return INCONCLUSIVE
+
+
+def worst(verdicts: Sequence[str | None]) -> str | None:
+    """The worst verdict (leak > inconclusive > at_chance) of those given; None when none is."""
+    known = [v for v in verdicts if v is not None]
+    unknown = [v for v in known if v not in VERDICTS]
+    if unknown:
+        raise ValueError(f"unknown verdicts {unknown}; expected {VERDICTS}")
+    return max(known, key=VERDICTS.index) if known else None
 
 
 def verdict(f1: Estimate, floor_f1: float, margin_pp: float, positive: ControlResult | None,
             negative: ControlResult | None) -> dict[str, Any]:
-    """`attack_gate` (bool), `attack_verdict` ("pass" | "fail" | "invalid") and `attack_valid`.
+    """The learned attacker's results.json keys: `attack_verdict` (leak | at_chance | inconclusive, by
+    `classify` against the chance floor), `attack_gate` (verdict is at_chance), `attack_valid` (both
+    controls were run and passed) and `attack_at_floor` (`gate`). A control that was not run failed."""
+    pos = positive is not None and positive.passed
+    neg = negative is not None and negative.passed
+    v = classify(f1.lo, f1.hi, floor_f1, margin_pp, positive_passed=pos, negative_passed=neg)
+    return {"attack_verdict": v, "attack_gate": v == AT_CHANCE, "attack_valid": bool(pos and neg),
+            "attack_at_floor": bool(gate(f1, floor_f1, margin_pp))}
 
-    A run whose positive or negative control failed (or was not run) is `invalid` and its gate is False:
-    a measurement that could not have succeeded, or that leaks without exposures, certifies nothing.
-    """
-    valid = positive is not None and positive.passed and negative is not None and negative.passed
-    at_floor = gate(f1, floor_f1, margin_pp)
-    return {"attack_gate": bool(valid and at_floor), "attack_valid": bool(valid),
-            "attack_verdict": "invalid" if not valid else ("pass" if at_floor else "fail"),
-            "attack_at_floor": bool(at_floor)}
+
+def exposure_free_f1(prompts: Sequence[Sequence[int]], guesses: Sequence[Sequence[int]]) -> float:
+    """Token F1 (%) of the guesses made for the *other* prompts: mean over ordered pairs i ≠ j of
+    F1(prompt i, guess j). What an attacker's own guessing scores when it is given the wrong exposures,
+    the Bayes attacker's reference (module docstring). For guesses equal to the prompts it is the chance
+    floor."""
+    if len(prompts) != len(guesses) or len(prompts) < 2:
+        raise ValueError(f"need at least 2 prompts and one guess each, got {len(prompts)} and {len(guesses)}")
+    f1s = [token_prf(p, g, mode=PRF_MODE)[2] for i, p in enumerate(prompts) for j, g in enumerate(guesses) if i != j]
+    return sum(f1s) / len(f1s)
+
+
+def recompute(m: dict[str, Any]) -> str | None:
+    """The learned attacker's verdict from a results.json `metrics` dict, old or new: a three-way
+    `attack_verdict` as it is; an old two-way one (pass | fail | invalid) by `classify` on the interval,
+    floor, margin and control flags the old results hold too, or through LEGACY where one is missing;
+    None when there is none."""
+    v = m.get("attack_verdict")
+    if v is None or v in VERDICTS:
+        return v
+    need = ("token_f1_ci_lo", "token_f1_ci_hi", "chance_floor_token_f1", "gate_margin_pp")
+    if all(isinstance(m.get(k), (int, float)) for k in need):
+        return classify(float(m["token_f1_ci_lo"]), float(m["token_f1_ci_hi"]), float(m["chance_floor_token_f1"]),
+                        float(m["gate_margin_pp"]), positive_passed=bool(m.get("positive_control_pass")),
+                        negative_passed=bool(m.get("negative_control_pass")))
+    return LEGACY.get(v, INCONCLUSIVE)
+
+
+def recompute_bayes(m: dict[str, Any]) -> str | None:
+    """The Bayes attacker's verdict from a results.json `metrics` dict: `bayes_verdict` where it is there;
+    in results from before it, leak when the lower bound of top-1 exceeds the top-1 of truth-independent
+    guesses (`bayes_top1_chance`) by more than the margin, else inconclusive (no Bayes positive control
+    was recorded then, so at_chance cannot be shown); None without a Bayes attacker."""
+    if "bayes_verdict" in m:
+        v = m["bayes_verdict"]
+        return v if v is None or v in VERDICTS else INCONCLUSIVE
+    lo, chance, margin = m.get("bayes_top1_ci_lo"), m.get("bayes_top1_chance"), m.get("gate_margin_pp", 1.0)
+    if not all(isinstance(x, (int, float)) for x in (lo, chance, margin)):
+        return None
+    return LEAK if lo > chance + margin else INCONCLUSIVE
+
+
+def repeat_leak_k(m: dict[str, Any]) -> int | None:
+    """The fewest repeated submissions k after which the Bayes attacker's averaged exposures leak: the
+    smallest k of the stored curve (`bayes_top1_k{k}`) whose top-1 lower bound exceeds the top-1 of
+    truth-independent guesses (`bayes_top1_chance`) by more than the margin; None when none does. This is
+    another threat model (one prompt sent k times with fresh masks) and not part of `verdict`."""
+    chance, margin = m.get("bayes_top1_chance"), m.get("gate_margin_pp", 1.0)
+    if not isinstance(chance, (int, float)):
+        return None
+    prefix, suffix = "bayes_top1_k", "_ci_lo"
+    ks = sorted(int(key[len(prefix):-len(suffix)]) for key in m
+                if key.startswith(prefix) and key.endswith(suffix) and key[len(prefix):-len(suffix)].isdigit())
+    return next((k for k in ks if m[f"bayes_top1_k{k}_ci_lo"] > chance + margin), None)

@@ -119,15 +119,10 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 
 
 def _read(path: Path, label: str | None) -> tuple[str, str]:
-    if not path.is_file():
-        raise UserError(f"attack.corpus.path={path} does not exist or is not a file")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"attack.corpus.path={path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
-    digest = hashlib.sha256(raw).hexdigest()
-    return text, f"{label or f'file:{path.resolve()}'} sha256={digest}"
+    from harness.workloads import read_text  # the one reader of user-named files (BOM, UTF-8, one-line errors)
+
+    text, raw = read_text(path, "attack.corpus.path")
+    return text, f"{label or f'file:{path.resolve()}'} sha256={hashlib.sha256(raw).hexdigest()}"
 
 
 def _hub_text(cfg: Any) -> tuple[str, str]:

@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,9 @@ class Pipeline:
     victim_config: dict | None = None    # the conf/model entries, part of every cache key
     decoder_config: dict | None = None
     workload: str | None = None          # the evaluation prompts' workload, named in the captures' meta
+    # Each evaluation prompt's n for EPN's ε = 1/√n (runners/common.py Inputs.epsilon_lengths); None = its
+    # length. Corpus passages carry no chat template, so their length is their text.
+    eval_epsilon_lengths: list[int] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     cache_events: list[dict] = field(default_factory=list)
 
@@ -119,7 +122,8 @@ class Pipeline:
 
     def _captured(self, prompts: list[list[int]], spec: CaptureSpec, role: str) -> Capture:
         start = time.perf_counter()
-        cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad, meta=self._meta(spec, role))[0]
+        cap = capture(self.victim.model, prompts, spec, pad_token_id=self.pad, meta=self._meta(spec, role),
+                      epsilon_lengths=self.eval_epsilon_lengths if role == "eval" else None)[0]
         self._timed("capture_s", time.perf_counter() - start)
         return cap
 
@@ -137,7 +141,7 @@ class Pipeline:
     def eval_capture(self, configuration: str, epsilon: float | None, component: str, layer: int) -> Capture:
         """The evaluation prompts as the device sees them under `configuration` (cached)."""
         spec = self.spec(configuration, epsilon, component, layer, "eval")
-        key = self._key("capture", spec=spec.record(), prompts=digest_ids(self.eval_prompts))
+        key = self.eval_capture_key(configuration, epsilon, component, layer)
         path = self.store.path("captures", key, "pt")
         with self.store.building("captures", key):
             if path.exists():
@@ -172,15 +176,29 @@ class Pipeline:
         """The LM head exposes one row per prompt: it is always read as a prefix."""
         return replace(self.train_settings, layout="prefix") if component == "lm_head" else self.train_settings
 
+    def inverter_key(self, configuration: str, epsilon: float | None, component: str, layer: int,
+                     shuffled: bool = False) -> str:
+        """The cache key of an inverter: the victim, the decoder, the training captures' spec, the corpus,
+        every training setting but the generation batch size (which changes no output), whether the pairs
+        were shuffled, and the code."""
+        settings = self.settings_for(component)
+        train_spec = self.spec(configuration, epsilon, component, layer, "train")
+        return self._key("inverter", decoder=self._model_id(self.decoder, self.decoder_config),
+                         train_spec=train_spec.record(), corpus=self.corpus_record,
+                         settings={k: v for k, v in asdict(settings).items() if k != "gen_batch_size"},
+                         shuffled=shuffled)
+
+    def eval_capture_key(self, configuration: str, epsilon: float | None, component: str, layer: int) -> str:
+        spec = self.spec(configuration, epsilon, component, layer, "eval")
+        return self._key("capture", spec=spec.record(), prompts=digest_ids(self.eval_prompts),
+                         epsilon_lengths=self.eval_epsilon_lengths)
+
     def attacker(self, configuration: str, epsilon: float | None, component: str, layer: int,
                  shuffled: bool = False) -> tuple[Inverter, dict]:
         """An inverter trained on corpus captures under `configuration` (t3 for noise-free), loaded from the
         cache when it exists. Returns it and a record (key, cache hit, training log)."""
         settings = self.settings_for(component)
-        train_spec = self.spec(configuration, epsilon, component, layer, "train")
-        key = self._key("inverter", decoder=self._model_id(self.decoder, self.decoder_config), train_spec=train_spec.record(),
-                        corpus=self.corpus_record, settings={k: v for k, v in settings.__dict__.items()
-                                                            if k != "gen_batch_size"}, shuffled=shuffled)
+        key = self.inverter_key(configuration, epsilon, component, layer, shuffled)
         path = self.store.path("inverters", key, "pt")
         label = f"{'shuffled ' if shuffled else ''}{component} attacker trained under {configuration}" + (
             f" ε={epsilon:g}" if configurations.get(configuration).uses_epsilon else "")
@@ -250,7 +268,8 @@ class Pipeline:
         # Only QKV offloaded: the layer-0 QKV input is computed before any other op and its masks come from
         # its own bank stream, so the exposures are the same as with every op offloaded, at a third of the cost.
         spec = replace(self.spec(configuration, epsilon, "qkv", 0, "repeat"), offload=("qkv",))
-        key = self._key("bayes", spec=spec.record(), prompts=digest_ids(self.eval_prompts), ks=ks, top_k=top_k,
+        key = self._key("bayes", spec=spec.record(), prompts=digest_ids(self.eval_prompts),
+                        epsilon_lengths=self.eval_epsilon_lengths, ks=ks, top_k=top_k,
                         prior=prior, corpus=self.corpus_record if prior == "corpus" else None)
         path = self.store.path("bayes", key, "json")
         with self.store.building("bayes", key):
@@ -269,7 +288,8 @@ class Pipeline:
         noisy = configurations.get(configuration).gaussian
         book = bayes.codebook(model)
         lengths = [len(p) for p in self.eval_prompts]
-        sigmas = [sigma_qkv0(model, configuration, epsilon, n, self.sigma_scale) for n in lengths]
+        sigmas = [sigma_qkv0(model, configuration, epsilon, n, self.sigma_scale)
+                  for n in (self.eval_epsilon_lengths or lengths)]
         row_sigma = torch.as_tensor([s for s, n in zip(sigmas, lengths) for _ in range(n)], dtype=torch.float32)
         log_prior = None
         if prior == "corpus":
@@ -289,10 +309,14 @@ class Pipeline:
             sums = [f.double().clone() for f in cap.features] if sums is None else [
                 s.add_(f.double()) for s, f in zip(sums, cap.features)]
             k = index + 1
+            if k == 1:
+                # The single-exposure result (top1, topk, guesses) is the attack itself, whether or not
+                # k = 1 is also a point of the requested curve.
+                first = {"recovery": evaluate(sums, 1, row_sigma), "sigma_mean": float(sum(sigmas) / len(sigmas))}
             if k not in ks:
                 return
             mean = [(s / k).float() for s in sums]
-            rec = evaluate(mean, k, row_sigma / math.sqrt(k))
+            rec = first["recovery"] if k == 1 else evaluate(mean, k, row_sigma / math.sqrt(k))
             t1, tk = rec.estimates()
             point = {"k": k, "top1": t1.mean, "top1_ci_lo": t1.lo, "top1_ci_hi": t1.hi, "topk": tk.mean,
                      "topk_ci_lo": tk.lo, "topk_ci_hi": tk.hi, "top1_pooled": rec.pooled_top1,
@@ -305,11 +329,9 @@ class Pipeline:
                 point.update({"top1_predicted": p1.mean, "top1_predicted_ci_lo": p1.lo, "top1_predicted_ci_hi": p1.hi,
                               "top1_predicted_pooled": pred.pooled_top1})
             curve.append(point)
-            if k == 1:
-                first = {"recovery": rec, "sigma_mean": float(sum(sigmas) / len(sigmas))}
 
         capture(model, self.eval_prompts, spec, pad_token_id=self.pad, repeats=max(ks), on_repeat=on_repeat,
-                meta=self._meta(spec, "repeat"))
+                meta=self._meta(spec, "repeat"), epsilon_lengths=self.eval_epsilon_lengths)
         rec: bayes.Recovery = first["recovery"]
         return {"k_curve": curve, "top1": rec.top1, "topk": rec.topk, "guesses": rec.guesses, "top_k": top_k,
                 "sigma_mean": first["sigma_mean"], "prior": prior,

@@ -44,8 +44,32 @@ def check_setting(configuration: str, setting: str) -> None:
                         "no noise, so its attack is attack.setting=noise_free")
 
 
+def check_decoder(victim: Any, decoder: Any) -> None:
+    """The decoder reads and writes the victim's token ids (the inverter embeds the prompt's ids with the
+    decoder's embeddings and its outputs are scored as victim ids), so both tokenizers must map the same
+    tokens to the same ids. A decoder with another vocabulary would reinterpret every id silently: refused
+    before any work. Compares the vocabulary size and the whole token → id map (added tokens included)."""
+    if decoder is victim:
+        return
+    theirs, ours = decoder.tokenizer, victim.tokenizer
+    what = f"attack.decoder {decoder.name} does not share the tokenizer of the victim {victim.name}"
+    if len(theirs) != len(ours):
+        raise UserError(f"{what}: {len(theirs)} tokens against {len(ours)}; the attacker's decoder must use "
+                        "the victim's token ids (choose a decoder of the same model family)")
+    a, b = ours.get_vocab(), theirs.get_vocab()
+    if a != b:
+        token = next(t for t in sorted(a.keys() | b.keys()) if a.get(t) != b.get(t))
+        raise UserError(f"{what}: token {token!r} is id {a.get(token)} for the victim and {b.get(token)} for "
+                        "the decoder; the attacker's decoder must use the victim's token ids")
+    rows = decoder.model.get_input_embeddings().weight.shape[0]
+    if rows < len(ours):
+        raise UserError(f"attack.decoder {decoder.name} has {rows} embedding rows, fewer than the victim's "
+                        f"{len(ours)} token ids")
+
+
 def pipeline(victim: Any, decoder: Any, prompts: list[list[int]], attack: Mapping[str, Any],
              engine: Mapping[str, Any], *, seed: int, cache_dir: str | Path, workload: str | None,
+             eval_epsilon_lengths: list[int] | None = None,
              victim_config: dict | None, decoder_config: dict | None, log: Callable[[str], None]) -> Pipeline:
     """The run's Pipeline from the plain `attack` and `engine` config sections: the corpus, the validated
     training settings, and the cache under cache_dir/attacks keyed on the code of harness/, metrics/ and
@@ -63,7 +87,8 @@ def pipeline(victim: Any, decoder: Any, prompts: list[list[int]], attack: Mappin
                     capture_batch_size=attack["capture"]["batch_size"],
                     capture_max_new_tokens=attack["capture"]["max_new_tokens"],
                     code=provenance.source_digest(dirs=("harness", "metrics", "attacks")), log=log,
-                    victim_config=victim_config, decoder_config=decoder_config, workload=workload)
+                    victim_config=victim_config, decoder_config=decoder_config, workload=workload,
+                    eval_epsilon_lengths=eval_epsilon_lengths)
 
 
 @dataclass
@@ -98,6 +123,7 @@ class Cell:
         m.update(self.negative.f1.flat("negative_control_token_f1"))
         m["negative_control_pass"] = self.negative.passed
         m.update(self.bayes_metrics)
+        m["verdict"] = controls.worst([self.verdict["attack_verdict"], self.bayes_metrics.get("bayes_verdict")])
         m.update(privacy)
         training = self.attacker.get("training") or {}
         m["train_steps"] = training.get("steps")
@@ -142,9 +168,16 @@ class Cell:
         if self.component == "lm_head":
             notes.append("the LM head exposes only the positions whose logits are computed (the last prompt position "
                          "at prefill, then one per decode step), not every position")
-        if self.verdict["attack_verdict"] == "invalid":
-            why = [n for n, c in (("positive", self.positive), ("negative", self.negative)) if not c.passed]
-            notes.append(f"INVALID: the {' and '.join(why)} control failed; this run certifies nothing")
+        why = [n for n, c in (("positive", self.positive), ("negative", self.negative)) if not c.passed]
+        if why:
+            notes.append(f"the learned attacker's {' and '.join(why)} control failed: its verdict cannot be "
+                         f"at_chance{'' if self.negative.passed else ' nor leak'}")
+        f1 = self.scores.f1
+        if f1.hi < self.floor - self.margin:
+            notes.append(f"the learned attacker scores below the chance floor ({f1.mean:.2f} against "
+                         f"{self.floor:.2f}): it failed, which says nothing about the masks (inconclusive)")
+        if self.bayes_metrics and not self.bayes_metrics["bayes_positive_control_pass"]:
+            notes.append("the Bayes attacker's positive control (t3) failed: its verdict cannot be at_chance")
         return notes
 
 
@@ -184,13 +217,15 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
     positive = controls.positive_control(positive_f1, floor, float(checks["positive_margin_pp"]))
     negative = controls.negative_control(negative_f1, floor, margin)
 
-    # The Bayes-optimal token attacker on layer-0 QKV.
+    # The Bayes-optimal token attacker on layer-0 QKV, and its positive control: the same attacker on t3.
     b = attack["bayes"]
     bayes_out, bayes_metrics = None, {}
     if b["enabled"] and "qkv" in pipe.offload:
-        bayes_out = pipe.bayes(configuration, epsilon, list(b["k"]), b["top_k"], b["prior"], b["rows_per_chunk"],
-                               b["vocab_per_chunk"])
-        bayes_metrics = _bayes_metrics(bayes_out, prompts, floor, margin)
+        run_bayes = lambda conf, eps, ks: pipe.bayes(conf, eps, ks, b["top_k"], b["prior"],  # noqa: E731
+                                                     b["rows_per_chunk"], b["vocab_per_chunk"])
+        bayes_out = run_bayes(configuration, epsilon, list(b["k"]))
+        clean_bayes = bayes_out if configuration == UNMASKED else run_bayes(UNMASKED, None, [1])
+        bayes_metrics = _bayes_metrics(bayes_out, clean_bayes, prompts, margin, float(checks["positive_margin_pp"]))
 
     return Cell(configuration=configuration, setting=setting, component=component, layer=layer, floor=floor,
                 trained_under={"configuration": train_conf, "epsilon": train_eps}, attacker=attacker, capture=cap,
@@ -200,7 +235,10 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
                 bayes_metrics=bayes_metrics)
 
 
-def _bayes_metrics(out: dict, prompts: list[list[int]], floor: float, margin: float) -> dict[str, Any]:
+def _bayes_metrics(out: dict, clean: dict, prompts: list[list[int]], margin: float,
+                   positive_margin: float) -> dict[str, Any]:
+    """The Bayes attacker's results.json keys, with its verdict (attacks/controls.py: `classify` against
+    the token F1 of its own guesses for the other prompts, positive control on t3)."""
     from metrics.intervals import mean_ci
 
     m: dict[str, Any] = {}
@@ -208,7 +246,15 @@ def _bayes_metrics(out: dict, prompts: list[list[int]], floor: float, margin: fl
     m.update(mean_ci(out["topk"], bounds=(0.0, 100.0)).flat(f"bayes_top{out['top_k']}"))
     f1 = controls.score(prompts, out["guesses"], None, text_metrics=False).f1
     m.update(f1.flat("bayes_token_f1"))
-    m["bayes_gate"] = controls.gate(f1, floor, margin)
+    reference = controls.exposure_free_f1(prompts, out["guesses"])
+    m["bayes_token_f1_chance"] = reference
+    clean_f1 = f1 if clean is out else controls.score(prompts, clean["guesses"], None, text_metrics=False).f1
+    clean_reference = reference if clean is out else controls.exposure_free_f1(prompts, clean["guesses"])
+    m.update(clean_f1.flat("bayes_positive_control_token_f1"))
+    m["bayes_positive_control_pass"] = bool(clean_f1.lo >= clean_reference + positive_margin)
+    m["bayes_verdict"] = controls.classify(f1.lo, f1.hi, reference, margin,
+                                           positive_passed=m["bayes_positive_control_pass"], negative_passed=True)
+    m["bayes_gate"] = m["bayes_verdict"] == controls.AT_CHANCE
     m["bayes_top1_chance"] = out["chance_top1"]
     m["bayes_sigma_mean"] = out["sigma_mean"]
     for point in out["k_curve"]:
@@ -218,4 +264,5 @@ def _bayes_metrics(out: dict, prompts: list[list[int]], floor: float, margin: fl
         m[f"bayes_top1_k{k}_ci_hi"] = point["top1_ci_hi"]
         if "top1_predicted" in point:
             m[f"bayes_top1_k{k}_predicted"] = point["top1_predicted"]
+    m["bayes_leak_k"] = controls.repeat_leak_k({**m, "gate_margin_pp": margin})
     return m

@@ -102,7 +102,8 @@ def dp_epsilon(mu: float, delta: float = DEFAULT_DELTA) -> float:
 
 def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: Sequence[int], n_layers: int,
                     max_new_tokens: int, offload: Iterable[str] = ("qkv", "o", "gate_up", "lm_head"),
-                    sigma_scale: float = 1.0, delta: float = DEFAULT_DELTA) -> dict:
+                    sigma_scale: float = 1.0, delta: float = DEFAULT_DELTA,
+                    epsilon_lengths: Sequence[int] | None = None) -> dict:
     """Flat results.json metrics for one run: the worst case over the run's prompts and token positions.
 
     Keys (None for configurations without Gaussian masks):
@@ -117,7 +118,12 @@ def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: S
     lengths = [int(n) for n in prompt_lengths]
     if not lengths:
         raise ValueError("privacy_summary needs at least one prompt length")
-    eps = configurations.exposure_epsilons(configuration, epsilon, lengths, sigma_scale)
+    # ε per prompt from its n (EPN's 1/√n counts `epsilon_lengths`, default every token); the exposure count
+    # K(n) always counts the positions the model really runs.
+    eps_n = lengths if epsilon_lengths is None else [int(n) for n in epsilon_lengths]
+    if len(eps_n) != len(lengths):
+        raise ValueError("epsilon_lengths must give one n per prompt")
+    eps = configurations.exposure_epsilons(configuration, epsilon, eps_n, sigma_scale)
     out: dict = {"epsilon_nominal": None, "gdp_exposures_composed": None, "gdp_mu_composed": None,
                  "dp_epsilon_composed": None, "dp_delta": delta}
     counts = [exposure_count(n, 0, n_layers, max_new_tokens, offload).total for n in lengths]

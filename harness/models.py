@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from harness.errors import UserError
@@ -134,8 +135,11 @@ def _load_random(cfg: Mapping[str, Any], name: str, root: Path):
     }
     try:
         config = AutoConfig.for_model(architecture, **{**special, **hf_config, "vocab_size": vocab})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"model {name}: invalid hf_config for {architecture}: {e}") from e
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        # StrictDataclassError: transformers' typed config fields (e.g. hidden_size=abc); its text spans lines.
+        first = str(e).strip().splitlines()
+        raise UserError(f"model {name}: invalid hf_config for {architecture}: "
+                        f"{' '.join(line.strip() for line in first[:2]) if first else type(e).__name__}") from e
     # fork_rng: the same seed gives the same weights without resetting the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))

@@ -20,10 +20,13 @@ directories (the layout is documented there).
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -37,7 +40,9 @@ WANDB_MODES = ("offline", "online", "disabled")
 LOGGERS = ("none", "wandb")
 BANK_POLICIES = ("refill", "error")
 SENSITIVITY_RULES = ("paper", "per_head")
+SLALOM_SCALINGS = ("per_token", "per_op", "fixed")   # harness/split/mechanisms.py
 OFFLOADABLE = ("qkv", "o", "gate_up", "lm_head")
+EPN_N = ("text", "input_ids")
 
 
 @dataclass
@@ -123,6 +128,7 @@ class EngineConfig:
     tee_threads: Optional[int] = MISSING
     allow_cpu_fallback: bool = MISSING
     slalom_frac_bits: int = MISSING
+    slalom_scaling: str = MISSING          # SLALOM_SCALINGS
     sigma_scale: float = MISSING
     sensitivity_rule: str = MISSING
 
@@ -216,7 +222,7 @@ class AttackBayesConfig:
 
 @dataclass
 class AttackControlsConfig:
-    gate_margin_pp: float = MISSING       # gate: upper 95% bound of token F1 <= chance floor + this
+    gate_margin_pp: float = MISSING       # verdict margin m: leak if ci_lo > floor + m; at chance if the interval lies within floor ± m
     positive_margin_pp: float = MISSING   # positive control: lower 95% bound of T3 token F1 >= floor + this
 
 
@@ -263,6 +269,8 @@ class SplitbenchConfig:
     experiment_name: str = MISSING
     seed: int = MISSING
     epsilon: float = MISSING
+    epn_n: str = MISSING                     # text | input_ids (EPN_N)
+    mask_seeds: Optional[List[int]] = MISSING
     baseline: str = MISSING
     generation: GenerationConfig = MISSING
     engine: EngineConfig = MISSING
@@ -299,6 +307,11 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
         raise UserError(f"configuration.name={cfg.configuration.name!r} is not one of {', '.join(names)}")
     if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise UserError(f"epsilon must be a finite number > 0, got {cfg.epsilon}")
+    if cfg.epn_n not in EPN_N:
+        raise UserError(f"epn_n={cfg.epn_n!r} is not one of {', '.join(EPN_N)}")
+    seeds = None if cfg.mask_seeds is None else list(cfg.mask_seeds)
+    if seeds is not None and (not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds)):
+        raise UserError(f"mask_seeds must be null or a non-empty list of distinct integers >= 0, got {seeds}")
     gen = cfg.generation
     if gen.max_new_tokens < 1:
         raise UserError(f"generation.max_new_tokens must be >= 1, got {gen.max_new_tokens}")
@@ -320,6 +333,9 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
     if cfg.logger.mode not in WANDB_MODES:
         raise UserError(f"logger.mode={cfg.logger.mode!r} is not one of {', '.join(WANDB_MODES)}")
     _check_model("model", cfg.model)
+    _check_unknown_keys(cfg, "")
+    _check_environment(cfg)
+    _check_input_files(cfg)
 
 
 def _check_model(key: str, model: DictConfig) -> None:
@@ -333,6 +349,66 @@ def _check_model(key: str, model: DictConfig) -> None:
         raise UserError(f"{key}.kind={model.kind!r} but model {model.name} is typed by "
                         f"{'no kind schema' if typed is None else f'the {typed} schema'}: its conf/model file's "
                         f"defaults must list /schema/model/{model.kind}@_here_")
+
+
+def _check_unknown_keys(node: DictConfig, key: str) -> None:
+    """No key past the schema. Hydra's append override (`+KEY=VALUE`) adds keys even to a typed node, so a
+    misspelt `+generation.max_new_token=5` would otherwise be ignored without a word."""
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and is_dataclass(schema)):
+        return  # a free-form mapping (model.hf_config): its keys are the model library's business
+    known = [f.name for f in fields(schema)]
+    unknown = sorted(set(map(str, node.keys())) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        where = key.rstrip(".") or "the top level"
+        hint = f"did you mean {key}{close[0]}?" if close else f"{where} has: {', '.join(known)}"
+        raise UserError(f"unknown option {key}{unknown[0]} (not in the schema; {hint})")
+    for name in known:
+        child = node[name]  # never missing here: validate refused missing values first
+        if isinstance(child, DictConfig):
+            _check_unknown_keys(child, f"{key}{name}.")
+
+
+# WANDB_MODE values wandb itself accepts (wandb.sdk.wandb_settings.Settings.mode); logger.mode is stricter.
+WANDB_ENV_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+
+
+def _check_environment(cfg: DictConfig) -> None:
+    """What the environment makes impossible, found before any work: a W&B mode wandb refuses, a cache
+    root that is a file. (A hub model that HF_HUB_OFFLINE=1 cannot load is harness.models' one-line error:
+    whether a config can run offline is not a property of the config.)"""
+    env_mode = os.environ.get("WANDB_MODE")
+    if cfg.logger.name == "wandb" and env_mode and env_mode not in WANDB_ENV_MODES:
+        raise UserError(f"the environment sets WANDB_MODE={env_mode!r}, which is not one of "
+                        f"{', '.join(WANDB_ENV_MODES)}; unset it (logger.mode then applies) or fix it")
+    cache = Path(str(cfg.paths.cache_dir)).expanduser()
+    blocker = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        given = f"paths.cache_dir={cfg.paths.cache_dir}"
+        if os.environ.get("SPLITBENCH_CACHE") == str(cfg.paths.cache_dir):
+            given += " (from $SPLITBENCH_CACHE)"
+        why = "is a file, not a directory" if blocker == cache else f"cannot be created: {blocker} is a file"
+        raise UserError(f"{given} {why}")
+
+
+def _check_input_files(cfg: DictConfig) -> None:
+    """The files the run reads, checked before any model loads: the workload's JSONL and, for the attack
+    runner, a text corpus (missing, a directory, not UTF-8, empty)."""
+    from harness.workloads import check_workload, read_text  # harness.workloads imports this module
+
+    check_workload(cfg.workload)
+    corpus = cfg.attack.corpus
+    if cfg.runner != "attack" or corpus.source != "text":
+        return
+    if not corpus.path:
+        raise UserError("attack.corpus.source=text needs attack.corpus.path=/path/to/file.txt")
+    from attacks.corpus import paragraphs
+
+    path = Path(str(corpus.path)).expanduser()
+    text, _ = read_text(path, "attack.corpus.path")
+    if not paragraphs(text):
+        raise UserError(f"attack.corpus.path={path} holds no text (only blank lines, '#' comments or headings)")
 
 
 FP_PRECISIONS = ("fp64", "fp32", "fp16", "bf16")
@@ -414,6 +490,8 @@ def _check_engine(engine: DictConfig) -> None:
         raise UserError(f"engine.tee_threads must be >= 1 or null, got {engine.tee_threads}")
     if not 1 <= engine.slalom_frac_bits <= 16:
         raise UserError(f"engine.slalom_frac_bits must be in [1, 16], got {engine.slalom_frac_bits}")
+    if engine.slalom_scaling not in SLALOM_SCALINGS:
+        raise UserError(f"engine.slalom_scaling={engine.slalom_scaling!r} is not one of {', '.join(SLALOM_SCALINGS)}")
     if not (math.isfinite(engine.sigma_scale) and engine.sigma_scale >= 0):
         raise UserError(f"engine.sigma_scale must be a finite number >= 0, got {engine.sigma_scale}")
     if engine.sensitivity_rule not in SENSITIVITY_RULES:

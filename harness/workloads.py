@@ -4,10 +4,16 @@ A workload turns instruction/context records into `Prompt`s for one tokenizer. S
 evaluates Dolly prompts of 100-250 tokens, counted over instruction + context; the length filter uses the
 model's own tokenizer on exactly the text the model is given (without the chat template), then a seeded
 sample picks `n_prompts`, so two runs with the same model, config and seed see the same prompts.
+
+A local file is JSON Lines in UTF-8 (a leading byte-order mark is accepted). Whatever makes it unusable
+(missing, a directory, not UTF-8, empty, a line that is not a JSON object, a record without an
+instruction) is a one-line UserError that `check_workload` finds before any model is loaded
+(harness.schema.validate calls it).
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -62,40 +68,39 @@ def format_prompt(instruction: str, context: str | None) -> str:
     return f"{instruction}\n\n{context}" if context else instruction
 
 
+@dataclass(frozen=True)
+class _Options:
+    name: str
+    source: str
+    path: Path | None
+    n: int | None
+    min_tokens: int | None
+    max_tokens: int | None
+    require_context: bool
+    use_chat_template: bool
+
+
+def check_workload(cfg: Any) -> None:
+    """Raise UserError (one line) for everything `load_workload` would refuse without a tokenizer: the
+    options and, with `path`, the file (missing, a directory, not UTF-8, empty, a line that is not a
+    JSON object, a record without an instruction). harness.schema.validate calls it, so a bad workload
+    fails before any model is loaded and leaves no files."""
+    opts = _options(cfg)
+    if opts.path is not None:
+        _read_jsonl(opts.path)
+
+
 def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Workload:
     """Load, length-filter and sample the prompts that `cfg` (a conf/workload entry, typed by
     harness.schema.WorkloadConfig, or a plain mapping) describes. A plain mapping may leave out the
     optional keys: no path, every prompt, 100-250 tokens (SpliTEE §7), context optional, chat template on."""
-    if isinstance(cfg, Mapping):
-        # A plain mapping has no schema (and `+workload.KEY=...` adds keys past it): refuse misspelt keys here.
-        unknown = sorted(set(map(str, cfg.keys())) - {f.name for f in fields(WorkloadConfig)})
-        if unknown:
-            raise UserError(f"unknown workload option(s) {', '.join(unknown)}; known: "
-                            f"{', '.join(f.name for f in fields(WorkloadConfig))}")
-    name = _opt(cfg, "name")
-    source = _opt(cfg, "source")
-    path = _opt(cfg, "path")
-    n = _opt(cfg, "n_prompts")
-    min_tokens = _opt(cfg, "min_tokens", 100)
-    max_tokens = _opt(cfg, "max_tokens", 250)
-    require_context = bool(_opt(cfg, "require_context", False))
-    use_chat_template = bool(_opt(cfg, "use_chat_template", True))
+    opts = _options(cfg)
+    name, source, n = opts.name, opts.source, opts.n
+    min_tokens, max_tokens, require_context = opts.min_tokens, opts.max_tokens, opts.require_context
+    use_chat_template = opts.use_chat_template
 
-    if name in (None, "???") or source in (None, "???"):
-        raise UserError("workload.name and workload.source must be set")
-    name = str(name)
-    if source not in SOURCES:
-        raise UserError(f"workload.source={source!r} is not one of {', '.join(SOURCES)}")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise UserError(f"workload.n_prompts={n!r} must be a positive integer or null (all)")
-    for key, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise UserError(f"workload.{key}={value!r} must be a non-negative integer or null")
-    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise UserError(f"workload.min_tokens={min_tokens} is larger than workload.max_tokens={max_tokens}")
-
-    if path is not None:
-        records, provenance = _read_jsonl(Path(str(path)).expanduser())
+    if opts.path is not None:
+        records, provenance = _read_jsonl(opts.path)
     elif source == "builtin":
         records, _ = _read_jsonl(BUILTIN_PATH)
         provenance = f"builtin:{BUILTIN_RELPATH} sha256={_sha256(BUILTIN_PATH)}"
@@ -127,6 +132,39 @@ def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Wo
     return Workload(name=name, prompts=prompts, source=provenance, chat_template=chat, filter=filt)
 
 
+def _options(cfg: Any) -> _Options:
+    if isinstance(cfg, Mapping):
+        # A plain mapping has no schema (and `+workload.KEY=...` adds keys past it): refuse misspelt keys here.
+        unknown = sorted(set(map(str, cfg.keys())) - {f.name for f in fields(WorkloadConfig)})
+        if unknown:
+            raise UserError(f"unknown workload option(s) {', '.join(unknown)}; known: "
+                            f"{', '.join(f.name for f in fields(WorkloadConfig))}")
+    name = _opt(cfg, "name")
+    source = _opt(cfg, "source")
+    path = _opt(cfg, "path")
+    n = _opt(cfg, "n_prompts")
+    min_tokens = _opt(cfg, "min_tokens", 100)
+    max_tokens = _opt(cfg, "max_tokens", 250)
+
+    if name in (None, "???") or source in (None, "???"):
+        raise UserError("workload.name and workload.source must be set")
+    if source not in SOURCES:
+        raise UserError(f"workload.source={source!r} is not one of {', '.join(SOURCES)}")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise UserError(f"workload.n_prompts={n!r} must be a positive integer or null (all)")
+    for key, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise UserError(f"workload.{key}={value!r} must be a non-negative integer or null")
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise UserError(f"workload.min_tokens={min_tokens} is larger than workload.max_tokens={max_tokens}")
+    if path is not None and not str(path).strip():
+        raise UserError("workload.path is empty; give a JSONL file, or null for the workload's own source")
+    return _Options(name=str(name), source=str(source), path=None if path is None else Path(str(path)).expanduser(),
+                    n=n, min_tokens=min_tokens, max_tokens=max_tokens,
+                    require_context=bool(_opt(cfg, "require_context", False)),
+                    use_chat_template=bool(_opt(cfg, "use_chat_template", True)))
+
+
 def _opt(cfg: Any, key: str, default: Any = None) -> Any:
     # A mapping (DictConfig, dict) or an object with the fields as attributes; a missing optional key takes
     # its default (load_workload).
@@ -155,37 +193,74 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _read_jsonl(path: Path) -> tuple[list[_Record], str]:
+def read_text(path: Path, key: str) -> tuple[str, bytes]:
+    """The text of a file the user names (`key`=path), decoded as UTF-8 with a leading byte-order mark
+    dropped (editors on Windows write one), and the raw bytes (for provenance hashes). Every way the
+    file can be unusable is a UserError of one line: missing, a directory, unreadable, not UTF-8 (with
+    the first offending byte and its offset)."""
+    if path.is_dir():
+        raise UserError(f"{key}={path} is a directory, not a file")
+    if not path.exists():
+        raise UserError(f"{key}={path} does not exist")
     if not path.is_file():
-        raise UserError(f"workload.path={path} does not exist or is not a file")
-    raw = path.read_bytes()
+        raise UserError(f"{key}={path} is not a regular file")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{key}={path} cannot be read ({e.strerror or type(e).__name__})") from e
+    skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        text = raw[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        offset = skip + e.start
+        raise UserError(f"{key}={path} is not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset})") from None
+    return text, raw
+
+
+def _read_jsonl(path: Path) -> tuple[list[_Record], str]:
+    where = f"workload.path={path}"
+    text, raw = read_text(path, "workload.path")
     rows = []
-    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"workload.path={path}: line {lineno} is not valid JSON ({e.msg})") from e
-        if not isinstance(rows[-1], dict):
-            raise UserError(f"workload.path={path}: line {lineno} is not a JSON object")
-    records = _to_records(rows, where=f"workload.path={path}", id_prefix=f"{path.stem}-")
+            raise UserError(f"{where}: line {lineno} is not valid JSON ({e.msg})") from e
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: line {lineno} is not a JSON object (got a JSON {_json_kind(row)})")
+        rows.append((f"line {lineno}", row))
+    if not rows:
+        raise UserError(f"{where} holds no records (one JSON object per line, with an 'instruction' field)")
+    records = _to_records(rows, where=where, id_prefix=f"{path.stem}-")
     return records, f"file:{path.resolve()} sha256={hashlib.sha256(raw).hexdigest()}"
 
 
-def _to_records(rows: Iterable[Mapping[str, Any]], where: str, id_prefix: str) -> list[_Record]:
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
+
+
+def _to_records(rows: Iterable[tuple[str, Mapping[str, Any]]], where: str, id_prefix: str) -> list[_Record]:
+    """Records of (label, row) pairs; the label ("line 3", "record 3") names a bad row in the error."""
     records, seen = [], set()
-    for i, row in enumerate(rows):
+    for i, (label, row) in enumerate(rows):
         instruction = row.get("instruction")
         if not isinstance(instruction, str) or not instruction.strip():
-            raise UserError(f"{where}: record {i} has no 'instruction' text")
+            raise UserError(f"{where}: {label} has no 'instruction' text")
         # `input` is the context field in the MiniLLM/Alpaca layout of Dolly.
         context = row.get("context", row.get("input")) or ""
-        rid = str(row["id"]) if row.get("id") is not None else f"{id_prefix}{i}"
+        if not isinstance(context, str):
+            raise UserError(f"{where}: {label} has a 'context' that is not text (a JSON {_json_kind(context)})")
+        rid = row.get("id")
+        if rid is not None and (not isinstance(rid, (str, int)) or isinstance(rid, bool)):
+            raise UserError(f"{where}: {label} has an 'id' that is neither text nor an integer")
+        rid = str(rid) if rid is not None else f"{id_prefix}{i}"
         if rid in seen:
-            raise UserError(f"{where}: duplicate prompt id {rid!r}")
+            raise UserError(f"{where}: {label}: duplicate prompt id {rid!r}")
         seen.add(rid)
-        records.append(_Record(id=rid, instruction=instruction, context=str(context)))
+        records.append(_Record(id=rid, instruction=instruction, context=context))
     return records
 
 
@@ -199,4 +274,5 @@ def _load_dolly_hub() -> list[_Record]:
             f"cannot load {DOLLY_HUB_ID} from the Hugging Face hub ({type(e).__name__}); offline, pass a local "
             "JSONL with instruction/context fields as workload.path=/path/to/dolly.jsonl") from e
     # Hub rows carry no id; `dolly-<row index>` matches the ids of the Dolly JSONL in ../shared/data.
-    return _to_records(ds, where=f"hub:{DOLLY_HUB_ID}", id_prefix="dolly-")
+    return _to_records(((f"record {i}", row) for i, row in enumerate(ds)), where=f"hub:{DOLLY_HUB_ID}",
+                       id_prefix="dolly-")

@@ -65,6 +65,12 @@ def resolve_model_dir(name: str, *, cache_dir: str | Path | None = None) -> Path
         return _mpnet_dir(cache_dir)
     path = Path(name).expanduser()
     if path.is_dir():
+        # sentence-transformers' own layout (modules.json), or a plain transformers encoder (config.json)
+        # that it wraps with mean pooling; anything else fails deep inside transformers.
+        if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
+            raise UserError(f"semantic_model={name} is a directory without a model in it (no modules.json "
+                            "or config.json); give a sentence-transformers model directory, "
+                            f"{MINILM} or {MPNET}")
         return path.resolve()
     raise UserError(
         f"unknown semantic model {name!r}: use {MINILM} ({_HINTS[MINILM]}), "

@@ -6,10 +6,11 @@ ep1 / epn) × a `component` (qkv, composite, lm_head, ...) at one configuration 
 - the learned inversion attack (attacks/inversion.py) on the evaluation prompts (the workload): token
   precision / recall / F1, exact match, BLEU, ROUGE-L, semantic similarity, each with a 95% interval;
 - the chance floor, the positive control (the same component's noise-free attacker on T3), the negative
-  control (the noise-free attacker trained on shuffled pairs, on T3) and the verdict `attack_gate`
-  (attacks/controls.py);
+  control (the noise-free attacker trained on shuffled pairs, on T3) and the verdict `attack_verdict`:
+  leak | at_chance | inconclusive (attacks/controls.py);
 - the Bayes-optimal token attacker on the layer-0 QKV exposure under the same configuration, with the
-  repeated-submission curve (attacks/bayes.py);
+  repeated-submission curve (attacks/bayes.py) and its own verdict `bayes_verdict`;
+- `verdict`: the worst of the two (leak > inconclusive > at_chance);
 - the privacy accounting of the configuration: nominal ε and the composed GDP / (ε, δ) bound
   (harness/accounting.py), for `generation.max_new_tokens` generated tokens.
 
@@ -64,7 +65,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     configuration = cfg.configuration.name
     epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
     suite.check_setting(configuration, a.setting)
-    semantic_model = common.load_semantic(cfg)
     threads = a.train.threads if a.train.threads is not None else cfg.engine.tee_threads
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -72,11 +72,14 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     inputs = common.load_inputs(cfg)
     victim = inputs.loaded
     decoder = load_model(a.decoder, cache_dir=cfg.paths.cache_dir) if a.decoder is not None else victim
+    suite.check_decoder(victim, decoder)
     if len(inputs.prompts) < 2:
         raise UserError("the attack needs at least 2 evaluation prompts (the chance floor compares pairs)")
+    semantic_model = common.load_semantic(cfg)
     attack = _plain(a)
     pipe = suite.pipeline(victim, decoder, inputs.prompts, attack, _plain(cfg.engine), seed=cfg.seed,
                           cache_dir=cfg.paths.cache_dir, workload=inputs.workload.name,
+                          eval_epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n),
                           victim_config=_plain(cfg.model),
                           decoder_config=attack["decoder"] if a.decoder is not None else _plain(cfg.model), log=_log)
     cell = suite.attack_cell(pipe, configuration, epsilon, attack, semantic_model=semantic_model)
@@ -84,7 +87,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     n_layers, offload = len(victim.model.model.layers), list(cfg.engine.offload)
     sigma_scale = float(cfg.engine.sigma_scale)
     acc = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts], n_layers,
-                                     cfg.generation.max_new_tokens, tuple(offload), sigma_scale)
+                                     cfg.generation.max_new_tokens, tuple(offload), sigma_scale,
+                                     epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
     metrics = cell.metrics(acc)
     results = {
         **common.results_header(cfg, "attack", inputs, generation=False),
@@ -112,8 +116,22 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
     return {
         "token_precision/recall/f1": "multiset token overlap of reconstruction and prompt, macro over prompts, t 95% CI",
         "chance_floor_token_f1": "mean token F1 over all pairs of distinct evaluation prompts (an unrelated prompt's score)",
-        "attack_gate": f"true when the controls passed and token_f1_ci_hi <= floor + {cfg.attack.controls.gate_margin_pp} pp",
-        "attack_verdict": "pass (at chance) | fail (reconstructs above chance) | invalid (a control failed)",
+        "attack_verdict": f"the learned attacker, with m = {cfg.attack.controls.gate_margin_pp} pp (gate_margin_pp) "
+                          "and its token F1 interval [lo, hi]: leak if lo > floor + m and the negative control "
+                          "passed; at_chance if floor - m <= lo and hi <= floor + m and both controls passed; else "
+                          "inconclusive (below the floor, an interval past floor ± m, or a failed control)",
+        "attack_gate": "true exactly when attack_verdict is at_chance",
+        "attack_valid": "both controls passed",
+        "attack_at_floor": "token_f1_ci_hi <= floor + m (one-sided; also true far below the floor)",
+        "bayes_verdict": "the Bayes attacker, by the same rule on bayes_token_f1 against bayes_token_f1_chance "
+                         "(its negative control holds by construction: nothing is trained); bayes_gate: it is "
+                         "at_chance",
+        "bayes_token_f1_chance": "token F1 of the Bayes attacker's guess for prompt j against prompt i != j, mean "
+                                 "over ordered pairs: what its guessing scores from the wrong exposures",
+        "bayes_positive_control_token_f1": "the Bayes attacker on unmasked (t3) exposures; _pass: lower CI bound >= "
+                                           "its own bayes_token_f1_chance there + positive_margin_pp",
+        "verdict": "the run's verdict: the worst (leak > inconclusive > at_chance) of attack_verdict and "
+                   "bayes_verdict; a configuration's is the worst over every run against it (the report)",
         "positive_control_token_f1": "the same component's noise-free attacker on unmasked (t3) exposures; must reach "
                                      f"floor + {cfg.attack.controls.positive_margin_pp} pp (lower CI bound)",
         "negative_control_token_f1": "that attacker trained on shuffled (exposure, prompt) pairs, on t3; must stay at or "
@@ -127,6 +145,9 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "bayes_top1_k{k}": "top-1 when the prompt is submitted k times and the k exposures averaged; _predicted: "
                            "simulated single exposures at sigma/sqrt(k)",
         "bayes_top1_chance": "top-1 of guesses independent of the truth with the same token distributions",
+        "bayes_leak_k": "the smallest k of the curve whose bayes_top1_k{k} lower CI bound exceeds bayes_top1_chance + "
+                        "margin (repeated submissions leak from there); null if none. Another threat model: not "
+                        "part of verdict",
         **accounting.METRIC_DEFINITIONS,
     }
 
@@ -146,12 +167,15 @@ def summary(results: dict[str, Any]) -> str:
     lines.append(f"  {'chance floor (token F1)':<28}{m['chance_floor_token_f1']:>8.2f}")
     ks = sorted(int(k[len("bayes_top1_k"):]) for k in m if k.startswith("bayes_top1_k") and k[12:].isdigit())
     if len(ks) > 1:
-        lines.append("  bayes top-1 vs k: " + ", ".join(f"k={k}: {m[f'bayes_top1_k{k}']:.1f}" for k in ks))
+        leak = m.get("bayes_leak_k")
+        lines.append("  bayes top-1 vs k: " + ", ".join(f"k={k}: {m[f'bayes_top1_k{k}']:.1f}" for k in ks)
+                     + (f" (repeated submissions leak from k={leak})" if leak else ""))
     if m.get("gdp_mu_composed") is not None:
         lines.append(f"  privacy: ε per token {m['epsilon_nominal']:.4g}; composed over {m['gdp_exposures_composed']} "
                      f"exposures μ = {m['gdp_mu_composed']:.4g} (GDP) ≈ ({m['dp_epsilon_composed']:.4g}, "
                      f"{m['dp_delta']:g})-DP")
-    lines.append(f"  verdict: {m['attack_verdict']} (attack_gate={m['attack_gate']})")
+    bayes = f", Bayes attacker {m['bayes_verdict']}" if m.get("bayes_verdict") else ""
+    lines.append(f"  verdict: {m['verdict']} (learned attacker {m['attack_verdict']}{bayes})")
     for note in results.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)

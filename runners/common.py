@@ -30,10 +30,19 @@ class Inputs:
         """Generated ids as text, special tokens dropped (what every text metric compares)."""
         return [self.loaded.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
 
-    def generate_kwargs(self, gen: Any) -> dict[str, Any]:
-        """Keyword arguments of generate_batches for the config's `generation` section."""
+    def epsilon_lengths(self, reading: str) -> list[int]:
+        """Each prompt's n for EPN's ε = 1/√n: `text`, the prompt's own text tokens (the paper's reading),
+        or `input_ids`, every token the model sees (chat template included); cfg.epn_n chooses."""
+        if reading == "text":
+            return [p.n_text_tokens for p in self.workload.prompts]
+        return [len(p) for p in self.prompts]
+
+    def generate_kwargs(self, cfg: DictConfig) -> dict[str, Any]:
+        """Keyword arguments of generate_batches: the config's `generation` section and EPN's n (epn_n)."""
+        gen = cfg.generation
         return dict(batch_size=gen.batch_size, max_new_tokens=gen.max_new_tokens, pad_token_id=self.pad,
-                    eos_token_id=self.eos, stop_at_eos=gen.stop_at_eos)
+                    eos_token_id=self.eos, stop_at_eos=gen.stop_at_eos,
+                    epsilon_lengths=self.epsilon_lengths(cfg.epn_n))
 
 
 def load_inputs(cfg: DictConfig) -> Inputs:
@@ -118,8 +127,14 @@ def resolve_baseline(choice: str) -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
-def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
-    """A SplitEngine for `configuration` from cfg.engine (a `_target_` node for EngineSettings)."""
+def mask_seeds(cfg: DictConfig) -> list[int]:
+    """The mask replicates of a run: cfg.mask_seeds, or the run's seed alone (null)."""
+    return [int(cfg.seed)] if cfg.mask_seeds is None else [int(s) for s in cfg.mask_seeds]
+
+
+def make_engine(cfg: DictConfig, configuration: str, model: Any, *, seed: int | None = None) -> Any:
+    """A SplitEngine for `configuration` from cfg.engine (a `_target_` node for EngineSettings); `seed`
+    seeds its masks (default: the run's seed)."""
     from hydra.utils import instantiate
 
     from harness.split.engine import SplitEngine
@@ -128,7 +143,7 @@ def make_engine(cfg: DictConfig, configuration: str, model: Any) -> Any:
         cfg.engine,
         configuration=configuration,
         epsilon=configurations.effective_epsilon(configuration, cfg.epsilon),
-        seed=cfg.seed,
+        seed=cfg.seed if seed is None else seed,
         _convert_="all",  # plain lists, not ListConfig, inside the settings
     )
     settings.offload = tuple(settings.offload)
@@ -145,6 +160,7 @@ class BatchedGeneration:
     bank: dict[str, Any] = field(default_factory=dict)
     epsilons: list[float | None] = field(default_factory=list)
     n_generated_tokens: int = 0
+    slalom: dict[str, Any] | None = None  # Slalom's wrap-arounds per op, summed over batches (None: not slalom)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -157,15 +173,20 @@ class BatchedGeneration:
 
 
 def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
-                     pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str) -> BatchedGeneration:
+                     pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str,
+                     epsilon_lengths: Sequence[int] | None = None) -> BatchedGeneration:
     from tqdm.auto import tqdm
+
+    from harness.split.mechanisms import merge_slalom_stats
 
     out = BatchedGeneration()
     starts = range(0, len(prompts), batch_size)
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None):
         batch = [list(p) for p in prompts[start:start + batch_size]]
         res = engine.generate(batch, max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-                              stop_at_eos=stop_at_eos)
+                              stop_at_eos=stop_at_eos,
+                              epsilon_lengths=None if epsilon_lengths is None
+                              else list(epsilon_lengths[start:start + batch_size]))
         out.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
         for key, value in res.timings.items():
             out.timings[key] = out.timings.get(key, 0.0) + float(value)
@@ -174,6 +195,7 @@ def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_siz
         out.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
         out.epsilons.extend(getattr(res, "epsilons", None) or [None] * len(batch))
         out.n_generated_tokens += int(res.n_generated_tokens)
+        out.slalom = merge_slalom_stats(out.slalom, getattr(res, "slalom", None))
     return out
 
 

@@ -48,7 +48,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                         f"configuration={configuration} has none")
     semantic_model = load_semantic(cfg)
     inputs = load_inputs(cfg)
-    generate = inputs.generate_kwargs(cfg.generation)
+    generate = inputs.generate_kwargs(cfg)
 
     started = time.perf_counter()
     reference_engine = make_engine(cfg, "t3", inputs.loaded.model)

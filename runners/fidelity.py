@@ -18,13 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import accounting, configurations, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
+from metrics.replicates import pool as replicates_pool
 from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
-                            load_semantic, make_engine, metric_lines, resolve_baseline, results_header,
+                            load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
                             workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
                   "rouge_l", "semantic_similarity", "first_divergence")
+# The headline metrics: the terminal table, and those whose spread across mask seeds is reported.
+SUMMARY_METRICS = ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity")
 NO_CUDA_BASELINE = "no CUDA on this machine: the baseline is the cpu configuration, not gpu"
 NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
@@ -39,41 +42,47 @@ describe_skip = epsilon_ignored_note
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
-    from metrics.text import compare_generations
-
     configuration = cfg.configuration.name
-    semantic_model = load_semantic(cfg)  # before any work: a missing model is a user error
     inputs = load_inputs(cfg)
-    generate = inputs.generate_kwargs(cfg.generation)
+    semantic_model = load_semantic(cfg)  # before generating: a missing similarity model is a user error
+    generate = inputs.generate_kwargs(cfg)
 
     baseline = resolve_baseline(cfg.baseline)
     base = _baseline(cfg, inputs, baseline, generate)
-    engine = make_engine(cfg, configuration, inputs.loaded.model)
-    test = generate_batches(engine, inputs.prompts, desc=configuration, **generate)
+    base_texts = inputs.decode_all(base["output_ids"])
+    seeds = mask_seeds(cfg)
+    replicates = [_replicate(cfg, inputs, seed, generate, base, base_texts, semantic_model) for seed in seeds]
+    engine, test, test_texts, scores = replicates[0]  # the first mask seed's record: samples, view, timings
     test_engine = engine.describe()
 
-    base_texts, test_texts = inputs.decode_all(base["output_ids"]), inputs.decode_all(test.output_ids)
-    scores = compare_generations(base_texts, test_texts, base["output_ids"], test.output_ids,
-                                 semantic_model=semantic_model)
     epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
+    per_seed = [_metrics(cfg, inputs, r[3].summary(), r[1], base) for r in replicates]
     notes = [note for note, applies in ((NO_CUDA_BASELINE, baseline == "cpu" and cfg.baseline == "auto"),
                                         (NO_CUDA_DEVICE, test_engine.get("accelerator_is_cpu_fallback"))) if applies]
+    epsilon_n = _epsilon_n(cfg, inputs)
     samples = [{"id": prompt.id, "prompt": prompt.text, "n_prompt_tokens": len(prompt.input_ids),
                 "epsilon": test.epsilons[i] if i < len(test.epsilons) else epsilon,
+                **({} if epsilon_n is None else {"epsilon_n_tokens": epsilon_n["n"][i]}),
                 "baseline_ids": base["output_ids"][i], "output_ids": test.output_ids[i],
-                "baseline_text": base_texts[i], "output_text": test_texts[i], **scores.rows[i]}
+                "baseline_text": base_texts[i], "output_text": test_texts[i], **scores.rows[i],
+                **({} if len(seeds) == 1 else {"output_ids_by_mask_seed": {str(seed): r[1].output_ids[i]
+                                                                          for seed, r in zip(seeds, replicates)}})}
                for i, prompt in enumerate(inputs.workload.prompts)]
     results = {
         **results_header(cfg, "fidelity", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
+        "epsilon_n": epsilon_n and epsilon_n["reading"],
         "baseline": baseline,
-        "metrics": _metrics(cfg, inputs, scores.summary(), test, base),
+        "mask_seeds": seeds,
+        "metrics": replicates_pool(per_seed, spread=SUMMARY_METRICS),
+        "per_mask_seed": None if len(seeds) == 1 else [{"mask_seed": s, "metrics": m} for s, m in zip(seeds, per_seed)],
         "metric_definitions": _definitions(cfg),
         "semantic_model": cfg.semantic_model,
         "timings": {"test": test.timings, "baseline": base["timings"], "test_per_prompt": test.per_prompt()},
         "boundary": test.boundary,
         "bank": test.bank,
+        "slalom": test.slalom,  # the first mask seed's (Slalom's products do not depend on its masks)
         "tokens_per_second": test.tokens_per_second,
         "notes": notes,
     }
@@ -82,6 +91,25 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                   provenance_extra={"baseline_cache": base["cache"], "bleu_signature": results["metrics"].get("bleu_signature")},
                   side_files={"sensitivity.json": engine.sensitivity_table()},
                   before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS)
+
+
+def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, Any], base: dict[str, Any],
+               base_texts: list[str], semantic_model: Any) -> tuple[Any, BatchedGeneration, list[str], Any]:
+    """The test configuration under one mask seed, scored against the baseline."""
+    from metrics.text import compare_generations
+
+    engine = make_engine(cfg, cfg.configuration.name, inputs.loaded.model, seed=seed)
+    test = generate_batches(engine, inputs.prompts, desc=f"{cfg.configuration.name} mask seed {seed}", **generate)
+    texts = inputs.decode_all(test.output_ids)
+    scores = compare_generations(base_texts, texts, base["output_ids"], test.output_ids, semantic_model=semantic_model)
+    return engine, test, texts, scores
+
+
+def _epsilon_n(cfg: DictConfig, inputs: Inputs) -> dict[str, Any] | None:
+    """Which n EPN's ε = 1/√n counted (cfg.epn_n) and each prompt's n; None for other configurations."""
+    if configurations.get(cfg.configuration.name).epsilon_rule != configurations.INVERSE_SQRT_N:
+        return None
+    return {"reading": cfg.epn_n, "n": inputs.epsilon_lengths(cfg.epn_n)}
 
 
 def _metrics(cfg: DictConfig, inputs: Inputs, metrics: dict[str, Any], test: BatchedGeneration,
@@ -95,7 +123,9 @@ def _metrics(cfg: DictConfig, inputs: Inputs, metrics: dict[str, Any], test: Bat
     metrics.update(accounting.privacy_summary(configuration, configurations.effective_epsilon(configuration, cfg.epsilon),
                                               [len(p) for p in inputs.prompts], len(inputs.loaded.model.model.layers),
                                               cfg.generation.max_new_tokens, tuple(cfg.engine.offload),
-                                              cfg.engine.sigma_scale))
+                                              cfg.engine.sigma_scale,
+                                              epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n)))
+    metrics["slalom_wraps"] = test.slalom["wraps"] if test.slalom else None
     metrics["seconds_per_prompt"] = test.per_prompt().get("total")
     metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(inputs.prompts))
     return metrics
@@ -111,6 +141,15 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), t 95% CI",
         "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
         "epsilon_mean": "mean per-token epsilon the configuration ran under (None: no noise)",
+        "slalom_wraps": "slalom only: outputs whose integer product |W_q x_q| passed (q-1)/2, so that the centred "
+                        "residue was wrong, counted exactly over the run (None: not slalom); results.json `slalom` "
+                        "has them per op instance and type with the input bits each op ran with "
+                        "(harness/split/mechanisms.py)",
+        "mask seeds": "with several mask_seeds every metric is the mean over seeds (a _ci_lo/_ci_hi the mean of the "
+                      "per-seed 95% intervals over prompts) and <metric>_seed_sd/_seed_min/_seed_max its spread "
+                      "across seeds; per_mask_seed holds each seed's metrics (metrics/replicates.py)",
+        "epsilon_n": "EPN only: which n its epsilon = 1/sqrt(n) counts (text: the prompt's own text tokens; input_ids: "
+                     "every token the model sees); samples carry each prompt's epsilon_n_tokens",
     }
 
 
@@ -167,7 +206,7 @@ def summary_text(results: dict[str, Any]) -> str:
     head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
             f"{'' if eps is None else f' (ε={eps:g})'} vs {results['baseline']} · {results['n_prompts']} prompts · "
             f"{results['generation']['max_new_tokens']} new tokens")
-    lines = [head, *metric_lines(m, ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"),
+    lines = [head, *metric_lines(m, SUMMARY_METRICS,
                                  width=22)]
     if m.get("mean_first_divergence") is not None:
         lines.append(f"  {'mean_first_divergence':<22}{m['mean_first_divergence']:>8.1f}   (over diverging prompts)")

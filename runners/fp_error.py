@@ -65,7 +65,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         loaded.model, inputs.prompts, cache_dir=cfg.paths.cache_dir, identity=_capture_identity(cfg, inputs),
         new_tokens=int(fp.capture_new_tokens), batch_size=int(fp.capture_batch_size),
         vectors_per_prompt=int(fp.vectors_per_prompt), seed=int(cfg.seed), pad_token_id=inputs.pad,
-        include_down=bool(fp.include_down), threads=cfg.engine.tee_threads)
+        include_down=bool(fp.include_down), threads=cfg.engine.tee_threads,
+        epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
     capture_s = time.perf_counter() - started
 
     precisions, kernels = list(fp.precisions), list(fp.kernels)
@@ -79,7 +80,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     study_s = time.perf_counter() - started
 
     table = summary.summary_table(found.stats, list(dict.fromkeys(precisions + down_precisions)), kernels)
-    epsilons = configurations.mask_epsilons(configuration, epsilon, [len(p) for p in inputs.prompts])
+    epsilons = configurations.mask_epsilons(configuration, epsilon, inputs.epsilon_lengths(cfg.epn_n))
     metrics = {**summary.flat_metrics(table, precisions[0], kernels[0]),
                # the mean per-row ε (exactly the knob where every row has it); None without noise
                "epsilon_mean": statistics.mean(epsilons) if epsilons and epsilons[0] is not None else None,

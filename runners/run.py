@@ -183,6 +183,15 @@ def main() -> None:
             traceback.print_exc()
         _say(f"error: {render_error(exc)}", err=True)
         sys.exit(2)
+    except OSError as exc:
+        # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
+        # the user may not write) fails there. The same error from inside our run_job is a job's failure.
+        if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
+            raise
+        if user_full_error:
+            traceback.print_exc()
+        _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def _time_configuration(cfg: DictConfig, inputs: Inputs, engine: Any, configurat
     for limit in limits:
         res = generate_batches(engine, prompts, batch_size=gen.batch_size, max_new_tokens=limit,
                                pad_token_id=inputs.pad, eos_token_id=inputs.eos, stop_at_eos=gen.stop_at_eos,
-                               desc=f"{configuration} {limit} tokens")
+                               desc=f"{configuration} {limit} tokens",
+                               epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
         per_prompt = res.per_prompt()
         rows.append({
             "configuration": configuration,
@@ -112,6 +113,7 @@ def _time_configuration(cfg: DictConfig, inputs: Inputs, engine: Any, configurat
             "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
             "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
             "bank": res.bank,
+            "slalom": res.slalom,  # slalom: wrap-arounds per op and the input bits it ran with; else None
             "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
             "device": description.get("accelerator") or "cpu",
             "device_is_cpu_fallback": bool(description.get("accelerator_is_cpu_fallback")),

@@ -71,7 +71,8 @@ def _share_tokenizer_cache(cache: Path) -> None:
 
     shared = cache_root() / "tokenizers"
     link = cache / "tokenizers"
-    if link.exists() or link.is_symlink() or Path(cache).resolve() == cache_root().resolve():
+    if (cache.exists() and not cache.is_dir()) or link.exists() or link.is_symlink() \
+            or Path(cache).resolve() == cache_root().resolve():
         return
     shared.mkdir(parents=True, exist_ok=True)
     link.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from omegaconf import OmegaConf
+from scipy.optimize import brentq
 from scipy.stats import norm
 
 from harness import accounting
@@ -77,7 +78,11 @@ def test_composition_and_summary():
     s = privacy_summary("ep1", 0.5, [3, 2], 2, 2)
     assert s["gdp_exposures_composed"] == k and s["epsilon_nominal"] == 0.5
     assert s["gdp_mu_composed"] == pytest.approx(0.5 * math.sqrt(k))
-    assert s["dp_epsilon_composed"] == pytest.approx(dp_epsilon(0.5 * math.sqrt(k), 1e-5))
+    assert s["dp_epsilon_composed"] == pytest.approx(_analytic_gaussian_epsilon(0.5 * math.sqrt(k), 1e-5), rel=1e-7)
+    # The run's δ reaches the conversion (not the default 1e-5).
+    s = privacy_summary("ep1", 0.5, [3, 2], 2, 2, delta=1e-3)
+    assert s["dp_delta"] == 1e-3
+    assert s["dp_epsilon_composed"] == pytest.approx(_analytic_gaussian_epsilon(0.5 * math.sqrt(k), 1e-3), rel=1e-7)
     # EPN: ε = 1/√n per prompt, so μ = √(K(n)/n); the worst prompt is reported.
     s = privacy_summary("epn", None, [3, 2], 2, 2)
     worst = max(math.sqrt(exposure_count(n, 0, 2, 2).total / n) for n in (3, 2))
@@ -92,11 +97,41 @@ def test_composition_and_summary():
 
 
 def _gdp_delta(eps: float, mu: float) -> float:
-    """δ(ε) of μ-GDP (Dong, Roth & Su 2022, Corollary 2.13)."""
-    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+    """δ(ε) of μ-GDP (Dong, Roth & Su 2022, Corollary 2.13), which is the analytic δ(ε) of the Gaussian
+    mechanism with sensitivity/σ = μ (Balle & Wang 2018, Theorem 8): Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2).
+    The second term in log space, so that e^ε cannot overflow for large μ."""
+    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2))
 
 
-@pytest.mark.parametrize("mu", [0.5, 1.0, 3.0, 10.0])
+def _analytic_gaussian_epsilon(mu: float, delta: float) -> float:
+    """The smallest ε with δ(ε) ≤ delta, solved here with scipy (δ(ε) decreases in ε): an independent
+    computation of what dp_epsilon returns."""
+    if _gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    high = 1.0
+    while _gdp_delta(high, mu) > delta:
+        high *= 2
+    return brentq(lambda e: _gdp_delta(e, mu) - delta, 0.0, high, xtol=1e-14, rtol=1e-14)
+
+
+# dp_accounting warns of a log(0) inside its search at μ = 1e-6, δ = 1e-8 (harmless: its ε still agrees).
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log1p:RuntimeWarning")
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])
+@pytest.mark.parametrize("mu", [1e-6, 0.1, 0.5, 1.0, 3.0, 10.0, 20.0])
+def test_dp_epsilon_matches_the_analytic_gaussian_mechanism(mu, delta):
+    want = _analytic_gaussian_epsilon(mu, delta)
+    assert dp_epsilon(mu, delta) == pytest.approx(want, rel=1e-7, abs=1e-12), (mu, delta)
+
+
+def test_analytic_gaussian_epsilon_reproduces_published_values():
+    """The independent solver itself, against numbers it did not produce: μ = 1e-6 is (0, 1e-5)-DP (δ(0) =
+    2Φ(μ/2) − 1 ≈ 4·10⁻⁷), and 1-GDP at δ = 1e-5 is ε = 4.3772 (Balle & Wang 2018's calibration)."""
+    assert _analytic_gaussian_epsilon(1e-6, 1e-5) == 0.0
+    assert _analytic_gaussian_epsilon(1.0, 1e-5) == pytest.approx(4.3772, abs=1e-3)
+    assert _gdp_delta(_analytic_gaussian_epsilon(3.0, 1e-8), 3.0) == pytest.approx(1e-8, rel=1e-6)
+
+
+@pytest.mark.parametrize("mu", [0.5, 1.0, 3.0])
 def test_dp_conversion_is_tight(mu):
     eps = dp_epsilon(mu, 1e-5)
     # The returned ε is exactly where μ-GDP's privacy profile crosses δ = 1e-5 ...

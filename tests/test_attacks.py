@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -222,14 +223,92 @@ def test_checkpoint_is_reused(pipe):
     examples = [Example(f, list(p), i, 0) for i, (f, p) in
                 enumerate(zip(pipe.eval_capture("t3", None, "qkv", 0).features, pipe.eval_prompts))][:2]
     assert inv1.generate(examples) == inv2.generate(examples)
-    # A different training configuration is a different attacker.
-    assert pipe._key("inverter", x=1) != pipe._key("inverter", x=2)
+    # A setting that changes the attacker is not served the cached one.
+    short = replace(pipe, train_settings=replace(SETTINGS, max_steps=3))
+    inv3, rec3 = short.attacker("t3", None, "qkv", 0)
+    assert not rec3["cache_hit"] and rec3["key"] != rec1["key"] and rec3["training"]["steps"] == 3
+    assert any(not torch.equal(a, b) for a, b in zip(_tensors(inv1.state()), _tensors(inv3.state())))
+
+
+def _tensors(state):
+    """Every tensor of a nested state dict, in a fixed order."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for k in sorted(state) for t in _tensors(state[k])]
+    return []
+
+
+def _changed(value):
+    """Another value of the same kind (validity does not matter: only the cache key is computed)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 + 1
+    if value is None:
+        return 7
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, tuple):
+        return value[:-1]
+    if isinstance(value, dict):
+        return {**value, "other": 1}
+    if isinstance(value, list):
+        return [*value, [1]]
+    raise AssertionError(f"no changed value for {value!r}")
+
+
+# Pipeline fields that change no result, and why. Every other field must change the cache keys below.
+NOT_IN_KEYS = {
+    "store": "where the cache lives", "log": "progress messages", "timings": "measured", "cache_events": "measured",
+    "workload": "the evaluation prompts' name, in the captures' meta only (the prompts' ids are keyed)",
+    "corpus": "built from corpus_record (keyed) and the victim's tokenizer (keyed with the victim)",
+    "train_settings": "field by field below",
+}
+INVERTER_ONLY = {"decoder", "decoder_config", "corpus_record"}     # the evaluation capture does not use them
+CAPTURE_ONLY = {"eval_prompts", "eval_epsilon_lengths"}             # the attacker is trained on the corpus
+NOT_IN_INVERTER_KEY = {"gen_batch_size": "reconstruction only (keyed there)"}   # TrainSettings
+
+
+def test_cache_keys_hold_every_field_that_changes_a_result(pipe):
+    """Each Pipeline and TrainSettings field changes the key of the inverter and of the evaluation capture
+    (or the one of them it feeds), or is listed above with a reason: a field added later that the keys
+    ignore fails here instead of serving a stale attacker or capture from the cache."""
+    from dataclasses import fields
+
+    def keys(p, *axes, shuffled=False):
+        axes = axes or ("ep1", 3.0, "qkv", 0)
+        return p.inverter_key(*axes, shuffled=shuffled), p.eval_capture_key(*axes)
+
+    inverter, capture = keys(pipe)
+    for f in fields(TrainSettings):
+        variant = replace(pipe, train_settings=replace(SETTINGS, **{f.name: _changed(getattr(SETTINGS, f.name))}))
+        assert (keys(variant)[0] == inverter) == (f.name in NOT_IN_INVERTER_KEY), f.name
+    wrong = []
+    for f in fields(Pipeline):
+        if f.name in NOT_IN_KEYS:
+            continue
+        value = getattr(pipe, f.name)
+        if f.name in ("victim", "decoder"):
+            changed = replace(value, name=value.name + "-other")
+        elif f.name == "eval_prompts":
+            changed = [p[:-1] for p in value]
+        else:
+            changed = _changed(value)
+        got = keys(replace(pipe, **{f.name: changed}))
+        want = (f.name not in CAPTURE_ONLY, f.name not in INVERTER_ONLY)      # (inverter, capture) change
+        if (got[0] != inverter, got[1] != capture) != want:
+            wrong.append(f.name)
+    assert not wrong, f"cache keys ignore (or wrongly hold) {wrong}: key them, or classify them above"
+    # The capture's own axes (configuration, ε, component, layer) and the shuffled control.
+    variants = [keys(pipe, *axes) for axes in [("epn", None, "qkv", 0), ("ep1", 4.0, "qkv", 0),
+                                               ("ep1", 3.0, "composite", 0), ("ep1", 3.0, "qkv", 1)]]
+    assert all(v[0] != inverter and v[1] != capture for v in variants) and len(set(variants)) == 4
+    assert keys(pipe, shuffled=True) == (keys(pipe, shuffled=True)[0], capture) != (inverter, capture)
 
 
 def test_prefix_layout_and_lm_head_run(tied, prompts, tmp_path):
     """The GEIA prefix layout and the LM-head component (one exposed row per prompt) train and decode."""
-    from dataclasses import replace
-
     corpus = load_corpus({"source": "builtin", "n_train": 20, "n_val": 4, "min_tokens": 16, "max_tokens": 24},
                          tied.tokenizer, seed=0)
     pipe = Pipeline(victim=tied, decoder=tied, eval_prompts=prompts[:3], corpus=corpus, corpus_record={"t": 1},
@@ -247,20 +326,72 @@ def test_prefix_layout_and_lm_head_run(tied, prompts, tmp_path):
 
 
 def test_verdicts():
+    """The three-way rule of attacks/controls.py at floor 20, margin 1: each branch, and its edges."""
     floor = 20.0
     est = lambda m, lo, hi: Estimate(m, lo, hi, 10)  # noqa: E731
     good_pos = controls.positive_control(est(80, 75, 85), floor, 10.0)
     good_neg = controls.negative_control(est(19, 17, 20.5), floor, 1.0)
-    assert good_pos.passed and good_neg.passed
-    assert controls.verdict(est(20, 18, 21.0), floor, 1.0, good_pos, good_neg)["attack_verdict"] == "pass"
-    v = controls.verdict(est(25, 21.5, 28), floor, 1.0, good_pos, good_neg)
-    assert (v["attack_verdict"], v["attack_gate"]) == ("fail", False)
     bad_pos = controls.positive_control(est(35, 29, 41), floor, 10.0)      # lower bound 29 < 30
-    v = controls.verdict(est(20, 18, 21.0), floor, 1.0, bad_pos, good_neg)
-    assert (v["attack_verdict"], v["attack_gate"], v["attack_valid"]) == ("invalid", False, False)
-    bad_neg = controls.negative_control(est(24, 22, 26), floor, 1.0)
-    assert controls.verdict(est(20, 18, 21.0), floor, 1.0, good_pos, bad_neg)["attack_verdict"] == "invalid"
-    assert controls.verdict(est(20, 18, 21.0), floor, 1.0, None, None)["attack_verdict"] == "invalid"
+    bad_neg = controls.negative_control(est(24, 22, 26), floor, 1.0)       # upper bound 26 > 21
+    assert good_pos.passed and good_neg.passed and not bad_pos.passed and not bad_neg.passed
+
+    def v(lo, hi, pos=good_pos, neg=good_neg):
+        out = controls.verdict(est((lo + hi) / 2, lo, hi), floor, 1.0, pos, neg)
+        assert out["attack_gate"] == (out["attack_verdict"] == "at_chance")
+        return out["attack_verdict"]
+
+    assert v(19.2, 20.8) == v(19.0, 21.0) == "at_chance"          # within floor ± margin, edges included
+    assert v(21.01, 30) == v(40, 60) == "leak"                     # lower bound above floor + margin
+    assert v(0.09, 0.47) == v(12.2, 16.3) == "inconclusive"        # far below the floor: the attacker failed
+    assert v(18.9, 20.5) == "inconclusive"                         # reaches below floor - margin
+    assert v(19.5, 21.5) == v(20.5, 23) == "inconclusive"          # reaches past floor + margin, not above it
+    # A failed control: never at chance; a leak stays a leak unless the pipeline leaks without exposures.
+    assert v(19.5, 20.5, pos=bad_pos) == v(19.5, 20.5, neg=bad_neg) == v(19.5, 20.5, None, None) == "inconclusive"
+    assert v(40, 60, pos=bad_pos) == "leak" and v(40, 60, neg=bad_neg) == v(40, 60, None, None) == "inconclusive"
+    out = controls.verdict(est(20, 19.5, 20.5), floor, 1.0, bad_pos, good_neg)
+    assert (out["attack_valid"], out["attack_at_floor"], out["attack_gate"]) == (False, True, False)
+    # The worst over attackers: leak > inconclusive > at_chance.
+    assert controls.worst(["at_chance", "inconclusive", "at_chance"]) == "inconclusive"
+    assert controls.worst(["inconclusive", "leak", None]) == "leak" and controls.worst([None]) is None
+    with pytest.raises(ValueError):
+        controls.worst(["pass"])
+
+
+def test_old_verdicts_are_rederived():
+    """A results.json from the two-way gate: its below-floor "pass" reads inconclusive, from the stored
+    interval; without the interval pass | fail | invalid map to at_chance | leak | inconclusive."""
+    old = {"attack_verdict": "pass", "token_f1_ci_lo": 12.15, "token_f1_ci_hi": 16.29, "chance_floor_token_f1": 23.84,
+           "gate_margin_pp": 1.0, "positive_control_pass": True, "negative_control_pass": True,
+           "bayes_top1_ci_lo": 100.0, "bayes_top1_chance": 0.01}
+    assert controls.recompute(old) == "inconclusive" and controls.recompute_bayes(old) == "leak"
+    assert controls.recompute({**old, "token_f1_ci_lo": 23.0, "token_f1_ci_hi": 24.5}) == "at_chance"
+    assert [controls.recompute({"attack_verdict": x}) for x in ("pass", "fail", "invalid")] == \
+        ["at_chance", "leak", "inconclusive"]
+    assert controls.recompute_bayes({"attack_verdict": "pass"}) is None and controls.recompute({}) is None
+    assert controls.recompute_bayes({**old, "bayes_top1_ci_lo": 0.5}) == "inconclusive"    # no Bayes control then
+    assert controls.recompute({**old, "attack_verdict": "leak"}) == "leak"                 # new results: as stored
+
+
+def test_repeat_leak_k():
+    """The first k of the curve whose top-1 lower bound clears truth-independent guessing + the margin."""
+    m = {"bayes_top1_chance": 0.5, "gate_margin_pp": 1.0, "bayes_top1_k2_ci_lo": 1.4, "bayes_top1_k16_ci_lo": 30.0,
+         "bayes_top1_k4_ci_lo": 1.6, "bayes_top1_k4": 3.0, "bayes_top1_k4_predicted": 3.1}
+    assert controls.repeat_leak_k(m) == 4
+    assert controls.repeat_leak_k({**m, "bayes_top1_k4_ci_lo": 1.5}) == 16      # 1.5 is not above 0.5 + 1
+    assert controls.repeat_leak_k({**m, "bayes_top1_k16_ci_lo": 1.0, "bayes_top1_k4_ci_lo": 1.0}) is None
+    assert controls.repeat_leak_k({"bayes_top1_k4_ci_lo": 50.0}) is None          # no Bayes chance: no claim
+
+
+def test_exposure_free_reference():
+    """The Bayes attacker's reference: its guesses scored against the other prompts. For guesses equal to
+    the prompts it is the chance floor; for guesses sharing no token with any prompt it is 0."""
+    prompts = [[1, 2, 3, 4], [1, 5, 6, 7], [2, 5, 8, 9]]          # every pair shares one token of four: F1 25
+    assert controls.exposure_free_f1(prompts, prompts) == pytest.approx(25.0) == pytest.approx(controls.floor(prompts))
+    assert controls.exposure_free_f1(prompts, [[99] * 4] * 3) == 0.0
+    # Every guess is prompt 0: against prompt 0 (two pairs) F1 100, against prompts 1 and 2 (two each) 25.
+    assert controls.exposure_free_f1(prompts, [[1, 2, 3, 4]] * 3) == pytest.approx(50.0)
+    # Not symmetric in the pairing: the right guess for prompt 0 does not count for prompt 0.
+    assert controls.exposure_free_f1(prompts, [[1, 2, 3, 4], [99] * 4, [99] * 4]) == pytest.approx((25 + 25) / 6)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,7 +442,9 @@ def test_shuffled_pairs_are_a_derangement():
 # The CLI
 # ---------------------------------------------------------------------------------------------------
 
-KEYS = ("chance_floor_token_f1", "attack_gate", "attack_verdict", "token_precision", "token_recall", "token_f1",
+KEYS = ("chance_floor_token_f1", "attack_gate", "attack_verdict", "bayes_verdict", "bayes_gate", "verdict",
+        "bayes_token_f1_chance", "bayes_positive_control_token_f1", "bayes_positive_control_pass", "bayes_leak_k",
+        "token_precision", "token_recall", "token_f1",
         "token_f1_ci_lo", "token_f1_ci_hi", "exact_match", "bleu", "rouge_l", "semantic_similarity",
         "positive_control_token_f1", "negative_control_token_f1", "bayes_top1", "bayes_top5", "bayes_top1_k16",
         "bayes_top1_k16_predicted", "epsilon_nominal", "gdp_mu_composed", "dp_epsilon_composed", "dp_delta")
@@ -330,6 +463,11 @@ def test_attack_smoke_cli(tmp_path):
     assert set(KEYS) <= set(m), set(KEYS) - set(m)
     assert isinstance(m["attack_gate"], bool) and results["tags"] == ["smoke"]
     assert m["positive_control_pass"] and m["negative_control_pass"]       # the smoke attack is valid
+    assert {m["attack_verdict"], m["bayes_verdict"], m["verdict"]} <= set(controls.VERDICTS)
+    assert m["verdict"] == controls.worst([m["attack_verdict"], m["bayes_verdict"]])
+    assert m["attack_gate"] == (m["attack_verdict"] == "at_chance") and m["bayes_positive_control_pass"]
+    assert m["bayes_leak_k"] == controls.repeat_leak_k(m)
+    assert {"attack_verdict", "bayes_verdict", "verdict", "bayes_token_f1_chance"} <= set(results["metric_definitions"])
     assert m["token_f1_ci_lo"] <= m["token_f1"] <= m["token_f1_ci_hi"]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == results["n_prompts"] == 6
@@ -337,12 +475,104 @@ def test_attack_smoke_cli(tmp_path):
     # A rerun skips the finished run; a second setting reuses every cached attacker it shares.
     again = run_cli(["experiment=attack_smoke"], out, cache, env={"OMP_NUM_THREADS": "1"})
     assert again.returncode == 0 and "already complete" in again.stdout
-    oblivious = run_cli(["experiment=attack_smoke", "attack.setting=noise_oblivious"], out, cache,
-                        env={"OMP_NUM_THREADS": "1"})
+    # It also runs a Bayes curve without k = 1: the single-exposure result is the same first submission.
+    oblivious = run_cli(["experiment=attack_smoke", "attack.setting=noise_oblivious", "attack.bayes.k=[4,16]"], out,
+                        cache, env={"OMP_NUM_THREADS": "1"})
     assert oblivious.returncode == 0, oblivious.stderr[-3000:]
-    run2 = out / "attack_smoke" / "tiny-llama-tied" / "ep1" / "eps=5" / "attack.setting=noise_oblivious"
-    cache_events = json.loads((run2 / "results.json").read_text())["cache"]
-    assert all(e["hit"] for e in cache_events if "attacker" in e["what"]), cache_events
+    [run2] = [p for p in run.parent.iterdir() if "noise_oblivious" in p.name]
+    results2 = json.loads((run2 / "results.json").read_text())
+    assert all(e["hit"] for e in results2["cache"] if "attacker" in e["what"]), results2["cache"]
+    m2 = results2["metrics"]
+    assert "bayes_top1_k1" not in m2 and m2["bayes_top1_k16"] == m["bayes_top1_k16"]
+    assert (m2["bayes_top1"], m2["bayes_token_f1"], m2["bayes_verdict"]) == \
+        (m["bayes_top1"], m["bayes_token_f1"], m["bayes_verdict"])
+
+
+# A wrapper of the CLI whose decoder model `tiny-llama` gets another vocabulary than the victim's (the same
+# SmolLM2 tokenizer otherwise): one token more ($SB_VOCAB=extra), or two ids swapped (=swap).
+DECODER_PROBE = """
+import os, sys
+sys.path.insert(0, {repo!r})
+import harness.models as models
+
+_real = models.load_model
+
+
+class Swapped:
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __len__(self):
+        return len(self._tok)
+
+    def get_vocab(self):
+        vocab = dict(self._tok.get_vocab())
+        a, b = sorted(vocab)[:2]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        return vocab
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def load_model(cfg, **kw):
+    loaded = _real(cfg, **kw)
+    if loaded.name == "tiny-llama":
+        if os.environ["SB_VOCAB"] == "extra":
+            loaded.tokenizer.add_tokens(["<another-vocabulary>"])
+        else:
+            loaded.tokenizer = Swapped(loaded.tokenizer)
+    return loaded
+
+
+models.load_model = load_model
+from runners.run import main
+main()
+"""
+
+
+@pytest.mark.parametrize("vocab, expected", [("extra", "tokens against"), ("swap", "for the victim and")])
+def test_decoder_with_another_tokenizer_is_refused(tmp_path, vocab, expected):
+    """Before any capture or training: one line, exit 2, no files (the probe loads the real models)."""
+    from .conftest import REPO
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(DECODER_PROBE.format(repo=str(REPO)))
+    out = tmp_path / "out"
+    res = run_cli(["experiment=attack_smoke", "+model@attack.decoder=tiny-llama"], out, tmp_path / "cache",
+                  script=probe, env={"SB_VOCAB": vocab})
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert len(res.stderr_lines) == 1, res.stderr
+    line = res.stderr_lines[0]
+    assert line.startswith("splitbench: error: attack.decoder tiny-llama does not share the tokenizer of the victim "
+                           "tiny-llama-tied") and expected in line, line
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+    assert not (tmp_path / "cache" / "attacks").exists()       # nothing captured or trained
+
+
+def test_check_decoder_compares_the_whole_vocabulary():
+    """Same size, one mapping differs → refused; same map → accepted; the victim itself → accepted."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from attacks.suite import check_decoder
+
+    def loaded(name, vocab):
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")))
+        model = SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(weight=torch.zeros(len(vocab), 2)))
+        return SimpleNamespace(name=name, tokenizer=tok, model=model)
+
+    base = {"<unk>": 0, "a": 1, "b": 2, "c": 3}
+    victim = loaded("victim", base)
+    check_decoder(victim, victim)
+    check_decoder(victim, loaded("same", dict(base)))
+    with pytest.raises(UserError, match="token 'b' is id 2 for the victim and 3 for the decoder"):
+        check_decoder(victim, loaded("swapped", {**base, "b": 3, "c": 2}))
+    with pytest.raises(UserError, match="5 tokens against 4"):
+        check_decoder(victim, loaded("bigger", {**base, "d": 4}))
 
 
 @pytest.mark.parametrize("override, expected", [

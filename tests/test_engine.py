@@ -14,7 +14,8 @@ from scipy import stats
 from harness.errors import UserError
 from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import SLALOM_MODULUS, centre, exact_matmul_mod, quantise
+from harness.split.mechanisms import (SLALOM_MODULUS, SLALOM_SCALINGS, centre, exact_matmul_mod, exact_wraps,
+                                     input_norms, quantise, row_bounds, row_shifts, worst_case_products)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -82,12 +83,30 @@ def test_ep1_with_zero_sigma_equals_t3_exactly():
         assert torch.equal(a.tensor, b.tensor)
 
 
+def _paper_deltas(model_) -> dict[tuple[str, int | None], float]:
+    """Δ of every op computed here from the weights (paper §5.3, default rule): 2·√d·‖α‖₄ after an RMSNorm
+    of gain α (QKV: the input norm; Gate/Up: the MLP norm; LM head: the final norm), times ‖W_V‖₂ for O."""
+    def ln(norm) -> float:
+        alpha = norm.weight.detach().double()          # Llama: the gain is the weight itself
+        return 2 * math.sqrt(alpha.numel()) * torch.linalg.vector_norm(alpha, ord=4).item()
+
+    out: dict[tuple[str, int | None], float] = {}
+    for index, layer in enumerate(model_.model.layers):
+        out["qkv", index] = ln(layer.input_layernorm)
+        w_v = layer.self_attn.v_proj.weight.detach().double()
+        out["o", index] = ln(layer.input_layernorm) * torch.linalg.matrix_norm(w_v, ord=2).item()
+        out["gate_up", index] = ln(layer.post_attention_layernorm)
+    out["lm_head", None] = ln(model_.model.norm)
+    return out
+
+
 def _noise_by_op(m, ps, new_tokens, configuration, **kw):
-    """(masked − clean) per op type from two recorded views: the configuration's and T3's."""
+    """(masked − clean)/Δ per op type from two recorded views, the configuration's and T3's, with Δ computed
+    from the weights (not taken from the engine)."""
     clean_engine, clean = run(m, "t3", ps, new_tokens, record_view=True)
     noisy_engine, noisy = run(m, configuration, ps, new_tokens, record_view=True, **kw)
     assert noisy.output_ids == clean.output_ids, "precondition: same tokens, so the clean inputs line up"
-    deltas = {(r["op"], r["layer"]): r["delta"] for r in noisy_engine.sensitivity_table()}
+    deltas = _paper_deltas(m.model)
     out: dict[str, list[torch.Tensor]] = {}
     for c, n in zip(clean_engine.view.exposures, noisy_engine.view.exposures):
         assert (c.op, c.layer, c.step, c.shape) == (n.op, n.layer, n.step, n.shape)
@@ -96,7 +115,14 @@ def _noise_by_op(m, ps, new_tokens, configuration, **kw):
 
 
 def test_ep1_noise_has_the_promised_scale_per_op():
-    m = model("tiny-llama")
+    # A private tiny Llama whose norms have distinct, uneven gains, so that a Δ from the wrong norm, or from
+    # a norm of α other than ‖α‖₄, gives a visibly wrong σ (with unit gains every norm's Δ would be equal).
+    m = load_model(OmegaConf.load(CONF / "tiny-llama.yaml"))
+    g = torch.Generator().manual_seed(5)
+    norms = [n for layer in m.model.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    with torch.no_grad():
+        for i, norm in enumerate([*norms, m.model.model.norm]):
+            norm.weight.copy_(0.25 + (1 + i) * torch.rand(norm.weight.shape, generator=g) ** 3)
     eps = 2.0
     ps = prompts(16, 60, 5000, vary=False)
     noise = _noise_by_op(m, ps, 100, "ep1", epsilon=eps)
@@ -188,6 +214,170 @@ def test_slalom_masked_inputs_are_uniform_on_zq():
     assert values.size > 100_000
 
 
+def test_slalom_wrap_bounds_are_sound_and_the_exact_count_matches_brute_force():
+    g = torch.Generator().manual_seed(1)
+    d = 96
+    spread = torch.randn(200, d, generator=g) * torch.logspace(-1, 3, 200)[:, None]  # rows from small to huge
+    spread[:, 5] *= 30.0                                                              # one heavy channel, as in LLMs
+    w_q = torch.randint(-40, 41, (50, d), generator=g).double()
+    l1, l2 = w_q.abs().sum(-1).max().item(), torch.linalg.vector_norm(w_q, dim=-1).max().item()
+    top = w_q.abs().sum(-1).argsort(descending=True)[:5]
+    limit = SLALOM_MODULUS // 2
+    for bits in (8, 3, 0, -2):
+        # The rounding's worst case: every entry just past half a step, with the signs of a heavy weight row.
+        worst = 0.55 * torch.sign(w_q[top]).float() * 2.0**-bits
+        x = torch.cat([spread, worst])
+        inf, norm2 = input_norms(x)
+        x_q = torch.round(x.double() * 2.0**bits)
+        product = x_q @ w_q.T
+        peak = product.abs().amax(-1)
+        assert (row_bounds(inf, norm2, bits, d, l1, math.inf) >= peak).all(), bits    # Hölder alone
+        assert (row_bounds(inf, norm2, bits, d, math.inf, l2) >= peak).all(), bits    # Cauchy–Schwarz alone
+        assert exact_wraps(x_q.to(torch.int32), [w_q], l1, SLALOM_MODULUS) == int((product.abs() > limit).sum())
+    assert int((torch.round(spread.double() * 256) @ w_q.T).abs().gt(limit).sum()) > 1000  # there are wraps to count
+    inf, norm2 = input_norms(spread)
+    shift = row_shifts(inf, norm2, 8, d, l1, l2, SLALOM_MODULUS)
+    assert (row_bounds(inf, norm2, 8 - shift, d, l1, l2) <= limit).all()
+    # The fewest bits: one bit more would leave the bound unsafe wherever a row was shifted at all.
+    assert ((shift == 0) | (row_bounds(inf, norm2, 9 - shift, d, l1, l2) > limit)).all()
+    assert (shift == 0).sum() > 20 and shift.max() >= 8
+
+
+def test_slalom_per_token_rescales_only_rows_that_could_wrap_and_recovers_them_exactly():
+    m = model("tiny-llama")
+    engine = SplitEngine(m.model, EngineSettings("slalom"))  # slalom_scaling=per_token, the default
+    engine._prepare_banks(64, 64)
+    op = next(o for o in engine.ops if o.name == "gate_up")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 16, op.tee_weights[0].shape[1], generator=g) * 3
+    x[0, :8] *= 2000.0                                       # rows whose products cannot fit Z_q at 8 input bits
+    _, bits = op.mechanism.quantise_input(op, x.reshape(32, -1))
+    bits = bits.flatten()
+    assert (bits[8:] == 8).all() and (bits[:8] < 8).all()
+    outputs = op.mechanism.run(op, x)
+    x_q = torch.round(x.reshape(32, -1).double() * torch.exp2(bits.double())[:, None]).long()
+    for out, wq in zip(outputs, op.tee_quantised):
+        exact = x_q @ wq.long().T                            # the integer product at each row's own scale
+        assert exact.abs().max() <= SLALOM_MODULUS // 2      # no wrap-around
+        got = out.reshape(32, -1).double() * torch.exp2(bits.double() + 8)[:, None]
+        assert torch.equal(torch.round(got).long(), exact)
+    assert op.slalom.wraps == 0 and op.slalom.rows_rescaled == 2 * 8
+
+
+def _scaled_tiny_llama(gain: float):
+    """A private tiny Llama whose RMSNorm gains are uneven (so a bound from the wrong norm shows) and `gain`
+    times larger: past a few hundred, Slalom's 8+8 fractional bits no longer fit its products in Z_q."""
+    m = load_model(OmegaConf.load(CONF / "tiny-llama.yaml"))
+    g = torch.Generator().manual_seed(5)
+    norms = [n for layer in m.model.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    with torch.no_grad():
+        for i, norm in enumerate([*norms, m.model.model.norm]):
+            norm.weight.copy_(gain * (0.25 + (1 + i) * torch.rand(norm.weight.shape, generator=g) ** 3))
+    return m
+
+
+def _slalom_against_float(m, scaling: str, ps, new_tokens: int):
+    """Slalom in batches of 2 (runners.common.generate_batches, which sums the engine's counts per batch) and,
+    per op call, from the op's TEE-side input: the largest error against the float product W·x + b relative
+    to that product's largest entry, the largest |W_q·x| (real x), and the wrap-arounds of Slalom's fixed 8+8
+    bits counted here from the exact integer product at the real (unpadded) positions."""
+    from runners.common import generate_batches
+
+    engine = SplitEngine(m.model, EngineSettings("slalom", slalom_scaling=scaling))
+    seen = {"error": 0.0, "wraps_8_8": 0, "peak": {}}
+    lengths = {max(map(len, ps[i:i + 2])): [len(p) for p in ps[i:i + 2]] for i in range(0, len(ps), 2)}
+
+    def hook(op, x, outputs):
+        real = torch.ones(x.shape[:-1], dtype=torch.bool)
+        if x.shape[1] > 1:                      # a prefill: each batch row is left-padded to the longest prompt
+            for row, n in enumerate(lengths[x.shape[1]]):
+                real[row, :x.shape[1] - n] = False
+        flat = x.reshape(-1, x.shape[-1]).double()
+        x_q = torch.round(flat * 2**8).long()[real.flatten()]
+        for out, (w, b), wq in zip(outputs, op.tee_params, op.tee_quantised):
+            want = flat @ w.double().T + (0.0 if b is None else b.double())
+            error = (out.reshape(want.shape).double() - want).abs().max() / want.abs().max()
+            seen["error"] = max(seen["error"], error.item())
+            seen["wraps_8_8"] += int(((x_q @ wq.long().T).abs() > SLALOM_MODULUS // 2).sum())
+            seen["peak"][op.label] = max(seen["peak"].get(op.label, 0.0), (flat @ wq.T).abs().max().item())
+        return outputs
+
+    engine.set_output_hook(hook)
+    res = generate_batches(engine, ps, batch_size=2, max_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None,
+                           stop_at_eos=False, desc="slalom")
+    return engine, res.slalom, seen
+
+
+def test_slalom_counts_every_wrap_around_and_its_default_scaling_has_none():
+    ps = prompts(4, 30, 5000)
+    _, own, own_seen = _slalom_against_float(_scaled_tiny_llama(1.0), "fixed", ps, 4)
+    assert own["wraps"] == own_seen["wraps_8_8"] == 0         # at the model's own scale the field suffices
+    assert own_seen["error"] < 0.15    # Slalom's own quantisation error: 10% of the largest output (8-bit weights)
+    m = _scaled_tiny_llama(1000.0)
+    engine, fixed, fixed_seen = _slalom_against_float(m, "fixed", ps, 4)
+    assert fixed["wraps"] == fixed_seen["wraps_8_8"] > 10_000  # every wrap-around counted, none invented
+    assert set(fixed["ops"]) == {op.label for op in engine.ops}
+    assert sum(e["wraps"] for e in fixed["ops"].values()) == sum(t["wraps"] for t in fixed["by_op_type"].values())
+    assert fixed_seen["error"] > 0.5                           # wrapped outputs are off by multiples of q·2^−16
+    _, per_token, token_seen = _slalom_against_float(m, "per_token", ps, 4)
+    assert per_token["wraps"] == 0 and per_token["rows_rescaled"] > 0 and per_token["scaling"] == "per_token"
+    assert token_seen["error"] < 1.25 * own_seen["error"]     # as close to W·x as Slalom at the model's own scale
+
+
+def test_slalom_per_op_bits_come_from_a_worst_case_that_holds():
+    engine, stats, seen = _slalom_against_float(_scaled_tiny_llama(1000.0), "per_op", prompts(4, 30, 5000), 4)
+    assert stats["wraps"] == 0 and seen["error"] < 0.15
+    limit = SLALOM_MODULUS // 2
+    for op in engine.ops:
+        worst, peak, bits = op.slalom.worst_case, seen["peak"][op.label], op.slalom.in_bits
+        assert peak <= worst < 10 * peak, op.label            # a bound that holds on every input, and not vacuous
+        assert stats["ops"][op.label]["in_bits"] == bits < 8
+        l1 = max(w.abs().sum(-1).max().item() for w in op.tee_quantised)
+        assert 2.0**bits * worst <= limit < 2.0 ** (bits + 1) * worst * 1.001 + l1 / 2, op.label  # the most bits that fit
+
+
+def test_slalom_per_op_worst_case_is_reached_by_an_input_built_for_it():
+    # One-token prompts whose embeddings point where the bound puts the worst case: the first at the heaviest
+    # row of layer 0's QKV after its input norm, the second at the heaviest row of its O, whose weights here
+    # read query head 1 only (KV head 0 under grouped-query attention) so that the bound's sum over heads is
+    # reached. A token attends to itself alone, so O's input is its value vector (computed in the TEE here:
+    # only O is offloaded). Each input reaches its bound, through the model's own norm and attention.
+    m = _scaled_tiny_llama(1.0)
+    layer = m.model.model.layers[0]
+    alpha = layer.input_layernorm.weight.detach().double()
+    d, head_dim = alpha.numel(), 16
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight[:, :head_dim] = 0.0
+        layer.self_attn.o_proj.weight[:, 2 * head_dim:] = 0.0
+    engines = {op: SplitEngine(m.model, EngineSettings("slalom", slalom_scaling="per_op", offload=(op,)))
+               for op in ("qkv", "o")}
+    qkv_op, o_op = engines["qkv"].ops[0], engines["o"].ops[0]
+    qkv, o = torch.cat(qkv_op.tee_quantised), o_op.tee_quantised[0]
+    sup_qkv = worst_case_products(m.model, "qkv", 0, qkv_op.tee_quantised)
+    sup_o = worst_case_products(m.model, "o", 0, [o])
+    r_qkv, r_o = int(sup_qkv.argmax()), int(sup_o.argmax())
+    w_v = layer.self_attn.v_proj.weight.detach().double()[:head_dim]                 # KV head 0
+    directions = [qkv[r_qkv] * alpha, (o[r_o, head_dim:2 * head_dim] @ w_v) * alpha]
+    with torch.no_grad():
+        for token, u in zip((7, 8), directions):   # RMSNorm(√d·u/‖u‖) = α ⊙ √d·u/‖u‖
+            m.model.model.embed_tokens.weight[token] = (math.sqrt(d) * u / u.norm()).float()
+    seen = {}
+    for engine in engines.values():
+        engine.set_output_hook(lambda op, x, outputs: seen.setdefault(op.label, x.detach().clone()) is None or outputs)
+        engine.generate([[7], [8]], 1, pad_token_id=0)
+    reached_qkv = (seen["qkv[0]"][0, -1].double() @ qkv[r_qkv]).abs().item()
+    reached_o = (seen["o[0]"][1, -1].double() @ o[r_o]).abs().item()
+    assert reached_qkv == pytest.approx(sup_qkv[r_qkv].item(), rel=1e-5)
+    assert reached_o == pytest.approx(sup_o[r_o].item(), rel=1e-5)
+    assert (qkv_op.slalom.worst_case, o_op.slalom.worst_case) == (sup_qkv.max().item(), sup_o.max().item())
+
+
+def test_slalom_scalings_are_the_ones_the_config_schema_accepts():
+    from harness import schema
+
+    assert schema.SLALOM_SCALINGS == SLALOM_SCALINGS
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(configuration="nope"), "unknown configuration"),
     (dict(configuration="ep1", epsilon=0.0), "positive"),
@@ -195,6 +385,8 @@ def test_slalom_masked_inputs_are_uniform_on_zq():
     (dict(configuration="ep1", epsilon=float("nan")), "positive"),
     (dict(configuration="ep1", epsilon=1.0, offload=("qkv", "down")), "down"),
     (dict(configuration="t3", offload=("qkv", "mlp")), "unknown offloaded"),
+    (dict(configuration="slalom", slalom_scaling="wide"), "slalom_scaling"),
+    (dict(configuration="slalom", offload=("qkv", "down"), slalom_scaling="per_op"), "per_op has no input bound"),
 ])
 def test_bad_settings_are_user_errors(bad, match):
     with pytest.raises(UserError, match=match):

@@ -161,6 +161,84 @@ def test_hub_kind_loads_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_pat
         torch.testing.assert_close(lm.model(ids).logits, multimodal(input_ids=ids).logits, rtol=0, atol=0)
 
 
+def tiny_gemma3(seed: int = 0):
+    """A tiny random Gemma 3 text model (no tokenizer needed): 2 layers, one sliding-window (4 positions) and
+    one full-attention, GQA, QK-norm, GELU-gated MLP. Its RMSNorm weights w are set to known values, with
+    some effective gains 1 + w negative, and distinct per norm."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                              max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Gemma3ForCausalLM(config).eval()
+    d = config.hidden_size
+    norms = [module for name, module in model.named_modules() if name.endswith("norm") and hasattr(module, "weight")]
+    with torch.no_grad():
+        for i, norm in enumerate(norms):   # w from -2.5 + 0.1·i to 1.5 + 0.3·i: 1 + w spans both signs
+            norm.weight.copy_(torch.linspace(-2.5 + 0.1 * i, 1.5 + 0.3 * i, norm.weight.numel()).roll(i))
+    return model, d
+
+
+def test_tiny_gemma3_bounds_use_one_plus_w_and_t3_matches_cpu():
+    """The default-set reduction of the slow Gemma 3 270M engine test: Δ of every op follows the paper's
+    formula with the effective gain 1 + w of the norm that feeds it (input norm for QKV and O, the
+    pre-feedforward norm for Gate/Up, the final norm for the LM head), the supremum it reports is what the
+    model's own norm reaches, and T3 generates exactly CPU's tokens."""
+    from harness.split.engine import EngineSettings, SplitEngine
+
+    model, d = tiny_gemma3()
+
+    def bound(norm) -> float:
+        return 2 * d**0.5 * torch.linalg.vector_norm(1.0 + norm.weight.detach().double(), ord=4).item()
+
+    rows = {(r["op"], r["layer"]): r for r in SplitEngine(model, EngineSettings("ep1", epsilon=1.0)).sensitivity_table()}
+    assert len(rows) == 2 * 3 + 1
+    for index, layer in enumerate(model.model.layers):
+        w_v = torch.linalg.matrix_norm(layer.self_attn.v_proj.weight.detach().double(), ord=2).item()
+        assert rows["qkv", index]["delta"] == pytest.approx(bound(layer.input_layernorm), rel=1e-9)
+        assert rows["o", index]["delta"] == pytest.approx(bound(layer.input_layernorm) * w_v, rel=1e-9)
+        assert rows["gate_up", index]["delta"] == pytest.approx(bound(layer.pre_feedforward_layernorm), rel=1e-9)
+        # Not the stored weight itself: ‖w‖₄ and ‖1 + w‖₄ differ by far more than the tolerance here.
+        w_only = 2 * d**0.5 * torch.linalg.vector_norm(layer.input_layernorm.weight.double(), ord=4).item()
+        assert abs(rows["qkv", index]["delta"] / w_only - 1) > 0.05
+    assert rows["lm_head", None]["delta"] == pytest.approx(bound(model.model.norm), rel=1e-9)
+    # The model's own norm moves by 2·√d·max|1 + w| on the ±spike pair at the gain's largest entry.
+    norm = model.model.layers[1].pre_feedforward_layernorm
+    top = (1.0 + norm.weight.detach()).abs().argmax()
+    x = torch.zeros(2, d)
+    x[0, top], x[1, top] = 100.0, -100.0
+    with torch.no_grad():
+        reached = (norm(x[:1]) - norm(x[1:])).double().norm().item()
+    assert reached == pytest.approx(rows["gate_up", 1]["delta_sup"], rel=1e-5)
+
+    # Exactly: the same tokens, and the same logits bit for bit at every decode step (tokens alone would
+    # survive a 1e-2 relative error in every offloaded op of this model). The batched prefill's logits may
+    # differ in the last bit: the LM head's input there is a non-contiguous slice (logits_to_keep=1), on
+    # which F.linear takes another kernel path when the weight requires grad (the model's parameter) than
+    # when it does not (the engine's detached copy): 7.6e-6 on logits up to 28 here.
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (12, 9, 7, 5)]   # left-padded batch
+    outputs, logits = {}, {}
+    for configuration in ("cpu", "t3"):
+        seen = logits[configuration] = []
+        hook = model.register_forward_hook(lambda _, args, out: seen.append(out.logits.clone()))
+        try:
+            outputs[configuration] = SplitEngine(model, EngineSettings(configuration)).generate(
+                prompts, 10, pad_token_id=0).output_ids
+        finally:
+            hook.remove()
+    assert outputs["t3"] == outputs["cpu"]
+    assert all(len(o) == 10 for o in outputs["cpu"]) and len(set(map(tuple, outputs["cpu"]))) == len(prompts)
+    assert len(logits["t3"]) == len(logits["cpu"]) == 10
+    prefill_t3, prefill_cpu = logits["t3"][0], logits["cpu"][0]
+    assert (prefill_t3 - prefill_cpu).abs().max() <= 1e-6 * prefill_cpu.abs().max()   # a few float32 ulps
+    assert all(torch.equal(a, b) for a, b in zip(logits["t3"][1:], logits["cpu"][1:]))
+
+
 # --- SmolLM2 (GGUF in a PyPI package) ---------------------------------------------------------------------
 
 

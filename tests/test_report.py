@@ -449,21 +449,37 @@ def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
 
 
 def attack(configuration: str, epsilon: float | None, setting: str, component: str, f1: float, *,
-           verdict: str = "fail", bayes_top1: float = 90.0, floor: float = 22.0, positive_pass: bool = True) -> dict:
+           half: float = 3.0, bayes_top1: float = 90.0, bayes_reference: float = 0.1, floor: float = 22.0,
+           positive_pass: bool = True, legacy: str | None = None) -> dict:
     """An attack results.json (runners/attack.py) trimmed to what the report reads: the learned attacker's
-    token metrics all `f1 [f1-3, f1+3]`, the controls, the Bayes attacker with a k curve for noisy runs, the
-    accounting."""
-    m: dict = {"chance_floor_token_f1": floor, "attack_verdict": verdict, "attack_valid": verdict != "invalid",
-               "attack_gate": verdict == "pass", "positive_control_pass": positive_pass,
-               "negative_control_pass": True, "train_steps": 141, "train_minutes": 4.02}
+    token metrics all `f1 [f1-half, f1+half]`, the controls, the Bayes attacker (token F1 = top-1, ± 2 from
+    1% up and ± 0.5 below, its exposure-free reference `bayes_reference`) with a k curve for noisy runs, the
+    accounting. The verdicts
+    follow attacks/controls.py's rule from these numbers, margin 1. `legacy`: a results.json of the
+    two-way gate instead, with that `attack_verdict` (pass | fail | invalid) and no Bayes verdict."""
+    from attacks import controls
+
+    m: dict = {"chance_floor_token_f1": floor, "gate_margin_pp": 1.0, "attack_valid": positive_pass,
+               "positive_control_pass": positive_pass, "negative_control_pass": True, "train_steps": 141,
+               "train_minutes": 4.02}
     for name in ("token_precision", "token_recall", "token_f1", "semantic_similarity", "bleu", "rouge_l",
                  "exact_match"):
-        m.update({name: f1, f"{name}_ci_lo": f1 - 3, f"{name}_ci_hi": f1 + 3})
+        m.update({name: f1, f"{name}_ci_lo": f1 - half, f"{name}_ci_hi": f1 + half})
+    bayes_half = 2.0 if bayes_top1 >= 1.0 else 0.5
+    lo, hi = max(0.0, bayes_top1 - bayes_half), min(100.0, bayes_top1 + bayes_half)
     m.update({"positive_control_token_f1": 45.0, "negative_control_token_f1": floor - 1,
-              "bayes_top1": bayes_top1, "bayes_top1_ci_lo": bayes_top1 - 2, "bayes_top1_ci_hi": bayes_top1 + 2,
-              "bayes_top5": 99.0, "bayes_token_f1": bayes_top1, "bayes_gate": bayes_top1 < 1.0,
-              "bayes_top1_chance": 0.01,
-              "bayes_sigma_mean": 0.0 if configuration == "t3" else 10.0 / epsilon})
+              "bayes_top1": bayes_top1, "bayes_top1_ci_lo": lo, "bayes_top1_ci_hi": hi, "bayes_top5": 99.0,
+              "bayes_token_f1": bayes_top1, "bayes_token_f1_ci_lo": lo, "bayes_token_f1_ci_hi": hi,
+              "bayes_top1_chance": 0.01, "bayes_sigma_mean": 0.0 if configuration == "t3" else 10.0 / epsilon})
+    if legacy is None:
+        learned = controls.classify(f1 - half, f1 + half, floor, 1.0, positive_passed=positive_pass,
+                                    negative_passed=True)
+        bayes = controls.classify(lo, hi, bayes_reference, 1.0, positive_passed=True, negative_passed=True)
+        m.update({"attack_verdict": learned, "attack_gate": learned == "at_chance", "bayes_verdict": bayes,
+                  "bayes_gate": bayes == "at_chance", "bayes_token_f1_chance": bayes_reference,
+                  "bayes_positive_control_pass": True, "verdict": controls.worst([learned, bayes])})
+    else:
+        m.update({"attack_verdict": legacy, "attack_gate": legacy == "pass", "bayes_gate": hi <= floor + 1.0})
     if configuration != "t3":
         for k in (1, 4, 16):
             m.update({f"bayes_top1_k{k}": min(100.0, bayes_top1 * k ** 0.5),
@@ -481,40 +497,89 @@ def attack(configuration: str, epsilon: float | None, setting: str, component: s
                        f"attack.setting={setting}", "provenance": PROVENANCE}
 
 
+def _table_rows(text: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the first markdown table in `text`, cells stripped."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[start:end]]
+    return cells[0], cells[2:]          # cells[1]: the alignment row
+
+
 def test_attack_table6_rows_floor_verdicts_bayes_and_k_curve(tmp_path: Path, capsys) -> None:
     runs, out_dir = tmp_path / "runs", tmp_path / "report"
     for data in (attack("ep1", 2500.0, "noise_aware", "qkv", 60.0, bayes_top1=80.0),
-                 attack("ep1", 1.0, "noise_oblivious", "qkv", 21.0, verdict="pass", bayes_top1=0.5),
-                 attack("t3", None, "noise_free", "lm_head", 30.0, bayes_top1=100.0),
-                 attack("t3", None, "noise_free", "qkv", 45.0, bayes_top1=100.0),
-                 attack("ep1", 1.0, "noise_aware", "qkv", 22.5, verdict="invalid", bayes_top1=0.5,
-                        positive_pass=False)):
+                 attack("ep1", 1.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.1),
+                 attack("t3", None, "noise_free", "lm_head", 23.5, bayes_top1=100.0, bayes_reference=22.0),
+                 attack("t3", None, "noise_free", "qkv", 45.0, bayes_top1=100.0, bayes_reference=22.0),
+                 attack("ep1", 1.0, "noise_aware", "qkv", 22.5, half=0.5, bayes_top1=0.1, positive_pass=False)):
         write_run(runs, data["run_dir"], data)
-    code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
+    code, out, err = run_report([str(runs), "--out", str(out_dir)], capsys)
     assert code == 0, err
     md = (out_dir / "report.md").read_text()
-    table = section(md, "Prompt reconstruction").split("Controls:")[0]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    header, rows = _table_rows(section(md, "Prompt reconstruction").split("Verdict per configuration")[0])
+    col = {name: header.index(name) for name in ("configuration", "attacker", "token F1 %", "learned verdict",
+                                                 "Bayes verdict", "verdict")}
     # t3 first (qkv before lm_head), then ep1 by ascending ε, noise-oblivious before noise-aware; floor last.
-    assert [r.split("|")[1].strip() for r in rows] == ["t3", "t3", "ep1 ε=1", "ep1 ε=1", "ep1 ε=2500",
-                                                       "chance floor"]
-    assert "LM head" in rows[1] and "noise-oblivious" in rows[2] and "noise-aware" in rows[3]
-    assert "45.00 [42.00, 48.00]" in rows[0] and "fail (above chance)" in rows[0]
-    assert "**pass** (at chance)" in rows[2] and "**invalid**" in rows[3]
-    cells = [c.strip() for c in rows[-1].split("|")[1:-1]]
-    header = [c.strip() for c in table.splitlines()[[l.startswith("| configuration") for l in
-                                                    table.splitlines()].index(True)].split("|")[1:-1]]
-    assert len(cells) == len(header) and cells[header.index("token F1 %")] == "22.00"
-    # The Bayes attacker beside the learned one, in the same row, with its own gate.
-    assert header[-2].startswith("Bayes top-1") and header[-1] == "Bayes gate"
-    assert [c.strip() for c in rows[4].split("|")[-3:-1]] == ["80.00 [78.00, 82.00]", "fail (above chance)"]
-    assert rows[2].split("|")[-2].strip() == "**pass** (at chance)"
+    assert [r[0] for r in rows] == ["t3", "t3", "ep1 ε=1", "ep1 ε=1", "ep1 ε=2500", "chance floor"]
+    assert "LM head" in rows[1][2] and rows[2][1] == "noise-oblivious" and rows[3][1] == "noise-aware"
+    assert rows[0][col["token F1 %"]] == "45.00 [42.00, 48.00]"
+    assert [(r[col["learned verdict"]], r[col["Bayes verdict"]], r[col["verdict"]]) for r in rows[:5]] == [
+        ("**leak**", "**leak**", "**leak**"),
+        ("inconclusive (interval past floor ± margin)", "**leak**", "**leak**"),
+        ("at chance", "at chance", "at chance"),
+        ("inconclusive (control failed)", "at chance", "inconclusive"),
+        ("**leak**", "**leak**", "**leak**")]
+    assert len(rows[-1]) == len(header) and rows[-1][col["token F1 %"]] == "22.00"
+    assert rows[4][header.index("Bayes top-1 % (layer-0 QKV)")] == "80.00 [78.00, 82.00]"
+    # The verdict per configuration and ε: the worst over its runs' attackers.
+    _, pairs = _table_rows(section(md, "Prompt reconstruction").split("Verdict per configuration")[1])
+    assert [(r[0], r[1], r[2]) for r in pairs[:3]] == [("t3", "**leak**", "2"), ("ep1 ε=1", "inconclusive", "2"),
+                                                      ("ep1 ε=2500", "**leak**", "1")]
+    assert "ep1 ε=1: inconclusive" in out and "t3: leak" in out         # the terminal summary
     controls = section(md, "Prompt reconstruction").split("Controls:")[1].split("Bayes-optimal")[0]
     assert "training steps (minutes)" in controls and controls.count("| 141 (4.0) |") == 5
     # The k curve: one PNG, linked, for the noisy (configuration, ε) pairs.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert len(links) == 1 and "attack_k" in links[0]
     assert (out_dir / links[0]).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, capsys) -> None:
+    """A learned attacker below the floor with a Bayes attacker at 100% is a leak, never "at chance" — in
+    new results and in results of the old two-way gate, which called the same cell "pass (at chance)"."""
+    runs, out_dir = tmp_path / "runs", tmp_path / "report"
+    for data in (attack("ep1", 2500.0, "noise_oblivious", "qkv", 10.0, half=1.0, bayes_top1=100.0),
+                 attack("ep1", 2500.0, "noise_aware", "composite", 22.0, half=0.5, bayes_top1=100.0),
+                 attack("ep1", 1000.0, "noise_oblivious", "qkv", 14.22, half=2.07, bayes_top1=100.0, floor=23.84,
+                        legacy="pass"),
+                 attack("ep1", 15.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.6, bayes_reference=0.2),
+                 attack("ep1", 15.0, "noise_aware", "qkv", 4.0, half=0.5, bayes_top1=0.6, bayes_reference=0.2),
+                 attack("ep1", 1.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.1),
+                 attack("ep1", 1.0, "noise_aware", "composite", 21.8, half=0.4, bayes_top1=0.1)):
+        write_run(runs, data["run_dir"], data)
+    code, out, err = run_report([str(runs), "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    text = section((out_dir / "report.md").read_text(), "Prompt reconstruction")
+    header, rows = _table_rows(text.split("Verdict per configuration")[0])
+    by_cell = {(r[0], r[1]): r for r in rows[:-1]}
+    lv, bv, v = (header.index(h) for h in ("learned verdict", "Bayes verdict", "verdict"))
+    below = by_cell[("ep1 ε=2500", "noise-oblivious")]
+    assert (below[lv], below[bv], below[v]) == ("inconclusive (below floor)", "**leak**", "**leak**")
+    old = by_cell[("ep1 ε=1000", "noise-oblivious")]      # 14.22 [12.15, 16.29] against 23.84: once "pass"
+    assert (old[lv], old[bv], old[v]) == ("inconclusive (below floor)", "**leak**", "**leak**")
+    assert not [c for r in rows for c in r if "pass" in c or "fail" in c]
+    _, pairs = _table_rows(text.split("Verdict per configuration")[1])
+    verdicts = {r[0]: r for r in pairs}
+    assert verdicts["ep1 ε=2500"][1:] == ["**leak**", "2", "1 inconclusive, 1 at chance", "**leak**", "Bayes",
+                                          "**leak** from k=1"]
+    assert verdicts["ep1 ε=1000"][1] == "**leak**"
+    # One submission at chance for the Bayes attacker, but 16 submissions of the same prompt leak.
+    assert verdicts["ep1 ε=15"][1:] == ["inconclusive", "2", "1 inconclusive, 1 at chance", "at chance",
+                                        "noise-aware QKV", "**leak** from k=16"]
+    assert verdicts["ep1 ε=1"][1:] == ["at chance", "2", "2 at chance", "at chance", "every attacker",
+                                       "none up to k=16"]
+    assert [r[0] for r in pairs] == ["ep1 ε=1", "ep1 ε=15", "ep1 ε=1000", "ep1 ε=2500"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -559,3 +624,179 @@ def test_unknown_configurations_in_old_results_render_under_their_name(tmp_path:
     overview = section(md, "Inference time").split("By component")[0]
     rows = [line.split("|")[1].strip() for line in overview.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["configuration", "tdx", "ep1 (ε=1)", "oldconf"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 3 (example responses under each fidelity table)
+# ---------------------------------------------------------------------------------------------------
+
+from runners.report import example_responses as examples  # noqa: E402
+
+BASE = ("The capital of France is Paris and it is known for the Eiffel Tower which was built in 1889 "
+        "for the World Fair held in the city")
+
+
+PROMPT_IDS = ("q0", "q1", "q2", "q3", "q4")
+
+
+def sample_line(pid: str, output: str, first: int | None, match: float, baseline: str = BASE,
+                prompt: str = "Tell me about Paris.") -> dict:
+    return {"id": pid, "prompt": prompt, "n_prompt_tokens": 120, "baseline_ids": [1, 2], "output_ids": [1, 3],
+            "baseline_text": baseline, "output_text": output, "first_divergence": first,
+            "token_match_rate": match}
+
+
+def with_samples(path: Path, lines: list[dict]) -> None:
+    (path / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def responses(md: str) -> str:
+    """The first "Example responses" subsection of report.md."""
+    start = md.index(examples.HEADING)
+    nxt = min(i for i in (md.find("\n### ", start), md.find("\n## ", start), len(md)) if i >= 0)
+    return md[start:nxt]
+
+
+def test_table3_rule_first_median_worst() -> None:
+    index = [("p0", None, 100.0), ("p1", 40, 70.0), ("p2", 5, 30.0), ("p3", 5, 20.0), ("p4", 90, 95.0),
+             ("p5", 12, 60.0)]
+    picks = examples.choose(index)
+    # Diverging by first divergence: p2(5), p3(5), p5(12), p1(40), p4(90): lower middle of 5 is p5;
+    # earliest divergence 5 ties p2/p3, the lower token match (p3) is the worst.
+    assert [(p.id, p.roles) for p in picks] == [("p0", ["first prompt"]), ("p5", ["median divergence (token 12)"]),
+                                                ("p3", ["worst (token 5, token match 20%)"])]
+    # An even count takes the lower middle; a prompt filling two roles is shown once with both.
+    picks = examples.choose([("a", 3, 10.0), ("b", 8, 50.0), ("c", None, 100.0), ("d", 9, 60.0), ("e", 20, 1.0)])
+    assert [(p.id, len(p.roles)) for p in picks] == [("a", 2), ("b", 1)]
+    assert picks[0].roles[1].startswith("worst (token 3")
+    # Nothing diverges: only the first prompt.
+    assert [p.id for p in examples.choose([("x", None, 100.0), ("y", None, 100.0)])] == ["x"]
+
+
+def test_table3_reference_is_epn_when_it_diverges_else_the_most_diverging(tmp_path: Path) -> None:
+    sweep(tmp_path)  # ep1 at 0.5, 1, 5, epn, slalom
+    group = fidelity_section.groups(scan(tmp_path))[0]
+    for row in group.rows:   # epn is preferred even when others diverge more and match worse
+        row.metrics["n_diverging"] = {"ep1": 3, "epn": 1, "slalom": 9}[row.configuration]
+        row.metrics["token_match_rate"] = 90.0 if row.configuration == "epn" else 20.0
+    assert examples.reference(group)[0].configuration == "epn"
+    for row in group.rows:
+        row.metrics["n_diverging"] = {"ep1": 3, "epn": 0, "slalom": 9}[row.configuration]
+    assert examples.reference(group)[0].configuration == "slalom"
+    for row in group.rows:   # a tie on diverging prompts: the lower mean token match
+        row.metrics["n_diverging"] = 9 if row.configuration in ("slalom", "ep1") else 0
+        row.metrics["token_match_rate"] = 10.0 if row.label() == "ep1 (ε=1)" else 50.0
+    assert examples.reference(group)[0].label() == "ep1 (ε=1)"
+
+
+def test_table3_equal_response_has_no_mark_and_divergence_at_word_k_marks_the_tail() -> None:
+    words = BASE.split()
+    same = examples.render(examples.diff(BASE, BASE))
+    assert "<mark>" not in same and "<del>" not in same and same == BASE
+    tail = "Berlin is big and has many parks too"
+    for k in (0, 1, 7, len(words) - 1):
+        response = " ".join(words[:k] + tail.split())
+        html_text = examples.render(examples.diff(BASE, response))
+        prefix = " ".join(words[:k]) + " " if k else ""
+        assert html_text == f"{prefix}<mark>{tail}</mark>", k
+    # Falling back into the baseline's wording for 3+ words: only the swapped word is marked.
+    swapped = BASE.replace("known", "famous")
+    assert examples.render(examples.diff(BASE, swapped)).count("<mark>") == 1
+    assert "is <mark>famous</mark> for the Eiffel" in examples.render(examples.diff(BASE, swapped))
+    # A coincidental short match ("the") after the divergence stays inside the mark.
+    drifted = " ".join(words[:4] + "Lyon and the river Rhone".split())
+    assert (examples.render(examples.diff(BASE, drifted))
+            == " ".join(words[:4]) + " <mark>Lyon and the river Rhone</mark>")
+    # Words dropped with nothing in their place are struck through.
+    dropped = BASE.replace(" which was built in 1889", "")
+    shown = examples.render(examples.diff(BASE, dropped))
+    assert "Tower <del>which was built in 1889</del> for the World" in shown and "<mark>" not in shown
+
+
+def test_table3_truncation_and_window() -> None:
+    long = " ".join(f"w{i}" for i in range(200))
+    shown = examples.render(examples.diff(long, long))
+    assert shown.endswith(" …") and len(shown.split()) == examples.WORDS + 1
+    late = " ".join(f"w{i}" for i in range(150)) + " other words here"
+    d = examples.diff(long, late)
+    assert d.first == 150
+    start = examples.window_start([d.first, None])
+    assert start == 150 - examples.CONTEXT
+    shown = examples.render(d, start)
+    assert shown.startswith(f"… w{start} ") and "<mark>other words here</mark>" in shown
+    assert examples.window_start([10, 150]) == 0
+
+
+def test_table3_section_in_the_fidelity_report(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    words = BASE.split()
+    early = " ".join(words[:2] + "Rome is the capital".split())
+    mid = " ".join(words[:9] + "Big Ben in London".split())
+    hostile = " ".join(words[:3] + ["<script>alert(1)</script>", "a|b", "&", "**bold**", "\n\nnew", "line"])
+    lines = {  # configuration (ε) → the samples of prompts q0..q4 (only epn decides which are shown)
+        "epn": [sample_line("q0", BASE, None, 100.0), sample_line("q1", mid, 12, 60.0),
+                sample_line("q2", early, 2, 10.0), sample_line("q3", hostile, 4, 50.0),
+                sample_line("q4", mid, 30, 90.0)],
+        "slalom": [sample_line(q, hostile, 3, 30.0) for q in PROMPT_IDS],
+    }
+    for run_dir in (tmp_path / "fidelity/smollm2-135m").glob("*/*/default"):
+        conf = run_dir.parts[-3]
+        with_samples(run_dir, lines.get(conf, [sample_line(q, BASE, None, 100.0) for q in PROMPT_IDS]))
+    # Only the chosen prompts' lines are kept.
+    epn_samples = tmp_path / "fidelity/smollm2-135m/epn/eps=na/default/samples.jsonl"
+    assert set(examples.load(epn_samples, ["q0", "q2"])) == {"q0", "q2"}
+    code, _, err = run_report([str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report.md").read_text()
+    part = responses(section(md, "Output fidelity"))
+    assert "Prompts chosen on **epn (mean ε=0.0773)**" in part
+    # epn diverges at 12, 2, 4, 30: median (lower middle) 4 → q3, worst 2 → q2.
+    titles = re.findall(r'<th colspan="2" align="left">([^<]*)</th>', part)
+    assert titles == ["q0 · first prompt", "q3 · median divergence (token 4)",
+                      "q2 · worst (token 2, token match 10%)"]
+    for table in part.split("<table>")[1:]:
+        table = table.split("</table>")[0]
+        labels = re.findall(r"<tr><td><b>([^<]*)</b>", table)
+        assert labels == ["prompt", "baseline", "ep1 (ε=0.5)", "ep1 (ε=1)", "ep1 (ε=5)", "epn (mean ε=0.0773)",
+                          "slalom"]
+        assert "<script>" not in table and "|" not in table and "**bold**" in table
+        assert "&lt;script&gt;alert(1)&lt;/script&gt; a&#124;b &amp;" in table   # slalom's row
+        assert "\n\n" not in table                                                # one HTML block
+        ep1 = next(line for line in table.splitlines() if line.startswith("<tr><td><b>ep1 (ε=1)"))
+        assert "<mark>" not in ep1 and "identical to the baseline" in ep1
+    q2 = part.split("<table>")[3]
+    epn_row = next(line for line in q2.splitlines() if line.startswith("<tr><td><b>epn"))
+    assert "diverges at token 2 · token match 10%" in epn_row
+    assert f"{words[0]} {words[1]} <mark>Rome is the capital</mark></td></tr>" in epn_row
+
+
+def test_table3_without_samples_says_so(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)   # write_run leaves samples.jsonl empty
+    assert run_report([str(tmp_path)], capsys)[0] == 0
+    part = responses((tmp_path / "report.md").read_text())
+    assert "no example responses" in part and "<table>" not in part
+
+
+def test_table3_first_line_per_prompt_and_mask_seed_named(tmp_path: Path) -> None:
+    """With several lines for a prompt (one per mask seed) the first is shown, and its seed named."""
+    write_run(tmp_path, "r", fidelity("epn", None, 50.0, 40.0, 60.0))
+    with_samples(tmp_path / "r", [dict(sample_line("q0", "A different answer entirely", 0, 0.0), mask_seed=7),
+                                  dict(sample_line("q0", BASE, None, 100.0), mask_seed=8),
+                                  sample_line("q1", BASE, None, 100.0)])
+    assert examples.index(tmp_path / "r" / "samples.jsonl") == [("q0", 0, 0.0), ("q1", None, 100.0)]
+    md = "\n".join(examples.markdown(fidelity_section.groups(scan(tmp_path))[0]))
+    assert "mask seed 7" in md and "<mark>A different answer entirely</mark>" in md and "mask seed 8" not in md
+
+
+def test_table3_renders_as_html_blocks() -> None:
+    """Every example table is one HTML block for a CommonMark parser (GitHub's is one): no blank line inside,
+    nothing of the model text read as markdown."""
+    markdown_it = pytest.importorskip("markdown_it")
+    hostile = "x\n\n| a | b |\n|---|---|\n# heading <b>bold</b> *em*"
+    group = type("G", (), {})()  # the attributes _table reads
+    group.rows, group.baseline, group.show_variant = [], "cpu", False
+    ref = examples.Sample("p", hostile, BASE, BASE, None, 100.0)
+    table = "\n".join(examples._table(group, examples.Pick("p", ["first prompt"]), ref, {}, {}))
+    tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse(table + "\n")
+    assert [t.type for t in tokens] == ["html_block"]
+    assert "&lt;b&gt;bold&lt;/b&gt;" in table and "&#124; a &#124;" in table

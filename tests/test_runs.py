@@ -227,10 +227,12 @@ def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, probe):
     assert res.stdout.count("ignores epsilon") == 2
     epn = json.loads((runs[f"smoke/tiny-llama/epn/eps=na/{_rest()}"] / "results.json").read_text())
     assert epn["epsilon"] is None
-    # EPN's own ε, 1/√n per prompt, is recorded per prompt and on average.
+    # EPN's own ε, 1/√n per prompt (n: the prompt's text tokens by default), is recorded per prompt and on average.
     samples = [json.loads(line) for line in (runs[f"smoke/tiny-llama/epn/eps=na/{_rest()}"] / "samples.jsonl").read_text().splitlines()]
+    assert epn["epsilon_n"] == "text"
     for s in samples:
-        assert s["epsilon"] == pytest.approx(s["n_prompt_tokens"] ** -0.5)
+        assert s["epsilon_n_tokens"] < s["n_prompt_tokens"]
+        assert s["epsilon"] == pytest.approx(s["epsilon_n_tokens"] ** -0.5)
     assert epn["metrics"]["epsilon_mean"] == pytest.approx(sum(s["epsilon"] for s in samples) / len(samples))
     eps = {json.loads((d / "results.json").read_text())["epsilon"] for n, d in runs.items() if "/ep1/" in n}
     assert eps == {0.5, 5.0, 15.0}

@@ -33,7 +33,8 @@ CAPTURED_OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 @dataclass
 class CapturedInputs:
-    """Per op instance (op, layer): inputs [K, d] (fp32) and the prompt length of each row [K]."""
+    """Per op instance (op, layer): inputs [K, d] (fp32) and, for each row [K], the n of its prompt that
+    the configuration's ε rule counts (EPN's 1/√n: the caller's `epsilon_lengths`, default every token)."""
 
     inputs: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict)
     prompt_lengths: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict)
@@ -70,8 +71,10 @@ def _down_hooks(model: nn.Module, store: dict[int, list[torch.Tensor]]) -> list:
 
 def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens: int, batch_size: int,
                       vectors_per_prompt: int, seed: int, pad_token_id: int, include_down: bool = True,
-                      threads: int | None = None, progress: Callable[[int], None] | None = None) -> CapturedInputs:
-    """Greedy T3 generation of `new_tokens` per prompt, keeping sampled real inputs of every op instance."""
+                      threads: int | None = None, progress: Callable[[int], None] | None = None,
+                      epsilon_lengths: list[int] | None = None) -> CapturedInputs:
+    """Greedy T3 generation of `new_tokens` per prompt, keeping sampled real inputs of every op instance,
+    each labelled with its prompt's n for the ε rule (`epsilon_lengths`, default len(prompt))."""
     engine = SplitEngine(model, EngineSettings("t3", record_view=True, seed=seed, tee_threads=threads))
     kept: dict[tuple[str, int | None], list[torch.Tensor]] = defaultdict(list)
     lengths: dict[tuple[str, int | None], list[int]] = defaultdict(list)
@@ -109,7 +112,7 @@ def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens:
                     for s in picked:
                         rows.append(tensors[0][row, longest - n + s] if s < n else tensors[s - n + 1][row, -1])
                 kept[key].extend(rows)
-                lengths[key].extend([n] * len(rows))
+                lengths[key].extend([n if epsilon_lengths is None else int(epsilon_lengths[start + row])] * len(rows))
         engine.view.exposures.clear()
         if progress is not None:
             progress(min(start + batch_size, len(prompts)))
@@ -121,8 +124,8 @@ def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens:
 
 def cached_capture(model: nn.Module, prompts: list[list[int]], *, cache_dir: str | Path,
                    identity: Mapping[str, Any], new_tokens: int, batch_size: int, vectors_per_prompt: int, seed: int,
-                   pad_token_id: int, include_down: bool = True,
-                   threads: int | None = None) -> tuple[CapturedInputs, dict[str, Any]]:
+                   pad_token_id: int, include_down: bool = True, threads: int | None = None,
+                   epsilon_lengths: list[int] | None = None) -> tuple[CapturedInputs, dict[str, Any]]:
     """`capture_op_inputs` through a cache under `cache_dir`/fp_capture/: the capture from the cache, or
     captured now and saved atomically. The key covers `identity` (what the caller knows about the model
     and workload: names, sources, configs), the prompts' token ids, the seed, the capture settings and the
@@ -130,7 +133,7 @@ def cached_capture(model: nn.Module, prompts: list[list[int]], *, cache_dir: str
     settings = {"vectors_per_prompt": vectors_per_prompt, "capture_new_tokens": new_tokens,
                 "capture_batch_size": batch_size, "include_down": include_down}
     key = cache_key({"kind": "fp_capture", **identity, "input_ids": prompts, "seed": seed, "capture": settings,
-                     "code": provenance.source_digest()})
+                     "epsilon_lengths": epsilon_lengths, "code": provenance.source_digest()})
     path = Path(cache_dir).expanduser() / "fp_capture" / f"{key}.pt"
     if path.exists():
         try:
@@ -141,6 +144,6 @@ def cached_capture(model: nn.Module, prompts: list[list[int]], *, cache_dir: str
             print(f"splitbench: warning: ignoring unreadable capture cache {path}: {type(exc).__name__}", file=sys.stderr)
     captured = capture_op_inputs(model, prompts, new_tokens=new_tokens, batch_size=batch_size,
                                  vectors_per_prompt=vectors_per_prompt, seed=seed, pad_token_id=pad_token_id,
-                                 include_down=include_down, threads=threads)
+                                 include_down=include_down, threads=threads, epsilon_lengths=epsilon_lengths)
     atomic_torch_save({**captured.to_payload(), "key": key}, path)
     return captured, {"cache": {"key": key, "hit": False}, **settings}

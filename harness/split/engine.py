@@ -20,7 +20,7 @@ from harness.devices import detect_tee_kind, resolve_accelerator, set_tee_thread
 from harness.errors import UserError
 from harness.split.architectures import OFFLOADABLE, architecture_of
 from harness.split.boundary import Boundary, Stopwatch
-from harness.split.mechanisms import make_mechanism
+from harness.split.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
 from harness.split.noise_bank import NoiseBank
 from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
 from harness.split.sensitivity import as_dicts, sensitivity_table
@@ -40,6 +40,7 @@ class EngineSettings:
     bank_capacity: int | None = None      # entries per op; None = sized for each generate() call
     record_view: bool = False
     slalom_frac_bits: int = 8
+    slalom_scaling: str = "per_token"   # or per_op | fixed (harness/split/mechanisms.py: wrap-around)
     sigma_scale: float = 1.0              # multiplies every σ (0 makes EP1 compute T3's numbers exactly)
     sensitivity_rule: str = "paper"       # or "per_head" (see harness.split.sensitivity)
 
@@ -53,6 +54,8 @@ class EngineSettings:
             raise UserError(f"unknown offloaded op(s) {sorted(unknown)}; choose from {', '.join(OFFLOADABLE)}")
         if self.bank_capacity is not None and self.bank_capacity < 1:
             raise UserError(f"engine.bank_capacity must be >= 1 or null, got {self.bank_capacity}")
+        if self.slalom_scaling not in SLALOM_SCALINGS:
+            raise UserError(f"slalom_scaling must be one of {', '.join(SLALOM_SCALINGS)}, got {self.slalom_scaling!r}")
         if self.sigma_scale < 0:
             raise UserError(f"sigma_scale must be >= 0, got {self.sigma_scale}")
 
@@ -66,6 +69,7 @@ class GenerationResult:
     boundary: dict = field(default_factory=dict)
     bank: dict = field(default_factory=dict)
     epsilons: list[float | None] = field(default_factory=list)   # the per-token ε each prompt ran under
+    slalom: dict | None = None    # slalom: wrap-arounds of this generation per op (SplitEngine.slalom_stats)
 
 
 class _Context:
@@ -114,7 +118,7 @@ class SplitEngine:
         table_ops = tuple(settings.offload) if conf.gaussian else tuple(o for o in settings.offload if o != "down")
         self.table = sensitivity_table(model, table_ops, settings.sensitivity_rule)
         self.ops: list[OffloadedOp] = []
-        self.mechanism = make_mechanism(conf.mechanism, settings.slalom_frac_bits) if self.split else None
+        self.mechanism = make_mechanism(conf.mechanism, settings.slalom_frac_bits, settings.slalom_scaling) if self.split else None
         if self.split:
             self._build_ops()
 
@@ -127,6 +131,7 @@ class SplitEngine:
             op = OffloadedOp(name, layer, linears, deltas.get((name, layer)), self.ctx, mechanism, self.accelerator.device)
             if mechanism.needs_bank():
                 op.bank = NoiseBank(op.label, mechanism.chunk_maker(op), self.settings.seed, self.settings.bank_on_exhaustion)
+            mechanism.prepare(op, self.model)  # Slalom: op.slalom, its input bits and wrap-around counters
             self.ops.append(op)
 
     def _install(self) -> Installed:
@@ -172,6 +177,7 @@ class SplitEngine:
             "sigma_scale": s.sigma_scale,
             "sensitivity_rule": s.sensitivity_rule,
             "slalom_frac_bits": s.slalom_frac_bits if s.configuration == "slalom" else None,
+            "slalom_scaling": s.slalom_scaling if s.configuration == "slalom" else None,
             "torch": torch.__version__,
             "settings": asdict(s),
         }
@@ -184,7 +190,11 @@ class SplitEngine:
     # ---------------------------------------------------------------- generation
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, pad_token_id: int,
-                 eos_token_id: int | None = None, stop_at_eos: bool = False) -> GenerationResult:
+                 eos_token_id: int | None = None, stop_at_eos: bool = False,
+                 epsilon_lengths: list[int] | None = None) -> GenerationResult:
+        """Greedy generation of `max_new_tokens` per prompt. `epsilon_lengths`: each prompt's n for
+        configurations whose ε follows the prompt's length (EPN's 1/√n); None = len(prompt), every token
+        the model sees (the caller chooses the reading: runners/common.py Inputs.epsilon_lengths)."""
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -196,7 +206,9 @@ class SplitEngine:
                 f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}"
             )
         batch = len(prompts)
-        lengths = [len(p) for p in prompts]
+        lengths = [len(p) for p in prompts] if epsilon_lengths is None else [int(n) for n in epsilon_lengths]
+        if len(lengths) != batch or min(lengths) < 1:
+            raise ValueError(f"epsilon_lengths must give one n >= 1 per prompt, got {epsilon_lengths}")
         epsilons = self.epsilons_for(lengths)
         # σ = Δ·factor per prompt row (harness/configurations.py noise_factors).
         factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
@@ -205,6 +217,7 @@ class SplitEngine:
 
         bank_precompute = self._prepare_banks(batch * longest + batch * (max_new_tokens - 1), batch * max_new_tokens)
         self.clock.reset()
+        self._reset_slalom()
         counters_before = self.boundary.counters()
         device = self.run_device
         ids = torch.full((batch, longest), pad_token_id, dtype=torch.long)
@@ -274,6 +287,7 @@ class SplitEngine:
             boundary={k: counters[k] - counters_before[k] for k in counters},
             bank=self.bank_stats(),
             epsilons=epsilons,
+            slalom=self.slalom_stats(),
         )
 
     def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
@@ -289,6 +303,19 @@ class SplitEngine:
             elif op.bank.stats.entries_made == 0:
                 seconds += op.bank.fill(capacity)
         return seconds
+
+    def slalom_stats(self) -> dict | None:
+        """Slalom's wrap-arounds since the current or last generate() began, per op instance, per op type
+        and in total, with each op's input bits (harness/split/mechanisms.py); None for other mechanisms."""
+        if self.mechanism is None or self.mechanism.name != "slalom":
+            return None
+        m = self.mechanism
+        return slalom_stats(self.ops, m.scaling, m.frac_bits, m.modulus)
+
+    def _reset_slalom(self) -> None:
+        for op in self.ops:
+            if getattr(op, "slalom", None) is not None:
+                op.slalom.reset()
 
     def bank_stats(self) -> dict:
         banks = [op.bank for op in self.ops if op.bank is not None]

@@ -3,20 +3,62 @@
 - Plain (T3): the input crosses in the clear.
 - Gaussian (EP1, EPN): x + σ·η with η from the bank, σ = Δ_op·(per-row factor); the TEE subtracts σ·(W·η)
   (paper §4.3, §5.4). The factor comes from the configuration (harness/configurations.py noise_factors).
-- Slalom (Tramèr & Boneh 2019, paper §7.2): fixed-point quantisation with `frac_bits` fractional bits of
-  inputs and weights, a uniform mask in Z_q, the device computes W_q·(x_q + r) mod q, the TEE subtracts the
-  precomputed W_q·r mod q, re-centres into (−q/2, q/2] and de-quantises. Products are carried exactly in a
-  float64 GEMM split over the input dimension so that every partial sum stays below 2^53.
+- Slalom (Tramèr & Boneh 2019, paper §7.2): fixed-point quantisation of inputs and weights, a uniform mask
+  in Z_q, the device computes W_q·(x_q + r) mod q, the TEE subtracts the precomputed W_q·r mod q, re-centres
+  into (−q/2, q/2] and de-quantises. Products are carried exactly in a float64 GEMM split over the input
+  dimension so that every partial sum stays below 2^53.
+
+Slalom's wrap-around. Re-centring returns the integer product P = W_q·x_q only while |P| ≤ (q−1)/2; past
+that the TEE silently gets P − k·q. With Slalom's constants (8 fractional bits for inputs and for weights,
+q = 2^23+2^21+7) every output must stay below (q−1)/2 / 2^16 ≈ 80, which SmolLM2's O projections in late
+layers exceed on ordinary prompts. So, here:
+
+1. Counting, in every Slalom run. For each input row x (one token) the TEE bounds max_r |W_q,r·x_q|,
+   x_q = round(x·2^b), from two norms of x: ‖x_q‖∞ ≤ 2^b‖x‖∞ + 1/2 and ‖x_q‖₂ ≤ 2^b‖x‖₂ + √d/2, times
+   max_r ‖W_q,r‖₁ (Hölder) or max_r ‖W_q,r‖₂ (Cauchy–Schwarz), computed once from the quantised weights.
+   Where the smaller bound is ≤ (q−1)/2 no output of the row can wrap. Rows above it are checked exactly:
+   the TEE computes their integer product itself (a float64 GEMM, exact because every partial sum is at
+   most ‖x_q‖∞·max_r‖W_q,r‖₁ < 2^53) and counts the outputs with |P| > (q−1)/2. So the count is exact (no
+   false negatives, no false positives) and costs two reductions over the input unless a row is in
+   danger; a float estimate of W·x in the TEE would be no cheaper at full precision (it is the product
+   Slalom offloads) and can miss a wrap at lower precision. The counts are kept per op instance
+   (SlalomOpState), with the TEE time they took (`check_s`, part of `masking`).
+2. Scaling (`scaling`), so that none occur. `fixed` is Slalom's: every input with `frac_bits` fractional
+   bits; it reproduces the numbers measured before the counter existed, wrap-arounds included.
+   `per_token` (the default) keeps `frac_bits` for every row whose bound is safe and gives each other row
+   the largest number of fractional bits b = f − s (s ≥ 0) at which its bound is safe again: x_q =
+   round(x·2^b), de-quantised by 2^−(b+f_w). No wrap-around can occur, and every row that is safe at
+   Slalom's scale is computed exactly as Slalom computes it. `per_op` fixes the input bits once per op
+   instance, from the worst case over every input the op can receive: after an RMSNorm x = α⊙x̂ with
+   ‖x̂‖₂ ≤ √d, so sup|W_q,r·x| = √d·‖W_q,r⊙α‖₂; the O input is, per head h, a convex combination of value
+   vectors W_V,g(h)·(α⊙x̂) + b_V,g(h), so sup|W_q,r·x| ≤ Σ_h (√d·‖W_q,r,h·W_V,g(h)·diag α‖₂ + |W_q,r,h·b_V,g(h)|)
+   (with Slalom's quantised W_V and its input's rounding where Slalom computes V too); the input's own
+   rounding adds ‖W_q,r‖₁/2. That worst case lies far above what prompts reach, so `per_op` gives up input
+   bits on every token of most O projections, `per_token` only on the rows that need it (results.json
+   records each op's bits). Every mode keeps Slalom's arithmetic (exact products mod q, masks uniform in
+   Z_q, weights with `frac_bits` fractional bits), and a row's scale never reaches the device: it sees
+   (x_q + r) mod q, uniform whatever the scale.
 """
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from harness.errors import UserError
+
 SLALOM_MODULUS = 2**23 + 2**21 + 7  # 10,485,767, Slalom's prime
+SLALOM_SCALINGS = ("per_token", "per_op", "fixed")
 FLOAT64_EXACT = 2**53
+# Relative slack on the Cauchy–Schwarz bound for the float64 rounding of ‖·‖₂ (a sum of d < 10^6 squares
+# rounds by less than d·2^−53 ≈ 10^−10 relative), and on the per_op worst case for the float32 RMSNorm and
+# softmax of the model itself.
+L2_SLACK = 1e-9
+WORST_CASE_SLACK = 1e-3
+MAX_SHIFT = 126  # input bits per_token may take away from one row (2^−126: every input rounds to 0)
 
 
 def exact_chunk(max_abs_weight: float, modulus: int) -> int:
@@ -46,11 +88,158 @@ def centre(z: torch.Tensor, modulus: int) -> torch.Tensor:
     return torch.where(z > modulus // 2, z - modulus, z)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Slalom's wrap-around: bounds, exact count, scaling
+# ---------------------------------------------------------------------------------------------------
+
+def input_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of x ([n, d] float): ‖x‖∞ (exact) and ‖x‖₂ rounded up, both float64. A float sum of d
+    squares errs by less than d·u relative (u = eps/2), and the square root halves that: d·eps covers it."""
+    lo, hi = torch.aminmax(x, dim=-1)
+    inf = torch.maximum(hi, -lo).double()
+    l2 = torch.linalg.vector_norm(x, dim=-1).double() * (1.0 + x.shape[-1] * torch.finfo(x.dtype).eps)
+    return inf, l2
+
+
+def row_bounds(inf: torch.Tensor, l2: torch.Tensor, bits, d: int, row_l1: float, row_l2: float) -> torch.Tensor:
+    """Per input row, a sound upper bound on max_r |W_q,r·x_q| with x_q = round(x·2^bits) (bits: an int
+    or one per row): ‖x_q‖∞ ≤ 2^b‖x‖∞ + 1/2 and ‖x_q‖₂ ≤ 2^b‖x‖₂ + √d/2, then the smaller of Hölder's
+    max_r‖W_q,r‖₁·‖x_q‖∞ and Cauchy–Schwarz's max_r‖W_q,r‖₂·‖x_q‖₂ (float64; L2_SLACK covers its rounding).
+    No output of a row whose bound is ≤ (q−1)/2 can wrap: the products are integers."""
+    scale = torch.exp2(bits.double()) if isinstance(bits, torch.Tensor) else 2.0**bits
+    return torch.minimum((inf * scale + 0.5) * row_l1, (l2 * scale + math.sqrt(d) / 2) * (row_l2 * (1.0 + L2_SLACK)))
+
+
+def exact_wraps(x_q: torch.Tensor, weights_q: list[torch.Tensor], row_l1: float, modulus: int) -> int:
+    """Outputs whose integer product W_q·x_q has |P| > (q−1)/2 (the centred residue is then wrong), counted
+    exactly in the TEE. float64 is exact here: every partial sum is at most ‖x_q‖∞·max_r‖W_q,r‖₁ (row_l1);
+    an integer GEMM takes over where that could reach 2^53."""
+    limit = modulus // 2
+    exact_in_float64 = x_q.abs().max().item() * row_l1 < FLOAT64_EXACT
+    xd = x_q.double() if exact_in_float64 else x_q.long()
+    count = 0
+    for w in weights_q:
+        product = xd @ (w.T if exact_in_float64 else w.long().T)
+        count += int((product.abs() > limit).sum())
+    return count
+
+
+def row_shifts(inf: torch.Tensor, l2: torch.Tensor, bits: int, d: int, row_l1: float, row_l2: float,
+               modulus: int) -> torch.Tensor:
+    """Per row, the smallest s ≥ 0 with row_bounds(…, bits − s, …) ≤ (q−1)/2 (int64): the closed form from
+    either bound, then one more bit wherever float rounding left a row above the limit."""
+    limit = modulus // 2
+    cap_inf = (limit / row_l1 - 0.5) / inf if row_l1 > 0 else torch.full_like(inf, math.inf)
+    cap_l2 = (limit / (row_l2 * (1.0 + L2_SLACK)) - math.sqrt(d) / 2) / l2 if row_l2 > 0 else torch.full_like(l2, math.inf)
+    # The largest admissible 2^(bits−s): either bound suffices; a zero row admits any scale (cap = inf).
+    cap = torch.maximum(cap_inf, cap_l2).clamp(min=2.0**-MAX_SHIFT)
+    shift = torch.ceil(bits - torch.log2(cap)).clamp(0, MAX_SHIFT).to(torch.int64)
+    while True:
+        over = (row_bounds(inf, l2, bits - shift, d, row_l1, row_l2) > limit) & (shift < MAX_SHIFT)
+        if not bool(over.any()):
+            return shift
+        shift = shift + over.to(torch.int64)
+
+
+def worst_case_products(model, op_name: str, layer: int | None, weights_q: list[torch.Tensor],
+                        value: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+    """sup over every input the op can receive of |W_q,r·x| for every output row r of every member
+    (float64, rows concatenated), before the input's rounding; the derivation is in the module docstring.
+    `value`, for O: (W̃_V, b), the V weights as Slalom quantised them (W_V,q/2^f) and the input bits of the
+    layer's QKV, when Slalom computes V too; None: V is W_V itself."""
+    from harness.split.architectures import architecture_of, decoder_layers, effective_gain, final_norm
+
+    arch = architecture_of(model)
+    if op_name == "lm_head":
+        gain = effective_gain(final_norm(model), arch)
+    elif op_name in ("qkv", "gate_up"):
+        gain = effective_gain(getattr(decoder_layers(model)[layer], arch.qkv_norm if op_name == "qkv" else arch.mlp_norm), arch)
+    elif op_name == "o":
+        return _worst_case_o(model, decoder_layers(model)[layer], weights_q[0], arch, value)
+    else:
+        raise UserError(f"engine.slalom_scaling=per_op has no input bound for {op_name!r} (its input follows "
+                        "SiLU/GELU): use slalom_scaling=per_token or drop it from engine.offload")
+    root_d = math.sqrt(gain.numel())
+    return torch.cat([root_d * torch.linalg.vector_norm(w * gain, dim=-1) for w in weights_q])
+
+
+def _worst_case_o(model, layer, w_o: torch.Tensor, arch, value: tuple[torch.Tensor, int] | None) -> torch.Tensor:
+    """Σ_h (√d·‖c_h⊙α‖₂ + |W_q,r,h·b_V|) with c_h = W_q,r,h·W_V,g(h). When Slalom computes V, V is
+    W̃_V·(x + e) with W̃_V its quantised weights and |e| ≤ 2^−(b+1) the rounding of its input x at b bits,
+    so W̃_V replaces W_V and ‖c_h‖₁·2^−(b+1) joins each term."""
+    from harness.split.architectures import effective_gain
+
+    attention = layer.self_attn
+    gain = effective_gain(getattr(layer, arch.qkv_norm), arch)
+    root_d = math.sqrt(gain.numel())
+    heads = model.config.num_attention_heads
+    head_dim = w_o.shape[1] // heads
+    w_v = attention.v_proj.weight.detach().double() if value is None else value[0].double()  # [n_kv·head_dim, d]
+    b_v = attention.v_proj.bias
+    n_rep = heads // (w_v.shape[0] // head_dim)
+    total = torch.zeros(w_o.shape[0], dtype=torch.float64)
+    for h in range(heads):
+        g = h // n_rep                                                 # grouped-query attention: repeat_kv
+        block = w_o[:, h * head_dim:(h + 1) * head_dim]
+        c = block @ w_v[g * head_dim:(g + 1) * head_dim]
+        total += root_d * torch.linalg.vector_norm(c * gain, dim=-1)
+        if value is not None:
+            total += c.abs().sum(-1) * 2.0 ** -(value[1] + 1)
+        if b_v is not None:
+            total += (block @ b_v.detach().double()[g * head_dim:(g + 1) * head_dim]).abs()
+    return total
+
+
+def per_op_input_bits(worst_case: torch.Tensor, row_l1: torch.Tensor, frac_bits: int, modulus: int) -> int:
+    """The largest k ≤ frac_bits with max_r (2^k·sup_r·(1 + WORST_CASE_SLACK) + ‖W_q,r‖₁/2) ≤ (q−1)/2."""
+    limit = modulus // 2
+    for k in range(frac_bits, frac_bits - MAX_SHIFT, -1):
+        if (2.0**k * worst_case * (1.0 + WORST_CASE_SLACK) + row_l1 / 2).max().item() <= limit:
+            return k
+    raise UserError("Slalom's field cannot hold this op's products at any input scale; use slalom_scaling=per_token")
+
+
+@dataclass
+class SlalomOpState:
+    """One op instance's Slalom constants, from its quantised weights, and its wrap-around counters
+    (reset at the start of every generation)."""
+
+    in_bits: int            # the input's fractional bits (per_op: chosen from the worst case; else frac_bits)
+    weight_bits: int
+    row_l1: float           # max over members and rows of ‖W_q,r‖₁ (an exact integer)
+    row_l2: float           # max over members and rows of ‖W_q,r‖₂
+    out_features: int       # summed over members
+    worst_case: float | None = None   # per_op: max_r sup|W_q,r·x| the bits were chosen from
+    rows: int = 0           # real input rows (tokens; padding left out) masked
+    elements: int = 0       # their outputs (rows × out_features)
+    wraps: int = 0          # outputs whose centred residue was not the product (|W_q·x_q| > (q−1)/2)
+    rows_checked: int = 0   # rows whose bound was unsafe, checked exactly in the TEE
+    rows_rescaled: int = 0  # per_token: rows given fewer input bits than frac_bits
+    min_in_bits: int | None = None    # the fewest input bits any row got
+    check_s: float = 0.0    # TEE seconds on bounds, rescaling and exact checks (inside `masking`)
+
+    def reset(self) -> None:
+        self.rows = self.elements = self.wraps = self.rows_checked = self.rows_rescaled = 0
+        self.min_in_bits, self.check_s = None, 0.0
+
+    def counters(self) -> dict:
+        return {"wraps": self.wraps, "elements": self.elements, "rows": self.rows, "rows_checked": self.rows_checked,
+                "rows_rescaled": self.rows_rescaled, "in_bits": self.in_bits, "min_in_bits": self.min_in_bits,
+                "weight_bits": self.weight_bits, "worst_case": self.worst_case, "check_s": self.check_s}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Mechanisms
+# ---------------------------------------------------------------------------------------------------
+
 class Plain:
     name = "plain"
 
     def needs_bank(self) -> bool:
         return False
+
+    def prepare(self, op, model) -> None:
+        """Nothing to set up per op instance."""
 
     def run(self, op, x: torch.Tensor) -> list[torch.Tensor]:
         ctx = op.ctx
@@ -65,6 +254,9 @@ class Gaussian:
 
     def needs_bank(self) -> bool:
         return True
+
+    def prepare(self, op, model) -> None:
+        """Nothing to set up per op instance (σ comes from op.delta)."""
 
     def chunk_maker(self, op):
         from harness.split.noise_bank import gaussian_chunk_maker
@@ -92,15 +284,35 @@ class Gaussian:
 class Slalom:
     name = "slalom"
 
-    def __init__(self, frac_bits: int = 8, modulus: int = SLALOM_MODULUS) -> None:
+    def __init__(self, frac_bits: int = 8, modulus: int = SLALOM_MODULUS, scaling: str = "per_token") -> None:
+        if scaling not in SLALOM_SCALINGS:
+            raise UserError(f"engine.slalom_scaling={scaling!r} is not one of {', '.join(SLALOM_SCALINGS)}")
         self.frac_bits = frac_bits
         self.modulus = modulus
+        self.scaling = scaling
+        self._value: dict[int, tuple[torch.Tensor, int]] = {}  # per_op: each layer's V as Slalom computes it
 
     def needs_bank(self) -> bool:
         return True
 
     def quantised_weights(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
         return [quantise(w, self.frac_bits) for w in weights]
+
+    def prepare(self, op, model) -> None:
+        """op.slalom: the row norms of the quantised weights that the bounds use and, for per_op, the
+        input bits chosen from the op's worst case."""
+        l1 = torch.cat([w.abs().sum(-1) for w in op.tee_quantised])
+        l2 = torch.cat([torch.linalg.vector_norm(w, dim=-1) for w in op.tee_quantised])
+        state = SlalomOpState(self.frac_bits, self.frac_bits, l1.max().item(), l2.max().item(), l1.numel())
+        if self.scaling == "per_op":
+            # The engine prepares a layer's QKV before its O: O's bound needs the V that Slalom computes.
+            value = self._value.get(op.layer) if op.name == "o" else None
+            worst = worst_case_products(model, op.name, op.layer, op.tee_quantised, value)
+            state.in_bits = per_op_input_bits(worst, l1, self.frac_bits, self.modulus)
+            state.worst_case = worst.max().item()
+            if op.name == "qkv":
+                self._value[op.layer] = (op.tee_quantised[2] / 2.0**self.frac_bits, state.in_bits)
+        op.slalom = state
 
     def chunk_maker(self, op):
         from harness.split.noise_bank import slalom_chunk_maker
@@ -109,22 +321,62 @@ class Slalom:
             op.tee_quantised, self.modulus, lambda x, w: exact_matmul_mod(x, w, self.modulus, op.device_chunk)
         )
 
+    def quantise_input(self, op, x: torch.Tensor, real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """x ([n, d] float) → (x_q int32 [n, d], the input bits: one int, or per_token an int64 [n, 1]);
+        counts into op.slalom the wrap-arounds this input causes at its real rows (`real`, [n] bool; None: all
+        rows; padding rows are computed too but reach no output)."""
+        state, q, (n, d) = op.slalom, self.modulus, x.shape
+        start = time.perf_counter()
+        bits: torch.Tensor | int = state.in_bits
+        inf, l2 = input_norms(x)
+        unsafe = row_bounds(inf, l2, bits, d, state.row_l1, state.row_l2) > q // 2
+        if self.scaling == "per_token" and bool(unsafe.any()):
+            shift = torch.zeros(n, dtype=torch.int64)
+            shift[unsafe] = row_shifts(inf[unsafe], l2[unsafe], bits, d, state.row_l1, state.row_l2, q)
+            bits = (state.in_bits - shift)[:, None]
+            unsafe = row_bounds(inf, l2, bits[:, 0], d, state.row_l1, state.row_l2) > q // 2  # only at MAX_SHIFT
+            state.rows_rescaled += int(((shift > 0) if real is None else (shift > 0) & real).sum())
+        checked = time.perf_counter()
+        # x·2^b and its rounding are exact in float (b per row: a power of two per row); the integers fit int32.
+        scale = torch.exp2(bits.to(x.dtype)) if isinstance(bits, torch.Tensor) else float(2.0**bits)
+        x_q = torch.round(x * scale).to(torch.int32)
+        resumed = time.perf_counter()
+        if real is not None:
+            unsafe = unsafe & real
+        if bool(unsafe.any()):
+            state.rows_checked += int(unsafe.sum())
+            state.wraps += exact_wraps(x_q[unsafe], op.tee_quantised, state.row_l1, q)
+        counted = n if real is None else int(real.sum())
+        state.rows += counted
+        state.elements += counted * state.out_features
+        used = bits if not isinstance(bits, torch.Tensor) else (bits[:, 0] if real is None else bits[real, 0])
+        least = used if not isinstance(used, torch.Tensor) else (int(used.min()) if used.numel() else state.in_bits)
+        state.min_in_bits = least if state.min_in_bits is None else min(state.min_in_bits, least)
+        state.check_s += (checked - start) + (time.perf_counter() - resumed)
+        return x_q, bits
+
     def run(self, op, x: torch.Tensor) -> list[torch.Tensor]:
         ctx, q = op.ctx, self.modulus
         rows = x.shape[:-1]
-        masks, corrections = op.take(math.prod(rows))
+        n = math.prod(rows)
+        masks, corrections = op.take(n)
         with ctx.clock.time("masking"):
-            # x·2^f and its rounding are exact in float32 while |x_q| < 2^24; residues < q < 2^24 fit int32.
-            x_q = torch.round(x * float(2**self.frac_bits)).to(torch.int32)
-            exposed = torch.remainder(x_q + masks.view(*rows, -1), q)
+            # Real positions of this call (the engine's ctx.valid: prefill rows of left-padded prompts).
+            valid = ctx.valid
+            real = valid.reshape(n).cpu() if valid is not None and tuple(valid.shape) == tuple(rows) else None
+            x_q, bits = self.quantise_input(op, x.reshape(n, x.shape[-1]), real)
+            exposed = torch.remainder(x_q + masks, q).view(*rows, -1)
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
             flat = sent.reshape(-1, sent.shape[-1]).double()
             ys = [exact_matmul_mod(flat, w, q, op.device_chunk).to(torch.int32) for w in op.device_quantised]
         ys = ctx.boundary.receive(ys)
         with ctx.clock.time("masking"):
-            # |z| < q/2 < 2^23 is exact in float32, and so is scaling by a power of two.
-            scale = 2.0 ** (-2 * self.frac_bits)
+            # |z| < q/2 < 2^23 is exact in float32, and so is scaling by a power of two (per row, per_token).
+            if isinstance(bits, torch.Tensor):
+                scale = torch.exp2(-(bits + op.slalom.weight_bits).to(x.dtype))
+            else:
+                scale = 2.0 ** (-(bits + op.slalom.weight_bits))
             outs = []
             for y, c, (_, b) in zip(ys, corrections, op.tee_params):
                 z = centre(torch.remainder(y - c, q), q).to(x.dtype).mul_(scale).view(*rows, -1)
@@ -132,12 +384,45 @@ class Slalom:
             return outs
 
 
-def make_mechanism(name: str, slalom_frac_bits: int = 8):
+COUNTS = ("wraps", "elements", "rows", "rows_checked", "rows_rescaled", "check_s")
+
+
+def slalom_stats(ops, scaling: str, frac_bits: int, modulus: int) -> dict:
+    """The `slalom` block of results.json for one generation: wrap-arounds per op instance, per op type
+    and in total, and the input bits each op ran with (SlalomOpState.counters)."""
+    per_op = {op.label: {"op": op.name, "layer": op.layer, **op.slalom.counters()} for op in ops}
+    return _summary({"scaling": scaling, "frac_bits": frac_bits, "modulus": modulus}, per_op)
+
+
+def merge_slalom_stats(a: dict | None, b: dict | None) -> dict | None:
+    """Two generations' slalom blocks as one: counts summed, the fewest input bits kept."""
+    if a is None or b is None:
+        return b if a is None else a
+    per_op = {}
+    for label, x in a["ops"].items():
+        y = b["ops"][label]
+        lows = [v for v in (x["min_in_bits"], y["min_in_bits"]) if v is not None]
+        per_op[label] = {**x, **{k: x[k] + y[k] for k in COUNTS}, "min_in_bits": min(lows) if lows else None}
+    return _summary({k: a[k] for k in ("scaling", "frac_bits", "modulus")}, per_op)
+
+
+def _summary(head: dict, per_op: dict) -> dict:
+    by_type: dict[str, dict] = {}
+    for entry in per_op.values():
+        row = by_type.setdefault(entry["op"], {"wraps": 0, "elements": 0, "instances": 0, "instances_with_wraps": 0})
+        row["wraps"] += entry["wraps"]
+        row["elements"] += entry["elements"]
+        row["instances"] += 1
+        row["instances_with_wraps"] += int(entry["wraps"] > 0)
+    return {**head, **{k: sum(v[k] for v in per_op.values()) for k in COUNTS}, "by_op_type": by_type, "ops": per_op}
+
+
+def make_mechanism(name: str, slalom_frac_bits: int = 8, slalom_scaling: str = "per_token"):
     """The mechanism a split configuration names (harness/configurations.py `mechanism`)."""
     if name == Plain.name:
         return Plain()
     if name == Gaussian.name:
         return Gaussian()
     if name == Slalom.name:
-        return Slalom(slalom_frac_bits)
+        return Slalom(slalom_frac_bits, scaling=slalom_scaling)
     raise ValueError(f"{name!r} is not a masking mechanism")

@@ -4,7 +4,10 @@
   rows are its runs, sorted t3 first, then ep1 by ascending ε, then epn; within a configuration
   noise-free, noise-oblivious, noise-aware; then by component.
 - `table6_md`: settings × components with token precision / recall / F1, semantic similarity, BLEU,
-  ROUGE-L and exact match as "mean [95% interval]", the verdict per run, and the chance-floor row.
+  ROUGE-L and exact match as "mean [95% interval]", the verdicts per run (learned attacker, Bayes attacker,
+  the run's worst), and the chance-floor row.
+- `verdicts_md`: the verdict per configuration and ε, the worst over every attacker run against it
+  (every setting and component, learned and Bayes) among the selected runs.
 - `controls_md`, `bayes_md`, `accounting_md`: the controls per run; the Bayes attacker and its
   repeated-submission curve per configuration and ε; the privacy accounting per configuration and ε.
 - `k_curves(group)` and `plot`: the k-exposure plot.
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attacks import controls
 from runners.report.format import (ci, configuration_label, file_slug, fmt_ci, fmt_eps, gaussian, md_table, num,
                                    rank, tagged)
 from runners.report.plotting import Figures, pyplot, save
@@ -42,10 +46,21 @@ INTRO = ("Can the accelerator rebuild the prompt from what it sees (paper §7.4)
          "with the same mechanism and ε. Token precision / recall / F1: multiset overlap of "
          "reconstruction and prompt tokens, macro over prompts; text metrics on the decoded texts. Cells "
          "are **mean [95% interval]** over the evaluation prompts, in %. *Chance floor*: the token F1 an "
-         "unrelated evaluation prompt scores (mean over all pairs). *Gate*: pass when both controls hold and "
-         "the upper bound of token F1 is within the stated margin of the floor; a run whose positive control "
-         "(the noise-free attacker on t3) or negative control (trained on shuffled pairs) fails is "
-         "*invalid*, not private.")
+         "unrelated evaluation prompt scores (mean over all pairs). *Verdict* (attacks/controls.py), with m the "
+         "run's margin (`gate_margin_pp`) and [lo, hi] the 95% interval of token F1: **leak** when lo > floor + m "
+         "(and the negative control, an attacker trained on shuffled pairs, stays at the floor); *at chance* "
+         "when the whole interval lies within floor ± m and both controls hold (the positive control: the "
+         "noise-free attacker on t3 reaches the floor + its margin); *inconclusive* otherwise: below the floor "
+         "(the attacker failed, which says nothing about the masks), an interval reaching past floor ± m, or a "
+         "failed control. The Bayes attacker gets the same rule against the F1 its guesses score on the other "
+         "prompts. A run's verdict is the worst of its attackers (leak > inconclusive > at chance), and a "
+         "configuration's the worst over every run against it: a weak learned attacker at chance is no "
+         "evidence of privacy when the Bayes attacker recovers the prompt.")
+VERDICTS_INTRO = ("Verdict per configuration and ε: the worst over every attacker run against it here (each "
+                  "setting and component, learned and Bayes; leak > inconclusive > at chance), for one submission "
+                  "of each prompt. The last column is another threat model, the same prompt submitted k times with "
+                  "fresh masks: the fewest k whose averaged exposures give the Bayes attacker a top-1 lower bound "
+                  "above the top-1 of truth-independent guesses + the margin:")
 BAYES_INTRO = ("Bayes-optimal token attacker on the layer-0 QKV exposure (no training: nearest codeword "
                "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/bayes.py). "
                "Top-1 / top-5: % of prompt positions recovered; *k*: the same prompt submitted k times with "
@@ -98,6 +113,21 @@ class AttackRow:
     def ci(self, key: str) -> tuple[float | None, float | None, float | None]:
         return ci(self.m, key)
 
+    @property
+    def learned_verdict(self) -> str | None:
+        """leak | at_chance | inconclusive; results from before the three-way verdict are re-derived
+        (attacks.controls.recompute), so an old below-floor "pass" reads inconclusive."""
+        return controls.recompute(self.m)
+
+    @property
+    def bayes_verdict(self) -> str | None:
+        return controls.recompute_bayes(self.m)
+
+    @property
+    def verdict(self) -> str | None:
+        """The run's verdict: the worst of its learned and its Bayes attacker."""
+        return controls.worst([self.learned_verdict, self.bayes_verdict])
+
 
 @dataclass
 class AttackGroup:
@@ -120,6 +150,13 @@ class AttackGroup:
 
     def floors(self) -> list[float]:
         return sorted({round(v, 6) for r in self.rows if (v := num(r.m.get("chance_floor_token_f1"))) is not None})
+
+    def pairs(self) -> list[tuple[tuple[str, float | None], list[AttackRow]]]:
+        """Every run of each (configuration, ε), in display order."""
+        out: dict[tuple[str, float | None], list[AttackRow]] = {}
+        for r in self.rows:
+            out.setdefault((r.configuration, r.epsilon), []).append(r)
+        return list(out.items())
 
     def by_privacy(self) -> list[AttackRow]:
         """The first run of every (configuration, ε): the Bayes attacker and the accounting are per
@@ -144,43 +181,103 @@ def groups(runs: Sequence[Run]) -> list[AttackGroup]:
     return sorted(out, key=lambda g: (g.tags, g.experiment_name, g.model, g.workload))
 
 
-def _verdict(row: AttackRow) -> str:
-    v = row.m.get("attack_verdict")
-    if v == "pass":
-        return "**pass** (at chance)"
-    if v == "fail":
-        return "fail (above chance)"
-    if v == "invalid":
-        return "**invalid** (a control failed)"
-    return "—"
+VERDICT_LABEL = {controls.LEAK: "**leak**", controls.AT_CHANCE: "at chance", controls.INCONCLUSIVE: "inconclusive"}
 
 
-def _bayes_gate(row: AttackRow) -> str:
-    gate = row.m.get("bayes_gate")
-    return "—" if gate is None else ("**pass** (at chance)" if gate else "fail (above chance)")
+def _label(verdict: str | None, why: str | None = None) -> str:
+    if verdict is None:
+        return "—"
+    text = VERDICT_LABEL.get(verdict, verdict)
+    return f"{text} ({why})" if why else text
+
+
+def _why_learned(row: AttackRow) -> str | None:
+    """Why the learned attacker is inconclusive: a failed control, wholly below floor − margin, or an
+    interval reaching past floor ± margin."""
+    m = row.m
+    if row.learned_verdict != controls.INCONCLUSIVE:
+        return None
+    if not (m.get("positive_control_pass") and m.get("negative_control_pass")):
+        return "control failed"
+    hi, floor, margin = num(m.get("token_f1_ci_hi")), num(m.get("chance_floor_token_f1")), num(m.get("gate_margin_pp"))
+    if None not in (hi, floor, margin) and hi < floor - margin:
+        return "below floor"
+    return "interval past floor ± margin"
+
+
+def _why_bayes(row: AttackRow) -> str | None:
+    m = row.m
+    if row.bayes_verdict != controls.INCONCLUSIVE:
+        return None
+    if "bayes_verdict" not in m:
+        return "old run: no Bayes control"
+    if not m.get("bayes_positive_control_pass"):
+        return "control failed"
+    hi, ref, margin = (num(m.get("bayes_token_f1_ci_hi")), num(m.get("bayes_token_f1_chance")),
+                       num(m.get("gate_margin_pp")))
+    if None not in (hi, ref, margin) and hi < ref - margin:
+        return "below chance"
+    return "interval past chance ± margin"
 
 
 def table6_md(group: AttackGroup) -> str:
-    """One row per run; beside the learned attacker's metrics and gate, the Bayes attacker's token recovery
-    and gate under the same configuration and ε (it reads layer-0 QKV whatever the row's component, so it
-    repeats down a pair). The two gates can disagree: a weak learned attacker at chance is no evidence of
-    privacy when the Bayes attacker recovers the prompt."""
-    headers = ["configuration", "attacker", "component", *[h for _, h in TABLE6_METRICS], "gate",
-               "Bayes top-1 % (layer-0 QKV)", "Bayes gate"]
+    """One row per run; beside the learned attacker's metrics and verdict, the Bayes attacker's token
+    recovery and verdict under the same configuration and ε (it reads layer-0 QKV whatever the row's
+    component, so it repeats down a pair), and the run's verdict, the worst of the two. An inconclusive
+    verdict says why (a failed control, below the floor, or an interval reaching past floor ± margin)."""
+    headers = ["configuration", "attacker", "component", *[h for _, h in TABLE6_METRICS], "learned verdict",
+               "Bayes top-1 % (layer-0 QKV)", "Bayes verdict", "verdict"]
     rows = []
     for r in group.rows:
         comp = COMPONENT_LABEL.get(r.component, r.component)
         if r.component != "lm_head" and r.layer not in (None, 0):
             comp += f" (layer {r.layer})"
         rows.append([r.privacy_label(), SETTING_LABEL.get(r.setting, r.setting), comp,
-                     *[fmt_ci(*r.ci(k)) for k, _ in TABLE6_METRICS], _verdict(r), fmt_ci(*r.ci("bayes_top1")),
-                     _bayes_gate(r)])
+                     *[fmt_ci(*r.ci(k)) for k, _ in TABLE6_METRICS], _label(r.learned_verdict, _why_learned(r)),
+                     fmt_ci(*r.ci("bayes_top1")), _label(r.bayes_verdict, _why_bayes(r)), _label(r.verdict)])
     floors = group.floors()
     floor = (f"{floors[0]:.2f}" if len(floors) == 1 else f"{floors[0]:.2f} … {floors[-1]:.2f}") if floors else "—"
     floor_row = ["chance floor", "an unrelated evaluation prompt", "—"] + ["—"] * (len(headers) - 3)
     floor_row[3 + [k for k, _ in TABLE6_METRICS].index("token_f1")] = floor
     rows.append(floor_row)
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
+
+
+def pair_verdict(runs: Sequence[AttackRow]) -> str | None:
+    """The verdict of a configuration and ε: the worst over its runs' learned and Bayes attackers."""
+    return controls.worst([v for r in runs for v in (r.learned_verdict, r.bayes_verdict)])
+
+
+def verdicts_md(group: AttackGroup) -> str:
+    """One row per (configuration, ε): the worst verdict over every attacker run against it among the
+    selected runs (each run's learned attacker and its Bayes attacker), and which attackers give it."""
+    headers = ["configuration", "verdict", "runs", "learned attackers", "Bayes attacker", "worst from",
+               "repeated submissions (Bayes, not in the verdict)"]
+    rows = []
+    for (_, _), runs in group.pairs():
+        learned = [r.learned_verdict for r in runs]
+        bayes = [r.bayes_verdict for r in runs]
+        worst = pair_verdict(runs)
+        counts = ", ".join(f"{learned.count(v)} {VERDICT_LABEL[v].strip('*')}" for v in reversed(controls.VERDICTS)
+                           if learned.count(v))
+        culprits = [f"{SETTING_LABEL.get(r.setting, r.setting)} {COMPONENT_LABEL.get(r.component, r.component)}"
+                    for r in runs if worst is not None and r.learned_verdict == worst]
+        if worst is not None and worst in bayes:
+            culprits.append("Bayes")
+        if worst == controls.AT_CHANCE:
+            culprits = ["every attacker"]
+        rows.append([runs[0].privacy_label(), _label(worst), len(runs), counts or "—",
+                     _label(controls.worst(bayes)), "; ".join(culprits) or "—", _repeats(runs)])
+    return md_table(headers, rows, align="llrllll")
+
+
+def _repeats(runs: Sequence[AttackRow]) -> str:
+    """From which k the averaged exposures of k submissions of one prompt leak (attacks.controls.repeat_leak_k)."""
+    leaks = [k for r in runs if (k := controls.repeat_leak_k(r.m)) is not None]
+    if leaks:
+        return f"**leak** from k={min(leaks)}"
+    ks = [k for r in runs for k in k_values_of(r) if k > 1]
+    return f"none up to k={max(ks)}" if ks else "—"
 
 
 def _training(row: AttackRow) -> str:
@@ -205,14 +302,14 @@ def controls_md(group: AttackGroup) -> str:
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
 
 
+def k_values_of(row: AttackRow) -> list[int]:
+    """The k of the run's repeated-submission curve."""
+    return sorted(int(key[len("bayes_top1_k"):]) for key in row.m
+                  if key.startswith("bayes_top1_k") and key[len("bayes_top1_k"):].isdigit())
+
+
 def k_values(group: AttackGroup) -> list[int]:
-    ks = set()
-    for r in group.rows:
-        for key in r.m:
-            tail = key[len("bayes_top1_k"):]
-            if key.startswith("bayes_top1_k") and tail.isdigit():
-                ks.add(int(tail))
-    return sorted(ks)
+    return sorted({k for r in group.rows for k in k_values_of(r)})
 
 
 def bayes_md(group: AttackGroup) -> str | None:
@@ -220,8 +317,8 @@ def bayes_md(group: AttackGroup) -> str | None:
     if not rows_in:
         return None
     ks = [k for k in k_values(group) if k > 1]
-    headers = ["configuration", "σ (mean)", "top-1 %", "top-5 %", "token F1 %", "chance top-1 %", "gate",
-               *[f"top-1 at k={k} (predicted)" for k in ks]]
+    headers = ["configuration", "σ (mean)", "top-1 %", "top-5 %", "token F1 %", "token F1 from other prompts %",
+               "chance top-1 %", "verdict", *[f"top-1 at k={k} (predicted)" for k in ks]]
     rows = []
     for r in rows_in:
         cells = []
@@ -233,8 +330,8 @@ def bayes_md(group: AttackGroup) -> str | None:
         sigma = num(r.m.get("bayes_sigma_mean"))
         rows.append([r.privacy_label(), "0" if not sigma else f"{sigma:.4g}", fmt_ci(*r.ci("bayes_top1")),
                      fmt_ci(*r.ci("bayes_top5")), fmt_ci(*r.ci("bayes_token_f1")),
-                     fmt_ci(r.m.get("bayes_top1_chance"), digits=3),
-                     "pass" if r.m.get("bayes_gate") else "fail", *cells])
+                     fmt_ci(r.m.get("bayes_token_f1_chance")), fmt_ci(r.m.get("bayes_top1_chance"), digits=3),
+                     _label(r.bayes_verdict, _why_bayes(r)), *cells])
     return md_table(headers, rows)
 
 
@@ -307,7 +404,8 @@ def plot(group: AttackGroup, path: Path) -> None:
 def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:
     md = ["## Prompt reconstruction (paper Table 6)", "", INTRO, ""]
     for i, group in enumerate(items, 1):
-        md += [f"### {group.title}", "", table6_md(group), "", "Controls:", "", controls_md(group), ""]
+        md += [f"### {group.title}", "", table6_md(group), "", VERDICTS_INTRO, "", verdicts_md(group), "",
+               "Controls:", "", controls_md(group), ""]
         bayes = bayes_md(group)
         if bayes:
             md += [BAYES_INTRO, "", bayes, ""]
@@ -320,5 +418,10 @@ def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:
 
 
 def summary(items: Sequence[AttackGroup]) -> list[str]:
-    """The attack tables are too wide for a terminal: report.md holds them."""
-    return []
+    """The attack tables are too wide for a terminal (report.md holds them): one line per group with the
+    verdict per configuration and ε."""
+    lines = []
+    for group in items:
+        verdicts = [f"{runs[0].privacy_label()}: {_label(pair_verdict(runs)).strip('*')}" for _, runs in group.pairs()]
+        lines.append(f"{group.title}: verdict " + "; ".join(verdicts))
+    return lines

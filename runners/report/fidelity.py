@@ -2,7 +2,9 @@
 
 One table per (experiment, model, workload, max_new_tokens, baseline, similarity model, tags); rows are
 the ε-taking configuration by ascending ε, then the other configurations in the paper's order. The plot
-draws every utility metric against ε, the other configurations as reference lines.
+draws every utility metric against ε, the other configurations as reference lines. Under each table, a
+few of its prompts with every configuration's response, departures from the baseline marked (paper
+Table 3, example_responses.py).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runners.report import example_responses
 from runners.report.format import (ci, configuration_label, epsilon_names, file_slug, fmt_ci, md_table, num,
                                    rank, tagged, uses_epsilon)
 from runners.report.plotting import DASHES, Figures, pyplot, save
@@ -219,6 +222,7 @@ def markdown(items: Sequence[FidelityGroup], figure: Figures) -> list[str]:
         text = "; ".join(details)
         md += [text[0].upper() + text[1:] + ".", "", table_md(group), ""]
         md += figure("fidelity", i, group, plot, "utility metrics against ε")
+        md += example_responses.markdown(group)
     return md
 
 

@@ -1,0 +1,205 @@
+"""Bad input through the command line: every mistake a user can make ends in exactly one stderr line
+`splitbench: error: ...`, exit code 2 and no files under the output directory (DESIGN.md's error contract).
+
+One table, three kinds of input: overrides (types, ranges, unknown keys and options, bad lists), files
+(the workload's JSONL and the attack's text corpus: not UTF-8, empty, not JSON, wrong fields, a directory,
+a missing path) and the environment (WANDB_MODE, the cache root, the Hugging Face hub offline). Almost
+every case is refused while the config is composed or validated, before torch is imported (about a
+second each); the few that need the model library say so in the table.
+"""
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.workloads import BUILTIN_PATH, format_prompt
+
+from . import conftest
+from .conftest import run_cli
+
+SMOKE = ["experiment=smoke"]
+ATTACK = ["experiment=attack_smoke"]
+# Cases that get past validation load the tiny model; no similarity model keeps its progress bar out.
+RUNTIME = ["experiment=smoke", "semantic_model=null"]
+TEXT_CORPUS = [*ATTACK, "attack.corpus.source=text"]
+
+# The bad files, by name: bytes, or None for a directory. {F} in a case's arguments is their folder.
+BOM = codecs.BOM_UTF8
+FILES: dict[str, bytes | None] = {
+    "latin1.jsonl": b'{"instruction": "caf\xe9 au lait"}\n',                 # Latin-1, byte 20 is 0xe9
+    "bom_latin1.jsonl": BOM + b'{"instruction": "\xff"}\n',                  # offset counts the BOM
+    "bom_only.jsonl": BOM,
+    "empty.jsonl": b"",
+    "blank.jsonl": b"\n   \n\t\n",
+    "not_json.jsonl": b'{"instruction": "fine"}\n{instruction: unquoted}\n',
+    "array.jsonl": b'[{"instruction": "a list of records, not a record"}]\n',
+    "pretty.json": json.dumps([{"instruction": "a JSON file, not JSON Lines"}], indent=2).encode(),
+    "no_instruction.jsonl": b'{"prompt": "the field is called instruction"}\n',
+    "number_instruction.jsonl": b'{"instruction": 42}\n',
+    "list_context.jsonl": b'{"instruction": "Summarize.", "context": ["one", "two"]}\n',
+    "duplicate_id.jsonl": b'{"id": 1, "instruction": "first"}\n{"id": "1", "instruction": "second"}\n',
+    "a_directory.jsonl": None,
+    "corpus_latin1.txt": b"caf\xe9 au lait\n",
+    "corpus_empty.txt": b"",
+    "corpus_headings.txt": b" = Title = \n\n# a comment\n = = Section = = \n",
+    "a_file": b"not a directory\n",
+}
+
+
+@dataclass
+class Case:
+    args: list[str]
+    expected: str          # a fragment of the one error line; {F} is the folder of FILES
+    env: dict[str, str] = field(default_factory=dict)
+    cache: str | None = None  # the cache root instead of the test's own ({F} allowed)
+    out: str | None = None    # the output root instead of the test's own ({F} allowed)
+    xfail: str | None = None  # a known defect outside this test's reach: where the fix belongs (strict xfail)
+
+
+CASES = {
+    # --- overrides refused while Hydra composes the config (types, unknown keys and options, syntax)
+    "epsilon not a number": Case([*SMOKE, "epsilon=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    "batch size not an int": Case([*SMOKE, "generation.batch_size=1.5"], "could not be converted to Integer"),
+    "bool not a bool": Case([*SMOKE, "generation.stop_at_eos=maybe"], "Value 'maybe' is not a valid bool"),
+    "list given a string": Case([*SMOKE, "engine.offload=qkv"], "str is not a ListConfig, list or tuple"),
+    "misspelt key": Case([*SMOKE, "generation.max_new_tokenz=4"], "Key 'max_new_tokenz' not in 'GenerationConfig'"),
+    "unknown configuration": Case([*SMOKE, "configuration=nope"],
+                                  "no config option 'configuration/nope' (available: cpu,"),
+    "unknown experiment": Case(["experiment=nope"], "no config option 'experiment/nope'"),
+    "unknown decoder model": Case([*ATTACK, "+model@attack.decoder=nope"], "no config option 'model/nope'"),
+    "unparsable override": Case([*SMOKE, "epsilon=[1"], "cannot parse override 'epsilon=[1'"),
+    # --- overrides refused by harness.schema.validate (ranges, choices, lists, keys added with +)
+    "epsilon negative": Case([*SMOKE, "epsilon=-1"], "epsilon must be a finite number > 0, got -1.0"),
+    "epsilon infinite": Case([*SMOKE, "epsilon=inf"], "epsilon must be a finite number > 0, got inf"),
+    "no new tokens": Case([*SMOKE, "generation.max_new_tokens=0"], "generation.max_new_tokens must be >= 1, got 0"),
+    "unknown baseline": Case([*SMOKE, "baseline=tpu"], "baseline='tpu' is not one of auto, cpu, gpu"),
+    "unknown op in a list": Case([*SMOKE, "engine.offload=[qkv,nope]"], "engine.offload: unknown op(s) ['nope']"),
+    "empty list": Case([*SMOKE, "timing.configurations=[]"], "timing.configurations must be a non-empty list"),
+    "duplicates in a list": Case([*SMOKE, "fp_error.precisions=[fp32,fp32]"],
+                                 "fp_error.precisions must be a list of distinct values"),
+    "bayes k below 1": Case([*ATTACK, "attack.bayes.k=[0]"],
+                            "attack.bayes.k must be a non-empty list of integers >= 1"),
+    "unknown attack setting": Case([*ATTACK, "attack.setting=blind"], "attack.setting='blind' is not one of"),
+    "unknown logger mode": Case([*SMOKE, "logger=wandb", "logger.mode=loud"], "logger.mode='loud' is not one of"),
+    "new top-level key": Case([*SMOKE, "+foo=1"], "unknown option foo (not in the schema; the top level has: model,"),
+    "new key, misspelt": Case([*SMOKE, "+generation.max_new_token=5"],
+                              "unknown option generation.max_new_token (not in the schema; did you mean "
+                              "generation.max_new_tokens?)"),
+    "new model key": Case([*SMOKE, "+model.foo=1"], "unknown option model.foo"),
+    "no prompts": Case([*SMOKE, "workload.n_prompts=0"], "workload.n_prompts=0 must be a positive integer"),
+    "token bounds crossed": Case([*SMOKE, "workload.min_tokens=300", "workload.max_tokens=100"],
+                                 "workload.min_tokens=300 is larger than workload.max_tokens=100"),
+    "unknown workload source": Case([*SMOKE, "workload.source=alpaca"], "workload.source='alpaca' is not one of"),
+    # --- the workload file (harness/workloads.py, checked by validate before any model loads)
+    "not UTF-8": Case([*SMOKE, "workload.path={F}/latin1.jsonl"],
+                      "workload.path={F}/latin1.jsonl is not UTF-8 text (byte 0xe9 at offset 20)"),
+    "BOM, then not UTF-8": Case([*SMOKE, "workload.path={F}/bom_latin1.jsonl"],
+                                "bom_latin1.jsonl is not UTF-8 text (byte 0xff at offset 20)"),
+    "only a BOM": Case([*SMOKE, "workload.path={F}/bom_only.jsonl"], "bom_only.jsonl holds no records"),
+    "empty file": Case([*SMOKE, "workload.path={F}/empty.jsonl"], "empty.jsonl holds no records"),
+    "blank lines only": Case([*SMOKE, "workload.path={F}/blank.jsonl"], "blank.jsonl holds no records"),
+    "not JSON": Case([*SMOKE, "workload.path={F}/not_json.jsonl"], "not_json.jsonl: line 2 is not valid JSON"),
+    "line not an object": Case([*SMOKE, "workload.path={F}/array.jsonl"],
+                               "array.jsonl: line 1 is not a JSON object (got a JSON array)"),
+    "JSON, not JSON Lines": Case([*SMOKE, "workload.path={F}/pretty.json"], "pretty.json: line 1 is not valid JSON"),
+    "no instruction": Case([*SMOKE, "workload.path={F}/no_instruction.jsonl"],
+                           "no_instruction.jsonl: line 1 has no 'instruction' text"),
+    "instruction a number": Case([*SMOKE, "workload.path={F}/number_instruction.jsonl"],
+                                 "number_instruction.jsonl: line 1 has no 'instruction' text"),
+    "context a list": Case([*SMOKE, "workload.path={F}/list_context.jsonl"],
+                           "list_context.jsonl: line 1 has a 'context' that is not text (a JSON array)"),
+    "duplicate id": Case([*SMOKE, "workload.path={F}/duplicate_id.jsonl"],
+                         "duplicate_id.jsonl: line 2: duplicate prompt id '1'"),
+    "directory as file": Case([*SMOKE, "workload.path={F}/a_directory.jsonl"],
+                              "workload.path={F}/a_directory.jsonl is a directory, not a file"),
+    "missing file": Case([*SMOKE, "workload.path={F}/nope.jsonl"], "workload.path={F}/nope.jsonl does not exist"),
+    "empty path": Case([*SMOKE, "workload.path=''"], "workload.path is empty"),
+    # --- the attack's text corpus (attacks/corpus.py reads it; validate checks it first)
+    "corpus not UTF-8": Case([*TEXT_CORPUS, "attack.corpus.path={F}/corpus_latin1.txt"],
+                             "attack.corpus.path={F}/corpus_latin1.txt is not UTF-8 text (byte 0xe9 at offset 3)"),
+    "corpus empty": Case([*TEXT_CORPUS, "attack.corpus.path={F}/corpus_empty.txt"], "corpus_empty.txt holds no text"),
+    "corpus headings only": Case([*TEXT_CORPUS, "attack.corpus.path={F}/corpus_headings.txt"],
+                                 "corpus_headings.txt holds no text"),
+    "corpus a directory": Case([*TEXT_CORPUS, "attack.corpus.path={F}/a_directory.jsonl"],
+                               "is a directory, not a file"),
+    "corpus without path": Case(TEXT_CORPUS, "attack.corpus.source=text needs attack.corpus.path="),
+    # --- the environment
+    "WANDB_MODE garbage": Case([*SMOKE, "logger=wandb"], "the environment sets WANDB_MODE='loud'",
+                               env={"WANDB_MODE": "loud"}),
+    "SPLITBENCH_CACHE a file": Case(SMOKE,
+                                    "paths.cache_dir={F}/a_file (from $SPLITBENCH_CACHE) is a file, not a directory",
+                                    env={"SPLITBENCH_CACHE": "{F}/a_file"}, cache="{F}/a_file"),
+    "cache under a file": Case(SMOKE, "paths.cache_dir={F}/a_file/cache cannot be created: {F}/a_file is a file",
+                               cache="{F}/a_file/cache"),
+    "semantic model dir empty": Case([*SMOKE, "semantic_model={F}/a_directory.jsonl"],
+                                     "is a directory without a model in it"),
+    # Hydra creates the run directory before splitbench's code runs (runners/run.py main() renders it).
+    "output dir a file": Case(SMOKE, "cannot create the run directory {F}/a_file",
+                              out="{F}/a_file"),
+    # --- found by the model library (a few seconds each: transformers is imported)
+    "hub model offline": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
+                              "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",
+                              env={"HF_HUB_OFFLINE": "1"}),
+    "model config value": Case([*RUNTIME, "model.hf_config.hidden_size=abc"],
+                               "model tiny-llama: invalid hf_config for llama: Validation error for field "
+                               "'hidden_size'"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("bad_files")
+    for name, data in FILES.items():
+        if data is None:
+            (folder / name).mkdir()
+        else:
+            (folder / name).write_bytes(data)
+    return folder
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, id=name, marks=[pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else [])
+    for name, case in CASES.items()])
+def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypatch):
+    fill = lambda text: text.replace("{F}", str(bad_files))  # noqa: E731
+    out = Path(fill(case.out)) if case.out else tmp_path / "out"
+    cache = Path(fill(case.cache)) if case.cache else tmp_path / "cache"
+    if case.cache:
+        # run_cli links the shared tokenizer cache into the cache root, which cannot exist here.
+        monkeypatch.setattr(conftest, "_share_tokenizer_cache", lambda cache: None)
+    res = run_cli([fill(a) for a in case.args], out, cache, env={k: fill(v) for k, v in case.env.items()})
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr_lines) == 1, res.stderr
+    line = res.stderr_lines[0]
+    assert line.startswith("splitbench: error: ") and fill(case.expected) in line, line
+    assert _files(out) == []
+    assert _files(bad_files) == sorted(FILES), "a case wrote into the input folder"
+
+
+def test_workload_with_a_byte_order_mark_runs(tmp_path):
+    """A JSONL saved with a UTF-8 BOM (Windows editors) is read as the same prompts, the BOM not in them."""
+    rows = [json.loads(line) for line in BUILTIN_PATH.read_text(encoding="utf-8").splitlines()[:2]]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(BOM + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    out = tmp_path / "out"
+    res = run_cli([*RUNTIME, f"workload.path={path}", "workload.n_prompts=2", "generation.max_new_tokens=2",
+                   "generation.batch_size=2"], out, tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (done,) = out.rglob(".done")
+    samples = [json.loads(line) for line in (done.parent / "samples.jsonl").read_text().splitlines()]
+    assert [s["id"] for s in samples] == [r["id"] for r in rows]
+    assert [s["prompt"] for s in samples] == [format_prompt(r["instruction"], r["context"]) for r in rows]
+    results = json.loads((done.parent / "results.json").read_text())
+    assert results["status"] == "ok" and results["n_prompts"] == 2
+    # Provenance hashes the file as it is on disk, BOM included.
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert results["workload_info"]["source"] == f"file:{path.resolve()} sha256={digest}"
