@@ -29,8 +29,12 @@ class OffloadedOp:
             from harness.split.mechanisms import exact_chunk
 
             self.device_chunk = exact_chunk(max(w.abs().max().item() for w in self.tee_quantised), mechanism.modulus)
+        elif device.type == "cpu":
+            # The model's own parameters, not detached views: F.linear rounds differently on a non-contiguous
+            # input (the LM head's last position) depending on whether the weight requires grad, and T3 must
+            # compute exactly what the model would.
+            self.device_params = [(lin.weight, lin.bias) for lin in linears]
         else:
-            # On a CPU "device" .to() returns the very same tensors, so T3 computes exactly what the model would.
             self.device_params = [(w.to(device), None if b is None else b.to(device)) for w, b in self.tee_params]
 
     @property
