@@ -56,13 +56,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     test_engine = engine.describe()
 
     epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
-    per_seed = [_metrics(cfg, inputs, r[3].summary(), r[1], base) for r in replicates]
+    n_eps = generate["epsilon_lengths"]   # each prompt's n for EPN's ε (cfg.epn_n)
+    # Nominal per-token ε beside the GDP composition over every exposure one prompt token reaches (DESIGN.md):
+    # a property of the configuration and the prompts, the same under every mask seed.
+    privacy = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts],
+                                         len(inputs.loaded.model.model.layers), cfg.generation.max_new_tokens,
+                                         tuple(cfg.engine.offload), cfg.engine.sigma_scale, epsilon_lengths=n_eps)
+    per_seed = [_metrics(inputs, r[3].summary(), r[1], base, privacy) for r in replicates]
     notes = [note for note, applies in ((NO_CUDA_BASELINE, baseline == "cpu" and cfg.baseline == "auto"),
                                         (NO_CUDA_DEVICE, test_engine.get("accelerator_is_cpu_fallback"))) if applies]
-    epsilon_n = _epsilon_n(cfg, inputs)
+    # Which n EPN's ε = 1/√n counted: recorded for the configurations whose ε follows the prompt's length.
+    epsilon_n = cfg.epn_n if configurations.get(configuration).epsilon_rule == configurations.INVERSE_SQRT_N else None
     samples = [{"id": prompt.id, "prompt": prompt.text, "n_prompt_tokens": len(prompt.input_ids),
                 "epsilon": test.epsilons[i] if i < len(test.epsilons) else epsilon,
-                **({} if epsilon_n is None else {"epsilon_n_tokens": epsilon_n["n"][i]}),
+                **({} if epsilon_n is None else {"epsilon_n_tokens": n_eps[i]}),
                 "baseline_ids": base["output_ids"][i], "output_ids": test.output_ids[i],
                 "baseline_text": base_texts[i], "output_text": test_texts[i], **scores.rows[i],
                 **({} if len(seeds) == 1 else {"output_ids_by_mask_seed": {str(seed): r[1].output_ids[i]
@@ -72,7 +79,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         **results_header(cfg, "fidelity", inputs),
         "configuration": configuration,
         "epsilon": epsilon,
-        "epsilon_n": epsilon_n and epsilon_n["reading"],
+        "epsilon_n": epsilon_n,
         "baseline": baseline,
         "mask_seeds": seeds,
         "metrics": replicates_pool(per_seed, spread=SUMMARY_METRICS),
@@ -105,26 +112,13 @@ def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, A
     return engine, test, texts, scores
 
 
-def _epsilon_n(cfg: DictConfig, inputs: Inputs) -> dict[str, Any] | None:
-    """Which n EPN's ε = 1/√n counted (cfg.epn_n) and each prompt's n; None for other configurations."""
-    if configurations.get(cfg.configuration.name).epsilon_rule != configurations.INVERSE_SQRT_N:
-        return None
-    return {"reading": cfg.epn_n, "n": inputs.epsilon_lengths(cfg.epn_n)}
-
-
-def _metrics(cfg: DictConfig, inputs: Inputs, metrics: dict[str, Any], test: BatchedGeneration,
-             base: dict[str, Any]) -> dict[str, Any]:
-    """The comparison's summary plus the ε the run used, its privacy accounting and its speed."""
-    configuration = cfg.configuration.name
+def _metrics(inputs: Inputs, metrics: dict[str, Any], test: BatchedGeneration, base: dict[str, Any],
+             privacy: dict[str, Any]) -> dict[str, Any]:
+    """One mask seed's comparison summary plus the ε it ran under, the privacy accounting and its speed."""
     used = [e for e in test.epsilons if e is not None]
     # EPN's ε is 1/√n per prompt: its mean is what the paper quotes (0.0773 in §7.3.1).
     metrics["epsilon_mean"] = sum(used) / len(used) if used else None
-    # Nominal per-token ε beside the GDP composition over every exposure one prompt token reaches (DESIGN.md).
-    metrics.update(accounting.privacy_summary(configuration, configurations.effective_epsilon(configuration, cfg.epsilon),
-                                              [len(p) for p in inputs.prompts], len(inputs.loaded.model.model.layers),
-                                              cfg.generation.max_new_tokens, tuple(cfg.engine.offload),
-                                              cfg.engine.sigma_scale,
-                                              epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n)))
+    metrics.update(privacy)
     metrics["slalom_wraps"] = test.slalom["wraps"] if test.slalom else None
     metrics["seconds_per_prompt"] = test.per_prompt().get("total")
     metrics["baseline_seconds_per_prompt"] = base["timings"].get("total", 0.0) / max(1, len(inputs.prompts))

@@ -23,7 +23,7 @@ from typing import Any
 from attacks import controls
 from runners.report.format import (ci, configuration_label, file_slug, fmt_ci, fmt_eps, gaussian, md_table, num,
                                    rank, tagged)
-from runners.report.plotting import Figures, pyplot, save
+from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "attack"
@@ -394,11 +394,7 @@ def plot(group: AttackGroup, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("submissions of the same prompt, k (exposures averaged)")
     ax.set_ylabel("Bayes top-1 token recovery (%)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title(f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker", fontsize=8)
-    fig.tight_layout()
-    save(fig, path)
+    save_axes(fig, ax, path, f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker")
 
 
 def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.report.format import ci, file_slug, fmt_auto, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save
+from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "controlled_error"
@@ -116,11 +116,7 @@ def plot(table: ControlledTable, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("mean absolute error of every offloaded op output")
     ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.set_title(table.title, fontsize=8)
-    fig.tight_layout()
-    save(fig, path)
+    save_axes(fig, ax, path, table.title, legend_loc="lower left")
 
 
 def markdown(items: Sequence[ControlledTable], figure: Figures) -> list[str]:

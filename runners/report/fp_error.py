@@ -13,7 +13,7 @@ from typing import Any
 
 from runners.report.format import (configuration_label, file_slug, fmt_auto, fmt_pct, md_table, num, rank, tagged,
                                    uses_epsilon)
-from runners.report.plotting import Figures, pyplot, save
+from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "fp_error"
@@ -241,11 +241,8 @@ def plot(group: FpErrorGroup, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("ε per token")
     ax.set_ylabel("absolute error per output element")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    ax.set_title(f"{group.title}\n(solid: measured mean error; dashed: mean of the proven bound)", fontsize=8)
-    fig.tight_layout()
-    save(fig, path)
+    save_axes(fig, ax, path, f"{group.title}\n(solid: measured mean error; dashed: mean of the proven bound)",
+              legend_size=7)
 
 
 def markdown(items: Sequence[FpErrorGroup], figure: Figures) -> list[str]:

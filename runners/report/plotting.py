@@ -31,6 +31,15 @@ def save(fig: Any, path: Path) -> None:
     pyplot().close(fig)
 
 
+def save_axes(fig: Any, ax: Any, path: Path, title: str, *, legend_size: int = 8, legend_loc: str = "best") -> None:
+    """The common ending of a one-axes plot: a light grid on both scales, the legend, a small title, then save."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size, loc=legend_loc)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+
+
 class Figures:
     """The PNGs of one report: `figure(...)` draws one and returns the markdown that shows it."""
 
