@@ -20,7 +20,7 @@ from harness import configurations
 if TYPE_CHECKING:
     import torch
 
-SPLITEE = "splitee"
+SPLITEE = configurations.SPLITEE
 MASKED_INPUT = "masked_input"
 
 

@@ -6,9 +6,15 @@ per-row noise factor the mechanism multiplies each op's sensitivity Δ by (σ = 
 accounting, the floating-point study, the attack captures, the config schema and the reports all read this
 table; none of them spells a configuration's rule out again.
 
-Adding a configuration: one `Configuration(...)` entry in REGISTRY and one conf/configuration/NAME.yaml
-(its name and a description). A mechanism that does not exist yet also needs a class in
-harness/split/mechanisms.py, named by `mechanism`.
+Every configuration belongs to one system (SpliTEE's split inference, the token sanitisers, split
+fine-tuning, cloud-edge decoding, the gradient audit): its `system` says which runners can run it
+(runners/registry.py SYSTEMS) and which channel of the adversary view its attacks read. Each system
+declares its configurations in its own tuple below; REGISTRY is their union, so names are unique across
+systems.
+
+Adding a configuration: one `Configuration(...)` entry in its system's tuple and one
+conf/configuration/NAME.yaml (its name and a description). A SpliTEE mechanism that does not exist yet also
+needs a class in harness/split/mechanisms.py, named by `mechanism`.
 """
 from __future__ import annotations
 
@@ -23,27 +29,33 @@ HOST_CPU, ACCELERATOR, TEE = "host_cpu", "accelerator", "tee"
 # How a privacy parameter becomes a per-row ε (the factor is then sigma_scale / ε):
 CONSTANT = "constant"              # the `epsilon` knob itself, for every row (EP1)
 INVERSE_SQRT_N = "inverse_sqrt_n"  # ε = 1/√n for a prompt of n tokens; no knob (EPN, paper §7.3.1)
+# The knob is the mechanism's own privacy parameter, passed to it as it is (η of a dχ sanitiser, the ε of
+# CusText+, a defence's strength); no Gaussian masks are derived from it here.
+OWN_PARAMETER = "own_parameter"
+# Systems (results.json `system`, adversary-view meta `system`).
+SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT = "splitee", "sanitize", "splitft", "collab", "grad_audit"
 
 
 @dataclass(frozen=True)
 class Configuration:
     name: str
-    runs_on: str                      # host_cpu | accelerator | tee
+    runs_on: str                      # host_cpu | accelerator | tee (or a system's own placement)
     split: bool = False               # linear ops offloaded through the Boundary to the accelerator
     mechanism: str | None = None      # harness/split/mechanisms.py: plain | gaussian | slalom (split only)
     epsilon_rule: str | None = None   # CONSTANT | INVERSE_SQRT_N: Gaussian masks whose σ follows ε
     # The name the mechanism's own paper gives its privacy parameter (recorded beside `epsilon`).
     parameter_name: str | None = None
+    system: str = SPLITEE
 
     @property
     def uses_epsilon(self) -> bool:
         """Whether the `epsilon` knob changes what this configuration computes."""
-        return self.epsilon_rule == CONSTANT
+        return self.epsilon_rule in (CONSTANT, OWN_PARAMETER)
 
     @property
     def gaussian(self) -> bool:
-        """Whether what crosses carries Gaussian noise calibrated to an ε (the DP configurations)."""
-        return self.epsilon_rule is not None
+        """Whether what crosses carries SpliTEE's Gaussian masks calibrated to an ε (EP1, EPN)."""
+        return self.epsilon_rule in (CONSTANT, INVERSE_SQRT_N)
 
     @property
     def in_tee(self) -> bool:
@@ -51,7 +63,8 @@ class Configuration:
         return self.runs_on == TEE
 
 
-REGISTRY: dict[str, Configuration] = {c.name: c for c in (
+# SpliTEE (paper 000): split inference between a TEE and an untrusted accelerator.
+SPLITEE_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("cpu", HOST_CPU),
     Configuration("gpu", ACCELERATOR),
     Configuration("tdx", TEE),
@@ -59,8 +72,23 @@ REGISTRY: dict[str, Configuration] = {c.name: c for c in (
     Configuration("ep1", TEE, split=True, mechanism="gaussian", epsilon_rule=CONSTANT, parameter_name="epsilon"),
     Configuration("epn", TEE, split=True, mechanism="gaussian", epsilon_rule=INVERSE_SQRT_N),
     Configuration("slalom", TEE, split=True, mechanism="slalom"),
-)}
+)
+# Token-level prompt sanitisers (paper 001; harness/sanitize/).
+SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = ()
+# Split federated fine-tuning and its defences (paper 002; harness/splitft/).
+SPLITFT_CONFIGURATIONS: tuple[Configuration, ...] = ()
+# Cloud-edge collaborative decoding and its defences (paper 003; harness/collab/).
+COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = ()
+# The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
+GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = ()
+
+REGISTRY: dict[str, Configuration] = {}
+for _c in (SPLITEE_CONFIGURATIONS + SANITIZE_CONFIGURATIONS + SPLITFT_CONFIGURATIONS + COLLAB_CONFIGURATIONS
+           + GRAD_AUDIT_CONFIGURATIONS):
+    assert _c.name not in REGISTRY, f"configuration {_c.name!r} declared twice"
+    REGISTRY[_c.name] = _c
 NAMES: tuple[str, ...] = tuple(REGISTRY)
+SYSTEMS: tuple[str, ...] = (SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT)
 
 
 def get(name: str) -> Configuration:
@@ -70,10 +98,13 @@ def get(name: str) -> Configuration:
         raise UserError(f"unknown configuration {name!r}; choose one of {', '.join(NAMES)}") from None
 
 
-def names(*, split: bool | None = None, gaussian: bool | None = None) -> tuple[str, ...]:
-    """Registered names in registry order, optionally only the split and/or the Gaussian ones."""
+def names(*, split: bool | None = None, gaussian: bool | None = None, system: str | None = SPLITEE
+          ) -> tuple[str, ...]:
+    """Registered names in registry order: of one system (SpliTEE's by default; None: every system),
+    optionally only the split and/or the Gaussian ones."""
     return tuple(c.name for c in REGISTRY.values()
-                 if (split is None or c.split == split) and (gaussian is None or c.gaussian == gaussian))
+                 if (system is None or c.system == system) and (split is None or c.split == split)
+                 and (gaussian is None or c.gaussian == gaussian))
 
 
 def effective_epsilon(name: str, epsilon: float | None) -> float | None:
@@ -85,7 +116,7 @@ def mask_epsilons(name: str, epsilon: float | None, prompt_lengths: Sequence[int
     """The per-token ε each prompt row is masked at (before sigma_scale): EP1 the knob, EPN 1/√n, None for
     configurations without Gaussian masks. The one place this rule is written."""
     rule = get(name).epsilon_rule
-    if rule is None:
+    if rule is None or rule == OWN_PARAMETER:
         return [None] * len(prompt_lengths)
     if rule == CONSTANT:
         if epsilon is None or not math.isfinite(float(epsilon)) or float(epsilon) <= 0:

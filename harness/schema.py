@@ -33,7 +33,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness import configurations
+from harness.collab import config as collab_config
 from harness.errors import UserError
+from harness.grad_audit import config as grad_audit_config
+from harness.sanitize import config as sanitize_config
+from harness.splitft import config as splitft_config
 
 BASELINES = ("auto", "cpu", "gpu")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -278,6 +282,11 @@ class SplitbenchConfig:
     fp_error: FpErrorConfig = MISSING
     controlled_error: ControlledErrorConfig = MISSING
     attack: AttackConfig = MISSING
+    # The other systems' sections: each one's schema lives beside its code (harness/<system>/config.py).
+    sanitize: sanitize_config.SanitizeConfig = MISSING
+    splitft: splitft_config.SplitFtConfig = MISSING
+    collab: collab_config.CollabConfig = MISSING
+    grad_audit: grad_audit_config.GradAuditConfig = MISSING
     semantic_model: Optional[str] = MISSING
     tags: List[str] = MISSING
     rerun: bool = MISSING
@@ -295,8 +304,9 @@ def register_configs() -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
-    """Raise UserError (one line) for the first value out of range; `runners` are the known runner names."""
+def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
+    """Raise UserError (one line) for the first value out of range; `runners` maps each known runner to the
+    systems whose configurations it runs (runners.registry.runner_systems())."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"no value given for {', '.join(missing)} (set it on the command line: key=value)")
@@ -305,6 +315,7 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
     names = configurations.NAMES
     if cfg.configuration.name not in names:
         raise UserError(f"configuration.name={cfg.configuration.name!r} is not one of {', '.join(names)}")
+    _check_system(cfg, runners[cfg.runner])
     if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise UserError(f"epsilon must be a finite number > 0, got {cfg.epsilon}")
     if cfg.epn_n not in EPN_N:
@@ -321,13 +332,16 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
         raise UserError(f"baseline={cfg.baseline!r} is not one of {', '.join(BASELINES)}")
     _check_engine(cfg.engine)
     timing = cfg.timing
-    unknown = [c for c in timing.configurations if c not in names]
+    splitee = configurations.names()
+    unknown = [c for c in timing.configurations if c not in splitee]
     if unknown or not timing.configurations:
-        raise UserError(f"timing.configurations must be a non-empty list from {', '.join(names)}, got {list(timing.configurations)}")
+        raise UserError(f"timing.configurations must be a non-empty list from {', '.join(splitee)}, got {list(timing.configurations)}")
     if not timing.max_new_tokens or min(timing.max_new_tokens) < 1:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
     _check_fp_error(cfg)
     _check_attack(cfg.attack)
+    for section, module in SYSTEM_SECTIONS.items():
+        module.check(cfg[section], cfg)
     if cfg.logger.name not in LOGGERS:
         raise UserError(f"logger.name={cfg.logger.name!r} is not one of {', '.join(LOGGERS)}")
     if cfg.logger.mode not in WANDB_MODES:
@@ -336,6 +350,15 @@ def validate(cfg: DictConfig, runners: tuple[str, ...]) -> None:
     _check_unknown_keys(cfg, "")
     _check_environment(cfg)
     _check_input_files(cfg)
+
+
+def _check_system(cfg: DictConfig, allowed: tuple[str, ...]) -> None:
+    """The configuration belongs to a system the runner runs (runners/registry.py SYSTEMS)."""
+    system = configurations.get(cfg.configuration.name).system
+    if system not in allowed:
+        fits = ", ".join(n for s in allowed for n in configurations.names(system=s))
+        raise UserError(f"configuration={cfg.configuration.name} belongs to the {system} system, which runner="
+                        f"{cfg.runner} does not run; choose one of {fits}")
 
 
 def _check_model(key: str, model: DictConfig) -> None:
@@ -502,8 +525,17 @@ def _check_engine(engine: DictConfig) -> None:
 NON_SEMANTIC_KEYS = ("logger", "paths", "tags", "experiment_name", "rerun")
 # Config sections read by one runner only (section → runner): left out of every other runner's hash, so
 # adding a runner and its section never turns another runner's finished runs stale.
-RUNNER_SECTIONS = {"timing": "timing", "fp_error": "fp_error", "controlled_error": "controlled_error",
-                   "attack": "attack"}
+RUNNER_SECTIONS: dict[str, tuple[str, ...]] = {
+    "timing": ("timing",), "fp_error": ("fp_error",), "controlled_error": ("controlled_error",),
+    "attack": ("attack",),
+    # A runner that reads a section for some configurations only (fidelity runs sanitisers) drops it from
+    # its hash for the others, so adding a system leaves SpliTEE's finished runs valid.
+    "sanitize": ("sanitize", "fidelity"), "splitft": ("splitft",), "collab": ("collab",),
+    "grad_audit": ("grad_audit",),
+}
+# The other systems' sections and the modules that type and check them.
+SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
+                   "grad_audit": grad_audit_config}
 
 
 def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any) -> dict[str, Any]:
@@ -512,7 +544,7 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any)
     ignore and normalise ε)."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
-    foreign = {section for section, owner in RUNNER_SECTIONS.items() if owner != resolved.get("runner")}
+    foreign = {section for section, owners in RUNNER_SECTIONS.items() if resolved.get("runner") not in owners}
     out = {k: v for k, v in resolved.items()
            if k not in NON_SEMANTIC_KEYS and k not in drop and k not in foreign and k != "hydra"}
     out.update(replace)

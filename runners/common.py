@@ -6,7 +6,6 @@ Runners compose; this module holds their shared plumbing so each runner file kee
 """
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +99,24 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
     return results
 
 
+def tradeoff(*, leakage_metric: str, leakage: float, leakage_ci: Sequence[float] | None, attacker: str,
+             utility_metric: str, utility: float, utility_ci: Sequence[float] | None, reference: str,
+             leakage_floor: float | None = None) -> dict[str, Any]:
+    """The run's one point on the cross-system privacy–utility chart (results.json `tradeoff`; the report's
+    tradeoff section plots every system's runs on the same axes). Leakage is what the strongest attacker
+    run against this configuration recovered (higher = worse; `leakage_floor` its no-signal floor where one
+    exists), utility what the protected run kept against `reference` (higher = better), each with its 95%
+    interval over examples."""
+    def interval(ci: Sequence[float] | None) -> list[float] | None:
+        return None if ci is None else [float(ci[0]), float(ci[1])]
+
+    return {"leakage": {"metric": leakage_metric, "value": float(leakage), "ci": interval(leakage_ci),
+                        "attacker": attacker,
+                        "floor": None if leakage_floor is None else float(leakage_floor)},
+            "utility": {"metric": utility_metric, "value": float(utility), "ci": interval(utility_ci),
+                        "reference": reference}}
+
+
 def overridden(key: str) -> bool:
     """Whether this job's command-line overrides (its own, in a sweep) set `key`."""
     from hydra.core.hydra_config import HydraConfig
@@ -175,13 +192,12 @@ class BatchedGeneration:
 def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
                      pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str,
                      epsilon_lengths: Sequence[int] | None = None) -> BatchedGeneration:
-    from tqdm.auto import tqdm
-
+    from harness.progress import progress
     from harness.split.mechanisms import merge_slalom_stats
 
     out = BatchedGeneration()
     starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None):
+    for start in progress(starts, desc=desc, unit="batch"):
         batch = [list(p) for p in prompts[start:start + batch_size]]
         res = engine.generate(batch, max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
                               stop_at_eos=stop_at_eos,

@@ -33,8 +33,10 @@ NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """Everything but `timing`, with ε normalised: configurations that ignore it record None."""
-    return schema.semantic_config(cfg, drop=("timing",),
+    """Everything but `timing`, with ε normalised: configurations that ignore it record None; the
+    `sanitize` section only for a sanitiser configuration."""
+    sanitiser = configurations.get(cfg.configuration.name).system == configurations.SANITIZE
+    return schema.semantic_config(cfg, drop=("timing",) + (() if sanitiser else ("sanitize",)),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 

@@ -9,8 +9,8 @@ A runner is a module with three functions:
 
 Runners never import each other: what two of them share lives in runners/common.py or in a library module.
 Modules are imported when a job runs, so composing or rejecting a config never imports torch. Adding an
-experiment: a runner module, one line here, a conf/experiment/NAME.yaml, and a report section
-(runners/report/sections.py).
+experiment: a runner module, one line in RUNNERS and one in SYSTEMS here, a conf/experiment/NAME.yaml, and
+a report section (runners/report/sections.py).
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import importlib
 from typing import Any, Protocol
 
 from omegaconf import DictConfig
+
+from harness import configurations
 
 
 class Runner(Protocol):
@@ -29,12 +31,35 @@ class Runner(Protocol):
 
 
 RUNNERS: dict[str, str] = {
+    # SpliTEE (paper 000)
     "fidelity": "runners.fidelity",
     "timing": "runners.timing",
     "fp_error": "runners.fp_error",
     "controlled_error": "runners.controlled_error",
     "attack": "runners.attack",
+    # sanitize (paper 001)
+    # splitft (paper 002)
+    # collab (paper 003)
+    # grad_audit (paper 004)
 }
+
+# Which systems' configurations (harness/configurations.py `system`) each runner can run; a runner left
+# out runs SpliTEE's only. schema.validate refuses any other pairing in one line.
+SYSTEMS: dict[str, tuple[str, ...]] = {
+    # sanitize (paper 001)
+    # splitft (paper 002)
+    # collab (paper 003)
+    # grad_audit (paper 004)
+}
+
+
+def systems_of(runner: str) -> tuple[str, ...]:
+    return SYSTEMS.get(runner, (configurations.SPLITEE,))
+
+
+def runner_systems() -> dict[str, tuple[str, ...]]:
+    """Every runner with the systems it runs: what harness.schema.validate checks a config against."""
+    return {runner: systems_of(runner) for runner in RUNNERS}
 
 
 def load_runner(name: str) -> Runner:

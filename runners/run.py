@@ -40,7 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
-from runners.registry import RUNNERS, Runner, load_runner
+from runners.registry import RUNNERS, Runner, load_runner, runner_systems
 
 PROG = "splitbench"
 # An absolute config dir, computed from this file: works from a source checkout (`python -m runners.run`),
@@ -67,7 +67,7 @@ def run_job(cfg: DictConfig) -> dict:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     name = _relative(run_dir.path, output_root)
     try:
-        schema.validate(cfg, tuple(RUNNERS))
+        schema.validate(cfg, runner_systems())
         runner = load_runner(cfg.runner)
         semantic = runner.semantic_config(cfg)
         digest = config_hash(semantic)

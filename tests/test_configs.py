@@ -14,6 +14,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
 from runners import attack, controlled_error, fidelity, fp_error, timing
+from runners.registry import runner_systems
 from runners.run import RUNNERS, render_error
 
 from .conftest import compose_config, group_options
@@ -32,7 +33,7 @@ def _overrides(model, configuration, workload, experiment) -> list[str]:
 def _check_composed(cfg) -> None:
     """A composed config is valid: schema-typed, every value resolves, the range checks pass."""
     assert OmegaConf.get_type(cfg) is schema.SplitbenchConfig
-    schema.validate(cfg, tuple(RUNNERS))
+    schema.validate(cfg, runner_systems())
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert resolved["configuration"]["name"] in configurations.NAMES
     # Model and workload are typed too: the model by its kind's schema.
@@ -145,10 +146,10 @@ def test_schema_rejects_at_composition(hydra_conf, override, error):
 def test_validate(hydra_conf, override, message):
     cfg = compose_config([override])
     if message is None:
-        schema.validate(cfg, tuple(RUNNERS))
+        schema.validate(cfg, runner_systems())
         return
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        schema.validate(cfg, tuple(RUNNERS))
+        schema.validate(cfg, runner_systems())
 
 
 def _run_dir(overrides: list[str]) -> str:
@@ -177,7 +178,7 @@ def test_model_entries_are_typed_by_their_kind(hydra_conf):
     cfg = compose_config(["experiment=attack_smoke", "+model@attack.decoder=tiny-qwen3"])
     assert OmegaConf.get_type(cfg.attack.decoder) is schema.RandomModelConfig
     assert (cfg.attack.decoder.name, cfg.model.name) == ("tiny-qwen3", "tiny-llama-tied")
-    schema.validate(cfg, tuple(RUNNERS))
+    schema.validate(cfg, runner_systems())
 
 
 def test_run_dir_layout(hydra_conf):

@@ -1,0 +1,1 @@
+"""Cloud-edge collaborative decoding (paper 003)."""

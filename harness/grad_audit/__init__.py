@@ -1,0 +1,1 @@
+"""The returned-gradient audit (paper 004)."""

@@ -1,0 +1,1 @@
+"""Token-level prompt sanitisers (paper 001)."""

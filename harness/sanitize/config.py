@@ -1,0 +1,18 @@
+"""The schema of the `sanitize` config section (Token-level prompt sanitisers (paper 001)): types only, every value in conf/sanitize/default.yaml.
+
+Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+
+@dataclass
+class SanitizeConfig:
+    """Fields with MISSING defaults; their values and comments live in conf/sanitize/default.yaml."""
+
+
+def check(section: DictConfig, cfg: DictConfig) -> None:
+    """Raise harness.errors.UserError (one line) for a value of the section out of range."""

@@ -1,0 +1,1 @@
+"""Split federated fine-tuning (paper 002)."""
