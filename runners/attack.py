@@ -106,10 +106,23 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "semantic_model": cfg.semantic_model,
         "notes": cell.notes(),
     }
+    results["tradeoff"] = _tradeoff(metrics, attack)
     return common.finish(cfg, ctx, results, cell.samples(inputs.workload.prompts), summary=summary,
                          provenance_extra={"bleu_signature": metrics.get("bleu_signature"),
                                            "torch_threads": torch.get_num_threads()},
                          mirror_columns=_TABLE_COLUMNS)
+
+
+def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:
+    """The leakage half of this run's privacy–utility point: token F1 of the stronger of the learned and the
+    Bayes attacker, with that attacker's own no-signal floor."""
+    where = f"{attack['component']} layer {attack['layer']}"
+    candidates = [("learned inverter", "token_f1", "chance_floor_token_f1"),
+                  ("Bayes attacker", "bayes_token_f1", "bayes_token_f1_chance")]
+    name, key, floor = max((c for c in candidates if m.get(c[1]) is not None), key=lambda c: m[c[1]])
+    return common.tradeoff(leakage_metric="token_f1", leakage=m[key],
+                           leakage_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
+                           attacker=f"{name} ({where})", leakage_floor=m.get(floor))
 
 
 def _definitions(cfg: DictConfig) -> dict[str, str]:

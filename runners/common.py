@@ -99,22 +99,31 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
     return results
 
 
-def tradeoff(*, leakage_metric: str, leakage: float, leakage_ci: Sequence[float] | None, attacker: str,
-             utility_metric: str, utility: float, utility_ci: Sequence[float] | None, reference: str,
+def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
+             leakage_ci: Sequence[float] | None = None, attacker: str | None = None,
+             utility_metric: str | None = None, utility: float | None = None,
+             utility_ci: Sequence[float] | None = None, reference: str | None = None,
              leakage_floor: float | None = None) -> dict[str, Any]:
-    """The run's one point on the cross-system privacy–utility chart (results.json `tradeoff`; the report's
-    tradeoff section plots every system's runs on the same axes). Leakage is what the strongest attacker
-    run against this configuration recovered (higher = worse; `leakage_floor` its no-signal floor where one
-    exists), utility what the protected run kept against `reference` (higher = better), each with its 95%
-    interval over examples."""
-    def interval(ci: Sequence[float] | None) -> list[float] | None:
-        return None if ci is None else [float(ci[0]), float(ci[1])]
+    """The run's part of one point on the cross-system privacy–utility chart (results.json `tradeoff`; the
+    report's tradeoff section, runners/report/tradeoff.py, puts every system's runs on the same axes).
 
-    return {"leakage": {"metric": leakage_metric, "value": float(leakage), "ci": interval(leakage_ci),
-                        "attacker": attacker,
-                        "floor": None if leakage_floor is None else float(leakage_floor)},
-            "utility": {"metric": utility_metric, "value": float(utility), "ci": interval(utility_ci),
-                        "reference": reference}}
+    Leakage is what the strongest attacker run against this configuration recovered, in % (higher =
+    worse; `leakage_floor`, in %, its no-signal floor where one exists); utility is what the protected run
+    kept against `reference`, in % (higher = better); each with its 95% interval over examples. A run that
+    measures only one of them leaves the other None (SpliTEE's fidelity runs give utility, its attack runs
+    leakage); the report joins parts of the same system, model, configuration and privacy parameter."""
+    def interval(ci: Sequence[float] | None) -> list[float] | None:
+        return None if ci is None or ci[0] is None or ci[1] is None else [float(ci[0]), float(ci[1])]
+
+    def opt(value: float | None) -> float | None:
+        return None if value is None else float(value)
+
+    return {"leakage": None if leakage is None else {
+                "metric": leakage_metric, "value": float(leakage), "ci": interval(leakage_ci),
+                "attacker": attacker, "floor": opt(leakage_floor)},
+            "utility": None if utility is None else {
+                "metric": utility_metric, "value": float(utility), "ci": interval(utility_ci),
+                "reference": reference}}
 
 
 def overridden(key: str) -> bool:

@@ -21,7 +21,7 @@ from harness.results import GenerationCache, RunContext, cache_key
 from metrics.replicates import pool as replicates_pool
 from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
                             load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
-                            workload_record)
+                            tradeoff, workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -95,11 +95,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "tokens_per_second": test.tokens_per_second,
         "notes": notes,
     }
+    results["tradeoff"] = _tradeoff(results["metrics"], baseline)
     return finish(cfg, ctx, results, samples, summary=summary_text,
                   engines={"baseline": base["engine"], "test": test_engine},
                   provenance_extra={"baseline_cache": base["cache"], "bleu_signature": results["metrics"].get("bleu_signature")},
                   side_files={"sensitivity.json": engine.sensitivity_table()},
                   before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS)
+
+
+def _tradeoff(m: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """The utility half of this run's privacy–utility point: semantic similarity of the generations to the
+    unprotected baseline's (token match where no similarity model ran)."""
+    key = "semantic_similarity" if m.get("semantic_similarity") is not None else "token_match_rate"
+    return tradeoff(utility_metric=key, utility=m[key], utility_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
+                    reference=f"{baseline} generations")
 
 
 def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, Any], base: dict[str, Any],

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from runners.report import attack, controlled_error, fidelity, fp_error, timing
+from runners.report import tradeoff
 from runners.report.plotting import Figures
 from runners.report.runs import Run
 
@@ -31,5 +32,7 @@ class Section(Protocol):
     def summary(self, items: Sequence[Any]) -> list[str]: ...
 
 
-SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, attack)
+SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, attack,
+                                 # the cross-system chart reads every experiment's `tradeoff` blocks: last
+                                 tradeoff)
 EXPERIMENTS: tuple[str, ...] = tuple(s.EXPERIMENT for s in SECTIONS)

@@ -1,0 +1,163 @@
+"""One privacy–utility chart for every system: each run's `tradeoff` block (runners/common.tradeoff).
+
+A point is one (system, model, configuration, privacy parameter): its leakage is the strongest attacker
+over every run that attacked it (the highest value; SpliTEE's attack runs, a sanitiser's attack, the
+server's attacks in split fine-tuning, ...), its utility the lowest over every run that measured it
+(SpliTEE's fidelity runs, a system's own utility metric). Taking the worst of each keeps a point from
+looking better than any one measurement of it. Runs measuring only one half wait for the other: a
+point without both halves is listed, not drawn.
+
+Leakage and utility metrics differ between systems (token F1 of a prompt reconstruction, top-1 of a
+label attack, token exposure rate; semantic similarity, task accuracy): the table names each point's
+metrics, and the chart keeps one colour per system so that a reader compares within a metric first.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import configurations
+from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.runs import Run
+
+EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experiment's runs
+
+INTRO = ("Every configuration of every system on the same axes: reconstruction by the strongest attacker run "
+         "against it (x, %; higher = more leaked) and the utility it kept (y, %; higher = better), each "
+         "**value [95% interval]** over examples. A point joins the runs of one system, model, configuration "
+         "and privacy parameter: the highest leakage and the lowest utility any of them measured. The floor "
+         "is the attacker's no-signal score (what it reaches from nothing).")
+
+
+SYMBOLS = {"epsilon": "ε", "eta": "η", "lambda": "λ", "alpha": "α", "sigma": "σ"}
+
+
+@dataclass
+class Point:
+    system: str
+    model: str
+    configuration: str
+    parameter: str                       # "η=0.5", "ε=1", "" where the configuration has no knob
+    leakage: dict[str, Any] | None = None
+    utility: dict[str, Any] | None = None
+    runs: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.configuration}{' ' + self.parameter if self.parameter else ''}"
+
+    @property
+    def complete(self) -> bool:
+        return self.leakage is not None and self.utility is not None
+
+
+@dataclass
+class Chart:
+    tags: tuple[str, ...]
+    model: str
+    points: list[Point]
+
+    @property
+    def title(self) -> str:
+        return tagged(f"privacy–utility: {self.model}", self.tags)
+
+    @property
+    def slug(self) -> str:
+        return file_slug(f"{self.model}_{'_'.join(self.tags)}")
+
+
+def _parameter(run: Run) -> str:
+    conf = configurations.REGISTRY.get(str(run.data.get("configuration")))
+    eps = num(run.data.get("epsilon"))
+    if conf is None or not conf.uses_epsilon or eps is None:
+        return ""
+    name = conf.parameter_name or "epsilon"
+    return f"{SYMBOLS.get(name, name)}={eps:g}"
+
+
+def _system(run: Run) -> str:
+    conf = configurations.REGISTRY.get(str(run.data.get("configuration")))
+    return str(run.data.get("system") or (conf.system if conf is not None else "?"))
+
+
+def groups(runs: Sequence[Run]) -> list[Chart]:
+    """One chart per (tag set, model), its points joined over every finished run carrying a tradeoff."""
+    points: dict[tuple, Point] = {}
+    for run in runs:
+        block = run.data.get("tradeoff") if run.state == "ok" else None
+        if not isinstance(block, dict):
+            continue
+        key = (run.tags, str(run.data.get("model")), _system(run), str(run.data.get("configuration")), _parameter(run))
+        point = points.setdefault(key, Point(key[2], key[1], key[3], key[4]))
+        point.runs.append(run.rel)
+        leak, util = block.get("leakage"), block.get("utility")
+        if leak and (point.leakage is None or num(leak.get("value")) > num(point.leakage.get("value"))):
+            point.leakage = leak
+        if util and (point.utility is None or num(util.get("value")) < num(point.utility.get("value"))):
+            point.utility = util
+    charts: dict[tuple, Chart] = {}
+    for (tags, model, *_), point in points.items():
+        charts.setdefault((tags, model), Chart(tags, model, [])).points.append(point)
+    for chart in charts.values():
+        chart.points.sort(key=lambda p: (configurations.SYSTEMS.index(p.system) if p.system in configurations.SYSTEMS
+                                         else 99, p.configuration, p.parameter))
+    return [charts[k] for k in sorted(charts)]
+
+
+def _cell(part: dict[str, Any] | None) -> str:
+    if not part:
+        return "—"
+    ci = part.get("ci") or (None, None)
+    return fmt_ci(part.get("value"), ci[0], ci[1], digits=1)
+
+
+def table_md(chart: Chart) -> str:
+    rows = [[p.system, p.label, _cell(p.leakage),
+             "—" if not p.leakage else f"{p.leakage.get('metric')} · {p.leakage.get('attacker')}",
+             "—" if not p.leakage or p.leakage.get("floor") is None else f"{num(p.leakage['floor']):.1f}",
+             _cell(p.utility),
+             "—" if not p.utility else f"{p.utility.get('metric')} vs {p.utility.get('reference')}"]
+            for p in chart.points]
+    return md_table(["system", "configuration", "leakage %", "leakage metric · attacker", "floor %",
+                     "utility %", "utility metric"], rows)
+
+
+def plot(chart: Chart, path: Path) -> None:
+    """Leakage (x) against utility (y) with both intervals, one colour per system, each point labelled."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 5.0))
+    systems = list(dict.fromkeys(p.system for p in chart.points if p.complete))
+    for i, system in enumerate(systems):
+        pts = [p for p in chart.points if p.complete and p.system == system]
+        xs = [num(p.leakage["value"]) for p in pts]
+        ys = [num(p.utility["value"]) for p in pts]
+        xerr = [[x - (p.leakage.get("ci") or [x, x])[0] for x, p in zip(xs, pts)],
+                [(p.leakage.get("ci") or [x, x])[1] - x for x, p in zip(xs, pts)]]
+        yerr = [[y - (p.utility.get("ci") or [y, y])[0] for y, p in zip(ys, pts)],
+                [(p.utility.get("ci") or [y, y])[1] - y for y, p in zip(ys, pts)]]
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=2, label=system, alpha=0.9)
+        for x, y, p in zip(xs, ys, pts):
+            ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=f"C{i}")
+    ax.set_xlabel("leakage: strongest attacker's score (%)")
+    ax.set_ylabel("utility kept (%)")
+    save_axes(fig, ax, path, chart.title, legend_loc="lower left")
+
+
+def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:
+    md = ["## Privacy–utility across systems", "", INTRO, ""]
+    for i, chart in enumerate(items):
+        md += [f"### {chart.title}", "", table_md(chart), ""]
+        if any(p.complete for p in chart.points):
+            md += figure("tradeoff", i, chart, plot, "privacy–utility chart")
+        missing = [p.label for p in chart.points if not p.complete]
+        if missing:
+            md += [f"Not drawn (one half not measured yet): {', '.join(missing)}.", ""]
+    return md
+
+
+def summary(items: Sequence[Chart]) -> list[str]:
+    n = sum(p.complete for c in items for p in c.points)
+    return [f"privacy–utility: {n} point(s) with both halves across {len(items)} chart(s)"] if items else []
