@@ -34,6 +34,7 @@ from torch import nn
 from harness import configurations
 from harness.adversary_view import MASKED_INPUT, AdversaryView, describe
 from harness.errors import UserError
+from harness.progress import progress
 from harness.split.engine import EngineSettings, SplitEngine
 
 COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -182,6 +183,8 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
     engine, ops = make_engine(model, spec)
     dims = {}
     out: list[Capture] = []
+    n_batches = -(-len(prompts) // spec.batch_size)
+    bar = progress(desc=f"capture {spec.configuration} {spec.component}", total=repeats * n_batches, unit="batch")
     for rep in range(repeats):
         features: list[torch.Tensor] = []
         epsilons: list[float | None] = []
@@ -198,11 +201,13 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], spec: CaptureSpe
             epsilons.extend(result.epsilons)
             if not dims:
                 dims = {op: _dim(view, op, spec.layer) for op in ops}
+            bar.update(1)
         cap = Capture(spec, features, epsilons, dims, meta)
         if on_repeat is not None:
             on_repeat(rep, cap)
         else:
             out.append(cap)
+    bar.close()
     return out
 
 

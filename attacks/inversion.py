@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.progress import progress as progress_bar
+
 MODES = ("projection", "body", "full")
 LAYOUTS = ("prefix", "aligned")
 
@@ -392,6 +394,7 @@ def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequen
     start = time.perf_counter()
     budget = settings.max_minutes * 60.0
     stopped_by, step = "max_steps", 0
+    bar = progress_bar(desc=f"train inverter ({inv.mode})", total=settings.max_steps, unit="step")
     for step in range(1, settings.max_steps + 1):
         inv.train(False)
         idx = torch.randint(len(train_examples), (settings.batch_size,), generator=gen).tolist()
@@ -402,17 +405,20 @@ def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequen
         opt.step()
         sched.step()
         recent = (recent + [float(loss.detach())])[-20:]
+        bar.update(1)
         out_of_time = time.perf_counter() - start >= budget
         if step % settings.eval_every == 0 or step == settings.max_steps or out_of_time:
             v = inv.mean_loss(val, settings.batch_size)
             history.append((step, v))
             if v < best[0]:
                 best = (v, step, inv.state())
+            bar.set_postfix(train_loss=f"{sum(recent) / len(recent):.3f}", val_loss=f"{v:.3f}", refresh=False)
             if progress is not None:
                 progress(step, sum(recent) / len(recent), v)
         if out_of_time:
             stopped_by = "max_minutes"
             break
+    bar.close()
     if best[2] is not None:
         inv.load_state(best[2])
     return TrainLog(steps=step, seconds=time.perf_counter() - start, stopped_by=stopped_by,

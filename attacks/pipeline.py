@@ -11,7 +11,9 @@ serialised by a lock per key, so parallel jobs of a sweep wait for one another i
 
 Mask streams. The engine's noise bank is seeded by (seed, op, layer), so two captures with one seed would
 reuse the same masks. Each role gets its own seed: evaluation `seed`, training corpus `seed + 1000003`,
-validation `seed + 2000006`, repeated submissions `seed + 3000009`.
+validation `seed + 2000006`, repeated submissions `seed + 3000009`. A mask replicate (`mask_seed`, the
+runner's `mask_seeds`) moves only the evaluation and repeated-submission streams: the victim's prompts are
+masked afresh while the attackers, trained on the corpus, stay the same (and are trained once).
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ class Pipeline:
     # Each evaluation prompt's n for EPN's ε = 1/√n (runners/common.py Inputs.epsilon_lengths); None = its
     # length. Corpus passages carry no chat template, so their length is their text.
     eval_epsilon_lengths: list[int] | None = None
+    # The evaluation and repeated-submission masks' seed (a mask replicate); None = `seed`.
+    mask_seed: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     cache_events: list[dict] = field(default_factory=list)
 
@@ -101,9 +105,10 @@ class Pipeline:
         return {"name": loaded.name, "source": loaded.source, "config": config}
 
     def spec(self, configuration: str, epsilon: float | None, component: str, layer: int, role: str) -> CaptureSpec:
+        base = self.mask_seed if self.mask_seed is not None and role in ("eval", "repeat") else self.seed
         return CaptureSpec(configuration=configuration,
                            epsilon=configurations.effective_epsilon(configuration, epsilon),
-                           seed=self.seed + SEED_OFFSETS[role], component=component, layer=layer,
+                           seed=base + SEED_OFFSETS[role], component=component, layer=layer,
                            offload=tuple(self.offload), sigma_scale=self.sigma_scale,
                            sensitivity_rule=self.sensitivity_rule, max_new_tokens=self.capture_max_new_tokens,
                            batch_size=self.capture_batch_size)

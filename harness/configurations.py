@@ -39,7 +39,7 @@ SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT = "splitee", "sanitize", "splitft
 @dataclass(frozen=True)
 class Configuration:
     name: str
-    runs_on: str                      # host_cpu | accelerator | tee (or a system's own placement)
+    runs_on: str                      # host_cpu | accelerator | tee; the other systems: clients | edge | local
     split: bool = False               # linear ops offloaded through the Boundary to the accelerator
     mechanism: str | None = None      # harness/split/mechanisms.py: plain | gaussian | slalom (split only)
     epsilon_rule: str | None = None   # CONSTANT | INVERSE_SQRT_N: Gaussian masks whose σ follows ε
@@ -74,13 +74,44 @@ SPLITEE_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("slalom", TEE, split=True, mechanism="slalom"),
 )
 # Token-level prompt sanitisers (paper 001; harness/sanitize/).
-SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = ()
+# The prompt is sanitised on the client/TEE side, then runs on the accelerator as `gpu` does; the name
+# is the mechanism's (harness/sanitize/mechanisms.py). Stencil is deterministic: no privacy parameter.
+SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = (
+    Configuration("stencil", ACCELERATOR, system=SANITIZE),
+    Configuration("dx_noise", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SANITIZE),
+    Configuration("dx_stencil", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SANITIZE),
+    Configuration("custext_plus", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  system=SANITIZE),
+)
 # Split federated fine-tuning and its defences (paper 002; harness/splitft/).
-SPLITFT_CONFIGURATIONS: tuple[Configuration, ...] = ()
+# The knob of each defence is its own strength (harness/splitft/defences.py); splitft_central is the
+# centralised (unsplit, unfederated) fine-tuning reference, splitft_none split FL without a defence.
+SPLITFT_CONFIGURATIONS: tuple[Configuration, ...] = (
+    Configuration("splitft_central", "clients", system=SPLITFT),
+    Configuration("splitft_none", "clients", system=SPLITFT),
+    Configuration("privpair", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="lambda", system=SPLITFT),
+    Configuration("smashed_dp_gaussian", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  system=SPLITFT),
+    Configuration("smashed_dp_laplace", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  system=SPLITFT),
+    Configuration("embedding_dx", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SPLITFT),
+    Configuration("nopeek", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="alpha", system=SPLITFT),
+)
 # Cloud-edge collaborative decoding and its defences (paper 003; harness/collab/).
-COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = ()
+COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = (
+    Configuration("collab_none", "edge", system=COLLAB),
+    Configuration("coveil", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="lambda", system=COLLAB),
+    Configuration("collab_cogenesis", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="B", system=COLLAB),
+    Configuration("collab_dp_logit", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+    Configuration("collab_dp_fusion", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+)
 # The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
-GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = ()
+GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = (
+    # The trainer as audited: the returned gradient goes back as it is (exactly zero on the decoys).
+    Configuration("decoy_trainer", "local", system=GRAD_AUDIT),
+    # The mitigation: the returned gradient clipped per row and noised (grad_audit.mitigation, not ε).
+    Configuration("decoy_mitigated", "local", system=GRAD_AUDIT),
+)
 
 REGISTRY: dict[str, Configuration] = {}
 for _c in (SPLITEE_CONFIGURATIONS + SANITIZE_CONFIGURATIONS + SPLITFT_CONFIGURATIONS + COLLAB_CONFIGURATIONS

@@ -21,3 +21,13 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=None,
                 dynamic_ncols=True, **kwargs)
+
+
+def quiet_library_bars() -> None:
+    """Silence transformers' and the Hugging Face hub's own bars (weight loading) when stderr is not a
+    terminal: unlike ours they draw into pipes and logs too. Called once per job (runners/run.py)."""
+    if sys.stderr.isatty():
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # also the hub's (huggingface_hub.utils.disable_progress_bars)

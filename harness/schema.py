@@ -128,6 +128,7 @@ class EngineConfig:
     offload: List[str] = MISSING
     bank_on_exhaustion: str = MISSING
     bank_capacity: Optional[int] = MISSING
+    bank_bytes: Optional[int] = MISSING     # harness/split/noise_bank.py: the memory bound
     record_view: bool = MISSING
     tee_threads: Optional[int] = MISSING
     allow_cpu_fallback: bool = MISSING
@@ -246,6 +247,18 @@ class AttackConfig:
 
 
 @dataclass
+class RestoreConfig:
+    """Restoring attack reconstructions with an instruct model (runner restore, paper §7.4.4 Table 7)."""
+
+    source: Optional[str] = MISSING       # a finished attack run directory (its results.json + samples.jsonl)
+    attackers: List[str] = MISSING        # learned | bayes: whose reconstructions to restore
+    instruction: str = MISSING            # the restoration model's system prompt
+    max_new_tokens: int = MISSING
+    batch_size: int = MISSING
+    examples: int = MISSING               # prompts shown side by side in the report (Table 7)
+
+
+@dataclass
 class LoggerConfig:
     name: str = MISSING
     project: str = MISSING
@@ -282,6 +295,7 @@ class SplitbenchConfig:
     fp_error: FpErrorConfig = MISSING
     controlled_error: ControlledErrorConfig = MISSING
     attack: AttackConfig = MISSING
+    restore: RestoreConfig = MISSING
     # The other systems' sections: each one's schema lives beside its code (harness/<system>/config.py).
     sanitize: sanitize_config.SanitizeConfig = MISSING
     splitft: splitft_config.SplitFtConfig = MISSING
@@ -340,6 +354,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
     _check_fp_error(cfg)
     _check_attack(cfg.attack)
+    _check_restore(cfg)
     for section, module in SYSTEM_SECTIONS.items():
         module.check(cfg[section], cfg)
     if cfg.logger.name not in LOGGERS:
@@ -501,6 +516,24 @@ def _check_attack(attack: DictConfig) -> None:
         _check_model("attack.decoder", attack.decoder)
 
 
+RESTORE_ATTACKERS = ("learned", "bayes")
+
+
+def _check_restore(cfg: DictConfig) -> None:
+    """Ranges of the restore section; the source run itself is checked when the job reads it (its files)."""
+    r = cfg.restore
+    if not r.attackers or any(a not in RESTORE_ATTACKERS for a in r.attackers):
+        raise UserError(f"restore.attackers must be a non-empty list from {', '.join(RESTORE_ATTACKERS)}, "
+                        f"got {list(r.attackers)}")
+    for key in ("max_new_tokens", "batch_size"):
+        if r[key] < 1:
+            raise UserError(f"restore.{key} must be >= 1, got {r[key]}")
+    if r.examples < 0:
+        raise UserError(f"restore.examples must be >= 0, got {r.examples}")
+    if not r.instruction.strip():
+        raise UserError("restore.instruction must not be empty")
+
+
 def _check_engine(engine: DictConfig) -> None:
     bad = [op for op in engine.offload if op not in OFFLOADABLE]
     if bad:
@@ -509,6 +542,8 @@ def _check_engine(engine: DictConfig) -> None:
         raise UserError(f"engine.bank_on_exhaustion={engine.bank_on_exhaustion!r} is not one of {', '.join(BANK_POLICIES)}")
     if engine.bank_capacity is not None and engine.bank_capacity < 1:
         raise UserError(f"engine.bank_capacity must be >= 1 or null, got {engine.bank_capacity}")
+    if engine.bank_bytes is not None and engine.bank_bytes < 1:
+        raise UserError(f"engine.bank_bytes must be >= 1 (bytes) or null, got {engine.bank_bytes}")
     if engine.tee_threads is not None and engine.tee_threads < 1:
         raise UserError(f"engine.tee_threads must be >= 1 or null, got {engine.tee_threads}")
     if not 1 <= engine.slalom_frac_bits <= 16:
@@ -527,7 +562,7 @@ NON_SEMANTIC_KEYS = ("logger", "paths", "tags", "experiment_name", "rerun")
 # adding a runner and its section never turns another runner's finished runs stale.
 RUNNER_SECTIONS: dict[str, tuple[str, ...]] = {
     "timing": ("timing",), "fp_error": ("fp_error",), "controlled_error": ("controlled_error",),
-    "attack": ("attack",),
+    "attack": ("attack",), "restore": ("restore",),
     # A runner that reads a section for some configurations only (fidelity runs sanitisers) drops it from
     # its hash for the others, so adding a system leaves SpliTEE's finished runs valid.
     "sanitize": ("sanitize", "fidelity"), "splitft": ("splitft",), "collab": ("collab",),

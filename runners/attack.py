@@ -82,21 +82,35 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                           eval_epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n),
                           victim_config=_plain(cfg.model),
                           decoder_config=attack["decoder"] if a.decoder is not None else _plain(cfg.model), log=_log)
-    cell = suite.attack_cell(pipe, configuration, epsilon, attack, semantic_model=semantic_model)
+    seeds = common.mask_seeds(cfg)
+    cells = []
+    for mask_seed in seeds:   # mask replicates: the prompts masked afresh, the attackers trained once
+        pipe.mask_seed = mask_seed
+        cells.append(suite.attack_cell(pipe, configuration, epsilon, attack, semantic_model=semantic_model))
+    cell = cells[0]
 
     n_layers, offload = len(victim.model.model.layers), list(cfg.engine.offload)
     sigma_scale = float(cfg.engine.sigma_scale)
     acc = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts], n_layers,
                                      cfg.generation.max_new_tokens, tuple(offload), sigma_scale,
                                      epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
-    metrics = cell.metrics(acc)
+    per_seed = [c.metrics(acc) for c in cells]
+    metrics = pool_mask_seeds(per_seed)
+    samples = cell.samples(inputs.workload.prompts)
+    if len(seeds) > 1:
+        for i, row in enumerate(samples):
+            row["output_ids_by_mask_seed"] = {str(s): c.reconstructions[i] for s, c in zip(seeds, cells)}
     results = {
         **common.results_header(cfg, "attack", inputs, generation=False),
         "configuration": configuration,
         "epsilon": epsilon,
         "decoder": decoder.name,
         "decoder_source": decoder.source,
+        "mask_seeds": seeds,
         "metrics": metrics,
+        "per_mask_seed": None if len(seeds) == 1 else [
+            {"mask_seed": s, "metrics": {k: m.get(k) for k in (*SEED_SPREAD, *VERDICT_KEYS)}}
+            for s, m in zip(seeds, per_seed)],
         "metric_definitions": _definitions(cfg),
         **cell.sections(pipe, attack),
         "accounting": {**acc, "n_layers": n_layers, "max_new_tokens": cfg.generation.max_new_tokens,
@@ -107,10 +121,33 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "notes": cell.notes(),
     }
     results["tradeoff"] = _tradeoff(metrics, attack)
-    return common.finish(cfg, ctx, results, cell.samples(inputs.workload.prompts), summary=summary,
+    return common.finish(cfg, ctx, results, samples, summary=summary,
                          provenance_extra={"bleu_signature": metrics.get("bleu_signature"),
                                            "torch_threads": torch.get_num_threads()},
                          mirror_columns=_TABLE_COLUMNS)
+
+
+# Reported with their spread across mask seeds; the verdicts are the worst over seeds, not a mean.
+SEED_SPREAD = ("token_f1", "token_precision", "token_recall", "semantic_similarity", "bayes_top1", "bayes_token_f1")
+VERDICT_KEYS = ("attack_verdict", "bayes_verdict", "verdict")
+
+
+def pool_mask_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's metrics over its mask replicates (metrics/replicates.py `pool`: means, each interval the
+    mean of the seeds' intervals, the spread across seeds), with each verdict the worst over the seeds, so
+    that a replicate that leaks is never averaged away."""
+    from attacks import controls
+    from metrics.replicates import pool
+
+    if len(per_seed) == 1:
+        return dict(per_seed[0])
+    m = pool(per_seed, spread=[k for k in SEED_SPREAD if per_seed[0].get(k) is not None])
+    for key in VERDICT_KEYS:
+        m[key] = controls.worst([s.get(key) for s in per_seed])
+    m["attack_gate"] = m["attack_verdict"] == controls.AT_CHANCE
+    if m.get("bayes_verdict") is not None:
+        m["bayes_gate"] = m["bayes_verdict"] == controls.AT_CHANCE
+    return m
 
 
 def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:

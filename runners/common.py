@@ -103,7 +103,7 @@ def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
              leakage_ci: Sequence[float] | None = None, attacker: str | None = None,
              utility_metric: str | None = None, utility: float | None = None,
              utility_ci: Sequence[float] | None = None, reference: str | None = None,
-             leakage_floor: float | None = None) -> dict[str, Any]:
+             leakage_floor: float | None = None, point: str | None = None) -> dict[str, Any]:
     """The run's part of one point on the cross-system privacy–utility chart (results.json `tradeoff`; the
     report's tradeoff section, runners/report/tradeoff.py, puts every system's runs on the same axes).
 
@@ -111,14 +111,17 @@ def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
     worse; `leakage_floor`, in %, its no-signal floor where one exists); utility is what the protected run
     kept against `reference`, in % (higher = better); each with its 95% interval over examples. A run that
     measures only one of them leaves the other None (SpliTEE's fidelity runs give utility, its attack runs
-    leakage); the report joins parts of the same system, model, configuration and privacy parameter."""
+    leakage); the report joins parts of the same system, model, configuration, privacy parameter and
+    `point` (what else tells the configuration's runs apart, e.g. a sanitiser's window "L=5 σ=1.25"; runs
+    that must join, such as a fidelity run and the attack runs of the same configuration, give the same)."""
     def interval(ci: Sequence[float] | None) -> list[float] | None:
         return None if ci is None or ci[0] is None or ci[1] is None else [float(ci[0]), float(ci[1])]
 
     def opt(value: float | None) -> float | None:
         return None if value is None else float(value)
 
-    return {"leakage": None if leakage is None else {
+    return {"point": point or None,
+            "leakage": None if leakage is None else {
                 "metric": leakage_metric, "value": float(leakage), "ci": interval(leakage_ci),
                 "attacker": attacker, "floor": opt(leakage_floor)},
             "utility": None if utility is None else {
@@ -142,6 +145,22 @@ def epsilon_ignored_note(cfg: DictConfig) -> str | None:
         return (f"configuration {cfg.configuration.name} ignores epsilon, so epsilon={cfg.epsilon:g} "
                 "is the same run")
     return None
+
+
+def test_side(cfg: DictConfig, inputs: Inputs, seed: int) -> tuple[str, list[list[int]]]:
+    """The configuration the engine runs for cfg.configuration and the prompts it is given. SpliTEE's
+    configurations: themselves and the prompts as they are. A token sanitiser (paper 001): its prompts'
+    text tokens sanitised on the client side (seeded by `seed`), then run as the baseline does (the plain
+    gpu/cpu engine, cfg.baseline)."""
+    name = cfg.configuration.name
+    if configurations.get(name).system != configurations.SANITIZE:
+        return name, inputs.prompts
+    from harness.sanitize import prompts, sanitizer
+
+    loaded = inputs.loaded
+    sanitize = sanitizer.build(cfg.sanitize, name, cfg.epsilon, loaded.model, loaded.tokenizer)
+    return resolve_baseline(cfg.baseline), prompts.sanitize_prompts(sanitize, inputs.workload.prompts,
+                                                                      loaded.tokenizer, seed).input_ids
 
 
 def resolve_baseline(choice: str) -> str:

@@ -21,7 +21,7 @@ from harness.results import GenerationCache, RunContext, cache_key
 from metrics.replicates import pool as replicates_pool
 from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
                             load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
-                            tradeoff, workload_record)
+                            test_side, tradeoff, workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -95,7 +95,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "tokens_per_second": test.tokens_per_second,
         "notes": notes,
     }
-    results["tradeoff"] = _tradeoff(results["metrics"], baseline)
+    results["tradeoff"] = _tradeoff(cfg, results["metrics"], baseline)
     return finish(cfg, ctx, results, samples, summary=summary_text,
                   engines={"baseline": base["engine"], "test": test_engine},
                   provenance_extra={"baseline_cache": base["cache"], "bleu_signature": results["metrics"].get("bleu_signature")},
@@ -103,12 +103,18 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                   before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS)
 
 
-def _tradeoff(m: dict[str, Any], baseline: str) -> dict[str, Any]:
+def _tradeoff(cfg: DictConfig, m: dict[str, Any], baseline: str) -> dict[str, Any]:
     """The utility half of this run's privacy–utility point: semantic similarity of the generations to the
     unprotected baseline's (token match where no similarity model ran)."""
     key = "semantic_similarity" if m.get("semantic_similarity") is not None else "token_match_rate"
+    name = cfg.configuration.name
+    point = None
+    if configurations.get(name).system == configurations.SANITIZE:
+        from harness.sanitize.config import point_label   # torch-free
+
+        point = point_label(cfg.sanitize, name)
     return tradeoff(utility_metric=key, utility=m[key], utility_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
-                    reference=f"{baseline} generations")
+                    reference=f"{baseline} generations", point=point)
 
 
 def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, Any], base: dict[str, Any],
@@ -116,8 +122,10 @@ def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, A
     """The test configuration under one mask seed, scored against the baseline."""
     from metrics.text import compare_generations
 
-    engine = make_engine(cfg, cfg.configuration.name, inputs.loaded.model, seed=seed)
-    test = generate_batches(engine, inputs.prompts, desc=f"{cfg.configuration.name} mask seed {seed}", **generate)
+    # A sanitiser's prompts are sanitised (seeded by the mask seed) and then run on the plain engine.
+    engine_configuration, prompts = test_side(cfg, inputs, seed)
+    engine = make_engine(cfg, engine_configuration, inputs.loaded.model, seed=seed)
+    test = generate_batches(engine, prompts, desc=f"{cfg.configuration.name} mask seed {seed}", **generate)
     texts = inputs.decode_all(test.output_ids)
     scores = compare_generations(base_texts, texts, base["output_ids"], test.output_ids, semantic_model=semantic_model)
     return engine, test, texts, scores

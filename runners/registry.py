@@ -37,19 +37,29 @@ RUNNERS: dict[str, str] = {
     "fp_error": "runners.fp_error",
     "controlled_error": "runners.controlled_error",
     "attack": "runners.attack",
+    "restore": "runners.restore",
     # sanitize (paper 001)
+    "sanitize": "runners.sanitize",
     # splitft (paper 002)
+    "splitft": "runners.splitft",
     # collab (paper 003)
+    "collab": "runners.collab",
     # grad_audit (paper 004)
+    "grad_audit": "runners.grad_audit",
 }
 
 # Which systems' configurations (harness/configurations.py `system`) each runner can run; a runner left
 # out runs SpliTEE's only. schema.validate refuses any other pairing in one line.
 SYSTEMS: dict[str, tuple[str, ...]] = {
-    # sanitize (paper 001)
+    # sanitize (paper 001); fidelity also runs the sanitisers (sanitised prompt, then the plain engine)
+    "sanitize": (configurations.SANITIZE,),
+    "fidelity": (configurations.SPLITEE, configurations.SANITIZE),
     # splitft (paper 002)
+    "splitft": (configurations.SPLITFT,),
     # collab (paper 003)
+    "collab": (configurations.COLLAB,),
     # grad_audit (paper 004)
+    "grad_audit": (configurations.GRAD_AUDIT,),
 }
 
 

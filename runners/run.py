@@ -39,6 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness import configurations, schema
 from harness.errors import UserError
+from harness.progress import quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
 from runners.registry import RUNNERS, Runner, load_runner, runner_systems
 
@@ -62,6 +63,7 @@ def run_job(cfg: DictConfig) -> dict:
     """One job (a single run or one job of a sweep) in Hydra's output dir for it. Returns a small status
     dict ({"status": ..., "run_dir": ...})."""
     hydra_cfg = HydraConfig.get()
+    quiet_library_bars()
     run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
     output_root = Path(cfg.paths.output_dir).expanduser().resolve()
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN

@@ -266,7 +266,7 @@ NOT_IN_KEYS = {
     "train_settings": "field by field below",
 }
 INVERTER_ONLY = {"decoder", "decoder_config", "corpus_record"}     # the evaluation capture does not use them
-CAPTURE_ONLY = {"eval_prompts", "eval_epsilon_lengths"}             # the attacker is trained on the corpus
+CAPTURE_ONLY = {"eval_prompts", "eval_epsilon_lengths", "mask_seed"}   # the attacker is trained on the corpus
 NOT_IN_INVERTER_KEY = {"gen_batch_size": "reconstruction only (keyed there)"}   # TrainSettings
 
 
@@ -488,6 +488,34 @@ def test_attack_smoke_cli(tmp_path):
         (m["bayes_top1"], m["bayes_token_f1"], m["bayes_verdict"])
 
 
+@pytest.mark.slow
+def test_attack_mask_replicates_cli(tmp_path):
+    """mask_seeds for an attack run: the prompts masked afresh per seed, the attackers trained once (cache
+    hits after the plain run); seed 0 is the plain run; the verdict is the worst over seeds."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    plain = run_cli(["experiment=attack_smoke"], out, cache, env={"OMP_NUM_THREADS": "1"})
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    run = out / "attack_smoke" / "tiny-llama-tied" / "ep1" / "eps=5" / "default"
+    results = json.loads((run / "results.json").read_text())
+    m = results["metrics"]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    reps = run_cli(["experiment=attack_smoke", "mask_seeds=[0,1]"], out, cache, env={"OMP_NUM_THREADS": "1"})
+    assert reps.returncode == 0, reps.stderr[-3000:]
+    [run3] = [p for p in run.parent.iterdir() if "mask_seeds" in p.name]
+    results3 = json.loads((run3 / "results.json").read_text())
+    assert all(e["hit"] for e in results3["cache"] if "attacker" in e["what"]), results3["cache"]
+    assert results3["mask_seeds"] == [0, 1] and results["mask_seeds"] == [0] and results["per_mask_seed"] is None
+    first, second = (r["metrics"] for r in results3["per_mask_seed"])
+    assert first["token_f1"] == m["token_f1"] and first["bayes_token_f1"] == m["bayes_token_f1"]
+    assert second["bayes_token_f1"] != first["bayes_token_f1"]      # other masks, other guesses
+    m3 = results3["metrics"]
+    assert m3["token_f1"] == pytest.approx((first["token_f1"] + second["token_f1"]) / 2)
+    assert m3["token_f1_seed_min"] == min(first["token_f1"], second["token_f1"])
+    assert m3["verdict"] == controls.worst([first["verdict"], second["verdict"]])
+    rows = [json.loads(line) for line in (run3 / "samples.jsonl").read_text().splitlines()]
+    assert [r["output_ids_by_mask_seed"]["0"] for r in rows] == [s["output_ids"] for s in samples]
+
+
 # A wrapper of the CLI whose decoder model `tiny-llama` gets another vocabulary than the victim's (the same
 # SmolLM2 tokenizer otherwise): one token more ($SB_VOCAB=extra), or two ids swapped (=swap).
 DECODER_PROBE = """
@@ -585,3 +613,18 @@ def test_attack_user_errors(tmp_path, override, expected):
     res = run_cli(["experiment=attack_smoke", *override], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2, res.stderr[-2000:]
     assert len(res.stderr_lines) == 1 and expected in res.stderr_lines[0], res.stderr
+
+
+def test_mask_replicates_pool_means_and_keep_the_worst_verdict():
+    from runners.attack import pool_mask_seeds
+
+    a = {"token_f1": 10.0, "token_f1_ci_lo": 8.0, "token_f1_ci_hi": 12.0, "bayes_token_f1": 1.0,
+         "attack_verdict": "at_chance", "bayes_verdict": "at_chance", "verdict": "at_chance", "attack_gate": True}
+    b = {**a, "token_f1": 30.0, "token_f1_ci_lo": 26.0, "token_f1_ci_hi": 34.0, "attack_verdict": "leak",
+         "verdict": "leak", "attack_gate": False}
+    m = pool_mask_seeds([a, b])
+    assert m["token_f1"] == 20.0 and (m["token_f1_ci_lo"], m["token_f1_ci_hi"]) == (17.0, 23.0)
+    assert (m["token_f1_seed_min"], m["token_f1_seed_max"]) == (10.0, 30.0)
+    assert (m["attack_verdict"], m["verdict"], m["bayes_verdict"]) == ("leak", "leak", "at_chance")
+    assert m["attack_gate"] is False and m["bayes_gate"] is True
+    assert pool_mask_seeds([a]) == a

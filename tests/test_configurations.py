@@ -19,12 +19,18 @@ def test_registry_matches_the_config_group():
 
 def test_kinds_of_configuration():
     get = configurations.get
-    assert [c for c in configurations.NAMES if get(c).uses_epsilon] == ["ep1"]
+    assert [c for c in configurations.names() if get(c).uses_epsilon] == ["ep1"]
+    assert [c for c in configurations.names(system=configurations.COLLAB) if not get(c).uses_epsilon] == ["collab_none"]
+    assert [c for c in configurations.names(system=configurations.SPLITFT) if not get(c).uses_epsilon] == [
+        "splitft_central", "splitft_none"]
     assert configurations.names(gaussian=True) == ("ep1", "epn")
     assert configurations.names(split=True) == ("t3", "ep1", "epn", "slalom")
     assert {get(c).mechanism for c in configurations.names(split=True)} == {"plain", "gaussian", "slalom"}
     assert all(get(c).mechanism is None for c in configurations.names(split=False))
-    assert [c for c in configurations.NAMES if get(c).runs_on == configurations.ACCELERATOR] == ["gpu"]
+    assert [c for c in configurations.names() if get(c).runs_on == configurations.ACCELERATOR] == ["gpu"]
+    # Sanitisers: the sanitised prompt runs on the accelerator as gpu does; Stencil has no parameter.
+    assert [c for c in configurations.names(system=configurations.SANITIZE) if not get(c).uses_epsilon] == ["stencil"]
+    assert {get(c).parameter_name for c in ("dx_noise", "dx_stencil", "custext_plus")} == {"eta", "epsilon"}
     assert not get("cpu").in_tee and get("tdx").in_tee and get("slalom").in_tee
 
 

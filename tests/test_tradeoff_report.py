@@ -39,12 +39,32 @@ def test_halves_join_per_configuration_and_parameter_with_the_worst_of_each():
         _run("s/smoke", "t3", None, _utility(3.0, 2.0, 4.0), tags=("smoke",)),   # another chart
     ]
     charts = section.groups(runs)
-    assert [(c.tags, c.model) for c in charts] == [((), "smollm2-135m"), (("smoke",), "smollm2-135m")]
-    points = {p.label: p for p in charts[0].points}
+    assert [(c.tags, c.model, c.metric) for c in charts] == [((), "smollm2-135m", "semantic_similarity"),
+                                                            (("smoke",), "smollm2-135m", "semantic_similarity")]
+    chart = charts[0]
+    points = {p.label: p for p in chart.points}
     assert set(points) == {"ep1 ε=1", "ep1 ε=5", "t3"}
-    assert points["ep1 ε=1"].utility["value"] == 70.0 and points["ep1 ε=1"].leakage["value"] == 35.0
-    assert points["ep1 ε=1"].complete and points["t3"].complete and not points["ep1 ε=5"].complete
-    assert points["t3"].utility["value"] == 100.0 and points["ep1 ε=1"].system == "splitee"
+    assert chart.utility(points["ep1 ε=1"])["value"] == 70.0 and points["ep1 ε=1"].leakage["value"] == 35.0
+    assert chart.complete(points["ep1 ε=1"]) and chart.complete(points["t3"]) and not chart.complete(points["ep1 ε=5"])
+    assert chart.utility(points["t3"])["value"] == 100.0 and points["ep1 ε=1"].system == "splitee"
+
+
+def test_one_chart_per_utility_metric_and_points_told_apart_by_their_label():
+    accuracy = tradeoff(utility_metric="accuracy", utility=60.0, utility_ci=(50.0, 70.0), reference="gold",
+                        leakage_metric="token_f1", leakage=30.0, leakage_ci=(25.0, 35.0), attacker="Pr@5",
+                        point="L=5 σ=1.25")
+    runs = [
+        _run("s/l5", "stencil", None, accuracy, experiment="sanitize"),
+        _run("s/l4", "stencil", None, {**accuracy, "point": "L=4 σ=1.25"}, experiment="sanitize"),
+        _run("f/l5", "stencil", None, {**_utility(90.0, 89.0, 91.0), "point": "L=5 σ=1.25"}),
+        _run("a/only", "t3", None, _leakage(80.0), experiment="attack"),
+    ]
+    charts = {c.metric: c for c in section.groups(runs)}
+    assert set(charts) == {"accuracy", "semantic_similarity", ""}
+    assert [p.label for p in charts["accuracy"].points] == ["stencil L=4 σ=1.25", "stencil L=5 σ=1.25"]
+    (sim,) = charts["semantic_similarity"].points        # the L=5 point: its fidelity run and its attack
+    assert sim.label == "stencil L=5 σ=1.25" and sim.system == "sanitize" and charts["semantic_similarity"].complete(sim)
+    assert [p.label for p in charts[""].points] == ["t3"]   # leakage without any utility: listed only
 
 
 def test_markdown_draws_complete_points_and_lists_the_rest(tmp_path):
@@ -52,7 +72,8 @@ def test_markdown_draws_complete_points_and_lists_the_rest(tmp_path):
             _run("f5", "ep1", 5.0, _utility(95.0, 94.0, 96.0))]
     figures = Figures(tmp_path)
     md = "\n".join(section.markdown(section.groups(runs), figures))
-    assert "| splitee | ep1 ε=1 | 20.0 [19.0, 21.0] | token_f1 · learned inverter | 5.0 | 80.0 [78.0, 82.0] |" in md
+    assert ("| splitee | ep1 ε=1 | 20.0 [19.0, 21.0] | token_f1 · learned inverter | 5.0 | 80.0 [78.0, 82.0] | "
+            "semantic_similarity vs cpu |") in md
     assert "Not drawn (one half not measured yet): ep1 ε=5." in md
     assert len(figures.written) == 1 and figures.written[0].read_bytes()[:8] == PNG_MAGIC
     assert section.summary(section.groups(runs)) == ["privacy–utility: 1 point(s) with both halves across 1 chart(s)"]

@@ -1,18 +1,140 @@
-"""The schema of the `collab` config section (Cloud-edge collaborative decoding (paper 003)): types only, every value in conf/collab/default.yaml.
+"""The schema of the `collab` config section (cloud-edge collaborative decoding, paper 003): types only,
+every value in conf/collab/default.yaml.
 
 Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
+
+from harness.errors import UserError
+
+FUSION_MODES = ("cloud", "edge")
+BENCHMARKS = ("builtin", "pubmedqa", "dolly")
+# Which fusion mode each defence protects (paper §5.1 "Comparison methods"); coveil and the undefended
+# point run in both. Configuration names: harness/configurations.py COLLAB_CONFIGURATIONS.
+MODES_OF = {
+    "collab_none": FUSION_MODES, "coveil": FUSION_MODES, "collab_dp_fusion": FUSION_MODES,
+    "collab_cogenesis": ("cloud",), "collab_dp_logit": ("cloud",),
+}
+# The defences whose swept parameter may be 0 (the appendix grids: CoVeil λ = 0, DP-Fusion ε = 0) are
+# reached with collab.parameter_zero=true, since the global `epsilon` knob must be > 0.
+ZERO_ALLOWED = ("coveil", "collab_dp_fusion")
+
+
+@dataclass
+class CollabBenchmarkConfig:
+    name: str = MISSING                 # BENCHMARKS
+    path: Optional[str] = MISSING       # local file (pubmedqa: ori_pqal.json; dolly: JSONL); builtin: null
+    hub_id: Optional[str] = MISSING     # loads through `datasets` where path is null (network needed)
+    n_examples: Optional[int] = MISSING
+    max_context_words: Optional[int] = MISSING
+    answer_critical: bool = MISSING     # keep examples the edge answers with the evidence but not without
+
+
+@dataclass
+class CollabEvidenceConfig:
+    leading_space: bool = MISSING       # tokenise each span as " span" (as it stands inside text)
+
+
+@dataclass
+class CollabMetricsConfig:
+    ks: List[int] = MISSING
+    report_k: int = MISSING
+
+
+@dataclass
+class CollabInversionConfig:
+    enabled: bool = MISSING
+    k: int = MISSING                    # exposure-set size written into the prompt per step
+    max_steps: int = MISSING            # decoding steps of the exposure sequence shown
+    max_new_tokens: int = MISSING
+
+
+@dataclass
+class CollabControlsConfig:
+    gate_margin_pp: float = MISSING
+    positive_margin_pp: float = MISSING
 
 
 @dataclass
 class CollabConfig:
     """Fields with MISSING defaults; their values and comments live in conf/collab/default.yaml."""
 
+    fusion: str = MISSING
+    alpha: float = MISSING
+    max_new_tokens: int = MISSING
+    cloud: Optional[Any] = MISSING      # a conf/model entry (+model@collab.cloud=NAME); null = cfg.model
+    parameter_zero: bool = MISSING
+    candidates: int = MISSING           # CoVeil's |C_t| = TopK pool size (paper Table A1)
+    dp_delta: float = MISSING
+    renyi_order: float = MISSING
+    view_top: int = MISSING
+    threads: Optional[int] = MISSING    # torch threads for the run; null = torch's default
+    benchmark: CollabBenchmarkConfig = MISSING
+    evidence: CollabEvidenceConfig = MISSING
+    metrics: CollabMetricsConfig = MISSING
+    inversion: CollabInversionConfig = MISSING
+    controls: CollabControlsConfig = MISSING
+
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
+    c = section
+    if c.fusion not in FUSION_MODES:
+        raise UserError(f"collab.fusion={c.fusion!r} is not one of {', '.join(FUSION_MODES)}")
+    if not (math.isfinite(c.alpha) and 0.0 <= c.alpha <= 1.0):
+        raise UserError(f"collab.alpha must lie in [0, 1], got {c.alpha}")
+    if c.threads is not None and c.threads < 1:
+        raise UserError(f"collab.threads must be >= 1 or null, got {c.threads}")
+    for key in ("max_new_tokens", "candidates", "view_top"):
+        if c[key] < 1:
+            raise UserError(f"collab.{key} must be >= 1, got {c[key]}")
+    if not 0.0 < c.dp_delta < 1.0:
+        raise UserError(f"collab.dp_delta must lie in (0, 1), got {c.dp_delta}")
+    if not c.renyi_order > 1.0:
+        raise UserError(f"collab.renyi_order must be > 1, got {c.renyi_order}")
+    ks = list(c.metrics.ks)
+    if not ks or min(ks) < 1:
+        raise UserError(f"collab.metrics.ks must be a non-empty list of K >= 1, got {ks}")
+    if c.metrics.report_k < 1 or c.metrics.report_k not in ks:
+        raise UserError(f"collab.metrics.report_k must be >= 1 and one of collab.metrics.ks {ks}, got {c.metrics.report_k}")
+    if max(ks) > c.view_top:
+        raise UserError(f"collab.metrics.ks goes up to {max(ks)} but the view keeps collab.view_top={c.view_top} "
+                        "entries per step; raise view_top")
+    inv = c.inversion
+    for key in ("k", "max_steps", "max_new_tokens"):
+        if inv[key] < 1:
+            raise UserError(f"collab.inversion.{key} must be >= 1, got {inv[key]}")
+    b = c.benchmark
+    if b.name not in BENCHMARKS:
+        raise UserError(f"collab.benchmark.name={b.name!r} is not one of {', '.join(BENCHMARKS)}")
+    if b.n_examples is not None and b.n_examples < 1:
+        raise UserError(f"collab.benchmark.n_examples must be >= 1 or null, got {b.n_examples}")
+    if b.max_context_words is not None and b.max_context_words < 1:
+        raise UserError(f"collab.benchmark.max_context_words must be >= 1 or null, got {b.max_context_words}")
+    if b.path is not None and not Path(str(b.path)).expanduser().is_file():
+        raise UserError(f"collab.benchmark.path={b.path} is not a file")
+    for key in ("gate_margin_pp", "positive_margin_pp"):
+        if not (math.isfinite(c.controls[key]) and c.controls[key] >= 0):
+            raise UserError(f"collab.controls.{key} must be a number >= 0, got {c.controls[key]}")
+    if cfg.runner != "collab":
+        return
+    name = cfg.configuration.name
+    modes = MODES_OF.get(name, FUSION_MODES)
+    if c.fusion not in modes:
+        raise UserError(f"configuration={name} defends {'/'.join(modes)}-side fusion only; set collab.fusion={modes[0]}")
+    if c.parameter_zero and name not in ZERO_ALLOWED:
+        raise UserError(f"collab.parameter_zero=true: configuration={name} has no parameter value 0 "
+                        f"(only {', '.join(ZERO_ALLOWED)})")
+    if name == "collab_cogenesis" and float(cfg.epsilon) != int(cfg.epsilon):
+        raise UserError(f"configuration=collab_cogenesis takes its top-B as epsilon: a whole number >= 1, got {cfg.epsilon}")
+    if c.cloud is not None:
+        from harness.schema import _check_model
+
+        _check_model("collab.cloud", c.cloud)

@@ -1,18 +1,161 @@
-"""The schema of the `grad_audit` config section (The returned-gradient audit (paper 004)): types only, every value in conf/grad_audit/default.yaml.
+"""The schema of the `grad_audit` config section (the returned-gradient audit, paper 004): types only, every
+value in conf/grad_audit/default.yaml (docs/grad_audit.md explains each choice).
 
 Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
+
+from harness.errors import UserError
+
+CORPUS_SOURCES = ("builtin", "text", "hub")
+PROBE_TARGETS = ("current", "next")
+PROBE_ARMS = ("forward", "gradient", "joint")
+
+
+@dataclass
+class GradAuditCorpusConfig:
+    source: str = MISSING              # builtin (attacks/data/builtin_corpus.txt) | text (a local file) | hub
+    path: Optional[str] = MISSING      # source=text: e.g. ../shared/data/wikitext2/wiki.test.raw
+    hub_id: Optional[str] = MISSING    # source=hub: a `datasets` id (network needed)
+    hub_config: Optional[str] = MISSING
+    split: str = MISSING
+    text_field: str = MISSING
+
+
+@dataclass
+class GradAuditTrainConfig:
+    frames: int = MISSING              # training steps; each step sends one frame (the audited record)
+    lr: float = MISSING
+    heldout_blocks: int = MISSING      # blocks kept out of training for the utility gate
+    threads: Optional[int] = MISSING
+
+
+@dataclass
+class GradAuditMitigationConfig:
+    grad_clip: float = MISSING         # per-row clip of the returned gradient (paper: C = 0.01)
+    noise_multiplier: float = MISSING  # its Gaussian σ = noise_multiplier · grad_clip
+
+
+@dataclass
+class GradAuditProbeConfig:
+    top_k: int = MISSING               # the frequent tokens the probe predicts among
+    target: str = MISSING              # PROBE_TARGETS: the row position's own token or the next one
+    arms: List[str] = MISSING          # PROBE_ARMS
+    l2_grid: List[float] = MISSING     # probe regularisation, chosen on the explore seeds
+    max_iter: int = MISSING
+    max_rows: int = MISSING            # rows per probe fit (subsampled, seeded)
+
+
+@dataclass
+class GradAuditSeedsConfig:
+    explore: List[int] = MISSING
+    replicate: List[int] = MISSING
+    test: List[int] = MISSING
+
+
+@dataclass
+class GradAuditGatesConfig:
+    probe_margin_pp: float = MISSING   # privacy gate: Bonferroni-Wilson UB ≤ constant guess + this
+    partition_margin_pp: float = MISSING  # the partition attacker's verdict margin around its chance agreement
+    alpha: float = MISSING             # family-wise error of the Bonferroni-Wilson bounds
+    utility_max_nats: float = MISSING  # utility gate: held-out CE increase ≤ this
+    injected_dose: float = MISSING     # positive control: share of real rows given a token code
+    positive_margin_pp: float = MISSING
 
 
 @dataclass
 class GradAuditConfig:
     """Fields with MISSING defaults; their values and comments live in conf/grad_audit/default.yaml."""
 
+    cut_after: int = MISSING           # a: the local node runs blocks 1..a
+    resume_at: int = MISSING           # b: the cloud runs blocks a+1..b, the local node b+1..L
+    latent_dim: int = MISSING          # D, the bottleneck width of what crosses
+    real_rows: int = MISSING
+    decoy_rows: int = MISSING
+    block_tokens: int = MISSING        # tokens per row (fixed-width blocks of the corpus stream)
+    clip: float = MISSING              # forward per-row clip C
+    noise_ratio: float = MISSING       # forward σ = noise_ratio · C
+    corpus: GradAuditCorpusConfig = MISSING
+    train: GradAuditTrainConfig = MISSING
+    mitigation: GradAuditMitigationConfig = MISSING
+    probe: GradAuditProbeConfig = MISSING
+    seeds: GradAuditSeedsConfig = MISSING
+    gates: GradAuditGatesConfig = MISSING
+
+
+def _positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
+    g = section
+    if not 0 < g.cut_after < g.resume_at:
+        raise UserError(f"grad_audit needs 0 < cut_after < resume_at (the cloud runs blocks a+1..b), "
+                        f"got cut_after={g.cut_after}, resume_at={g.resume_at}")
+    if g.latent_dim < 1:
+        raise UserError(f"grad_audit.latent_dim (D) must be >= 1, got {g.latent_dim}")
+    if g.real_rows < 1:
+        raise UserError(f"grad_audit.real_rows must be >= 1, got {g.real_rows}")
+    if g.decoy_rows < 0:
+        raise UserError(f"grad_audit.decoy_rows must be >= 0, got {g.decoy_rows}")
+    if g.block_tokens < 2:
+        raise UserError(f"grad_audit.block_tokens must be >= 2 (a row needs a next-token target), got {g.block_tokens}")
+    if not _positive(g.clip):
+        raise UserError(f"grad_audit.clip (C) must be a number > 0, got {g.clip}")
+    if not (math.isfinite(g.noise_ratio) and g.noise_ratio >= 0):
+        raise UserError(f"grad_audit.noise_ratio must be a number >= 0, got {g.noise_ratio}")
+    if g.corpus.source not in CORPUS_SOURCES:
+        raise UserError(f"grad_audit.corpus.source={g.corpus.source!r} is not one of {', '.join(CORPUS_SOURCES)}")
+    if g.corpus.source == "text" and not g.corpus.path:
+        raise UserError("grad_audit.corpus.source=text needs grad_audit.corpus.path=/path/to/file.txt")
+    if g.corpus.source == "hub" and not g.corpus.hub_id:
+        raise UserError("grad_audit.corpus.source=hub needs grad_audit.corpus.hub_id (e.g. wikitext)")
+    t = g.train
+    if t.frames < 4:
+        raise UserError(f"grad_audit.train.frames must be >= 4 (the probe trains and tests on disjoint frames), got {t.frames}")
+    if not _positive(t.lr):
+        raise UserError(f"grad_audit.train.lr must be a number > 0, got {t.lr}")
+    if t.heldout_blocks < 2:
+        raise UserError(f"grad_audit.train.heldout_blocks must be >= 2, got {t.heldout_blocks}")
+    if t.threads is not None and t.threads < 1:
+        raise UserError(f"grad_audit.train.threads must be >= 1 or null, got {t.threads}")
+    m = g.mitigation
+    if not _positive(m.grad_clip):
+        raise UserError(f"grad_audit.mitigation.grad_clip must be a number > 0, got {m.grad_clip}")
+    if not (math.isfinite(m.noise_multiplier) and m.noise_multiplier >= 0):
+        raise UserError(f"grad_audit.mitigation.noise_multiplier must be a number >= 0, got {m.noise_multiplier}")
+    p = g.probe
+    if p.top_k < 1:
+        raise UserError(f"grad_audit.probe.top_k must be >= 1, got {p.top_k}")
+    if p.target not in PROBE_TARGETS:
+        raise UserError(f"grad_audit.probe.target={p.target!r} is not one of {', '.join(PROBE_TARGETS)}")
+    arms = list(p.arms)
+    if not arms or any(a not in PROBE_ARMS for a in arms) or len(set(arms)) != len(arms):
+        raise UserError(f"grad_audit.probe.arms must be distinct values from {', '.join(PROBE_ARMS)}, got {arms}")
+    grid = list(p.l2_grid)
+    if not grid or any(not (math.isfinite(v) and v >= 0) for v in grid):
+        raise UserError(f"grad_audit.probe.l2_grid must be a non-empty list of numbers >= 0, got {grid}")
+    if p.max_iter < 1 or p.max_rows < 2:
+        raise UserError(f"grad_audit.probe needs max_iter >= 1 and max_rows >= 2, got {p.max_iter}, {p.max_rows}")
+    s = g.seeds
+    explore, scored = list(s.explore), list(s.replicate) + list(s.test)
+    if not explore or not scored:
+        raise UserError("grad_audit.seeds needs at least one explore seed and one replicate or test seed")
+    every = explore + scored
+    if len(set(every)) != len(every) or min(every) < 0:
+        raise UserError(f"grad_audit.seeds must be distinct integers >= 0 across explore/replicate/test, got {every}")
+    q = g.gates
+    for key in ("probe_margin_pp", "partition_margin_pp", "utility_max_nats", "positive_margin_pp"):
+        if not (math.isfinite(q[key]) and q[key] >= 0):
+            raise UserError(f"grad_audit.gates.{key} must be a number >= 0, got {q[key]}")
+    if not 0 < q.alpha < 1:
+        raise UserError(f"grad_audit.gates.alpha must lie in (0, 1), got {q.alpha}")
+    if not 0 < q.injected_dose <= 1:
+        raise UserError(f"grad_audit.gates.injected_dose must lie in (0, 1], got {q.injected_dose}")

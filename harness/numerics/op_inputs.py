@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from harness import provenance
+from harness.progress import progress as progress_bar
 from harness.results import atomic_torch_save, cache_key
 from harness.split.architectures import decoder_layers
 from harness.split.engine import EngineSettings, SplitEngine
@@ -79,7 +80,7 @@ def capture_op_inputs(model: nn.Module, prompts: list[list[int]], *, new_tokens:
     kept: dict[tuple[str, int | None], list[torch.Tensor]] = defaultdict(list)
     lengths: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     out = CapturedInputs()
-    for start in range(0, len(prompts), batch_size):
+    for start in progress_bar(range(0, len(prompts), batch_size), desc="capture op inputs (t3)", unit="batch"):
         batch = prompts[start:start + batch_size]
         down: dict[int, list[torch.Tensor]] = defaultdict(list)
         handles = _down_hooks(model, down) if include_down else []

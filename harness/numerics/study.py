@@ -24,6 +24,7 @@ from harness.numerics import kernels as kernel_grids
 from harness.numerics.bound import bound_from_sums, evaluation_factor, first_order_bound
 from harness.numerics.precisions import U64, precision
 from harness.numerics.reference import reference_dot_grid, reference_error_bound
+from harness.progress import progress as progress_bar
 from harness.split.architectures import OP_MEMBERS, decoder_layers
 from harness.split.noise_bank import stream_seed
 from harness.split.offload import all_op_instances, op_linears
@@ -241,7 +242,8 @@ def run_study(instances: Iterable[OpInstance], *, precisions: Sequence[str], ker
     accumulation = {name: {"library": kernel_grids.library_accumulation(name, probes.get(name)), "sequential": name}
                     for name in precisions}
     stats: list[InstanceStats] = []
-    for inst in instances:
+    instances = list(instances)
+    for inst in progress_bar(instances, desc=f"fp study ({', '.join(precisions)})", unit="op"):
         generator = torch.Generator().manual_seed(stream_seed(seed, "fp_error", inst.label))
         draws = draw(inst, trials, rows_per_vector, generator)
         for name in precisions:

@@ -1,18 +1,120 @@
-"""The schema of the `sanitize` config section (Token-level prompt sanitisers (paper 001)): types only, every value in conf/sanitize/default.yaml.
+"""The schema of the `sanitize` config section (token-level prompt sanitisers, paper 001): types only, every
+value in conf/sanitize/default.yaml.
 
-Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`.
+Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`. The
+privacy parameter itself is the top-level `epsilon` knob (η of dχ Noise / dχ-Stencil, ε of CusText+;
+harness/configurations.py), so its range is checked here too for the sanitiser configurations.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+from typing import Any, List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
+
+from harness.errors import UserError
+
+DISTANCES = ("euclidean", "cosine")
+EMBEDDINGS = ("victim",)           # or a path to a .pt / .npy table of shape (vocab, d)
+TASKS = ("sst2", "qnli", "mmlu", "commonsense_qa")
+
+
+@dataclass
+class SanitizeAttackConfig:
+    """The attacks on the sanitised tokens (attacks/sanitize/)."""
+
+    top_k: int = MISSING                  # Pr@k and Bayes top-k (the paper: 5)
+    bayes_candidates: int = MISSING       # original tokens considered per position (nearest to the output)
+    bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms)
+    bayes_local_vocab: int = MISSING      # tokens the simulated nearest-token search ranges over
+    learned_corpus_tokens: int = MISSING  # training tokens of the learned inverter (0: not run)
+    gate_margin_pp: float = MISSING       # verdict margin m (attacks/controls.py)
+    positive_margin_pp: float = MISSING   # positive control: lower bound >= reference + this
+
+
+@dataclass
+class SanitizeTaskPaths:
+    """Where each lm-eval task's examples come from (harness/sanitize/tasks.py): a local file, or null for the
+    small SST-2 file the repo ships (sst2) or the hub (the others)."""
+
+    sst2: Optional[str] = MISSING
+    qnli: Optional[str] = MISSING
+    mmlu: Optional[str] = MISSING
+    commonsense_qa: Optional[str] = MISSING
 
 
 @dataclass
 class SanitizeConfig:
     """Fields with MISSING defaults; their values and comments live in conf/sanitize/default.yaml."""
 
+    window: int = MISSING                 # Stencil's L
+    sigma: float = MISSING                # Gaussian std of the window weights
+    distance: str = MISSING               # euclidean | cosine
+    embeddings: str = MISSING             # victim | /path/to/table.pt|.npy
+    vocab_filter: Optional[str] = MISSING  # regex a candidate token's text must match; null = every non-special token
+    dx_stencil_may_return_original: bool = MISSING
+    custext_k: int = MISSING              # CusText's output-set size
+    stopwords: List[str] = MISSING        # CusText+ leaves these unchanged
+    chunk: int = MISSING                  # positions per nearest-token search (memory bound)
+    threads: Optional[int] = MISSING      # torch threads; null = torch's default
+    tasks: List[str] = MISSING            # lm-eval tasks scored on sanitised inputs (TASKS)
+    task_paths: SanitizeTaskPaths = MISSING
+    task_limit: Optional[int] = MISSING   # examples per task (seeded sample); null = all
+    eval_batch_size: int = MISSING
+    attack: SanitizeAttackConfig = MISSING
+
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
+    from harness import configurations
+
+    if section.window < 1:
+        raise UserError(f"sanitize.window (Stencil's L) must be >= 1, got {section.window}")
+    if not (math.isfinite(section.sigma) and section.sigma > 0):
+        raise UserError(f"sanitize.sigma must be a number > 0, got {section.sigma}")
+    if section.distance not in DISTANCES:
+        raise UserError(f"sanitize.distance={section.distance!r} is not one of {', '.join(DISTANCES)}")
+    if section.custext_k < 1:
+        raise UserError(f"sanitize.custext_k must be >= 1, got {section.custext_k}")
+    if section.chunk < 1:
+        raise UserError(f"sanitize.chunk must be >= 1, got {section.chunk}")
+    if section.threads is not None and section.threads < 1:
+        raise UserError(f"sanitize.threads must be >= 1 or null, got {section.threads}")
+    if section.eval_batch_size < 1:
+        raise UserError(f"sanitize.eval_batch_size must be >= 1, got {section.eval_batch_size}")
+    if section.vocab_filter is not None:
+        try:
+            re.compile(section.vocab_filter)
+        except re.error as e:
+            raise UserError(f"sanitize.vocab_filter={section.vocab_filter!r} is not a regular expression ({e})") from None
+    bad = [t for t in section.tasks if t not in TASKS]
+    if bad or len(set(section.tasks)) != len(section.tasks):
+        raise UserError(f"sanitize.tasks must be distinct names from {', '.join(TASKS)}, got {list(section.tasks)}")
+    if section.task_limit is not None and section.task_limit < 1:
+        raise UserError(f"sanitize.task_limit must be >= 1 or null, got {section.task_limit}")
+    a = section.attack
+    for key in ("top_k", "bayes_candidates", "bayes_samples", "bayes_local_vocab"):
+        if a[key] < 1:
+            raise UserError(f"sanitize.attack.{key} must be >= 1, got {a[key]}")
+    if a.learned_corpus_tokens < 0:
+        raise UserError(f"sanitize.attack.learned_corpus_tokens must be >= 0, got {a.learned_corpus_tokens}")
+    for key in ("gate_margin_pp", "positive_margin_pp"):
+        if not (math.isfinite(a[key]) and a[key] >= 0):
+            raise UserError(f"sanitize.attack.{key} must be a number >= 0, got {a[key]}")
+    entry = configurations.REGISTRY.get(str(cfg.configuration.name))
+    if entry is not None and entry.system == configurations.SANITIZE and entry.uses_epsilon:
+        # epsilon > 0 is checked for every configuration already; say it in the mechanism's own words.
+        if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
+            raise UserError(f"{entry.parameter_name} (epsilon) of {entry.name} must be a number > 0, got {cfg.epsilon}")
+
+
+def point_label(section: Any, configuration: str) -> str:
+    """What tells two runs of one sanitiser and privacy parameter apart on the privacy–utility chart
+    (runners/common.tradeoff `point`): the window of the Stencil mechanisms, the output set of CusText+."""
+    if configuration in ("stencil", "dx_stencil"):
+        return f"L={section.window} σ={section.sigma:g}"
+    if configuration == "custext_plus":
+        return f"k={section.custext_k}"
+    return ""

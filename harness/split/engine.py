@@ -18,13 +18,15 @@ from harness import configurations
 from harness.adversary_view import AdversaryView
 from harness.devices import detect_tee_kind, resolve_accelerator, set_tee_threads, cpu_description
 from harness.errors import UserError
+from harness.progress import progress
 from harness.split.architectures import OFFLOADABLE, architecture_of
 from harness.split.boundary import Boundary, Stopwatch
 from harness.split.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
-from harness.split.noise_bank import NoiseBank
+from harness.split.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_bytes
 from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
 from harness.split.sensitivity import as_dicts, sensitivity_table
 
+DEFAULT_BANK_BYTES = 512 * 2**20   # engine.bank_bytes (docs/noise_bank.md)
 TIMING_COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill")
 
 
@@ -38,6 +40,7 @@ class EngineSettings:
     seed: int = 0
     bank_on_exhaustion: str = "refill"    # or "error"
     bank_capacity: int | None = None      # entries per op; None = sized for each generate() call
+    bank_bytes: int | None = DEFAULT_BANK_BYTES  # materialised entries held, all banks; None = unbounded
     record_view: bool = False
     slalom_frac_bits: int = 8
     slalom_scaling: str = "per_token"   # or per_op | fixed (harness/split/mechanisms.py: wrap-around)
@@ -54,6 +57,9 @@ class EngineSettings:
             raise UserError(f"unknown offloaded op(s) {sorted(unknown)}; choose from {', '.join(OFFLOADABLE)}")
         if self.bank_capacity is not None and self.bank_capacity < 1:
             raise UserError(f"engine.bank_capacity must be >= 1 or null, got {self.bank_capacity}")
+        if self.bank_bytes is not None and (isinstance(self.bank_bytes, bool) or not isinstance(self.bank_bytes, int)
+                                            or self.bank_bytes < 1):
+            raise UserError(f"engine.bank_bytes must be a positive number of bytes or null, got {self.bank_bytes!r}")
         if self.slalom_scaling not in SLALOM_SCALINGS:
             raise UserError(f"slalom_scaling must be one of {', '.join(SLALOM_SCALINGS)}, got {self.slalom_scaling!r}")
         if self.sigma_scale < 0:
@@ -118,6 +124,8 @@ class SplitEngine:
         table_ops = tuple(settings.offload) if conf.gaussian else tuple(o for o in settings.offload if o != "down")
         self.table = sensitivity_table(model, table_ops, settings.sensitivity_rule)
         self.ops: list[OffloadedOp] = []
+        self.bank_memory = BankMemory()
+        self.bank_rows: int | None = None   # capacity_rows of every bank (None: unbounded)
         self.mechanism = make_mechanism(conf.mechanism, settings.slalom_frac_bits, settings.slalom_scaling) if self.split else None
         if self.split:
             self._build_ops()
@@ -130,9 +138,22 @@ class SplitEngine:
             linears = [module for _, module in op_linears(self.model, name, layer)]
             op = OffloadedOp(name, layer, linears, deltas.get((name, layer)), self.ctx, mechanism, self.accelerator.device)
             if mechanism.needs_bank():
-                op.bank = NoiseBank(op.label, mechanism.chunk_maker(op), self.settings.seed, self.settings.bank_on_exhaustion)
+                op.bank = NoiseBank(op.label, mechanism.chunk_maker(op), self.settings.seed, self.settings.bank_on_exhaustion,
+                                    memory=self.bank_memory)
             mechanism.prepare(op, self.model)  # Slalom: op.slalom, its input bits and wrap-around counters
             self.ops.append(op)
+        self._size_banks()
+
+    def _size_banks(self) -> None:
+        """Share engine.bank_bytes out as the same number of entries per bank: every bank serves the same
+        rows per decode step (the batch), so equal rows is the share by use (docs/noise_bank.md)."""
+        banked = [op for op in self.ops if op.bank is not None]
+        if not banked or self.settings.bank_bytes is None:
+            return
+        per_row = sum(row_bytes(op.tee_weights) for op in banked)
+        self.bank_rows = max(PIECE_ROWS, self.settings.bank_bytes // per_row)
+        for op in banked:
+            op.bank.capacity_rows = self.bank_rows
 
     def _install(self) -> Installed:
         installed = Installed(self.model)
@@ -234,6 +255,8 @@ class SplitEngine:
         if moved:
             self.model.to(device)
         installed = self._install()
+        # Tokens generated over the whole batch, with tqdm's tokens/s and ETA; silent unless stderr is a tty.
+        bar = progress(desc=f"{self.settings.configuration}: generate", total=batch * max_new_tokens, unit="token")
         try:
             cache = DynamicCache(config=self.model.config)
             finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -252,8 +275,10 @@ class SplitEngine:
                     next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
                     finished |= next_ids == eos_token_id
                 generated.append(next_ids)
+                bar.update(batch)
                 if step == max_new_tokens or (stop_at_eos and bool(finished.all())):
                     break
+                self._top_up_banks()
                 self.boundary.step = step
                 self.ctx.valid = None
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
@@ -264,6 +289,7 @@ class SplitEngine:
             sync()
             total_s = time.perf_counter() - start
         finally:
+            bar.close()
             self.ctx.valid = None
             installed.restore()
             if moved:
@@ -291,7 +317,9 @@ class SplitEngine:
         )
 
     def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
-        """Fill every bank before generation starts (auto size) or once to the configured capacity."""
+        """Before generation: promise each bank's supply (sized for this call, or once the configured
+        capacity) and materialise it ahead, up to the byte bound. Not inference time (the paper's offline
+        precompute); what the bound leaves for later is made between steps and counted (_top_up_banks)."""
         seconds = 0.0
         capacity = self.settings.bank_capacity
         self.ctx.refill_size = capacity or 1
@@ -300,9 +328,21 @@ class SplitEngine:
                 continue
             if capacity is None:
                 seconds += op.bank.ensure(rows_lm_head if op.name == "lm_head" else rows_per_layer_op)
-            elif op.bank.stats.entries_made == 0:
+            elif op.bank.stats.entries_planned == 0:
                 seconds += op.bank.fill(capacity)
+            else:
+                seconds += op.bank.top_up()
         return seconds
+
+    def _top_up_banks(self) -> None:
+        """Between two forward passes, refill every bank that is below half its capacity back to it (TEE
+        work, timed as bank_refill: on this machine nothing runs beside the TEE to hide it behind)."""
+        if self.bank_rows is None:
+            return
+        with self.clock.time("bank_refill"):
+            for op in self.ops:
+                if op.bank is not None:
+                    op.bank.stats.refill_s += op.bank.top_up(low_water=0.5)
 
     def slalom_stats(self) -> dict | None:
         """Slalom's wrap-arounds since the current or last generate() began, per op instance, per op type
@@ -320,13 +360,17 @@ class SplitEngine:
     def bank_stats(self) -> dict:
         banks = [op.bank for op in self.ops if op.bank is not None]
         return {
+            "capacity_bytes": self.settings.bank_bytes,
+            "capacity_rows": self.bank_rows,
             "bytes": sum(b.stats.bytes for b in banks),
-            "peak_bytes": sum(b.stats.peak_bytes for b in banks),
+            "peak_bytes": self.bank_memory.peak,   # all banks at once, not the sum of their peaks
             "precompute_s": sum(b.stats.precompute_s for b in banks),
             "refill_s": sum(b.stats.refill_s for b in banks),
+            "entries_planned": sum(b.stats.entries_planned for b in banks),
             "entries_made": sum(b.stats.entries_made for b in banks),
             "entries_used": sum(b.stats.entries_used for b in banks),
             "refills": sum(b.stats.refills for b in banks),
+            "pieces": sum(b.stats.pieces for b in banks),
         }
 
 

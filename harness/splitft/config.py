@@ -1,18 +1,194 @@
-"""The schema of the `splitft` config section (Split federated fine-tuning (paper 002)): types only, every value in conf/splitft/default.yaml.
+"""The schema of the `splitft` config section (split federated fine-tuning, paper 002): types only, every
+value in conf/splitft/default.yaml.
 
 Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
+
+from harness.errors import UserError
+
+DATA_SOURCES = ("builtin", "text", "jsonl", "hub")
+PARTITIONS = ("iid", "dirichlet")
+OPTIMIZERS = ("adamw", "sgd")
+PRIVACY_TERMS = ("capped_ce", "entropy")       # harness/splitft/privpair.py
+W2_LOSSES = ("mse", "mse_task")
+COUPLINGS = ("relative", "absolute")
+
+
+@dataclass
+class SplitFtLoraConfig:
+    enabled: bool = MISSING                 # false: A and C train fully; true: peft LoRA on A's and C's blocks
+    r: int = MISSING
+    alpha: float = MISSING
+    target_modules: List[str] = MISSING
+
+
+@dataclass
+class SplitFtDataConfig:
+    source: str = MISSING                   # DATA_SOURCES
+    path: Optional[str] = MISSING           # text: a UTF-8 file (WikiText-2 raw); jsonl: one record a line
+    text_field: str = MISSING               # jsonl / hub: the field holding the text (Dolly: output / response)
+    hub_id: Optional[str] = MISSING
+    hub_config: Optional[str] = MISSING
+    split: str = MISSING
+    seq_len: int = MISSING                  # tokens per training block
+    n_train: int = MISSING                  # training blocks over all clients
+    n_heldout: int = MISSING                # held-out blocks (utility)
+    n_align: int = MISSING                  # D_align: public blocks for PrivPair's burst alignment
+    partition: str = MISSING                # PARTITIONS
+    dirichlet_alpha: float = MISSING
+    n_topics: int = MISSING                 # contiguous stream slices the Dirichlet split deals out
+
+
+@dataclass
+class SplitFtPrivPairConfig:
+    hidden: int = MISSING                   # width of W1's and W2's residual MLPs
+    beta: float = MISSING                   # weight of W1's privacy term
+    privacy_term: str = MISSING             # PRIVACY_TERMS
+    coupling: str = MISSING                 # COUPLINGS: λ·‖δ_A‖²/‖s_A‖² or λ·‖δ_A‖²
+    w2_loss: str = MISSING                  # W2_LOSSES
+    align_every: int = MISSING              # P: local steps between bursts
+    align_steps: int = MISSING              # adapter steps per burst
+    warmup_align_steps: int = MISSING       # the first burst, before the first private step
+    align_lr: float = MISSING
+    align_batch_size: int = MISSING
+
+
+@dataclass
+class SplitFtDpConfig:
+    delta: float = MISSING                  # the Gaussian mechanism's δ
+    clip_norm: Optional[float] = MISSING    # per-token clip of s_A; null: calibrated on D_align (public)
+
+
+@dataclass
+class SplitFtNoPeekConfig:
+    max_tokens: int = MISSING               # token rows the distance correlation is computed over
+
+
+@dataclass
+class SplitFtRecordConfig:
+    last_rounds: int = MISSING              # the final rounds whose steps enter the adversary view
+    steps_per_round: int = MISSING          # the last local steps of each such round, per client
+
+
+@dataclass
+class SplitFtEiaConfig:
+    steps: int = MISSING
+    lr: float = MISSING
+    max_examples: int = MISSING
+
+
+@dataclass
+class SplitFtAttackConfig:
+    gate_margin_pp: float = MISSING
+    positive_margin_pp: float = MISSING
+    eia: SplitFtEiaConfig = MISSING
 
 
 @dataclass
 class SplitFtConfig:
     """Fields with MISSING defaults; their values and comments live in conf/splitft/default.yaml."""
 
+    k: int = MISSING
+    m: int = MISSING
+    n_clients: int = MISSING
+    rounds: int = MISSING
+    local_steps: int = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    optimizer: str = MISSING
+    threads: Optional[int] = MISSING
+    ray_cpus: Optional[int] = MISSING
+    save_view: bool = MISSING               # write the adversary view (view.pt) beside the results
+    lora: SplitFtLoraConfig = MISSING
+    data: SplitFtDataConfig = MISSING
+    privpair: SplitFtPrivPairConfig = MISSING
+    dp: SplitFtDpConfig = MISSING
+    nopeek: SplitFtNoPeekConfig = MISSING
+    record: SplitFtRecordConfig = MISSING
+    attack: SplitFtAttackConfig = MISSING
+
+
+def _positive_int(name: str, value: int, low: int = 1) -> None:
+    if value < low:
+        raise UserError(f"splitft.{name} must be >= {low}, got {value}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"splitft.{name} must be a finite number > 0, got {value}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"splitft.{name}={value!r} is not one of {', '.join(choices)}")
+
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
-    """Raise harness.errors.UserError (one line) for a value of the section out of range."""
+    """Raise harness.errors.UserError (one line) for a value of the section out of range. The cut against
+    the model's depth (m <= L) is checked by harness.splitft.partition.Partition once the model is loaded
+    (any composed model may be paired with any cut, so composition alone cannot refuse it)."""
+    s = section
+    if not 1 <= s.k < s.m:
+        raise UserError(f"splitft cut points must satisfy 1 <= k < m, got k={s.k}, m={s.m}")
+    _positive_int("n_clients", s.n_clients)
+    _positive_int("rounds", s.rounds)
+    _positive_int("local_steps", s.local_steps)
+    _positive_int("batch_size", s.batch_size)
+    _positive("lr", s.lr)
+    _choice("optimizer", s.optimizer, OPTIMIZERS)
+    if s.threads is not None:
+        _positive_int("threads", s.threads)
+    if s.ray_cpus is not None:
+        _positive_int("ray_cpus", s.ray_cpus)
+    if s.lora.enabled:
+        _positive_int("lora.r", s.lora.r)
+        _positive("lora.alpha", s.lora.alpha)
+    d = s.data
+    _choice("data.source", d.source, DATA_SOURCES)
+    if d.source in ("text", "jsonl") and not d.path:
+        raise UserError(f"splitft.data.source={d.source} needs splitft.data.path=/path/to/file")
+    if d.source == "hub" and not d.hub_id:
+        raise UserError("splitft.data.source=hub needs splitft.data.hub_id (e.g. wikitext)")
+    _positive_int("data.seq_len", d.seq_len, 2)
+    for key in ("n_train", "n_heldout", "n_align"):
+        _positive_int(f"data.{key}", d[key])
+    if d.n_train < s.n_clients:
+        raise UserError(f"splitft.data.n_train={d.n_train} gives some of the {s.n_clients} clients no data")
+    _choice("data.partition", d.partition, PARTITIONS)
+    _positive("data.dirichlet_alpha", d.dirichlet_alpha)
+    _positive_int("data.n_topics", d.n_topics)
+    p = s.privpair
+    _positive_int("privpair.hidden", p.hidden)
+    if not (math.isfinite(p.beta) and p.beta >= 0):
+        raise UserError(f"splitft.privpair.beta must be a finite number >= 0, got {p.beta}")
+    _choice("privpair.privacy_term", p.privacy_term, PRIVACY_TERMS)
+    _choice("privpair.coupling", p.coupling, COUPLINGS)
+    _choice("privpair.w2_loss", p.w2_loss, W2_LOSSES)
+    _positive_int("privpair.align_every", p.align_every)
+    _positive_int("privpair.align_steps", p.align_steps, 0)
+    _positive_int("privpair.warmup_align_steps", p.warmup_align_steps, 0)
+    _positive("privpair.align_lr", p.align_lr)
+    _positive_int("privpair.align_batch_size", p.align_batch_size)
+    if not 0 < s.dp.delta < 1:
+        raise UserError(f"splitft.dp.delta must lie in (0, 1), got {s.dp.delta}")
+    if s.dp.clip_norm is not None:
+        _positive("dp.clip_norm", s.dp.clip_norm)
+    _positive_int("nopeek.max_tokens", s.nopeek.max_tokens, 2)
+    _positive_int("record.last_rounds", s.record.last_rounds)
+    _positive_int("record.steps_per_round", s.record.steps_per_round)
+    if s.record.steps_per_round > s.local_steps:
+        raise UserError(f"splitft.record.steps_per_round={s.record.steps_per_round} exceeds "
+                        f"splitft.local_steps={s.local_steps}")
+    a = s.attack
+    _positive("attack.gate_margin_pp", a.gate_margin_pp)
+    _positive("attack.positive_margin_pp", a.positive_margin_pp)
+    _positive_int("attack.eia.steps", a.eia.steps, 0)
+    _positive("attack.eia.lr", a.eia.lr)
+    _positive_int("attack.eia.max_examples", a.eia.max_examples, 2)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from runners.report import wandb_report
 from runners.report.document import ReportError, build
 from runners.report.runs import Selection
 from runners.report.sections import SECTIONS
@@ -31,15 +32,56 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = _Parser(prog=PROG, description="Aggregate splitbench runs into report.md + PNGs.")
-    parser.add_argument("dir", type=Path, help="a run or sweep directory (searched recursively for results.json)")
+    parser.add_argument("dir", type=Path, nargs="?", help="a run or sweep directory (searched recursively for results.json)")
     parser.add_argument("--out", type=Path, default=None, help="where report.md and the PNGs go (default: DIR)")
     parser.add_argument("--include-tagged", action="append", default=[], metavar="TAG[,TAG]",
                         help="also report runs with these tags (default: runs tagged smoke are left out)")
-    return parser.parse_args(argv)
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", default=None,
+                        help="also build a W&B comparison report of the sweep (runs mirrored with logger=wandb): "
+                             "saved when W&B is reachable, else its definition is written to OUT/"
+                             f"{wandb_report.DEFINITION_FILE}")
+    parser.add_argument("--wandb-push", metavar="FILE", type=Path, default=None,
+                        help="save a report definition written offline by --wandb (needs W&B online)")
+    args = parser.parse_args(argv)
+    if (args.dir is None) == (args.wandb_push is None):
+        parser.error("give a run or sweep directory, or --wandb-push FILE (not both)")
+    if args.wandb is not None:
+        try:  # before any report is written
+            wandb_report.parse_target(args.wandb)
+        except wandb_report.WandbReportError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def _wandb(args: argparse.Namespace, result: dict[str, Any], out: Path) -> str:
+    """The W&B step of `--wandb`: save the report, or write its definition and say how to push it."""
+    entity, project = wandb_report.parse_target(args.wandb)
+    definition = wandb_report.plan(result["selection"].finished, entity, project, str(args.dir))
+    online, why = wandb_report.can_go_online()
+    if online:
+        return f"{PROG}: saved the W&B report {wandb_report.save(definition)}"
+    path = wandb_report.write_definition(definition, out)
+    return (f"{PROG}: W&B offline ({why}): wrote the report definition {path}; push it from a machine with "
+            f"W&B access: {PROG} --wandb-push {path}")
+
+
+def _push(path: Path) -> int:
+    definition = wandb_report.load_definition(path)
+    online, why = wandb_report.can_go_online()
+    if not online:
+        raise wandb_report.WandbReportError(f"cannot push {path}: {why}")
+    print(f"{PROG}: saved the W&B report {wandb_report.save(definition)}", flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.wandb_push is not None:
+        try:
+            return _push(args.wandb_push)
+        except wandb_report.WandbReportError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
     tags = [t.strip() for item in args.include_tagged for t in item.split(",") if t.strip()]
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     try:
@@ -48,4 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(summary_text(result), flush=True)
+    if args.wandb:
+        try:
+            print(_wandb(args, result, args.out or args.dir), flush=True)
+        except wandb_report.WandbReportError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
     return 0

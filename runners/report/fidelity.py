@@ -23,7 +23,8 @@ from runners.report.runs import Run, finished_runs
 EXPERIMENT = "fidelity"
 
 # Paper Table 2's row order (Table 1's is the registry's, configurations.NAMES).
-ORDER = ("ep1", "epn", "slalom", "t3", "tdx", "cpu", "gpu")
+ORDER = ("ep1", "epn", "slalom", "t3", "tdx", "cpu", "gpu",
+         "stencil", "dx_noise", "dx_stencil", "custext_plus")   # the sanitisers (paper 001) fidelity runs too
 
 # (metrics key, column header) of Table 2, in the paper's order.
 UTILITY_METRICS: tuple[tuple[str, str], ...] = (

@@ -1,0 +1,205 @@
+"""The audit protocol of paper 004, locked before scoring: explore, lock, score, pool, gate.
+
+1. explore (seeds 42–47 in the paper): each arm's probe regularisation is chosen from `l2_grid` by the mean
+   paired effect over the explore seeds. Nothing else is tuned.
+2. lock: the protocol (seeds to score, per-arm l2, top_k, target, thresholds, α and the Bonferroni count m,
+   the control dose, the decision rules) is written to protocol.json in the run directory *before* any
+   scored seed is trained; results.json records its sha256.
+3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit_partition.py), the
+   probe per arm with its locked l2 and the probe's controls on the gradient arm
+   (attacks/grad_audit_probe.py), and the held-out cross-entropy increase over the unsplit model.
+4. pool and gate: per arm, the DerSimonian–Laird pool of the per-seed paired effects
+   (metrics/random_effects.py). The privacy gate fails when any scored cell's Bonferroni–Wilson upper bound
+   exceeds the constant guess by more than probe_margin_pp (m = scored seeds × arms); the utility gate
+   passes when the mean held-out CE increase is at most utility_max_nats.
+
+Verdicts (attacks/controls.py vocabulary): the probe's is `classify` of the headline arm's pooled effect
+interval against 0 with margin probe_margin_pp and the probe controls of every scored seed; the partition's
+is the norm-rank attacker's (attacks/grad_audit_partition.py); the run's `verdict` is the worst of the two.
+"""
+from __future__ import annotations
+
+import hashlib
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attacks import controls
+from attacks.grad_audit_partition import partition_attack, returned_gradients
+from attacks.grad_audit_probe import (
+    arm_tensors,
+    positive_control,
+    probe_rows,
+    run_probe,
+)
+from harness.results import atomic_write_json
+from metrics.intervals import mean_ci
+from metrics.random_effects import dersimonian_laird
+
+CONTROL_ARM = "gradient"   # the probe's controls run on the channel under audit
+
+
+def _split(view, truth, arm: str, target: str):
+    feats = arm_tensors(view, arm)
+    return probe_rows(feats, truth, 0, target), probe_rows(feats, truth, 1, target)
+
+
+def explore(runs: list[Any], probe: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Per arm, the l2 of `probe.l2_grid` with the largest mean paired effect over the explore seeds."""
+    chosen, table = {}, []
+    for arm in probe.arms:
+        means = {}
+        for l2 in probe.l2_grid:
+            effects = []
+            for run in runs:
+                train, test = _split(run.view, run.truth, arm, probe.target)
+                cell = run_probe(train, test, top_k=probe.top_k, l2=l2, max_iter=probe.max_iter,
+                                 max_rows=probe.max_rows, seed=run.seed)
+                effects.append(cell.effect_pp)
+                table.append({"seed": run.seed, "arm": arm, "l2": float(l2), "effect_pp": cell.effect_pp})
+            means[float(l2)] = statistics.fmean(effects)
+        chosen[arm] = max(means, key=lambda k: (means[k], -k))
+    return chosen, table
+
+
+def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) -> dict[str, Any]:
+    """The locked protocol: everything the scoring may use, fixed before it starts."""
+    scored = [*g.seeds.replicate, *g.seeds.test]
+    arms = list(g.probe.arms)
+    return {
+        "paper": "004 (returned-gradient audit)",
+        "configuration": configuration, "model": model,
+        "topology": {"cut_after": g.cut_after, "resume_at": g.resume_at, "latent_dim": g.latent_dim,
+                     "real_rows": g.real_rows, "decoy_rows": g.decoy_rows, "block_tokens": g.block_tokens,
+                     "clip": g.clip, "noise_ratio": g.noise_ratio, "frames": g.train.frames},
+        "seeds": {"explore": list(g.seeds.explore), "replicate": list(g.seeds.replicate), "test": list(g.seeds.test)},
+        "probe": {"arms": arms, "l2": l2, "top_k": g.probe.top_k, "target": g.probe.target,
+                  "max_iter": g.probe.max_iter, "max_rows": g.probe.max_rows, "control_arm": CONTROL_ARM},
+        "thresholds": {"probe_margin_pp": g.gates.probe_margin_pp, "partition_margin_pp": g.gates.partition_margin_pp,
+                       "alpha": g.gates.alpha,
+                       "bonferroni_m": len(scored) * len(arms), "utility_max_nats": g.gates.utility_max_nats,
+                       "injected_dose": g.gates.injected_dose, "positive_margin_pp": g.gates.positive_margin_pp},
+        "rules": {
+            "gate": "fail if any scored (seed, arm) cell has Bonferroni-Wilson UB(probe accuracy) - constant "
+                    "accuracy > probe_margin_pp",
+            "utility_gate": "pass if mean held-out CE increase over the unsplit model <= utility_max_nats",
+            "probe_verdict": "attacks.controls.classify on the headline arm's DerSimonian-Laird pooled effect "
+                             "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls",
+            "partition_verdict": "attacks.controls.classify on the norm-rank row agreement vs its chance "
+                                 "agreement, margin partition_margin_pp, with its planted / other-frame-label controls",
+        },
+    }
+
+
+def lock(proto: dict[str, Any], run_dir: Path) -> str:
+    """Write protocol.json (atomically) before scoring; its sha256 goes into results.json."""
+    path = Path(run_dir) / "protocol.json"
+    atomic_write_json(path, proto)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def score_seed(run: Any, base_ce: torch.Tensor, proto: dict[str, Any], phase: str) -> dict[str, Any]:
+    """Every measurement of one scored seed."""
+    p, th = proto["probe"], proto["thresholds"]
+    t = proto["topology"]
+    part = partition_attack(returned_gradients(run.view), run.truth.is_real, t["real_rows"],
+                            margin_pp=th["partition_margin_pp"], positive_margin_pp=th["positive_margin_pp"],
+                            seed=run.seed)
+    cells = {}
+    for arm in p["arms"]:
+        train, test = _split(run.view, run.truth, arm, p["target"])
+        kw = dict(top_k=p["top_k"], l2=p["l2"][arm], max_iter=p["max_iter"], max_rows=p["max_rows"], seed=run.seed)
+        cell = run_probe(train, test, **kw)
+        cells[arm] = {"cell": cell, "upper_bound_pp": cell.upper_bound_pp(th["alpha"], th["bonferroni_m"])}
+        if arm == p["control_arm"]:
+            neg = run_probe(train, test, shuffle_labels=True, **kw)
+            pos, expected = positive_control(train, test, dose=th["injected_dose"], **kw)
+            cells[arm].update(negative=neg, negative_pass=neg.ci_pp[1] <= th["probe_margin_pp"],
+                              positive=pos, positive_expected_pp=expected,
+                              positive_pass=pos.ci_pp[0] >= th["positive_margin_pp"])
+    diff = (run.heldout_ce - base_ce).tolist()
+    return {"seed": run.seed, "phase": phase, "partition": part, "cells": cells, "ce_increase": diff,
+            "ce_split": float(run.heldout_ce.mean()), "final_loss": run.losses[-1]}
+
+
+def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torch.Tensor) -> dict[str, Any]:
+    """The flat results.json metrics of the scored seeds (module docstring)."""
+    p, th = proto["probe"], proto["thresholds"]
+    margin = th["probe_margin_pp"]
+    m: dict[str, Any] = {}
+    zs = [s["partition"]["zero_support"] for s in scored]
+    nr = [s["partition"]["norm_rank"] for s in scored]
+    m["zero_support_agreement"] = sum(a.rows_agree for a in zs) / sum(a.rows for a in zs)
+    m["zero_support_frames_identified"] = sum(a.frames_identified for a in zs)
+    m["frames_scored"] = sum(a.frames for a in zs)
+    m["norm_rank_agreement_pct"] = 100 * sum(a.rows_agree for a in nr) / sum(a.rows for a in nr)
+    m["norm_rank_frames_identified"] = sum(a.frames_identified for a in nr)
+    m["partition_chance_agreement_pct"] = scored[0]["partition"]["chance_agreement_pct"]
+    m["partition_verdict"] = controls.worst([s["partition"]["verdict"] for s in scored])
+    m["partition_controls_pass"] = all(s["partition"]["positive_pass"] and s["partition"]["negative_pass"]
+                                       for s in scored)
+    pooled = {}
+    for arm in p["arms"]:
+        cells = [s["cells"][arm]["cell"] for s in scored]
+        pool = dersimonian_laird([c.effect_pp for c in cells], [c.variance_pp2 for c in cells])
+        pooled[arm] = pool
+        m[f"probe_effect_pp_{arm}"] = pool.mean
+        m[f"probe_effect_pp_{arm}_ci_lo"], m[f"probe_effect_pp_{arm}_ci_hi"] = pool.lo, pool.hi
+        m[f"probe_tau2_{arm}"] = pool.tau2
+        m[f"probe_upper_bound_pp_{arm}"] = max(s["cells"][arm]["upper_bound_pp"] for s in scored)
+        m[f"probe_accuracy_pct_{arm}"] = 100 * sum(c.probe_correct for c in cells) / sum(c.n for c in cells)
+    head = max(p["arms"], key=lambda a: pooled[a].mean)
+    m["probe_arm"] = head
+    m["probe_effect_pp"], m["probe_effect_pp_ci_lo"], m["probe_effect_pp_ci_hi"] = (
+        pooled[head].mean, pooled[head].lo, pooled[head].hi)
+    m["probe_upper_bound_pp"] = max(m[f"probe_upper_bound_pp_{a}"] for a in p["arms"])
+    cells = [s["cells"][head]["cell"] for s in scored]
+    m["probe_accuracy_pct"] = m[f"probe_accuracy_pct_{head}"]
+    m["constant_guess_accuracy_pct"] = 100 * sum(c.const_correct for c in cells) / sum(c.n for c in cells)
+    m["probe_rows_scored"] = sum(c.n for c in cells)
+    m["gate"] = "fail" if m["probe_upper_bound_pp"] > margin else "pass"
+    ctrl = [s["cells"][p["control_arm"]] for s in scored if p["control_arm"] in s["cells"]]
+    m["negative_control_effect_pp"] = max((c["negative"].effect_pp for c in ctrl), key=abs, default=None)
+    m["negative_control_pass"] = bool(ctrl) and all(c["negative_pass"] for c in ctrl)
+    m["positive_control_effect_pp"] = min((c["positive"].effect_pp for c in ctrl), default=None)
+    m["positive_control_expected_pp"] = min((c["positive_expected_pp"] for c in ctrl), default=None)
+    m["positive_control_pass"] = bool(ctrl) and all(c["positive_pass"] for c in ctrl)
+    m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, 0.0, margin,
+                                           positive_passed=m["positive_control_pass"],
+                                           negative_passed=m["negative_control_pass"])
+    m["verdict"] = controls.worst([m["probe_verdict"], m["partition_verdict"]])
+    diffs = [d for s in scored for d in s["ce_increase"]]
+    ce = mean_ci(diffs)
+    m["heldout_ce_increase"], m["heldout_ce_increase_ci_lo"], m["heldout_ce_increase_ci_hi"] = ce.mean, ce.lo, ce.hi
+    m["heldout_ce_base"] = float(base_ce.mean())
+    m["heldout_ce_split"] = statistics.fmean(s["ce_split"] for s in scored)
+    m["utility_gate"] = "pass" if ce.mean <= th["utility_max_nats"] else "fail"
+    m["gate_margin_pp"] = margin
+    return m
+
+
+def seed_record(s: dict[str, Any], alpha: float, m: int) -> dict[str, Any]:
+    """One scored seed as plain JSON (results.json `seeds`)."""
+    part = s["partition"]
+    out = {"seed": s["seed"], "phase": s["phase"], "final_loss": s["final_loss"], "ce_split": s["ce_split"],
+           "ce_increase": statistics.fmean(s["ce_increase"]),
+           "zero_support_agreement": part["zero_support"].rate,
+           "zero_support_frames_identified": part["zero_support"].frames_identified,
+           "frames": part["zero_support"].frames,
+           "norm_rank_agreement_pct": 100 * part["norm_rank"].rate,
+           "partition_verdict": part["verdict"], "partition_positive_pass": part["positive_pass"],
+           "partition_negative_pass": part["negative_pass"], "arms": {}}
+    for arm, c in s["cells"].items():
+        cell = c["cell"]
+        row = {"n": cell.n, "effect_pp": cell.effect_pp, "ci_pp": list(cell.ci_pp),
+               "probe_accuracy_pct": 100 * cell.probe_correct / cell.n,
+               "constant_accuracy_pct": 100 * cell.const_correct / cell.n,
+               "upper_bound_pp": c["upper_bound_pp"]}
+        if "negative" in c:
+            row.update(negative_effect_pp=c["negative"].effect_pp, negative_pass=c["negative_pass"],
+                       positive_effect_pp=c["positive"].effect_pp, positive_expected_pp=c["positive_expected_pp"],
+                       positive_pass=c["positive_pass"])
+        out["arms"][arm] = row
+    return out

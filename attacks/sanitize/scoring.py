@@ -1,0 +1,107 @@
+"""Scoring the attackers on sanitised tokens, their controls and the verdict (attacks/controls.py's rule).
+
+Per attacker, over the text positions of each prompt (macro over prompts, Student-t 95% intervals):
+- top1, top{k}: % of positions whose original token is the attacker's first guess / among its first k
+  (for the neighbour attacker top{k} is the paper's Pr@k);
+- token_f1: multiset token F1 of the sequence of first guesses against the prompt's text tokens, the
+  metric the verdict and the cross-system chart use.
+Controls and verdict (attacks/controls.py `classify`, margin m):
+- reference: the F1 of each prompt's guesses against the *other* prompts (controls.exposure_free_f1):
+  what the attacker's guessing scores without the right exposure;
+- positive control (shared by the attackers of a run): the neighbour attacker on the unsanitised text
+  (the identity mechanism) must reach reference + positive margin (lower bound), i.e. the scoring sees a
+  channel that carries the prompt;
+- negative control (per attacker): the attacker run on a deranged view (prompt i scored on the sanitised
+  tokens of prompt i+1) must not score significantly above the reference: its lower bound ≤ reference + m.
+  (Its guesses are the reference's own pairs, so an upper-bound rule, hi ≤ reference + m, would fail by
+  sampling noise alone; what this control catches is an attacker that reads anything but the view.)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attacks import controls
+from metrics.intervals import Estimate, mean_ci
+from metrics.privacy import token_prf
+
+Attacker = Callable[[Sequence[Sequence[int]]], list[torch.Tensor]]
+
+
+@dataclass
+class AttackScore:
+    name: str
+    top1: Estimate
+    topk: Estimate
+    f1: Estimate
+    reference: float
+    negative: Estimate
+    negative_passed: bool
+    verdict: str
+    rows: list[dict[str, float]]
+
+    def flat(self, k: int) -> dict[str, Any]:
+        n = self.name
+        return {**self.top1.flat(f"{n}_top1"), **self.topk.flat(f"{n}_top{k}"), **self.f1.flat(f"{n}_token_f1"),
+                f"{n}_token_f1_chance": self.reference, **self.negative.flat(f"{n}_negative_control_token_f1"),
+                f"{n}_negative_control_pass": self.negative_passed, f"{n}_verdict": self.verdict}
+
+
+def hit_rates(originals: Sequence[Sequence[int]], guesses: Sequence[torch.Tensor], k: int
+              ) -> tuple[list[float], list[float]]:
+    """Per prompt: % of positions whose original is guess 1, and % among the first k guesses."""
+    top1, topk = [], []
+    for orig, g in zip(originals, guesses):
+        if len(orig) == 0:
+            continue
+        t = torch.tensor(list(orig), dtype=torch.long).unsqueeze(1)
+        hits = g[:, :k] == t
+        top1.append(100.0 * hits[:, 0].float().mean().item())
+        topk.append(100.0 * hits.any(1).float().mean().item())
+    return top1, topk
+
+
+def f1_values(originals: Sequence[Sequence[int]], firsts: Sequence[Sequence[int]]) -> list[float]:
+    return [token_prf(list(o), list(g), mode=controls.PRF_MODE)[2] for o, g in zip(originals, firsts)]
+
+
+def first_guesses(guesses: Sequence[torch.Tensor]) -> list[list[int]]:
+    return [g[:, 0].tolist() for g in guesses]
+
+
+def derange(items: Sequence[Any]) -> list[Any]:
+    """Item i+1 for item i (a cyclic shift: no item keeps its place when there are at least two)."""
+    return [items[(i + 1) % len(items)] for i in range(len(items))]
+
+
+def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[int]],
+                   observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool
+                   ) -> tuple[AttackScore, list[torch.Tensor]]:
+    """Run one attacker on the view and on its deranged copy, and classify it."""
+    if len(originals) < 2:
+        raise ValueError("the controls need at least two prompts")
+    guesses = attacker(observed)
+    top1, topk = hit_rates(originals, guesses, k)
+    firsts = first_guesses(guesses)
+    f1 = mean_ci(f1_values(originals, firsts), bounds=(0, 100))
+    reference = controls.exposure_free_f1(originals, firsts)
+    shuffled = first_guesses(attacker(derange(observed)))
+    negative = mean_ci(f1_values(originals, shuffled), bounds=(0, 100))
+    negative_passed = negative.lo <= reference + margin_pp
+    verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive_passed,
+                                negative_passed=negative_passed)
+    rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
+    return AttackScore(name, mean_ci(top1, bounds=(0, 100)), mean_ci(topk, bounds=(0, 100)), f1, reference, negative,
+                       negative_passed, verdict, rows), guesses
+
+
+def positive_control(originals: Sequence[Sequence[int]], identity_guesses: Sequence[torch.Tensor],
+                     margin_pp: float) -> tuple[Estimate, float, bool]:
+    """The neighbour attacker on the unsanitised text: (its F1, its reference, passed)."""
+    firsts = first_guesses(identity_guesses)
+    f1 = mean_ci(f1_values(originals, firsts), bounds=(0, 100))
+    reference = controls.exposure_free_f1(originals, firsts)
+    return f1, reference, f1.lo >= reference + margin_pp

@@ -1,0 +1,71 @@
+"""Every attacker on one sanitised view, with the controls and the run's verdict (the worst over them)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attacks import controls
+from metrics.intervals import mean_ci
+from attacks.sanitize import bayes, learned, neighbours, scoring, window
+from harness.adversary_view import AdversaryView
+from harness.sanitize import mechanisms
+from harness.sanitize.prompts import read_view
+
+NEIGHBOURS, BAYES, WINDOW, LEARNED = "neighbours", "bayes", "window", "learned"
+
+
+@dataclass
+class SuiteResult:
+    metrics: dict[str, Any]
+    scores: list[scoring.AttackScore]
+    guesses: dict[str, list[list[int]]] = field(default_factory=dict)   # first guesses per attacker
+
+    @property
+    def strongest(self) -> scoring.AttackScore:
+        """The attacker with the highest token F1 (the run's point on the cross-system chart)."""
+        return max(self.scores, key=lambda s: s.f1.mean)
+
+
+def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: Any, cfg: Any, seed: int,
+           tokenizer: Any = None) -> SuiteResult:
+    """`cfg` is the sanitize.attack section; `sanitizer` (harness.sanitize.sanitizer.Sanitizer) gives the
+    public mechanism, table and parameters; the observed tokens come from `view` alone. With a `tokenizer`
+    and cfg.learned_corpus_tokens > 0 the learned inverter is trained (on public text) and run too."""
+    observed = read_view(view)
+    table, settings, k, margin = sanitizer.table, sanitizer.settings, int(cfg.top_k), float(cfg.gate_margin_pp)
+    identity = neighbours.rank(originals, table, k, chunk=sanitizer.chunk)
+    pos_f1, pos_ref, pos_ok = scoring.positive_control(originals, identity, float(cfg.positive_margin_pp))
+    bayes_settings = bayes.BayesSettings(int(cfg.bayes_candidates), int(cfg.bayes_samples), int(cfg.bayes_local_vocab))
+    attackers = {
+        NEIGHBOURS: lambda obs: neighbours.rank(obs, table, k, chunk=sanitizer.chunk),
+        BAYES: lambda obs: bayes.rank(obs, table, settings, k, bayes_settings, seed, keep=sanitizer.keep),
+    }
+    if settings.uses_window:
+        attackers[WINDOW] = lambda obs: window.rank(obs, table, settings, k)
+    if tokenizer is not None and int(cfg.learned_corpus_tokens) > 0:
+        inverter = learned.LearnedInverter(sanitizer, tokenizer, int(cfg.learned_corpus_tokens), seed)
+        attackers[LEARNED] = lambda obs: inverter.rank(obs, k)
+    scores, guesses = [], {}
+    for name, fn in attackers.items():
+        s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
+        scores.append(s)
+        guesses[name] = scoring.first_guesses(g)
+    unchanged = mean_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)
+                                 for o, c in zip(originals, observed) if len(o)], bounds=(0, 100))
+    metrics: dict[str, Any] = {}
+    for s in scores:
+        metrics.update(s.flat(k))
+    metrics.update({
+        f"pr_at_{k}": metrics[f"{NEIGHBOURS}_top{k}"],
+        f"pr_at_{k}_ci_lo": metrics[f"{NEIGHBOURS}_top{k}_ci_lo"],
+        f"pr_at_{k}_ci_hi": metrics[f"{NEIGHBOURS}_top{k}_ci_hi"],
+        **unchanged.flat("unchanged_rate"),
+        **pos_f1.flat("positive_control_token_f1"),
+        "positive_control_token_f1_chance": pos_ref,
+        "positive_control_pass": pos_ok,
+        "gate_margin_pp": margin,
+        "verdict": controls.worst([s.verdict for s in scores]),
+        "mechanism": settings.mechanism,
+    })
+    return SuiteResult(metrics, scores, guesses)

@@ -1,0 +1,39 @@
+"""The server's white-box copy of the model (strong threat model, paper 002 §III): the pretrained model
+it has anyway, the public protocol (cuts, LoRA layout) from the view's meta, and the clients' weights
+after each step from the view's `client_weights` channel. Nothing else of the run is read."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.adversary_view import AdversaryView
+from harness.splitft import trainable
+from harness.splitft.step import CLIENT_WEIGHTS
+
+
+class ServerCopy:
+    def __init__(self, view: AdversaryView, model_cfg: dict[str, Any], cache_dir: str | None = None) -> None:
+        from harness.models import load_model
+
+        meta = view.meta["splitft"]
+        self.view = view
+        self.model = load_model(model_cfg, cache_dir=cache_dir).model
+        self.part, self.names = trainable.make_trainable(self.model, int(meta["k"]), int(meta["m"]), meta["lora"])
+        if self.names != list(meta["weight_layout"]):
+            raise ValueError("the attacker's copy lays the client weights out differently from the view's meta")
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.weights = {e.step: e.tensor for e in view.select(channel=CLIENT_WEIGHTS)}
+        self._at: int | None = None
+
+    def at(self, step: int) -> Any:
+        """The partition with the clients' A and C as the server learned them after `step`."""
+        if self._at != step:
+            trainable.load_flat(self.model, self.names, self.weights[step])
+            self._at = step
+        return self.part
+
+    @property
+    def vocab_embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight

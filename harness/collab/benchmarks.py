@@ -1,0 +1,245 @@
+"""DecodeLeak benchmarks built from public data (paper 003 §3.1): (public query, private context, evidence).
+
+The paper's MedPriv and CommPriv were built with a hosted LLM and are not available, so the instances come
+from public sets with a documented automatic evidence rule instead (docs/collab.md):
+
+- `pubmedqa` (PubMedQA labelled set): the question is public, the abstract private, the answer
+  yes/no/maybe; the evidence rule's support text is the LONG_ANSWER (the authors' conclusion).
+- `dolly` (Dolly 15k closed_qa and information_extraction): the instruction public, the context private,
+  the reference response both the utility target and the rule's support text.
+- `builtin` (harness/data/collab_builtin.jsonl): a small set written for this repository (CI, smoke runs),
+  with hand-annotated evidence spans and a support text, so the rule's agreement can be measured.
+
+Evidence rule (`evidence_spans`): a context word is evidence when it is a content word (not a stopword, at
+least two characters or a digit), its lower-case form occurs among the support text's words, and it does
+not occur in the public query; the spans are the maximal runs of consecutive evidence words of the context,
+as written there, de-duplicated case-insensitively in order of appearance.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+
+BUILTIN_PATH = Path(__file__).resolve().parents[1] / "data" / "collab_builtin.jsonl"
+PUBMEDQA_OPTIONS = ("yes", "no", "maybe")
+DOLLY_CATEGORIES = ("closed_qa", "information_extraction")
+HUB_IDS = {"pubmedqa": ("qiaojin/PubMedQA", "pqa_labeled"), "dolly": ("databricks/databricks-dolly-15k", None)}
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One DecodeLeak instance (x_pub, x_priv, E_priv) with its utility target."""
+
+    id: str
+    query: str                        # x_pub
+    context: str                      # x_priv (edge only)
+    evidence: tuple[str, ...]         # E_priv = {P_1..P_M}
+    options: tuple[str, ...] | None = None   # option benchmarks: answer ∈ options
+    answer: str | None = None
+    reference: str | None = None      # reference response (ROUGE-L utility)
+    support: str = ""                 # the text the evidence rule reads
+    hand_evidence: tuple[str, ...] | None = None   # builtin: the hand annotation
+
+
+@dataclass
+class Benchmark:
+    name: str
+    examples: list[Example]
+    source: str
+    filter: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_options(self) -> bool:
+        return all(e.options for e in self.examples)
+
+
+def stopwords() -> frozenset[str]:
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS)
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def is_content_word(word: str, stop: frozenset[str] | None = None) -> bool:
+    w = word.lower().strip("'-")
+    stop = stopwords() if stop is None else stop
+    return bool(w) and w not in stop and (len(w) >= 2 or w.isdigit()) and any(ch.isalnum() for ch in w)
+
+
+def evidence_spans(context: str, support: str, query: str) -> tuple[str, ...]:
+    """The automatic evidence rule (module docstring): maximal runs of context content words that the
+    support text uses and the public query does not."""
+    stop = stopwords()
+    support_words = {w.lower() for w in words(support)}
+    query_words = {w.lower() for w in words(query)}
+    spans: list[str] = []
+    run: list[re.Match] = []
+
+    def close() -> None:
+        if run:
+            spans.append(context[run[0].start():run[-1].end()])
+            run.clear()
+
+    for m in _WORD.finditer(context):
+        w = m.group(0)
+        if is_content_word(w, stop) and w.lower() in support_words and w.lower() not in query_words:
+            # A run continues only across whitespace: punctuation ends the span, as a phrase boundary.
+            if run and context[run[-1].end():m.start()].strip():
+                close()
+            run.append(m)
+        else:
+            close()
+    close()
+    seen: set[str] = set()
+    out = []
+    for s in spans:
+        if s.lower() not in seen:
+            seen.add(s.lower())
+            out.append(s)
+    return tuple(out)
+
+
+def span_agreement(rule: Sequence[str], hand: Sequence[str]) -> dict[str, float]:
+    """Word-level agreement of the rule's spans with a hand annotation: precision, recall and F1 (%) of
+    the content-word sets, lower-cased."""
+    stop = stopwords()
+    r = {w.lower() for s in rule for w in words(s) if is_content_word(w, stop)}
+    h = {w.lower() for s in hand for w in words(s) if is_content_word(w, stop)}
+    both = len(r & h)
+    p = 100.0 * both / len(r) if r else 0.0
+    rec = 100.0 * both / len(h) if h else 0.0
+    return {"precision": p, "recall": rec, "f1": 2 * p * rec / (p + rec) if p + rec else 0.0}
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+
+_CONFIGURED = object()
+
+
+def load_benchmark(bench: Any, n_examples: Any = _CONFIGURED) -> Benchmark:
+    """The examples of `collab.benchmark` (fields of CollabBenchmarkConfig), filtered: non-empty evidence,
+    private context of at most max_context_words words, the first n_examples (`n_examples` overrides the
+    configured number; None keeps all, for a filter that runs afterwards)."""
+    n_examples = bench.n_examples if n_examples is _CONFIGURED else n_examples
+    name = bench.name
+    if name == "builtin":
+        path = Path(bench.path).expanduser() if bench.path else BUILTIN_PATH
+        raw, source = _read_jsonl(path, "collab.benchmark.path"), f"builtin:{path.name}"
+        examples = [_builtin(r, i) for i, r in enumerate(raw)]
+    elif name == "pubmedqa":
+        records, source = _pubmedqa_records(bench)
+        examples = [_pubmedqa(pid, r) for pid, r in records]
+    elif name == "dolly":
+        records, source = _dolly_records(bench)
+        examples = [_dolly(r, i) for i, r in enumerate(records)
+                    if str(r.get("topic", r.get("category", ""))) in DOLLY_CATEGORIES]
+    else:
+        raise UserError(f"collab.benchmark.name={name!r} is not one of builtin, pubmedqa, dolly")
+    kept = [e for e in examples if e.evidence
+            and (bench.max_context_words is None or len(e.context.split()) <= bench.max_context_words)]
+    if n_examples is not None:
+        kept = kept[:n_examples]
+    if len(kept) < 2:
+        raise UserError(f"collab.benchmark {name}: {len(kept)} usable example(s) (evidence found, context within "
+                        f"max_context_words={bench.max_context_words}); the paired intervals need at least 2")
+    return Benchmark(name, kept, source, {"n_examples": n_examples, "max_context_words": bench.max_context_words,
+                                          "n_available": len(examples)})
+
+
+def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UserError(f"{key}={path} is not a file")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{key}={path} line {n} is not JSON ({e.msg})") from None
+    return rows
+
+
+def _builtin(r: dict[str, Any], i: int) -> Example:
+    hand = tuple(r["evidence"])
+    return Example(id=str(r.get("id", i)), query=r["query"], context=r["context"],
+                   evidence=hand, options=tuple(r["options"]), answer=r["answer"], support=r.get("support", ""),
+                   hand_evidence=hand)
+
+
+def _pubmedqa(pid: str, r: dict[str, Any]) -> Example:
+    query = r["QUESTION"] if "QUESTION" in r else r["question"]
+    ctx = r["CONTEXTS"] if "CONTEXTS" in r else r["context"]["contexts"]
+    context = " ".join(ctx)
+    support = r.get("LONG_ANSWER", r.get("long_answer", ""))
+    answer = r.get("final_decision")
+    return Example(id=str(pid), query=query, context=context, evidence=evidence_spans(context, support, query),
+                   options=PUBMEDQA_OPTIONS, answer=answer, support=support)
+
+
+def _dolly(r: dict[str, Any], i: int) -> Example:
+    context = r.get("input", r.get("context", "")) or ""
+    context = re.sub(r"\[\d+\]", "", context)  # citation marks carry no evidence
+    reference = r.get("output", r.get("response", ""))
+    query = r["instruction"]
+    return Example(id=str(r.get("id", f"dolly-{i}")), query=query, context=context,
+                   evidence=evidence_spans(context, reference, query), reference=reference, support=reference)
+
+
+def _pubmedqa_records(bench: Any) -> tuple[list[tuple[str, dict]], str]:
+    if bench.path:
+        path = Path(bench.path).expanduser()
+        if not path.is_file():
+            raise UserError(f"collab.benchmark.path={path} is not a file (PubMedQA's ori_pqal.json)")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise UserError(f"collab.benchmark.path={path} is not JSON ({e.msg})") from None
+        if not isinstance(data, dict):
+            raise UserError(f"collab.benchmark.path={path}: expected PubMedQA's {{pubid: record}} object")
+        return sorted(data.items(), key=lambda kv: kv[0]), f"local:{path}"
+    rows = _hub_rows(bench, "pubmedqa")
+    return [(str(r["pubid"]), r) for r in rows], f"hub:{HUB_IDS['pubmedqa'][0]}"
+
+
+def _dolly_records(bench: Any) -> tuple[list[dict], str]:
+    if bench.path:
+        path = Path(bench.path).expanduser()
+        return _read_jsonl(path, "collab.benchmark.path"), f"local:{path}"
+    return _hub_rows(bench, "dolly"), f"hub:{HUB_IDS['dolly'][0]}"
+
+
+def _hub_rows(bench: Any, name: str) -> list[dict]:
+    hub_id, config = HUB_IDS[name]
+    hub_id = bench.hub_id or hub_id
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub_id, config, split="train")
+    except Exception as e:  # offline, unknown id, no `datasets`: one line either way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"collab.benchmark {name}: cannot load {hub_id} from the hub ({first}); give a local "
+                        "file with collab.benchmark.path") from None
+    return [dict(r) for r in ds]
+
+
+def describe(benchmark: Benchmark) -> dict[str, Any]:
+    return {"name": benchmark.name, "source": benchmark.source, "filter": benchmark.filter,
+            "ids": [e.id for e in benchmark.examples],
+            "mean_spans": sum(len(e.evidence) for e in benchmark.examples) / len(benchmark.examples)}
+
+
+def iter_agreement(examples: Iterable[Example]) -> list[dict[str, float]]:
+    """The rule's agreement with the hand annotation of each example that has one."""
+    return [span_agreement(evidence_spans(e.context, e.support, e.query), e.hand_evidence)
+            for e in examples if e.hand_evidence]

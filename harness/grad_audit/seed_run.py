@@ -1,0 +1,42 @@
+"""One seed of the audit: train the decoy trainer for `frames` steps, recording every frame, then measure
+its held-out cross-entropy. The seed fixes the trainer's secrets and which blocks fill each frame."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.adversary_view import AdversaryView
+from harness.grad_audit.data import Blocks
+from harness.grad_audit.trainer import DecoyTrainer, FrameTruth, TopologySettings
+from harness.progress import progress
+
+
+@dataclass
+class SeedRun:
+    seed: int
+    view: AdversaryView          # what the cloud received
+    truth: FrameTruth            # what it did not
+    losses: list[float]
+    heldout_ce: torch.Tensor     # (heldout_blocks,) of the split pipeline after training
+
+
+def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """n blocks of `pool`, without replacement where the pool is large enough."""
+    if pool.shape[0] >= n:
+        return pool[torch.randperm(pool.shape[0], generator=generator)[:n]]
+    return pool[torch.randint(pool.shape[0], (n,), generator=generator)]
+
+
+def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
+               real_rows: int, decoy_rows: int, meta: dict, desc: str) -> SeedRun:
+    trainer = DecoyTrainer(model, settings, seed)
+    data_gen = torch.Generator().manual_seed(10_000 + int(seed))
+    view, truth, losses = AdversaryView(meta={**meta, "seed": int(seed)}), FrameTruth(), []
+    for i in progress(range(frames), desc=desc, unit="frame"):
+        parity = i % 2
+        real = _pick(blocks.half(parity), real_rows, data_gen)
+        decoys = _pick(blocks.train, decoy_rows, data_gen)
+        losses.append(trainer.step(real, decoys, view, truth, i, parity))
+    return SeedRun(int(seed), view, truth, losses, trainer.heldout_ce(blocks.heldout))

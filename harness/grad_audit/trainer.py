@@ -1,0 +1,155 @@
+"""The audited two-node split-LLM trainer (paper 004) as a topology of Partition (harness/splitft/partition.py).
+
+The local (trusted) node holds the data, blocks 1..a, blocks b+1..L, the LM head and the loss; the cloud
+(untrusted) holds blocks a+1..b and an up-projection D → d that reads the latent it receives. One training
+step is one frame:
+
+1. local: s_A = blocks 1..a on the real rows and on the decoy rows; each row through LocalObfuscation
+   (bottleneck, rotation, clip, noise); a fresh permutation mixes real and decoy rows into the frame;
+2. cloud: s_B = blocks a+1..b (up-projection first) on all rows; s_B goes back to the local node;
+3. local: the real rows' s_B through blocks b+1..L and the head, next-token cross-entropy over the real
+   rows only (the loss ignores the decoys); the gradient ∂loss/∂s_B goes back to the cloud, in the cloud's
+   row order: exactly zero on every decoy row, since no decoy reaches the loss (the audited bug). Under the
+   mitigation it is clipped and noised first (transforms.mitigate);
+4. cloud: backward through its blocks with that gradient: its up-projection's gradient and ∂/∂payload,
+   which goes back to the local node for its bottleneck.
+
+Everything the cloud receives (the payload of step 1, the gradient of step 3) is recorded in the
+AdversaryView under the channels `forward_payload` and `returned_gradient`. The LM's own weights are
+frozen; only the bottleneck (local) and the up-projection (cloud) train, with Adam. What the cloud does
+not receive (which rows are real, their tokens) is the audit's ground truth (`FrameTruth`), kept apart from
+the view and used only to score the attacks.
+"""
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.adversary_view import AdversaryView, Exposure
+from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, mitigate
+from harness.splitft.partition import Context, Partition
+
+FORWARD_PAYLOAD, RETURNED_GRADIENT = "forward_payload", "returned_gradient"
+
+
+@dataclass(frozen=True)
+class TopologySettings:
+    cut_after: int
+    resume_at: int
+    latent_dim: int
+    clip: float
+    noise_ratio: float
+    lr: float
+    # (grad_clip, noise_multiplier) of the returned-gradient mitigation; None: the gradient goes back as it is
+    mitigation: tuple[float, float] | None = None
+
+
+@dataclass
+class FrameTruth:
+    """What the cloud does not see: per frame, which cloud rows are real, and every row's tokens."""
+
+    is_real: list[torch.Tensor] = field(default_factory=list)   # (rows,) bool, cloud order
+    tokens: list[torch.Tensor] = field(default_factory=list)    # (rows, T) long, cloud order
+    parity: list[int] = field(default_factory=list)             # which half of the training blocks
+
+
+def block_ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per-row mean next-token cross-entropy (nats) of logits (rows, T, V) on ids (rows, T)."""
+    losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                             reduction="none")
+    return losses.view(ids.shape[0], -1).mean(dim=1)
+
+
+class DecoyTrainer:
+    """One seed's trainer: its secrets (bottleneck init, rotation, up-projection init, permutations, noise)
+    all come from `seed`."""
+
+    def __init__(self, model: nn.Module, settings: TopologySettings, seed: int) -> None:
+        self.settings = settings
+        self.part = Partition(model, settings.cut_after, settings.resume_at)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        hidden = int(model.config.hidden_size)
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.local = LocalObfuscation(hidden, settings.latent_dim, settings.clip, settings.noise_ratio, self.gen)
+        self.up = nn.Linear(settings.latent_dim, hidden, bias=False)
+        with torch.no_grad():
+            self.up.weight.copy_(torch.randn(hidden, settings.latent_dim, generator=self.gen)
+                                 / math.sqrt(settings.latent_dim))
+        self.local_opt = torch.optim.Adam(self.local.parameters(), lr=settings.lr)
+        self.cloud_opt = torch.optim.Adam(self.up.parameters(), lr=settings.lr)
+        self._contexts: dict[tuple[int, ...], Context] = {}
+
+    def _context(self, hidden: torch.Tensor) -> Context:
+        key = tuple(hidden.shape[:2])
+        if key not in self._contexts:
+            self._contexts[key] = self.part.context(hidden)
+        return self._contexts[key]
+
+    def step(self, real_ids: torch.Tensor, decoy_ids: torch.Tensor, view: AdversaryView, truth: FrameTruth,
+             index: int, parity: int) -> float:
+        """One training step on one frame (module docstring); records what crosses. Returns the loss."""
+        st = self.settings
+        # 1. local node
+        with torch.no_grad():
+            s_real, _ = self.part.head(real_ids)
+            if decoy_ids.shape[0]:
+                z_decoy = self.local(self.part.head(decoy_ids)[0], self.gen)   # decoys are not trained on
+            else:
+                z_decoy = torch.zeros(0, *real_ids.shape[1:], st.latent_dim)
+        z_real = self.local(s_real, self.gen)
+        frame = assemble_frame(z_real, z_decoy, self.gen)
+        # 2. cloud
+        payload = frame.payload.detach().requires_grad_(True)
+        h = self.up(payload)
+        s_b = self.part.body(h, self._context(h))
+        # 3. local node: the loss over the real rows only
+        received = s_b.detach().requires_grad_(True)
+        real_rows = received[frame.real_index]
+        logits = self.part.tail(real_rows, self._context(real_rows))
+        loss = block_ce(logits, real_ids).mean()
+        loss.backward()
+        returned = received.grad
+        if st.mitigation is not None:
+            returned = mitigate(returned, st.mitigation[0], st.mitigation[1], self.gen)
+        # 4. cloud backward, then the local node's bottleneck
+        self.cloud_opt.zero_grad()
+        s_b.backward(returned)
+        self.local_opt.zero_grad()
+        frame.payload.backward(payload.grad)
+        self.cloud_opt.step()
+        self.local_opt.step()
+
+        view.exposures.append(Exposure(op="frame", layer=st.cut_after, step=index, shape=tuple(payload.shape),
+                                       tensor=payload.detach().clone(), channel=FORWARD_PAYLOAD))
+        view.exposures.append(Exposure(op="output_gradient", layer=st.resume_at, step=index,
+                                       shape=tuple(returned.shape), tensor=returned.detach().clone(),
+                                       channel=RETURNED_GRADIENT))
+        tokens = torch.cat([real_ids, decoy_ids])[frame.perm]
+        truth.is_real.append(frame.is_real.clone())
+        truth.tokens.append(tokens)
+        truth.parity.append(parity)
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def heldout_ce(self, blocks: torch.Tensor, batch: int = 32) -> torch.Tensor:
+        """Per-block held-out cross-entropy of the deployed split pipeline (forward noise included)."""
+        out = []
+        for start in range(0, blocks.shape[0], batch):
+            ids = blocks[start:start + batch]
+            s_a, ctx = self.part.head(ids)
+            s_b = self.part.body(self.up(self.local(s_a, self.gen)), ctx)
+            out.append(block_ce(self.part.tail(s_b, ctx), ids))
+        return torch.cat(out)
+
+
+@torch.no_grad()
+def base_ce(model: nn.Module, blocks: torch.Tensor, batch: int = 32) -> torch.Tensor:
+    """Per-block held-out cross-entropy of the model itself, unsplit (the utility gate's reference)."""
+    return torch.cat([block_ce(model(input_ids=blocks[s:s + batch]).logits, blocks[s:s + batch])
+                      for s in range(0, blocks.shape[0], batch)])

@@ -1,0 +1,88 @@
+"""The local node's forward transforms and the mitigation of the returned gradient (paper 004).
+
+Forward, per row (one block of text) and per position vector of it:
+
+    z = clip_C(R · W_down · s_A) + N(0, (noise_ratio·C)² I)
+
+W_down (d → D) is the trainable bottleneck, R a secret random rotation of the latent (D × D orthogonal, one
+per seed), clip_C scales every position vector to norm at most C. Decoy rows go through the same transforms,
+and a fresh secret permutation of the rows mixes them into the frame (`assemble_frame`): the permutation
+must come after the decoys join, or it would hide nothing.
+
+The mitigation (paper: "per-row clipping of the returned gradient at C = 0.01 plus proportional Gaussian
+noise") is the same clip-and-noise on what the local node returns, applied to every row, decoys included:
+
+    g' = clip_c(g) + N(0, (noise_multiplier·c)² I).
+"""
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def clip_positions(x: torch.Tensor, c: float) -> torch.Tensor:
+    """Every vector along the last axis scaled to norm at most c (unchanged where it is already shorter)."""
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x * torch.clamp(c / norms.clamp_min(1e-30), max=1.0)
+
+
+def random_rotation(dim: int, generator: torch.Generator) -> torch.Tensor:
+    """A Haar-random orthogonal matrix (QR of a Gaussian matrix, signs fixed by R's diagonal)."""
+    q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+
+
+class LocalObfuscation(nn.Module):
+    """The local node's bottleneck, rotation, clip and noise on s_A (module docstring)."""
+
+    def __init__(self, hidden: int, latent: int, clip: float, noise_ratio: float, generator: torch.Generator):
+        super().__init__()
+        self.down = nn.Linear(hidden, latent, bias=False)
+        with torch.no_grad():
+            self.down.weight.copy_(torch.randn(latent, hidden, generator=generator) / math.sqrt(hidden))
+        self.register_buffer("rotation", random_rotation(latent, generator))
+        self.clip, self.sigma = float(clip), float(noise_ratio) * float(clip)
+
+    def forward(self, s_a: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
+        z = clip_positions(self.down(s_a) @ self.rotation.T, self.clip)
+        if self.sigma > 0:
+            z = z + self.sigma * torch.randn(z.shape, generator=noise)
+        return z
+
+
+@dataclass
+class Frame:
+    """One frame in the cloud's row order: payload[i] is row perm[i] of cat(real, decoys)."""
+
+    payload: torch.Tensor      # (rows, T, D)
+    perm: torch.Tensor         # (rows,) cloud row i = local row perm[i]
+    n_real: int
+
+    @property
+    def is_real(self) -> torch.Tensor:
+        return self.perm < self.n_real
+
+    @property
+    def real_index(self) -> torch.Tensor:
+        """The cloud row of each real row, in the local node's order."""
+        return torch.argsort(self.perm)[:self.n_real]
+
+
+def assemble_frame(real: torch.Tensor, decoys: torch.Tensor, generator: torch.Generator) -> Frame:
+    """Real and decoy rows, mixed by a fresh secret permutation."""
+    rows = torch.cat([real, decoys])
+    perm = torch.randperm(rows.shape[0], generator=generator)
+    return Frame(rows[perm], perm, real.shape[0])
+
+
+def mitigate(grad: torch.Tensor, clip: float, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
+    """The returned gradient clipped per position vector to `clip` plus N(0, (noise_multiplier·clip)²) on
+    every entry, decoy rows included (module docstring)."""
+    out = clip_positions(grad, clip)
+    if noise_multiplier > 0:
+        out = out + noise_multiplier * clip * torch.randn(grad.shape, generator=generator)
+    return out

@@ -1,0 +1,136 @@
+"""A client's side of one federated round: load the global A and C, run `local_steps` split steps on its
+own blocks (PrivPair's bursts in between), and hand back its new A and C, its round metrics, the
+crossings of the recorded steps (the server saw them) and the evaluator's truth for those steps.
+
+`Recipe` is everything a client process needs, as plain data, so the same code runs in Flower's
+simulation (Ray actors) and on a deployed SuperNode (docs/splitft.md "Deployment runtime").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.splitft import trainable
+from harness.splitft.defences import make_defence
+from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
+
+
+@dataclass
+class Recipe:
+    model: dict[str, Any]               # the conf/model entry
+    cache_dir: str | None
+    configuration: str
+    epsilon: float | None               # the defence's strength (the run's effective epsilon)
+    section: dict[str, Any]             # the resolved `splitft` config section
+    seed: int
+    clients: list[list[list[int]]]      # per client, its token blocks
+    align: list[list[int]]              # D_align (public)
+    heldout: list[list[int]]
+    truth_dir: str | None = None        # where clients write the evaluator's truth (never sent)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+
+@dataclass
+class RoundOutput:
+    state: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    adapters: dict[str, torch.Tensor]
+    steps_done: int
+    exposures: list[dict[str, Any]] = field(default_factory=list)
+    truth: list[dict[str, Any]] = field(default_factory=list)
+
+
+def step_id(rnd: int, client: int, local_step: int, n_clients: int, local_steps: int) -> int:
+    """A global index of one client's local step: rounds, then clients, then steps."""
+    return ((rnd - 1) * n_clients + client) * local_steps + local_step
+
+
+class ClientTrainer:
+    """The model, its partition and trained parameters in one process (reused across rounds and clients)."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        from omegaconf import OmegaConf
+
+        from harness.models import load_model
+
+        self.recipe = recipe
+        self.section = OmegaConf.create(recipe.section)
+        if self.section.threads:
+            torch.set_num_threads(int(self.section.threads))
+        self.loaded = load_model(recipe.model, cache_dir=recipe.cache_dir)
+        self.model = self.loaded.model
+        self.part, self.names = trainable.make_trainable(self.model, int(self.section.k), int(self.section.m),
+                                                         self.section.lora)
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return trainable.state(self.model, self.names)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        params = dict(self.model.named_parameters())
+        chosen = [params[n] for n in self.names]
+        lr = float(self.section.lr)
+        return torch.optim.SGD(chosen, lr=lr) if self.section.optimizer == "sgd" else torch.optim.AdamW(chosen, lr=lr)
+
+    def run_round(self, client: int, rnd: int, global_state: dict[str, torch.Tensor],
+                  adapters: dict[str, torch.Tensor], steps_done: int) -> RoundOutput:
+        s, r = self.section, self.recipe
+        trainable.load(self.model, self.names, global_state)
+        self.model.train()
+        generator = torch.Generator().manual_seed(int(r.seed) * 1_000_003 + client * 10_007 + rnd)
+        align = torch.tensor(r.align, dtype=torch.long)
+        defence = make_defence(r.configuration, r.epsilon, s)
+        defence.setup(self.part, align[: int(s.privpair.align_batch_size)], generator)
+        defence.load_state(adapters)
+        blocks = torch.tensor(r.clients[client], dtype=torch.long)
+        optimizer = self.optimizer()
+        recorded = rnd > int(s.rounds) - int(s.record.last_rounds)
+        first_recorded = int(s.local_steps) - int(s.record.steps_per_round)
+        losses, measured, bursts = [], [], []
+        exposures, truth = [], []
+        for local in range(int(s.local_steps)):
+            record = None
+            if recorded and local >= first_recorded:
+                record = Recorder(step=step_id(rnd, client, local, r.n_clients, int(s.local_steps)))
+            burst = defence.burst(steps_done, self.part, align, generator, record)
+            if burst:
+                bursts.append(burst)
+            rows = torch.randint(0, blocks.shape[0], (min(int(s.batch_size), blocks.shape[0]),), generator=generator)
+            if record is not None:
+                # θ_A, θ_C as the server knows them when this step's s'_A arrives: after the previous step
+                # (the strong threat model), i.e. the weights that computed what crosses in this step.
+                record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(self.model, self.names))
+            out = split_step(self.part, defence, blocks[rows], optimizer, record=record,
+                             measure=local == int(s.local_steps) - 1)
+            steps_done += 1
+            losses.append(out["loss"])
+            if "H" in out:
+                measured.append(out)
+            if record is not None:
+                exposures.extend(record.exposures)
+                truth.extend(record.truth)
+        self.model.eval()
+        last = measured[-1]
+        metrics = {"train_loss": sum(losses) / len(losses), "H": last["H"], "H_A": last["H_A"],
+                   "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
+                   "regulariser": out["regulariser"], "num-examples": float(blocks.shape[0])}
+        if bursts:
+            metrics.update({f"align_{k}": v for k, v in bursts[-1].items()})
+        return RoundOutput(trainable.state(self.model, self.names), metrics, defence.state(), steps_done,
+                           exposures, truth)
+
+
+_TRAINERS: dict[int, ClientTrainer] = {}
+
+
+def trainer_for(recipe: Recipe) -> ClientTrainer:
+    """One ClientTrainer per recipe and process (a Ray actor serves several clients in turn)."""
+    key = id(recipe)
+    if key not in _TRAINERS:
+        _TRAINERS.clear()
+        _TRAINERS[key] = ClientTrainer(recipe)
+    return _TRAINERS[key]

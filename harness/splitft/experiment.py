@@ -1,0 +1,106 @@
+"""One split-FL fine-tuning run end to end, as library calls the runner composes: the recipe from the
+config, the federated training on Flower (or the centralised reference), the adversary view of what the
+server saw, and the evaluator's truth for scoring the attacks."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import adversary_view, configurations
+from harness.adversary_view import AdversaryView, Exposure
+from harness.splitft.client import ClientTrainer, Recipe
+from harness.splitft.evaluate import heldout_scores, summarise
+
+CENTRAL = "splitft_central"
+
+
+@dataclass
+class Training:
+    """What a run's training produced."""
+
+    rounds: list[dict[str, Any]]                 # per round: H, H_A, train loss, held-out CE, ...
+    initial: dict[str, float]                    # the pretrained model's held-out scores
+    final_scores: dict[str, list[float]]         # per held-out block, of the final model
+    exposures: list[dict[str, Any]] = field(default_factory=list)
+    weight_layout: list[str] = field(default_factory=list)
+    runtime: str = ""
+
+
+class ServerEvaluation:
+    """The server's copy of the complete model, scoring a global state on the held-out blocks."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.trainer = ClientTrainer(recipe)
+        self.blocks = recipe.heldout
+
+    def scores(self, state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+        from harness.splitft import trainable
+
+        trainable.load(self.trainer.model, self.trainer.names, state)
+        return heldout_scores(self.trainer.model, self.blocks)
+
+    def __call__(self, state: dict[str, torch.Tensor]) -> dict[str, float]:
+        s = summarise(self.scores(state))
+        return {k: float(s[k]) for k in ("heldout_ce", "heldout_ppl", "heldout_top1")}
+
+
+def train(recipe: Recipe) -> Training:
+    """Federated split fine-tuning on Flower's simulation runtime, or (splitft_central) the centralised
+    reference: one party with every client's blocks, the whole model, no cut and no FedAvg."""
+    evaluation = ServerEvaluation(recipe)
+    start = evaluation.trainer.initial_state()
+    initial = evaluation(start)
+    if recipe.configuration == CENTRAL:
+        return _central(recipe, evaluation, start, initial)
+    from harness.splitft.federation import simulate
+
+    sink = simulate(recipe, start, evaluate=evaluation)
+    rounds = [{"round": r, **sink.rounds.get(r, {}), **sink.evaluations.get(r, {})}
+              for r in range(1, int(recipe.section["rounds"]) + 1)]
+    return Training(rounds, initial, evaluation.scores(sink.final), sink.exposures, evaluation.trainer.names,
+                    "flwr simulation (ray backend)")
+
+
+def _central(recipe: Recipe, evaluation: ServerEvaluation, start: dict[str, torch.Tensor],
+             initial: dict[str, float]) -> Training:
+    """Rounds of the same length and the same examples per round as the federation (batch N× larger)."""
+    from harness.progress import progress
+
+    pooled = copy.copy(recipe)
+    pooled.clients = [[b for c in recipe.clients for b in c]]
+    pooled.section = {**recipe.section, "batch_size": int(recipe.section["batch_size"]) * recipe.n_clients,
+                      "record": {**recipe.section["record"], "last_rounds": 0}}
+    trainer = ClientTrainer(pooled)
+    state, steps, rounds = start, 0, []
+    for rnd in progress(range(1, int(recipe.section["rounds"]) + 1), desc="central fine-tuning", unit="round"):
+        out = trainer.run_round(0, rnd, state, {}, steps)
+        state, steps = out.state, out.steps_done
+        rounds.append({"round": rnd, **{k: v for k, v in out.metrics.items() if k != "num-examples"},
+                       **evaluation(state)})
+    return Training(rounds, initial, evaluation.scores(state), [], evaluation.trainer.names, "in process (no split)")
+
+
+def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> AdversaryView:
+    """Everything the server received, as the general adversary view (system splitft)."""
+    exposures = [Exposure(op=e["op"], layer=e["layer"], step=int(e["step"]), shape=tuple(e["tensor"].shape),
+                          tensor=e["tensor"], channel=e["channel"]) for e in training.exposures]
+    meta = adversary_view.view_meta(cfg, system=configurations.SPLITFT,
+                                    epsilon=cfg.epsilon)
+    meta["splitft"] = {"k": int(section["k"]), "m": int(section["m"]), "lora": section["lora"],
+                       "weight_layout": list(training.weight_layout),
+                       "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}
+                                 for e in training.exposures}}
+    return AdversaryView(exposures, meta)
+
+
+def load_truth(truth_dir: str | Path) -> dict[int, dict[str, torch.Tensor]]:
+    """The evaluator's record of the recorded steps (ids, plain s_A, plain s_B), by step id."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for path in sorted(Path(truth_dir).glob("client*_round*.pt")):
+        for item in torch.load(path, weights_only=False):
+            out[int(item["step"])] = item
+    return out

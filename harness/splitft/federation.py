@@ -1,0 +1,176 @@
+"""Federated rounds on Flower (flwr 1.42's Message API): a ClientApp that runs a client's round of split
+steps (harness/splitft/client.py) and a ServerApp whose FedAvg averages the clients' A and C.
+
+- Simulation (`simulate`): Flower's Simulation Runtime, `flwr.simulation.run_simulation`, with its Ray
+  backend (the only backend flwr 1.42 ships): N virtual SuperNodes, each client's data by its
+  `partition-id`, the ServerApp in a thread of this process. Ray actors hold one CPU each, so
+  `splitft.ray_cpus` bounds how many clients train at once (on 2 cores: 2).
+- Deployment: the same `client_app()` / `server_app(None, sink)` objects (harness/splitft/deployment.py),
+  reading the recipe file named in the run config, run under `flwr run` on a SuperLink and SuperNodes
+  across machines (docs/splitft.md "Deployment runtime"; tested on loopback, marked slow).
+
+What the server saw comes back in each reply: besides the averaged `arrays` (A and C after the round)
+and `metrics`, the record `view` (the recorded steps' crossings, harness/splitft/step.py) and
+`view-meta` (their channels, ops and step ids). The server-side FedAvg (`RecordingFedAvg`) takes them out
+before averaging, so the strategy itself is Flower's. PrivPair's adapters stay in the client's
+`context.state` (never uploaded); the evaluator's truth is written to `recipe.truth_dir`, never sent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.splitft.client import Recipe, trainer_for
+
+VIEW, VIEW_META = "view", "view-meta"
+
+
+def client_app(recipe: Recipe | None = None) -> Any:
+    """The ClientApp; without a recipe it reads one from the run config's `recipe` path (deployment)."""
+    from flwr.app import (
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        r = recipe or _recipe_from_run_config(context)
+        client = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        adapters = context.state["adapters"].to_torch_state_dict() if "adapters" in context.state else {}
+        steps = int(context.state["progress"]["steps"]) if "progress" in context.state else 0
+        out = trainer_for(r).run_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), adapters, steps)
+        if out.adapters:
+            context.state["adapters"] = ArrayRecord(torch_state_dict=out.adapters)
+        context.state["progress"] = ConfigRecord({"steps": out.steps_done})
+        if r.truth_dir and out.truth:
+            torch.save(out.truth, Path(r.truth_dir) / f"client{client}_round{rnd}.pt")
+        meta = [{k: v for k, v in e.items() if k != "tensor"} | {"client": client, "round": rnd}
+                for e in out.exposures]
+        content = RecordDict({
+            "arrays": ArrayRecord(torch_state_dict=out.state),
+            "metrics": MetricRecord(out.metrics),
+            VIEW: ArrayRecord(torch_state_dict={f"e{i}": e["tensor"] for i, e in enumerate(out.exposures)}),
+            VIEW_META: ConfigRecord({"json": json.dumps(meta)}),
+        })
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+@dataclass
+class Sink:
+    """What the ServerApp hands back to the caller: the view's exposures, per-round metrics, the final A/C."""
+
+    exposures: list[dict[str, Any]] = field(default_factory=list)
+    rounds: dict[int, dict[str, float]] = field(default_factory=dict)
+    evaluations: dict[int, dict[str, float]] = field(default_factory=dict)
+    replies: dict[int, int] = field(default_factory=dict)
+    final: dict[str, torch.Tensor] | None = None
+
+
+def _recording_fedavg(sink: Sink, n_clients: int) -> Any:
+    from flwr.serverapp.strategy import FedAvg
+
+    class RecordingFedAvg(FedAvg):
+        """FedAvg that first takes what the server saw (`view`) out of each reply."""
+
+        def aggregate_train(self, server_round: int, replies: Iterable[Any]) -> Any:
+            replies = list(replies)
+            ok = [m for m in replies if not m.has_error()]
+            sink.replies[server_round] = len(ok)
+            for msg in ok:
+                content = msg.content
+                if VIEW in content:
+                    view = content[VIEW].to_torch_state_dict()
+                    for i, meta in enumerate(json.loads(content[VIEW_META]["json"])):
+                        sink.exposures.append({**meta, "tensor": view[f"e{i}"]})
+                    del content[VIEW]
+                    del content[VIEW_META]
+            arrays, metrics = super().aggregate_train(server_round, ok)
+            if metrics is not None:
+                sink.rounds[server_round] = {k: float(v) for k, v in metrics.items()}
+            return arrays, metrics
+
+    return RecordingFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n_clients,
+                           min_available_nodes=n_clients, min_evaluate_nodes=0)
+
+
+def server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tensor] | None = None,
+               evaluate: Any = None) -> Any:
+    """The ServerApp: FedAvg over A and C for `rounds` rounds, evaluating the global model with
+    `evaluate(state) -> dict` (server side: the server holds the complete model) after each."""
+    from flwr.app import ArrayRecord, Context, MetricRecord
+    from flwr.serverapp import Grid, ServerApp
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        r = recipe or _recipe_from_run_config(context)
+        start = initial if initial is not None else trainer_for(r).initial_state()
+
+        def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            if evaluate is None:
+                return None
+            scores = evaluate(arrays.to_torch_state_dict())
+            sink.evaluations[server_round] = scores
+            return MetricRecord(scores)
+
+        strategy = _recording_fedavg(sink, r.n_clients)
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(torch_state_dict=start),
+                                num_rounds=int(r.section["rounds"]), evaluate_fn=evaluate_fn)
+        sink.final = result.arrays.to_torch_state_dict()
+        if recipe is None and context.run_config.get("sink"):   # deployment: the caller reads it from disk
+            torch.save(dataclasses.asdict(sink), str(context.run_config["sink"]))
+
+    return app
+
+
+def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = None) -> Sink:
+    """N clients on Flower's Simulation Runtime (Ray backend) on this machine."""
+    import logging
+
+    from flwr.simulation import run_simulation
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    sink = Sink()
+    cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
+    run_simulation(server_app=server_app(recipe, sink, initial, evaluate), client_app=client_app(recipe),
+                   num_supernodes=recipe.n_clients,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": cpus, "include_dashboard": False,
+                                                 "logging_level": "ERROR", "log_to_driver": False}})
+    rounds = int(recipe.section["rounds"])
+    missing = [r for r in range(1, rounds + 1) if sink.replies.get(r, 0) < recipe.n_clients]
+    if sink.final is None or missing:
+        raise RuntimeError(f"Flower simulation did not complete: rounds {missing or 'all'} lack client replies "
+                           "(see the client errors logged above)")
+    return sink
+
+
+@functools.lru_cache(maxsize=1)
+def _recipe_at(path: str) -> Recipe:
+    from harness.splitft.deployment import load_recipe
+
+    return load_recipe(path)
+
+
+def _recipe_from_run_config(context: Any) -> Recipe:
+    """Deployment: the recipe file named by the run config key `recipe` (harness/splitft/deployment.py),
+    read once per process so the process keeps one ClientTrainer across rounds."""
+    return _recipe_at(str(context.run_config["recipe"]))

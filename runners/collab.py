@@ -1,0 +1,263 @@
+"""Collab runner (paper 003): cloud-edge collaborative decoding, audited by DecodeLeak, under a defence.
+
+One run = one configuration (collab_none, coveil, or a baseline) at one parameter (`epsilon`: λ, B or ε)
+in one fusion mode (`collab.fusion`), on one benchmark. It decodes every example collaboratively,
+records what the cloud receives (adversary view, view.pt), and reports
+
+- private evidence recall Token-ER / ROUGE1-ER / Span-ER / AUC at every K of collab.metrics.ks, each with
+  its no-signal floor (the cloud alone) and the paired excess over it (attacks/collab_decodeleak.py);
+- private-context inversion ROUGE-1 recall / F1, floor and excess;
+- utility: option accuracy or ROUGE-L to the reference, and the cloud alone's;
+- the verdict on the excess Token-ER@report_k, with the undefended run as positive control and the
+  context-free edge as negative control; `tradeoff` for the cross-system chart.
+
+    splitbench experiment=collab_smoke
+    splitbench -m experiment=collab configuration=coveil epsilon=0.5,1,2,4,8,16 collab.fusion=cloud
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness import configurations, schema
+from harness.errors import UserError
+from harness.results import RunContext
+from runners import common
+
+describe_skip = common.epsilon_ignored_note
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """What changes a collab result: not the SpliTEE sections or the workload; the parameter normalised."""
+    return schema.semantic_config(cfg, drop=("baseline", "engine", "workload", "generation", "mask_seeds", "epn_n"),
+                                  epsilon=parameter(cfg))
+
+
+def parameter(cfg: DictConfig) -> float | None:
+    """The defence's parameter this run uses: 0 with collab.parameter_zero, else the epsilon knob (None
+    for the undefended point)."""
+    eps = configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon)
+    return 0.0 if eps is not None and cfg.collab.parameter_zero else eps
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import torch
+
+    from attacks import collab_decodeleak as leak
+    from harness.adversary_view import view_meta
+    from harness.collab import benchmarks, engine, prompts, protocol
+    from harness.collab.defences import make_defence
+    from harness.models import load_model
+    from metrics.answers import option_correct
+    from metrics.evidence_recall import Vocabulary, tokenise_evidence
+    from metrics.intervals import mean_ci
+    from metrics.text import rouge_l
+
+    c = cfg.collab
+    name, lam = cfg.configuration.name, parameter(cfg)
+    if c.threads is not None:
+        torch.set_num_threads(int(c.threads))
+    ks, k_rep = sorted(int(k) for k in c.metrics.ks), int(c.metrics.report_k)
+    edge = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    cloud = load_model(c.cloud, cache_dir=cfg.paths.cache_dir) if c.cloud is not None else edge
+    try:
+        vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
+    except ValueError:
+        raise UserError(f"the edge model {edge.name} and the cloud model {cloud.name} have different tokenizers; "
+                        "collaborative decoding fuses distributions over one shared vocabulary") from None
+    critical = bool(c.benchmark.answer_critical)
+    bench = benchmarks.load_benchmark(c.benchmark, n_examples=None if critical else c.benchmark.n_examples)
+    pad, eos = common.special_ids(edge.tokenizer)
+    pair = protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos)
+    if critical:
+        if not bench.has_options:
+            raise UserError(f"collab.benchmark.answer_critical=true needs an option benchmark; {bench.name} has references")
+        bench.examples = protocol.answer_critical(pair, bench.examples, n=c.benchmark.n_examples)
+        bench.filter["answer_critical"] = True
+        if len(bench.examples) < 2:
+            raise UserError(f"collab.benchmark.answer_critical=true kept {len(bench.examples)} example(s); the paired "
+                            "intervals need at least 2")
+    examples = bench.examples
+    top = max(ks)
+    settings = dict(alpha=float(c.alpha), candidates=int(c.candidates), dp_delta=float(c.dp_delta),
+                    renyi_order=float(c.renyi_order))
+    common_kw = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=int(cfg.seed), view_top=int(c.view_top))
+    meta = view_meta(cfg, system=configurations.COLLAB, workload=bench.name, epsilon=lam if lam is not None else cfg.epsilon)
+    meta.update(fusion=c.fusion, alpha=float(c.alpha), cloud_model=cloud.name, edge_model=edge.name)
+
+    key = dict(edge=edge.source, cloud=cloud.source, examples=[dataclasses.asdict(e) for e in examples],
+               max_new_tokens=int(c.max_new_tokens), top=top)
+    floor = protocol.cached(cfg.paths.cache_dir, {**key, "run": "cloud_alone"}, lambda: protocol.cloud_alone(
+        pair, examples, max_new_tokens=int(c.max_new_tokens), top=top))
+    key.update(common_kw, alpha=float(c.alpha))
+    undefended = protocol.cached(cfg.paths.cache_dir, {**key, "run": "undefended"}, lambda: protocol.collaborate_all(
+        pair, examples, make_defence("collab_none", None, **settings), desc="positive control (undefended)",
+        **common_kw))
+    if name == "collab_none":  # the undefended point is its own positive control
+        signals, undefended = undefended, None
+        signals.view.meta = meta
+    else:
+        signals = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), meta=meta,
+                                           desc=f"{name} ({c.fusion}-side)", **common_kw)
+    no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
+        pair, examples, make_defence("collab_none", None, **settings), private=False,
+        desc="negative control (edge without x_priv)", **common_kw))
+
+    vocab_info = Vocabulary(edge.tokenizer)
+    evidence = [tokenise_evidence(e.evidence, vocab_info, bool(c.evidence.leading_space)) for e in examples]
+
+    def sets_of(sig: protocol.Signals) -> list[list[list[int]]]:
+        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top) for e in examples]
+
+    run_sets = sets_of(signals)
+    curves = leak.score_sets(run_sets, evidence, vocab_info, ks)
+    floor_curves = leak.score_sets(floor.sets, evidence, vocab_info, ks)
+    # The verdict's attacker is the informed one (signal ∪ its own no-signal guesses), so are its controls.
+    informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=floor.sets)
+    pos = None if undefended is None else leak.score_sets(sets_of(undefended), evidence, vocab_info, ks,
+                                                          prior=floor.sets)
+    neg = leak.score_sets(sets_of(no_context), evidence, vocab_info, ks, prior=floor.sets)
+    inv = c.inversion
+    if inv.enabled:
+        def inversions(all_sets: list[list[list[int]]]) -> list[str]:
+            return [leak.invert(cloud.model, cloud.tokenizer, prompts.encode(cloud.tokenizer, prompts.inversion_text(
+                e, cloud.tokenizer, s, int(inv.k), int(inv.max_steps))), int(inv.max_new_tokens))
+                for e, s in zip(examples, all_sets)]
+
+        inv_key = {"edge": edge.source, "cloud": cloud.source, "examples": key["examples"], "top": top,
+                   "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion"}
+        guesses = {"run": inversions(run_sets),
+                   "floor": protocol.cached(cfg.paths.cache_dir, inv_key, lambda: inversions(floor.sets))}
+        for curves_, texts in ((curves, guesses["run"]), (floor_curves, guesses["floor"])):
+            curves_.inversion = [leak.rouge1(e.context, g) for e, g in zip(examples, texts)]
+            curves_.inversion_text = list(texts)
+
+    if bench.has_options:
+        utility_metric = "accuracy"
+        per = [option_correct(t, e.options, e.answer) for t, e in zip(signals.texts, examples)]
+        cloud_per = [option_correct(t, e.options, e.answer) for t, e in zip(floor.texts, examples)]
+    else:
+        utility_metric = "rouge_l"
+        per = [rouge_l(e.reference, t) for t, e in zip(signals.texts, examples)]
+        cloud_per = [rouge_l(e.reference, t) for t, e in zip(floor.texts, examples)]
+    util, cloud_util = mean_ci(per, bounds=(0.0, 100.0)), mean_ci(cloud_per, bounds=(0.0, 100.0))
+
+    curves_out = leak.summarise(curves, floor_curves, ks)
+    v = leak.verdict(informed, floor_curves, pos, neg, k_rep, float(c.controls.gate_margin_pp),
+                     float(c.controls.positive_margin_pp))
+    informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
+                    if not k.startswith("floor_") and "inversion" not in k}
+    rep = str(k_rep)
+    metrics: dict[str, Any] = {}
+    for m in leak.METRICS:
+        metrics[f"{m}_at_{k_rep}"] = curves_out[f"{m}_at_k"][rep]
+        metrics[f"floor_{m}_at_{k_rep}"] = curves_out[f"floor_{m}_at_k"][rep]
+        metrics[f"excess_{m}_at_{k_rep}"] = curves_out[f"excess_{m}_at_k"][rep]
+    metrics[f"informed_token_er_at_{k_rep}"] = informed_out["informed_token_er_at_k"][rep]
+    metrics[f"informed_excess_token_er_at_{k_rep}"] = informed_out["informed_excess_token_er_at_k"][rep]
+    metrics.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
+                                               "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
+                    if k in curves_out})
+    metrics.update(util.flat(utility_metric))
+    metrics[f"cloud_only_{utility_metric}"] = cloud_util.mean
+    metrics.update({k: v[k] for k in ("verdict", "positive_control_pass", "negative_control_pass")})
+    steps = signals.step_seconds
+    metrics["seconds_per_step"] = statistics.fmean(steps) if steps else None
+    metrics["defence_seconds_per_step"] = signals.defence_seconds / len(steps) if steps else None
+
+    leak_ci = informed_out["informed_token_er_at_k_ci"][rep]
+    results = {
+        **_header(cfg, edge, bench),
+        "system": configurations.COLLAB,
+        "configuration": name,
+        "epsilon": lam,
+        "parameter_name": configurations.get(name).parameter_name,
+        "fusion": c.fusion,
+        "alpha": float(c.alpha),
+        "cloud_model": cloud.name,
+        "cloud_model_source": cloud.source,
+        "evidence_tokenisation": "leading_space" if c.evidence.leading_space else "bare",
+        "ks": ks,
+        "metrics": metrics,
+        **curves_out,
+        **informed_out,
+        "accuracy": util.mean if utility_metric == "accuracy" else None,
+        "accuracy_ci": [util.lo, util.hi] if utility_metric == "accuracy" else None,
+        "utility": {"metric": utility_metric, "value": util.mean, "ci": [util.lo, util.hi],
+                    "cloud_only": cloud_util.mean},
+        "controls": v,
+        "verdict": v["verdict"],
+        "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}",
+                                    leakage=informed_out["informed_token_er_at_k"][rep], leakage_ci=leak_ci,
+                                    attacker="decodeleak_informed (signal + own top-K)",
+                                    leakage_floor=curves_out["floor_token_er_at_k"][rep], utility_metric=utility_metric,
+                                    utility=util.mean, utility_ci=[util.lo, util.hi],
+                                    reference="gold answer" if utility_metric == "accuracy" else "reference response"),
+        "benchmark": benchmarks.describe(bench),
+        "metric_definitions": _definitions(cfg),
+    }
+    samples = []
+    for i, e in enumerate(examples):
+        row = {"id": e.id, "query": e.query, "evidence": list(e.evidence), "output_ids": signals.output_ids[i],
+               "output_text": signals.texts[i], "cloud_only_text": floor.texts[i], "utility": per[i],
+               **{f"{m}_at_{k_rep}": curves.rows[i][m][k_rep] for m in leak.METRICS},
+               **{f"floor_{m}_at_{k_rep}": floor_curves.rows[i][m][k_rep] for m in leak.METRICS}}
+        if curves.inversion:
+            row.update(curves.inversion[i], inversion_text=curves.inversion_text[i])
+        samples.append(row)
+    return common.finish(cfg, ctx, results, samples, summary=summary,
+                         provenance_extra={"torch_threads": torch.get_num_threads()},
+                         before_done=lambda: signals.view.save(ctx.run_dir.path / "view.pt"),
+                         mirror_columns=("id", "output_text", f"token_er_at_{k_rep}", "utility"))
+
+
+def _header(cfg: DictConfig, edge: Any, bench: Any) -> dict[str, Any]:
+    return {"experiment": "collab", "experiment_name": cfg.experiment_name, "status": "ok", "model": edge.name,
+            "model_source": edge.source, "workload": f"collab:{bench.name}", "n_prompts": len(bench.examples),
+            "generation": {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}}
+
+
+def _definitions(cfg: DictConfig) -> dict[str, str]:
+    c = cfg.collab
+    return {
+        "token_er_at_k": "Token-ER@K (eq. 6), % of the evidence's content token ids in the union of the per-step "
+                         "top-K exposure sets; mean over examples; _ci: Student-t 95%",
+        "rouge1_er_at_k": "ROUGE1-ER@K (eq. 7): % of the evidence's content words among the words the exposed ids decode to",
+        "span_er_at_k": "Span-ER@K (eq. 8): per-span token recall averaged over spans",
+        "auc_at_k": "AUC@K (eq. 9): mean Token-ER@k over k = 1..K",
+        "floor_*": "the same metric on the cloud alone's own top-K along its greedy generation from x_pub (no signal)",
+        "excess_*": "per-example metric minus its floor, mean with a paired Student-t 95% interval",
+        "inversion_rouge1_recall": f"ROUGE-1 recall (%) of the cloud's reconstruction (Prompt D, top-{c.inversion.k} "
+                                   f"per step, first {c.inversion.max_steps} steps) against x_priv",
+        "accuracy": "% of examples whose generation states the gold option first (metrics/answers.py)",
+        "informed_*": "the informed attacker: the signal's exposure sets united with the cloud's own no-signal "
+                      "top-K (the floor's sets); its excess over the floor is what the signal adds (>= 0)",
+        "verdict": f"attacks/controls.classify on the informed attacker's excess Token-ER@{c.metrics.report_k} "
+                   f"against 0 with m = "
+                   f"{c.controls.gate_margin_pp} pp; positive control: undefended excess lower bound >= "
+                   f"{c.controls.positive_margin_pp} pp; negative control: edge without x_priv, upper bound <= m",
+    }
+
+
+def summary(results: dict[str, Any]) -> str:
+    m = results["metrics"]
+    k = results["controls"]["verdict_k"]
+    eps = results["epsilon"]
+    param = "" if eps is None else f" ({results['parameter_name']}={eps:g})"
+    head = (f"{results['experiment_name']}: {results['model']} edge / {results['cloud_model']} cloud · "
+            f"{results['configuration']}{param} · {results['fusion']}-side · {results['n_prompts']} examples")
+    lines = [head]
+    for name in ("token_er", "rouge1_er", "span_er", "auc"):
+        lines.append(f"  {name}@{k:<4}{m[f'{name}_at_{k}']:>8.2f}   floor {m[f'floor_{name}_at_{k}']:>6.2f}   "
+                     f"excess {m[f'excess_{name}_at_{k}']:>+7.2f}")
+    if "inversion_rouge1_recall" in m:
+        lines.append(f"  inversion ROUGE-1 recall {m['inversion_rouge1_recall']:.2f} (floor "
+                     f"{m['floor_inversion_rouge1_recall']:.2f})")
+    u = results["utility"]
+    lines.append(f"  {u['metric']} {u['value']:.1f} [{u['ci'][0]:.1f}, {u['ci'][1]:.1f}] (cloud alone {u['cloud_only']:.1f})")
+    lines.append(f"  verdict: {results['verdict']} (positive control {'pass' if m['positive_control_pass'] else 'fail'}, "
+                 f"negative control {'pass' if m['negative_control_pass'] else 'fail'})")
+    return "\n".join(lines)

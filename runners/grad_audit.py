@@ -1,0 +1,159 @@
+"""The returned-gradient audit runner (paper 004): does the gradient the local node returns unmask the decoys?
+
+One run = one configuration (decoy_trainer as audited, or decoy_mitigated) of the trainer of
+harness/grad_audit/ at one topology (cut_after, resume_at, latent_dim) on one model, through the locked
+protocol of attacks/grad_audit_protocol.py: the explore seeds choose the probe's regularisation, the
+protocol is written to protocol.json, then every replicate and test seed trains the trainer, records what
+the cloud receives, and is scored (zero-support partition, norm-rank partition with controls,
+frequent-token probe per arm with its negative and positive controls, held-out CE increase); the seeds are
+pooled (DerSimonian–Laird) and gated.
+
+    splitbench experiment=grad_audit_smoke
+    splitbench -m experiment=grad_audit configuration=decoy_trainer,decoy_mitigated \\
+        grad_audit.corpus.source=text grad_audit.corpus.path=../shared/data/wikitext2/wiki.test.raw
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import configurations, schema
+from harness.results import RunContext
+from runners import common
+
+describe_skip = common.epsilon_ignored_note
+EXPERIMENT = "grad_audit"
+# What the audit never reads: SpliTEE's generation, engine, baseline and workload, and the run's `seed`
+# (the seeds are grad_audit.seeds).
+_IGNORED = ("baseline", "engine", "generation", "workload", "epn_n", "mask_seeds", "semantic_model", "seed")
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """The audit's config hash: without what it ignores; the mitigation's settings only where it runs."""
+    section = OmegaConf.to_container(cfg.grad_audit, resolve=True)
+    if cfg.configuration.name != "decoy_mitigated":
+        section.pop("mitigation")
+    return schema.semantic_config(cfg, drop=_IGNORED, epsilon=None, grad_audit=section)
+
+
+def settings(g: DictConfig, configuration: str):
+    from harness.grad_audit.trainer import TopologySettings
+
+    mitigation = ((float(g.mitigation.grad_clip), float(g.mitigation.noise_multiplier))
+                  if configuration == "decoy_mitigated" else None)
+    return TopologySettings(g.cut_after, g.resume_at, g.latent_dim, float(g.clip), float(g.noise_ratio),
+                            float(g.train.lr), mitigation)
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import torch
+
+    from attacks import grad_audit_protocol as protocol
+    from harness import adversary_view
+    from harness.grad_audit.data import load_text, make_blocks
+    from harness.grad_audit.seed_run import train_seed
+    from harness.grad_audit.trainer import base_ce
+    from harness.models import load_model
+
+    g, configuration = cfg.grad_audit, cfg.configuration.name
+    if g.train.threads is not None:
+        torch.set_num_threads(int(g.train.threads))
+    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    text, source = load_text(g.corpus)
+    blocks = make_blocks(text, source, loaded.tokenizer, block_tokens=g.block_tokens,
+                         heldout_blocks=g.train.heldout_blocks, min_train_blocks=2 * g.real_rows)
+    topo = settings(g, configuration)
+    meta = adversary_view.view_meta(cfg, system=configurations.GRAD_AUDIT, epsilon=None, workload=source.split(" ")[0])
+
+    def train(seed: int, phase: str):
+        return train_seed(loaded.model, blocks, topo, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
+                          decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}")
+
+    l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
+    proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
+    digest = protocol.lock(proto, ctx.run_dir.path)            # locked before any scored seed trains
+    reference = base_ce(loaded.model, blocks.heldout)
+    scored = [protocol.score_seed(train(s, phase), reference, proto, phase)
+              for phase in ("replicate", "test") for s in g.seeds[phase]]
+    metrics = protocol.summarise(scored, proto, reference)
+    th = proto["thresholds"]
+    seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
+    results = {
+        "experiment": EXPERIMENT, "experiment_name": cfg.experiment_name, "status": "ok",
+        "system": configurations.GRAD_AUDIT, "configuration": configuration, "epsilon": None,
+        "model": loaded.name, "model_source": loaded.source, "workload": source.split(" ")[0],
+        "corpus": {"source": source, "n_stream_tokens": blocks.n_stream_tokens,
+                   "train_blocks": int(blocks.train.shape[0]), "heldout_blocks": int(blocks.heldout.shape[0])},
+        "n_prompts": int(blocks.heldout.shape[0]),
+        "topology": {**proto["topology"], "delegated_layers": g.resume_at - g.cut_after,
+                     "n_layers": int(loaded.model.config.num_hidden_layers)},
+        "mitigation": None if topo.mitigation is None else {"grad_clip": topo.mitigation[0],
+                                                            "noise_multiplier": topo.mitigation[1]},
+        "protocol_sha256": digest,
+        "protocol_l2": l2,
+        "exploration": exploration,
+        "metrics": metrics,
+        # The issue's headline keys, also at the top level.
+        **{k: metrics[k] for k in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate",
+                                   "heldout_ce_increase", "verdict")},
+        "seeds": seeds,
+        "metric_definitions": DEFINITIONS,
+    }
+    results["tradeoff"] = _tradeoff(metrics)
+    return common.finish(cfg, ctx, results, seeds, summary=summary,
+                         provenance_extra={"torch_threads": torch.get_num_threads()})
+
+
+def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:
+    """Leakage: the headline probe's accuracy (%) on the real rows, its floor the constant guess; utility:
+    the held-out perplexity of the unsplit model over the split one's, in % (100·exp(−ΔCE))."""
+    const = m["constant_guess_accuracy_pct"]
+    return common.tradeoff(
+        leakage_metric="probe_accuracy_pct", leakage=const + m["probe_effect_pp"],
+        leakage_ci=(const + m["probe_effect_pp_ci_lo"], const + m["probe_effect_pp_ci_hi"]),
+        attacker=f"frequent-token probe ({m['probe_arm']})", leakage_floor=const,
+        utility_metric="heldout_perplexity_ratio_pct", utility=100 * math.exp(-m["heldout_ce_increase"]),
+        utility_ci=(100 * math.exp(-m["heldout_ce_increase_ci_hi"]), 100 * math.exp(-m["heldout_ce_increase_ci_lo"])),
+        reference="the unsplit model")
+
+
+DEFINITIONS = {
+    "zero_support_agreement": "share of scored rows whose real/decoy label the zero-support attacker gets right "
+                              "(a row is real when its returned gradient has a non-zero entry); paper: 1.000",
+    "zero_support_frames_identified": "frames whose every row it labels right, of frames_scored",
+    "norm_rank_agreement_pct": "the same for the n_real rows of largest gradient norm; its floor "
+                               "partition_chance_agreement_pct; partition_verdict by attacks.controls.classify",
+    "probe_effect_pp": "DerSimonian-Laird pool over the scored seeds of the paired accuracy gain (pp) of the "
+                       "frequent-token probe over the constant most-frequent-token guess, headline arm probe_arm "
+                       "(the arm with the largest pooled effect); _ci_lo/_ci_hi its 95% interval",
+    "probe_upper_bound_pp": "the largest over scored (seed, arm) cells of the Bonferroni-Wilson upper bound of "
+                            "the probe's accuracy minus the constant guess's (pp); gate fails above probe_margin_pp",
+    "gate": "the privacy gate: pass when probe_upper_bound_pp <= gate_margin_pp",
+    "heldout_ce_increase": "mean over held-out blocks and scored seeds of the split pipeline's cross-entropy minus "
+                           "the unsplit model's (nats), t 95% CI; utility_gate passes at <= utility_max_nats",
+    "negative_control_effect_pp": "the probe trained on shuffled labels (largest |effect| over seeds); passes when "
+                                  "every seed's 95% upper bound <= margin",
+    "positive_control_effect_pp": "the probe on features with an injected token code at the locked dose (smallest "
+                                  "over seeds); passes when every seed's 95% lower bound >= positive_margin_pp",
+    "verdict": "worst of probe_verdict and partition_verdict (leak > inconclusive > at_chance)",
+}
+
+
+def summary(results: dict[str, Any]) -> str:
+    m, t = results["metrics"], results["topology"]
+    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']} · cut {t['cut_after']}"
+             f"→{t['resume_at']} ({t['delegated_layers']} delegated) · D={t['latent_dim']} · "
+             f"{len(results['seeds'])} scored seeds",
+             f"  zero-support agreement {m['zero_support_agreement']:.3f} "
+             f"({m['zero_support_frames_identified']}/{m['frames_scored']} frames identified); norm rank "
+             f"{m['norm_rank_agreement_pct']:.1f}% vs chance {m['partition_chance_agreement_pct']:.1f}% "
+             f"→ {m['partition_verdict']}",
+             f"  probe ({m['probe_arm']}) effect {m['probe_effect_pp']:+.2f} pp "
+             f"[{m['probe_effect_pp_ci_lo']:+.2f}, {m['probe_effect_pp_ci_hi']:+.2f}], Bonferroni-Wilson UB "
+             f"{m['probe_upper_bound_pp']:+.2f} pp → gate {m['gate']}; controls: negative "
+             f"{'pass' if m['negative_control_pass'] else 'FAIL'}, positive {'pass' if m['positive_control_pass'] else 'FAIL'}",
+             f"  held-out CE increase {m['heldout_ce_increase']:.3f} nats → utility gate {m['utility_gate']}",
+             f"  verdict: {m['verdict']} (probe {m['probe_verdict']}, partition {m['partition_verdict']})"]
+    return "\n".join(lines)

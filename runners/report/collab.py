@@ -1,0 +1,173 @@
+"""Cloud-edge collaborative decoding (paper 003), from runners/collab.py's runs.
+
+One group per (edge model, cloud model, benchmark, number of examples, fusion mode, tags): its runs differ
+only in defence and parameter, so they share the floor and the controls.
+- a DecodeLeak table (paper Table 1 and Tables A3/A4): utility, Token-ER / ROUGE1-ER / Span-ER / AUC at
+  the headline K with floor and excess, inversion ROUGE-1 recall, verdict;
+- a matched-utility table: each defence's Token-ER@K at the utility closest to CoVeil's best point;
+- two plots: Token-ER against K for every run with the floor (Figure 3), and Token-ER@K against
+  utility per defence (Figures 4-5).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "collab"
+ORDER = ("collab_none", "coveil", "collab_cogenesis", "collab_dp_logit", "collab_dp_fusion")
+METRICS = (("token_er", "Token-ER"), ("rouge1_er", "ROUGE1-ER"), ("span_er", "Span-ER"), ("auc", "AUC"))
+INTRO = ("An edge model holding the private context x_priv and a cloud model holding only the public query "
+         "decode together (p = α·p_L + (1−α)·p_S, greedy); the cloud sees the edge's uploaded probabilities "
+         "(cloud-side fusion) or the synchronised tokens (edge-side). DecodeLeak (runners/collab.py, "
+         "docs/collab.md): % of the private evidence's content tokens / words / spans inside the union of the "
+         "per-step top-K exposure sets, and the cloud's reconstruction of x_priv (ROUGE-1 recall). *floor*: the "
+         "same metric on the cloud's own top-K along a cloud-only generation (no signal at all); *excess*: the "
+         "paired difference, mean [95% interval] over examples. *Informed*: the signal's sets united with the "
+         "cloud's own no-signal guesses, whose excess is what the signal adds. *Verdict* on the informed excess "
+         "Token-ER: leak | "
+         "at_chance | inconclusive (attacks/controls.classify; positive control: the undefended run exceeds "
+         "the floor; negative control: an edge without x_priv does not).")
+
+
+@dataclass
+class CollabGroup:
+    key: tuple
+    runs: list[Run]
+
+    @property
+    def title(self) -> str:
+        edge, cloud, bench, n, fusion, tags = self.key
+        return tagged(f"collab: {edge} edge / {cloud} cloud · {bench} · {n} examples · {fusion}-side fusion", tags)
+
+    @property
+    def slug(self) -> str:
+        return file_slug(f"{self.key[0]}_{self.key[1]}_{self.key[2]}_{self.key[4]}")
+
+    @property
+    def k(self) -> str:
+        return str(self.runs[0].data["controls"]["verdict_k"])
+
+
+def _label(run: Run) -> str:
+    d = run.data
+    eps = num(d.get("epsilon"))
+    return str(d.get("configuration")) + (f" {d.get('parameter_name')}={eps:g}" if eps is not None else "")
+
+
+def _order(run: Run) -> tuple:
+    c = str(run.data.get("configuration"))
+    return (ORDER.index(c) if c in ORDER else len(ORDER), c, num(run.data.get("epsilon")) or 0.0)
+
+
+def groups(runs: Sequence[Run]) -> list[CollabGroup]:
+    by: dict[tuple, list[Run]] = {}
+    for run in finished_runs(runs, EXPERIMENT):
+        d = run.data
+        key = (d.get("model"), d.get("cloud_model"), (d.get("benchmark") or {}).get("name"), d.get("n_prompts"),
+               d.get("fusion"), run.tags)
+        by.setdefault(key, []).append(run)
+    return [CollabGroup(k, sorted(v, key=_order)) for k, v in sorted(by.items(), key=lambda kv: str(kv[0]))]
+
+
+def _cell(d: dict[str, Any], name: str, k: str) -> str:
+    lo, hi = (d.get(f"{name}_ci") or {}).get(k, [None, None]) if isinstance(d.get(f"{name}_ci"), dict) else (None, None)
+    return fmt_ci((d.get(name) or {}).get(k), lo, hi, 1)
+
+
+def table_md(group: CollabGroup) -> list[str]:
+    k = group.k
+    head = ["defence", group.runs[0].data["utility"]["metric"]]
+    for _, label in METRICS:
+        head += [f"{label}@{k}", "floor", "excess"]
+    head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "verdict"]
+    rows = []
+    for run in group.runs:
+        d = run.data
+        u = d["utility"]
+        row = [_label(run), fmt_ci(u["value"], *u["ci"], 1)]
+        for m, _ in METRICS:
+            row += [_cell(d, f"{m}_at_k", k), f"{num(d[f'floor_{m}_at_k'][k]):.1f}", _cell(d, f"excess_{m}_at_k", k)]
+        inv = d.get("inversion_rouge1_recall")
+        row.append("—" if inv is None else f"{inv:.1f} ({d['floor_inversion_rouge1_recall']:.1f})")
+        row.append(_cell(d, "informed_excess_token_er_at_k", k) if "informed_excess_token_er_at_k" in d else "—")
+        row.append(d.get("verdict"))
+        rows.append(row)
+    return [md_table(head, rows)]
+
+
+def matched_md(group: CollabGroup) -> list[str]:
+    """Each defence's Token-ER@K at the utility nearest to CoVeil's highest-utility point."""
+    k = group.k
+    coveil = [r for r in group.runs if r.data["configuration"] == "coveil"]
+    if not coveil:
+        return []
+    target = max(coveil, key=lambda r: (r.data["utility"]["value"], -r.data["token_er_at_k"][k]))
+    u0 = target.data["utility"]["value"]
+    rows = []
+    for name in dict.fromkeys(r.data["configuration"] for r in group.runs):
+        runs = [r for r in group.runs if r.data["configuration"] == name]
+        best = min(runs, key=lambda r: (abs(r.data["utility"]["value"] - u0), r.data["token_er_at_k"][k]))
+        rows.append([_label(best), f"{best.data['utility']['value']:.1f}", _cell(best.data, "token_er_at_k", k),
+                     _cell(best.data, "excess_token_er_at_k", k)])
+    return [f"Matched utility: each defence's point nearest to CoVeil's {group.runs[0].data['utility']['metric']} "
+            f"{u0:.1f} ({_label(target)}):", "", md_table(["defence (point)", "utility", f"Token-ER@{k}", "excess"], rows)]
+
+
+def plot_curves(group: CollabGroup, png: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    floor_done = False
+    for run in group.runs:
+        d = run.data
+        ks = [int(x) for x in d["token_er_at_k"]]
+        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run))
+        if not floor_done:
+            ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
+            floor_done = True
+    ax.set_xscale("log")
+    ax.set_xlabel("K (top-K exposure per step)")
+    ax.set_ylabel("Token-ER@K (%)")
+    save_axes(fig, ax, png, group.title)
+
+
+def plot_tradeoff(group: CollabGroup, png: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    k = group.k
+    for name in dict.fromkeys(r.data["configuration"] for r in group.runs):
+        runs = [r for r in group.runs if r.data["configuration"] == name]
+        ax.plot([r.data["token_er_at_k"][k] for r in runs], [r.data["utility"]["value"] for r in runs],
+                marker="*" if name == "collab_none" else "o", ms=9 if name == "collab_none" else 4, label=name)
+    ax.axvline(group.runs[0].data["floor_token_er_at_k"][k], color="k", ls="--", label="floor")
+    ax.set_xlabel(f"Token-ER@{k} (%)")
+    ax.set_ylabel(group.runs[0].data["utility"]["metric"])
+    save_axes(fig, ax, png, group.title)
+
+
+def markdown(items: Sequence[CollabGroup], figure: Figures) -> list[str]:
+    lines = ["## Cloud-edge collaborative decoding (paper 003)", "", INTRO, ""]
+    for i, g in enumerate(items):
+        lines += [f"### {g.title}", "", *table_md(g), ""]
+        matched = matched_md(g)
+        lines += [*matched, ""] if matched else []
+        lines += figure("collab_curves", i, g, plot_curves, "Token-ER against K")
+        lines += figure("collab_tradeoff", i, g, plot_tradeoff, "privacy-utility")
+    return lines
+
+
+def summary(items: Sequence[CollabGroup]) -> list[str]:
+    out = []
+    for g in items:
+        k = g.k
+        for run in g.runs:
+            d = run.data
+            out.append(f"  collab {d['fusion']}-side {_label(run)}: Token-ER@{k} {d['token_er_at_k'][k]:.1f} "
+                       f"(floor {d['floor_token_er_at_k'][k]:.1f}), {d['utility']['metric']} "
+                       f"{d['utility']['value']:.1f}, {d['verdict']}")
+    return out

@@ -1,0 +1,154 @@
+"""The returned-gradient audit (paper 004), from runners/grad_audit.py's runs.
+
+- `groups(runs)`: one table per (experiment name, model, corpus, tags); its rows are the runs, by
+  configuration (the trainer as audited first, then its mitigation), then delegated layers and D.
+- `audit_md`: per run the topology, the partition (zero-support agreement and frames identified, the
+  norm-rank attacker against its chance agreement), the frequent-token probe (pooled paired effect, the
+  Bonferroni–Wilson gate statistic, the gate, the controls), the utility gate and the verdict.
+- `mitigation_md`: per topology run with both configurations, the mitigation's cost in nats (its held-out
+  CE minus the trainer's, same seeds and held-out blocks) and what it removed.
+- `arms_md`: the probe's pooled effect per arm (forward payload, returned gradient, both).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runners.report.format import ci, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "grad_audit"
+ORDER = ("decoy_trainer", "decoy_mitigated")
+
+INTRO = ("Paper 004 audits a two-node split-LLM trainer whose forward payload goes through a bottleneck, a "
+         "rotation, a row permutation, clipping, noise and decoy rows, and whose loss ignores the decoys, so "
+         "the gradient returned to the cloud is exactly zero on them. *Zero-support agreement*: the share of "
+         "rows whose real/decoy label the rule \"non-zero gradient ⇒ real\" gets right (paper: 1.000, "
+         "4,096/4,096 frames); *norm rank*: the n_real rows of largest gradient norm, against the agreement of "
+         "a random guess. *Probe*: a frequent-token probe on the real rows against the constant most-frequent-"
+         "token guess, the paired effect pooled over the scored seeds (DerSimonian–Laird, 95% interval); "
+         "*gate statistic*: the largest Bonferroni–Wilson upper bound of the probe's accuracy over the "
+         "constant guess's, the privacy gate failing above the locked margin (+1.0 pp). *Utility*: held-out "
+         "cross-entropy of the split pipeline minus the unsplit model's (gate: ≤ 0.35 nats). Verdicts as in "
+         "attacks/controls.py; the run's is the worst of the probe's and the partition's. The protocol "
+         "(protocol.json) was locked before the scored seeds ran.")
+
+
+@dataclass
+class AuditGroup:
+    experiment_name: str
+    model: str
+    workload: str
+    tags: tuple[str, ...]
+    runs: list[Run]
+
+    @property
+    def title(self) -> str:
+        return tagged(f"{self.experiment_name}: {self.model} · {self.workload}", self.tags)
+
+
+def _topology(run: Run) -> dict[str, Any]:
+    return run.data.get("topology") or {}
+
+
+def _key(run: Run) -> tuple:
+    t = _topology(run)
+    conf = str(run.data.get("configuration"))
+    return (t.get("delegated_layers") or 0, t.get("latent_dim") or 0,
+            ORDER.index(conf) if conf in ORDER else len(ORDER), conf)
+
+
+def groups(runs: Sequence[Run]) -> list[AuditGroup]:
+    by_key: dict[tuple, list[Run]] = {}
+    for run in finished_runs(runs, EXPERIMENT):
+        d = run.data
+        key = (str(d.get("experiment_name") or EXPERIMENT), str(d.get("model")), str(d.get("workload")), run.tags)
+        by_key.setdefault(key, []).append(run)
+    return [AuditGroup(*key, runs=sorted(rs, key=_key)) for key, rs in by_key.items()]
+
+
+def _pp(value: Any) -> str:
+    v = num(value)
+    return "—" if v is None else f"{v:+.2f}"
+
+
+def _topo_label(run: Run) -> str:
+    t = _topology(run)
+    return f"{t.get('cut_after')}→{t.get('resume_at')} ({t.get('delegated_layers')}) · D={t.get('latent_dim')}"
+
+
+def audit_md(group: AuditGroup) -> str:
+    rows = []
+    for run in group.runs:
+        m = run.metrics
+        zs = num(m.get("zero_support_agreement"))
+        controls_ = f"{'✓' if m.get('negative_control_pass') else '✗'} / {'✓' if m.get('positive_control_pass') else '✗'}"
+        rows.append([
+            run.data.get("configuration"), _topo_label(run), len(run.data.get("seeds") or []),
+            "—" if zs is None else f"{zs:.3f} ({m.get('zero_support_frames_identified')}/{m.get('frames_scored')})",
+            f"{num(m.get('norm_rank_agreement_pct')) or 0:.1f} vs {num(m.get('partition_chance_agreement_pct')) or 0:.1f}",
+            fmt_ci(*ci(m, "probe_effect_pp")) + f" ({m.get('probe_arm')})", _pp(m.get("probe_upper_bound_pp")),
+            m.get("gate"), controls_, fmt_ci(*ci(m, "heldout_ce_increase"), digits=3), m.get("utility_gate"),
+            f"**{m.get('verdict')}** (probe {m.get('probe_verdict')}, partition {m.get('partition_verdict')})"])
+    return md_table(["configuration", "cut a→b (delegated) · D", "scored seeds", "zero-support agreement (frames)",
+                     "norm rank vs chance %", "probe effect pp [95%] (arm)", "gate statistic pp", "gate",
+                     "controls −/+", "held-out CE increase nats", "utility gate", "verdict"], rows,
+                    align="llrrrrrlcrll")
+
+
+def mitigation_md(group: AuditGroup) -> str | None:
+    by_topo: dict[tuple, dict[str, Run]] = {}
+    for run in group.runs:
+        t = _topology(run)
+        by_topo.setdefault((t.get("cut_after"), t.get("resume_at"), t.get("latent_dim")), {})[
+            str(run.data.get("configuration"))] = run
+    rows = []
+    for pair in by_topo.values():
+        if not set(ORDER) <= set(pair):
+            continue
+        a, b = pair["decoy_trainer"], pair["decoy_mitigated"]
+        cost = (num(b.metrics.get("heldout_ce_split")) or 0) - (num(a.metrics.get("heldout_ce_split")) or 0)
+        mit = b.data.get("mitigation") or {}
+        rows.append([_topo_label(a), f"{mit.get('grad_clip')} / {mit.get('noise_multiplier')}",
+                     f"{a.metrics.get('zero_support_frames_identified')}/{a.metrics.get('frames_scored')} → "
+                     f"{b.metrics.get('zero_support_frames_identified')}/{b.metrics.get('frames_scored')}",
+                     f"{_pp(a.metrics.get('probe_effect_pp'))} → {_pp(b.metrics.get('probe_effect_pp'))}",
+                     f"{cost:+.3f}"])
+    if not rows:
+        return None
+    return md_table(["topology", "gradient clip / noise multiplier", "frames identified", "probe effect pp",
+                     "cost (held-out CE, nats)"], rows)
+
+
+def arms_md(group: AuditGroup) -> str:
+    arms = ("forward", "gradient", "joint")
+    rows = [[run.data.get("configuration"), _topo_label(run),
+             *[fmt_ci(*ci(run.metrics, f"probe_effect_pp_{a}")) for a in arms]] for run in group.runs]
+    return md_table(["configuration", "topology", *[f"{a} effect pp [95%]" for a in arms]], rows)
+
+
+def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
+    md = ["## Returned-gradient audit (paper 004)", "", INTRO, ""]
+    for group in items:
+        md += [f"### {group.title}", "", audit_md(group), ""]
+        mit = mitigation_md(group)
+        if mit:
+            md += ["The mitigation (per-row clip of the returned gradient plus proportional Gaussian noise on "
+                   "every row), against the trainer as audited at the same topology and seeds:", "", mit, ""]
+        md += ["The probe per arm (what the cloud sees: the forward payload, the returned gradient, both):", "",
+               arms_md(group), ""]
+    return md
+
+
+def summary(items: Sequence[AuditGroup]) -> list[str]:
+    lines = []
+    for group in items:
+        lines.append(f"  {group.title}")
+        for run in group.runs:
+            m = run.metrics
+            lines.append(f"    {run.data.get('configuration'):<16} {_topo_label(run):<22} zero-support "
+                         f"{num(m.get('zero_support_agreement')) or 0:.3f}  probe {_pp(m.get('probe_effect_pp'))} pp  "
+                         f"gate {m.get('gate')}  ΔCE {num(m.get('heldout_ce_increase')) or 0:.3f}  {m.get('verdict')}")
+    return lines

@@ -1,0 +1,157 @@
+"""Token sanitisers (paper 001): one table per model × workload × task set, and accuracy against Pr@5 (the
+paper's Fig. 2; its σ sweep, Fig. 3, and odd against even L, Fig. 4, are series of the same plot).
+
+A row is one run: a mechanism at one parameter (η, ε; none for Stencil) with its window L and σ; cells are
+**mean [95% interval]** over prompts (attacks) or examples (accuracy), in %.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "sanitize"
+WINDOWED = ("stencil", "dx_stencil")
+SYMBOL = {"eta": "η", "epsilon": "ε"}
+INTRO = ("Each run sanitises the workload's prompts (text tokens only) and the inputs of each lm-eval task, then "
+         "attacks the sanitised tokens: **Pr@5** (the paper's: the original among the 5 nearest neighbours of the "
+         "substituted token), the mechanism-aware **Bayes** attacker (top-1 / top-5 of its posterior) and, for "
+         "the window mechanisms, the **window** inverter. Accuracy is lm-eval zero-shot on the sanitised inputs "
+         "(unsanitised: the same model and template on the original inputs). The verdict is the worst over the "
+         "attackers (leak > inconclusive > at_chance), each against its own exposure-free reference.")
+
+
+@dataclass
+class SanitizeTable:
+    tags: tuple[str, ...]
+    model: str
+    workload: str
+    tasks: tuple[str, ...]
+    runs: list[Run]
+
+    @property
+    def title(self) -> str:
+        return tagged(f"{self.model} · {self.workload} prompts · tasks {', '.join(self.tasks)}", self.tags)
+
+    @property
+    def slug(self) -> str:
+        return file_slug(f"{self.model}_{self.workload}_{'_'.join(self.tasks)}_{'_'.join(self.tags)}")
+
+
+def groups(runs: Sequence[Run]) -> list[SanitizeTable]:
+    tables: dict[tuple, SanitizeTable] = {}
+    for run in finished_runs(runs, EXPERIMENT):
+        d = run.data
+        key = (run.tags, str(d.get("model")), str(d.get("workload")), tuple(d.get("tasks") or ()))
+        tables.setdefault(key, SanitizeTable(*key, runs=[])).runs.append(run)
+    for t in tables.values():
+        t.runs.sort(key=_order)
+    return [tables[k] for k in sorted(tables)]
+
+
+def _mech(run: Run) -> dict[str, Any]:
+    return run.data.get("mechanism") or {}
+
+
+def _order(run: Run) -> tuple:
+    m = _mech(run)
+    return (str(run.data.get("configuration")), int(m.get("window") or 0), float(m.get("sigma") or 0),
+            num(run.data.get("epsilon")) or 0.0, run.rel)
+
+
+def _parameter(run: Run) -> str:
+    p = run.data.get("privacy_parameter") or {}
+    value = num(p.get("value"))
+    return "—" if value is None else f"{SYMBOL.get(p.get('name'), p.get('name'))}={value:g}"
+
+
+def _cell(m: dict[str, Any], key: str) -> str:
+    if m.get(key) is None:
+        return "—"
+    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits=1)
+
+
+def series_label(run: Run) -> str:
+    """The plot's series: a mechanism, and for the window mechanisms its L (parity) and σ."""
+    name = str(run.data.get("configuration"))
+    if name not in WINDOWED:
+        return name
+    m = _mech(run)
+    window = int(m.get("window") or 0)
+    return f"{name} L={window} ({'even' if window % 2 == 0 else 'odd'}) σ={float(m.get('sigma') or 0):g}"
+
+
+def table_md(table: SanitizeTable) -> str:
+    heads = ["mechanism", "parameter", "L", "σ", *[f"accuracy {t} %" for t in table.tasks], "Pr@5 %", "Bayes top-1 %",
+             "Bayes top-5 %", "window top-1 %", "strongest token F1 %", "unchanged %", "verdict"]
+    rows = []
+    for run in table.runs:
+        m, mech = run.metrics, _mech(run)
+        windowed = run.data.get("configuration") in WINDOWED
+        tradeoff = (run.data.get("tradeoff") or {}).get("leakage") or {}
+        ci = tradeoff.get("ci") or [None, None]
+        rows.append([run.data.get("configuration"), _parameter(run), mech.get("window") if windowed else "—",
+                     mech.get("sigma") if windowed else "—", *[_cell(m, f"accuracy_{t}") for t in table.tasks],
+                     _cell(m, "pr_at_5"), _cell(m, "bayes_top1"), _cell(m, "bayes_top5"), _cell(m, "window_top1"),
+                     f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
+                     _cell(m, "unchanged_rate"), m.get("verdict")])
+    clean = [f"{t}: {_cell(table.runs[0].metrics, f'accuracy_unsanitized_{t}')}" for t in table.tasks]
+    return md_table(heads, rows) + f"\n\nUnsanitised accuracy ({table.runs[0].data.get('model')}): {'; '.join(clean)}."
+
+
+def _plot(task: str):
+    def draw(table: SanitizeTable, path) -> None:
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        series: dict[str, list[Run]] = {}
+        for run in table.runs:
+            series.setdefault(series_label(run), []).append(run)
+        for label, runs in sorted(series.items()):
+            runs = sorted(runs, key=lambda r: num(r.data.get("epsilon")) or 0.0)
+            xs = [num(r.metrics.get("pr_at_5")) for r in runs]
+            ys = [num(r.metrics.get(f"accuracy_{task}")) for r in runs]
+            yerr = [[y - (num(r.metrics.get(f"accuracy_{task}_ci_lo")) or y) for r, y in zip(runs, ys)],
+                    [(num(r.metrics.get(f"accuracy_{task}_ci_hi")) or y) - y for r, y in zip(runs, ys)]]
+            ax.errorbar(xs, ys, yerr=yerr, marker="o", ms=4, capsize=2, lw=1, label=label)
+        clean = num(table.runs[0].metrics.get(f"accuracy_unsanitized_{task}"))
+        if clean is not None:
+            ax.axhline(clean, color="grey", ls="--", lw=1, label="unsanitised")
+        ax.set_xlabel("Pr@5 (% of tokens whose original is among the 5 nearest neighbours)")
+        ax.set_ylabel(f"{task} accuracy (%)")
+        save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)
+    return draw
+
+
+class _TaskView:
+    def __init__(self, table: SanitizeTable, task: str) -> None:
+        self.table, self.task = table, task
+        self.title = f"{task} · {table.title}"
+        self.slug = file_slug(f"{task}_{table.slug}")
+        self.runs = table.runs
+        self.tags = table.tags
+
+
+def markdown(items: Sequence[SanitizeTable], figure: Figures) -> list[str]:
+    md = ["## Token sanitisers (paper 001, Figs. 2–4)", "", INTRO, ""]
+    for i, table in enumerate(items):
+        md += [f"### {table.title}", "", table_md(table), ""]
+        for j, task in enumerate(table.tasks):
+            view = _TaskView(table, task)
+            md += figure("sanitize", i * 10 + j, view, lambda v, path, t=task: _plot(t)(v.table, path),
+                         alt="accuracy against Pr@5")
+    return md
+
+
+def summary(items: Sequence[SanitizeTable]) -> list[str]:
+    out = []
+    for t in items:
+        for run in t.runs:
+            m = run.metrics
+            out.append(f"{t.title}: {series_label(run)} {_parameter(run)}: accuracy {num(m.get('accuracy')) or 0:.1f}, "
+                       f"Pr@5 {num(m.get('pr_at_5')) or 0:.1f}, Bayes top-1 {num(m.get('bayes_top1')) or 0:.1f}, "
+                       f"verdict {m.get('verdict')}")
+    return out

@@ -1,0 +1,166 @@
+"""Split federated fine-tuning (paper 002), from runners/splitft.py's runs.
+
+One group per model, data, cut and federation (runs in one group differ only in defence and strength):
+- utility against leakage per defence and strength: held-out CE / perplexity / top-1 of the final model,
+  H and H_A, the label attack and the EIA inversion with their references and verdicts;
+- H and H_A per round of every run;
+- two plots: leakage (label token F1) against held-out CE, and H against H_A — the paper's claim is that
+  PrivPair moves H_A without moving H, where a perturbation moves both together.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runners.report.format import file_slug, fmt_auto, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "splitft"
+ORDER = ("splitft_central", "splitft_none", "privpair", "smashed_dp_gaussian", "smashed_dp_laplace",
+         "embedding_dx", "nopeek")
+INTRO = ("N clients fine-tune A and C of the model cut A | B | C around the server's frozen B; FedAvg over A "
+         "and C on Flower's simulation runtime (runners/splitft.py, docs/splitft.md). Utility is the final "
+         "model f = C∘B∘A on held-out blocks; leakage is what the server recovers from what crossed, under "
+         "the strong threat model (it knows the clients' weights after every step). Cells are **mean [95% "
+         "interval]** over held-out blocks or attacked examples; *ref* is the attacker's own score with the "
+         "wrong example's exposure, the verdict's reference.")
+
+
+@dataclass
+class SplitFtGroup:
+    key: tuple
+    runs: list[Run]
+
+    @property
+    def title(self) -> str:
+        model, workload, split, tags = self.key
+        k, m, n, lora = split
+        return tagged(f"splitft: {model} · {workload} · k={k} m={m} · {n} clients{' · LoRA' if lora else ''}", tags)
+
+    @property
+    def slug(self) -> str:
+        return file_slug(f"{self.key[0]}_{self.key[1]}_k{self.key[2][0]}_m{self.key[2][1]}")
+
+
+def _label(run: Run) -> str:
+    d = run.data
+    eps = num(d.get("epsilon"))
+    return str(d.get("configuration")) + (f" {d.get('parameter_name')}={eps:g}" if eps is not None else "")
+
+
+def _order(run: Run) -> tuple:
+    c = str(run.data.get("configuration"))
+    return (ORDER.index(c) if c in ORDER else len(ORDER), c, num(run.data.get("epsilon")) or 0.0)
+
+
+def groups(runs: Sequence[Run]) -> list[SplitFtGroup]:
+    by: dict[tuple, list[Run]] = {}
+    for run in finished_runs(runs, EXPERIMENT):
+        d = run.data
+        s = d.get("split") or {}
+        key = (d.get("model"), d.get("workload"), (s.get("k"), s.get("m"), s.get("n_clients"), bool(s.get("lora"))),
+               run.tags)
+        by.setdefault(key, []).append(run)
+    return [SplitFtGroup(k, sorted(v, key=_order)) for k, v in sorted(by.items(), key=lambda kv: str(kv[0]))]
+
+
+def _g(value: Any) -> str:
+    """H and H_A span many decades (0 without a defence, 1e-4 to 1e3 with one): three significant digits."""
+    v = num(value)
+    return "—" if v is None else f"{v:.3g}"
+
+
+def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
+    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits)
+
+
+def utility_leakage_md(group: SplitFtGroup) -> str:
+    headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 %",
+               "label token F1 % (ref)", "EIA token F1 % (ref)", "verdict"]
+    rows = []
+    for run in group.runs:
+        m = run.data.get("metrics") or {}
+        label = f"{_ci(m, 'label_token_f1')} ({fmt_auto(m.get('label_reference_token_f1'))})" \
+            if m.get("label_token_f1") is not None else "—"
+        eia = f"{_ci(m, 'eia_token_f1')} ({fmt_auto(m.get('eia_reference_token_f1'))})" \
+            if m.get("eia_token_f1") is not None else "—"
+        rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
+                     _g(m.get("H")), _g(m.get("H_A")),
+                     _ci(m, "label_top1") if m.get("label_top1") is not None else "—", label, eia,
+                     m.get("verdict") or "— (no server)"])
+    return md_table(headers, rows)
+
+
+def rounds_md(group: SplitFtGroup) -> str:
+    n = max((len(r.data.get("rounds") or []) for r in group.runs), default=0)
+    headers = ["defence", *[f"round {i} H / H_A / CE" for i in range(1, n + 1)]]
+    rows = []
+    for run in group.runs:
+        cells = [f"{_g(r.get('H'))} / {_g(r.get('H_A'))} / {_g(r.get('heldout_ce'))}"
+                 for r in run.data.get("rounds") or []]
+        rows.append([_label(run), *cells, *[""] * (n - len(cells))])
+    return md_table(headers, rows)
+
+
+def plot_tradeoff(group: SplitFtGroup, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    by: dict[str, list[tuple[float, float]]] = {}
+    for run in group.runs:
+        m = run.data.get("metrics") or {}
+        if m.get("label_token_f1") is None or m.get("heldout_ce") is None:
+            if m.get("heldout_ce") is not None:
+                ax.axvline(float(m["heldout_ce"]), color="gray", linestyle="--", label=_label(run))
+            continue
+        by.setdefault(str(run.data.get("configuration")), []).append((float(m["heldout_ce"]),
+                                                                      float(m["label_token_f1"])))
+    for i, (conf, pts) in enumerate(by.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=conf)
+    ax.set_xlabel("held-out cross-entropy of the final model (nats; lower = better)")
+    ax.set_ylabel("label inference token F1 (%)")
+    save_axes(fig, ax, path, group.title)
+
+
+def plot_h(group: SplitFtGroup, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    by: dict[str, list[tuple[float, float]]] = {}
+    for run in group.runs:
+        m = run.data.get("metrics") or {}
+        if (m.get("H_A") or 0) > 0 and (m.get("H") or 0) > 0:
+            by.setdefault(str(run.data.get("configuration")), []).append((float(m["H_A"]), float(m["H"])))
+    for i, (conf, pts) in enumerate(by.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=conf)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("H_A = E‖s'_A − s_A‖² (what crossed at cut k)")
+    ax.set_ylabel("H = E‖ŝ_B − s_B‖² (what C received)")
+    save_axes(fig, ax, path, group.title)
+
+
+def markdown(items: Sequence[SplitFtGroup], figure: Figures) -> list[str]:
+    md = ["## Split federated fine-tuning (paper 002)", "", INTRO, ""]
+    for i, group in enumerate(items, 1):
+        md += [f"### {group.title}", "", utility_leakage_md(group), "", "H, H_A and held-out CE per round:", "",
+               rounds_md(group), "",
+               *figure("splitft_tradeoff", i, group, plot_tradeoff, "label leakage against held-out CE")]
+        if any((r.data.get("metrics") or {}).get("H_A") for r in group.runs):
+            md += figure("splitft_h", i, group, plot_h, "H against H_A")
+    return md
+
+
+def summary(items: Sequence[SplitFtGroup]) -> list[str]:
+    lines = []
+    for group in items:
+        lines.append(f"  {group.title}")
+        for run in group.runs:
+            m = run.data.get("metrics") or {}
+            lines.append(f"    {_label(run):<28} CE {fmt_auto(m.get('heldout_ce')):>8}  label F1 "
+                         f"{fmt_auto(m.get('label_token_f1')):>7}  EIA F1 {fmt_auto(m.get('eia_token_f1')):>7}  "
+                         f"{m.get('verdict') or '-'}")
+    return lines

@@ -1,0 +1,195 @@
+"""Restore runner (paper §7.4.4, Table 7): do broken reconstructions hold more than their raw scores say?
+
+One run restores the reconstructions of one finished attack run (`restore.source`) with the instruct model
+`model` (harness/restoration.py) and scores the restored texts against the prompts with the attack's own
+metrics (attacks/controls.py `score`), beside the raw reconstructions:
+
+- per attacker (`restore.attackers`: the learned inverter, the Bayes attacker): token P/R/F1, exact match,
+  BLEU, ROUGE-L and semantic similarity, raw and restored, each with its 95% interval, and the paired
+  change in token F1 over prompts;
+- the restored text's own no-signal floor: the token F1 of restorations made for the *other* prompts
+  (attacks/controls.exposure_free_f1), since a fluent restorer writes generic words that match any prompt
+  a little; the restored verdict is classified against that floor with the source's controls;
+- `verdict`: the worst of the source attack's verdict and the restored ones.
+
+The run records the source's configuration and ε (a restored reconstruction is another attacker of the
+same configuration) and its half of the privacy–utility point.
+
+    splitbench experiment=restore restore.source=outputs/attack/smollm2-135m/t3/eps=na/<overrides>
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import schema
+from harness.errors import UserError
+from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
+from runners import common
+
+# Which samples.jsonl field holds each attacker's reconstruction (attacks/suite.py `samples`).
+RECONSTRUCTION_FIELDS = {"learned": "output_ids", "bayes": "bayes_output_ids"}
+HEADLINE = ("token_precision", "token_recall", "token_f1", "exact_match", "bleu", "rouge_l", "semantic_similarity")
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """The restoration model and section, and the source run's own config hash (a source recomputed with
+    different settings makes its restoration stale); nothing of the configuration or generation groups,
+    which the source fixed."""
+    source = Path(str(cfg.restore.source)) if cfg.restore.source else None
+    source_hash = None
+    if source is not None and (source / RESULTS).is_file():
+        try:
+            source_hash = read_json(source / RESULTS).get("config_hash")
+        except (OSError, ValueError):
+            source_hash = None
+    return schema.semantic_config(cfg, drop=("baseline", "configuration", "epsilon", "workload", "generation",
+                                             "epn_n", "mask_seeds", "engine"),
+                                  source_config_hash=source_hash)
+
+
+def describe_skip(cfg: DictConfig) -> str | None:
+    return None
+
+
+def read_source(path: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The finished attack run's results and samples, or one line saying why they cannot be restored."""
+    if path is None:
+        raise UserError("restore.source is required: a finished attack run directory "
+                        """('restore.source="PATH"', quoted when PATH contains '=')""")
+    if not (path / RESULTS).is_file():
+        raise UserError(f"restore.source={path}: no {RESULTS} there (give a finished attack run's directory)")
+    try:
+        results = read_json(path / RESULTS)
+        samples = read_jsonl(path / SAMPLES)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"restore.source={path}: cannot read the run ({type(exc).__name__}: {exc})") from None
+    if results.get("experiment") != "attack":
+        raise UserError(f"restore.source={path} is a {results.get('experiment')!r} run, not an attack run")
+    if results.get("status") != "ok" or not (path / DONE).is_file():
+        raise UserError(f"restore.source={path} did not finish (status {results.get('status')!r}, no {DONE})")
+    if len(samples) < 2:
+        raise UserError(f"restore.source={path} has {len(samples)} samples; restoring needs at least 2 prompts")
+    return results, samples
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    from attacks import controls
+    from harness.models import load_model
+    from harness.restoration import restore_texts
+    from metrics.intervals import mean_ci
+
+    source = Path(str(cfg.restore.source)) if cfg.restore.source else None
+    src, src_samples = read_source(source)
+    victim_cfg = ((src.get("provenance") or {}).get("config") or {}).get("model")
+    if victim_cfg is None:
+        raise UserError(f"restore.source={source}: its results.json records no model config (provenance.config.model)")
+    restorer = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    victim = restorer if victim_cfg.get("name") == restorer.name else load_model(victim_cfg, cache_dir=cfg.paths.cache_dir)
+    tok = victim.tokenizer
+
+    def decode(ids: Any) -> str:
+        return tok.decode(list(ids), skip_special_tokens=True)
+
+    prompts = [list(s["prompt_ids"]) for s in src_samples]
+    semantic_model = common.load_semantic(cfg)
+    margin = float(((src.get("provenance") or {}).get("config") or {}).get("attack", {}).get("controls", {})
+                   .get("gate_margin_pp", cfg.attack.controls.gate_margin_pp))
+    src_m = src.get("metrics") or {}
+    per_attacker: dict[str, Any] = {}
+    restored_text: dict[str, list[str]] = {}
+    notes = []
+    for attacker in cfg.restore.attackers:
+        field = RECONSTRUCTION_FIELDS[attacker]
+        if any(field not in s for s in src_samples):
+            notes.append(f"the source run has no {attacker} reconstructions ({field}): not restored")
+            continue
+        raw_ids = [list(s[field]) for s in src_samples]
+        restored = restore_texts(restorer, [decode(r) for r in raw_ids], cfg.restore.instruction,
+                                 max_new_tokens=cfg.restore.max_new_tokens, batch_size=cfg.restore.batch_size,
+                                 desc=f"restore {attacker}")
+        restored_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in restored]
+        raw = controls.score(prompts, raw_ids, decode, semantic_model)
+        rest = controls.score(prompts, restored_ids, decode, semantic_model)
+        delta = mean_ci([b["token_f1"] - a["token_f1"] for a, b in zip(raw.rows, rest.rows)])
+        floor = controls.exposure_free_f1(prompts, restored_ids)
+        positive = bool(src_m.get("positive_control_pass", src_m.get("attack_valid"))) if attacker == "learned" \
+            else bool(src_m.get("bayes_positive_control_pass", True))
+        negative = bool(src_m.get("negative_control_pass", src_m.get("attack_valid"))) if attacker == "learned" else True
+        f1 = rest.f1
+        per_attacker[attacker] = {
+            "raw": {k: v for k, v in raw.metrics.items() if not k.startswith("bleu_signature")},
+            "restored": {k: v for k, v in rest.metrics.items() if not k.startswith("bleu_signature")},
+            "delta_token_f1": delta.mean, "delta_token_f1_ci_lo": delta.lo, "delta_token_f1_ci_hi": delta.hi,
+            "restored_floor_token_f1": floor,
+            "restored_verdict": controls.classify(f1.lo, f1.hi, floor, margin, positive_passed=positive,
+                                                  negative_passed=negative),
+            "rows": [{"raw": a, "restored": b} for a, b in zip(raw.rows, rest.rows)],
+        }
+        restored_text[attacker] = restored
+    if not per_attacker:
+        raise UserError(f"restore.source={source}: none of restore.attackers={list(cfg.restore.attackers)} "
+                        "has reconstructions in that run")
+    source_verdict = src_m.get("verdict")
+    verdict = controls.worst([source_verdict, *[a["restored_verdict"] for a in per_attacker.values()]])
+    metrics = {f"{a}_{stage}_{k}": v[stage].get(k) for a, v in per_attacker.items()
+               for stage in ("raw", "restored") for k in HEADLINE}
+    metrics.update({f"{a}_{k}": v[k] for a, v in per_attacker.items()
+                    for k in ("delta_token_f1", "delta_token_f1_ci_lo", "delta_token_f1_ci_hi",
+                              "restored_floor_token_f1", "restored_verdict")})
+    metrics.update({"source_verdict": source_verdict, "verdict": verdict})
+    samples = [{"id": s.get("id"), "prompt": s.get("prompt"),
+                **{f"{a}_raw_text": decode(s[RECONSTRUCTION_FIELDS[a]]) for a in per_attacker},
+                **{f"{a}_restored_text": restored_text[a][i] for a in per_attacker},
+                **{f"{a}_{stage}_token_f1": per_attacker[a]["rows"][i][stage]["token_f1"]
+                   for a in per_attacker for stage in ("raw", "restored")}}
+               for i, s in enumerate(src_samples)]
+    for a in per_attacker.values():
+        del a["rows"]
+    results = {
+        "experiment": "restore",
+        "experiment_name": cfg.experiment_name,
+        "status": "ok",
+        "model": src.get("model"),                  # the victim: the point belongs to its configuration
+        "restoration_model": restorer.name,
+        "restoration_model_source": restorer.source,
+        "workload": src.get("workload"),
+        "n_prompts": len(src_samples),
+        "configuration": src.get("configuration"),
+        "epsilon": src.get("epsilon"),
+        "attack": {k: (src.get("attack") or {}).get(k) for k in ("setting", "component", "layer")},
+        "source": {"run_dir": str(source), "config_hash": src.get("config_hash"),
+                   "commit": ((src.get("provenance") or {}).get("code") or {}).get("commit")},
+        "restore": OmegaConf.to_container(cfg.restore, resolve=True),
+        "attackers": per_attacker,
+        "metrics": metrics,
+        "notes": notes,
+    }
+    best = max(per_attacker, key=lambda a: per_attacker[a]["restored"]["token_f1"])
+    r = per_attacker[best]["restored"]
+    results["tradeoff"] = common.tradeoff(
+        leakage_metric="token_f1", leakage=r["token_f1"], leakage_ci=(r.get("token_f1_ci_lo"), r.get("token_f1_ci_hi")),
+        attacker=f"{best} reconstruction restored by {restorer.name}",
+        leakage_floor=per_attacker[best]["restored_floor_token_f1"])
+    return common.finish(cfg, ctx, results, samples, summary=summary)
+
+
+def summary(results: dict[str, Any]) -> str:
+    a = results["attack"]
+    eps = results["epsilon"]
+    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
+             f"{'' if eps is None else f' (ε={eps:g})'} · {a.get('setting')} · {a.get('component')} layer "
+             f"{a.get('layer')} · restored by {results['restoration_model']} · {results['n_prompts']} prompts",
+             f"  {'attacker / metric':<32}{'raw':>8}{'restored':>10}"]
+    for name, v in results["attackers"].items():
+        for k in HEADLINE:
+            if v["raw"].get(k) is not None:
+                lines.append(f"  {name + ' ' + k:<32}{v['raw'][k]:>8.2f}{v['restored'][k]:>10.2f}")
+        lines.append(f"  {name} token F1 change {v['delta_token_f1']:+.2f} [{v['delta_token_f1_ci_lo']:+.2f}, "
+                     f"{v['delta_token_f1_ci_hi']:+.2f}]; restored floor {v['restored_floor_token_f1']:.2f}; "
+                     f"restored verdict {v['restored_verdict']}")
+    lines.append(f"  verdict: {results['metrics']['verdict']} (source {results['metrics']['source_verdict']})")
+    lines += [f"  note: {n}" for n in results.get("notes", [])]
+    return "\n".join(lines)

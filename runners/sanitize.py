@@ -1,0 +1,177 @@
+"""Token-sanitiser runner (paper 001): how much a sanitiser hides of a prompt, and what it costs in accuracy.
+
+One run = one sanitiser configuration (stencil | dx_noise | dx_stencil | custext_plus) at one value of its
+privacy parameter (`epsilon`: η for the dχ mechanisms, ε for CusText+; Stencil has none) with the
+`sanitize` section's window L, σ, distance and table:
+
+1. privacy: the workload's prompts are sanitised on the client side (only their text tokens), the
+   sanitised sequences are the adversary view (channel `sanitized_tokens`, view.pt), and the attackers of
+   attacks/sanitize/ read it: the paper's Pr@5 (neighbours), the mechanism-aware Bayes attacker, and for
+   the window mechanisms the window inverter; with controls and the verdict (the worst over them);
+2. utility: lm-eval zero-shot accuracy on each task of `sanitize.tasks` with its inputs sanitised, beside
+   the same model on the unsanitised inputs.
+
+    splitbench experiment=sanitize_smoke                       # one tiny-model run (dx_stencil)
+    splitbench -m experiment=sanitize_smoke                    # every mechanism (the file's sweep)
+    splitbench -m experiment=sanitize configuration=dx_stencil epsilon=50,100,200 sanitize.window=4,5
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness import configurations, schema
+from harness.errors import UserError
+from harness.sanitize.config import point_label
+from harness.results import RunContext
+from runners import common
+
+describe_skip = common.epsilon_ignored_note
+_TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1")
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
+    return schema.semantic_config(cfg, drop=("baseline", "engine", "generation", "epn_n", "mask_seeds",
+                                             "semantic_model"),
+                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import time
+
+    import torch
+
+    from attacks.sanitize import suite
+    from harness.adversary_view import view_meta
+    from harness.sanitize import prompts, sanitizer, tasks
+    from metrics.intervals import mean_ci
+
+    section = cfg.sanitize
+    if section.threads is not None:
+        torch.set_num_threads(int(section.threads))
+    configuration = cfg.configuration.name
+    epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
+    clock = {"start": time.perf_counter()}
+    inputs = common.load_inputs(cfg)
+    if len(inputs.prompts) < 2:
+        raise UserError("the sanitiser attacks need at least 2 prompts (their controls compare prompts)")
+    model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
+    sanitize = sanitizer.build(section, configuration, epsilon, model, tokenizer)
+    docs = {name: tasks.load_docs(name, section.task_paths[name], section.task_limit, cfg.seed) for name in section.tasks}
+
+    clock["load"] = time.perf_counter()
+    sanitized = prompts.sanitize_prompts(sanitize, inputs.workload.prompts, tokenizer, cfg.seed)
+    view = prompts.adversary_view(sanitized, view_meta(cfg, system=configurations.SANITIZE,
+                                                       model=inputs.loaded.name, workload=inputs.workload.name))
+    clock["sanitize"] = time.perf_counter()
+    attacks = suite.attack(view, sanitized.original_text_ids, sanitize, section.attack, cfg.seed, tokenizer)
+
+    clock["attacks"] = time.perf_counter()
+    noisy_docs = {name: tasks.sanitize_docs(d, name, sanitize, tokenizer, cfg.seed) for name, d in docs.items()}
+    acc = tasks.accuracy(model, tokenizer, noisy_docs, int(section.eval_batch_size))
+    clean = _unsanitized_accuracy(cfg, inputs, docs)
+    clock["accuracy"] = time.perf_counter()
+    metrics = dict(attacks.metrics)
+    for name in docs:
+        metrics.update(mean_ci(acc[name], bounds=(0, 100)).flat(f"accuracy_{name}"))
+        metrics.update(mean_ci(clean[name], bounds=(0, 100)).flat(f"accuracy_unsanitized_{name}"))
+    pooled = mean_ci([a for name in docs for a in acc[name]], bounds=(0, 100))
+    metrics.update(pooled.flat("accuracy"))
+    metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))
+    best = attacks.strongest
+    entry = configurations.get(configuration)
+    results = {
+        **common.results_header(cfg, "sanitize", inputs, generation=False),
+        "system": configurations.SANITIZE,
+        "configuration": configuration,
+        "epsilon": epsilon,
+        "privacy_parameter": {"name": entry.parameter_name, "value": epsilon},
+        "mechanism": asdict(sanitize.settings),
+        "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
+                     "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},
+        "tasks": {name: {"n_examples": len(d)} for name, d in docs.items()},
+        "metrics": metrics,
+        "metric_definitions": _definitions(int(section.attack.top_k)),
+        "tradeoff": common.tradeoff(
+            leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
+            leakage_floor=best.reference, utility_metric="accuracy", utility=pooled.mean,
+            utility_ci=(pooled.lo, pooled.hi),
+            reference=f"lm-eval gold labels; unsanitized {metrics['accuracy_unsanitized']:.1f}",
+            point=point_label(cfg.sanitize, cfg.configuration.name)),
+        "timings": {k: round(clock[k] - clock[p], 3) for p, k in zip(list(clock), list(clock)[1:])},
+        "notes": [],
+    }
+    texts = sanitized.text_ids()
+    samples = [{"id": p.id, "prompt": p.text, "sanitized_text": tokenizer.decode(texts[i]),
+                "text_span": list(sanitized.spans[i]), "original_text_ids": sanitized.original_text_ids[i],
+                "output_ids": sanitized.input_ids[i],
+                "unchanged_rate": 100.0 * sum(a == b for a, b in zip(sanitized.original_text_ids[i], texts[i]))
+                / max(1, len(texts[i])),
+                **{f"{s.name}_{key}": value for s in attacks.scores for key, value in s.rows[i].items()},
+                **{f"{name}_guess_ids": g[i] for name, g in attacks.guesses.items()}}
+               for i, p in enumerate(inputs.workload.prompts)]
+    return common.finish(cfg, ctx, results, samples, summary=summary,
+                         before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
+                         provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS)
+
+
+def _unsanitized_accuracy(cfg: DictConfig, inputs: common.Inputs, docs: dict[str, list]) -> dict[str, list[float]]:
+    """The unsanitised reference accuracy, the same for every sanitiser run of a model and task set: cached
+    under paths.cache_dir, keyed by the model, the examples themselves, lm-eval's version and the code."""
+    from importlib.metadata import version
+
+    from harness import provenance
+    from harness.results import GenerationCache, cache_key
+    from harness.sanitize import tasks
+
+    loaded = inputs.loaded
+    key = cache_key({"kind": "sanitize_unsanitized_accuracy", "model": {"name": loaded.name, "source": loaded.source},
+                     "docs": docs, "lm_eval": version("lm_eval"), "batch_size": int(cfg.sanitize.eval_batch_size),
+                     "code": provenance.source_digest()})
+    cache = GenerationCache(cfg.paths.cache_dir)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit["accuracy"]
+    acc = tasks.accuracy(loaded.model, loaded.tokenizer, docs, int(cfg.sanitize.eval_batch_size))
+    cache.put(key, {"accuracy": acc})
+    return acc
+
+
+def _definitions(k: int) -> dict[str, str]:
+    return {
+        f"pr_at_{k}": f"the paper's Pr@{k}: % of text positions whose original token is among the {k} nearest "
+                      "neighbours of the sanitised token's embedding (itself first), macro over prompts, t 95% CI",
+        "<attacker>_top1/_top{k}": "% of text positions whose original token is the attacker's first guess / among "
+                                   "its first k (attackers: neighbours, bayes, window, learned), macro over prompts",
+        "<attacker>_token_f1": "multiset token F1 of the attacker's first guesses against the prompt's text tokens",
+        "<attacker>_token_f1_chance": "the same F1 of each prompt's guesses against the other prompts "
+                                      "(attacks.controls.exposure_free_f1): the verdict's reference",
+        "<attacker>_negative_control_token_f1": "the attacker on a deranged view (prompt i scored on the "
+                                                "sanitised tokens of prompt i+1); _pass: lower bound <= reference + m",
+        "positive_control_token_f1": "the neighbours attacker on the unsanitised text; _pass: lower bound >= its "
+                                     "reference + positive_margin_pp",
+        "<attacker>_verdict": "attacks.controls.classify on <attacker>_token_f1 against its reference",
+        "verdict": "the worst of the attackers' verdicts (leak > inconclusive > at_chance)",
+        "unchanged_rate": "% of text positions the sanitiser left unchanged",
+        "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, t 95% CI",
+        "accuracy": "acc pooled over the examples of every task",
+        "accuracy_unsanitized[_<task>]": "the same model and template on the unsanitised inputs",
+    }
+
+
+def summary(results: dict[str, Any]) -> str:
+    m = results["metrics"]
+    eps = results["epsilon"]
+    p = results["privacy_parameter"]["name"]
+    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
+            f"{'' if eps is None else f' ({p}={eps:g})'} · {results['n_prompts']} prompts · "
+            f"tasks {', '.join(results['tasks'])}")
+    names = ["accuracy", "accuracy_unsanitized", "pr_at_5", "bayes_top1", "bayes_top5", "neighbours_token_f1",
+             "bayes_token_f1", "window_top1", "window_token_f1", "learned_top1", "learned_token_f1", "unchanged_rate"]
+    lines = [head, *common.metric_lines(m, names, width=24)]
+    verdicts = ", ".join(f"{k[:-8]} {v}" for k, v in m.items() if k.endswith("_verdict"))
+    lines.append(f"  verdict: {m['verdict']} ({verdicts})")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""Split federated fine-tuning runner (paper 002): N clients fine-tune A and C of a causal LM split
+A | B | C around a frozen server-side B, FedAvg rounds on Flower's simulation runtime, under one defence
+(the configuration) at one strength (`epsilon`); then the server's attacks on what it saw.
+
+results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_ppl, heldout_top1 with
+95% intervals over blocks, and the pretrained model's initial_heldout_ce), H and H_A of the last round
+(every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
+inversion (eia_token_f1, eia_top1), each with its reference, positive control and verdict, and the run's
+`verdict` (the worst of the two). splitft_central is the centralised reference: utility only.
+
+    splitbench experiment=splitft_smoke
+    splitbench -m experiment=splitft configuration=privpair epsilon=0.1,1,10
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import configurations, schema
+from harness.results import RunContext
+from runners import common
+
+describe_skip = common.epsilon_ignored_note
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it)."""
+    return schema.semantic_config(cfg, drop=("baseline", "engine", "generation", "workload", "epn_n",
+                                             "mask_seeds", "semantic_model"),
+                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    from attacks.splitft.suite import run_attacks
+    from harness.models import load_model
+    from harness.splitft import experiment
+    from harness.splitft.client import Recipe
+    from harness.splitft.data import load_split_data
+    from harness.splitft.evaluate import summarise
+    from harness.splitft.partition import Partition
+
+    s = cfg.splitft
+    configuration = cfg.configuration.name
+    epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    loaded = load_model(model_cfg, cache_dir=cfg.paths.cache_dir)
+    Partition(loaded.model, int(s.k), int(s.m))   # m <= L: a one-line error before any data is read
+    data = load_split_data(s.data, loaded.tokenizer, int(s.n_clients), int(cfg.seed))
+    section = OmegaConf.to_container(s, resolve=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="splitft-truth-") as truth_dir:
+        recipe = Recipe(model_cfg, cfg.paths.cache_dir, configuration, epsilon, section, int(cfg.seed),
+                        data.clients, data.align, data.heldout, truth_dir)
+        training = experiment.train(recipe)
+        trained = time.perf_counter()
+        metrics = {**summarise(training.final_scores),
+                   "initial_heldout_ce": training.initial["heldout_ce"],
+                   "initial_heldout_top1": training.initial["heldout_top1"]}
+        last = training.rounds[-1]
+        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
+        view, rows = None, []
+        if configuration != experiment.CENTRAL:
+            view = experiment.build_view(cfg, training, section)
+            attack, rows = run_attacks(view, experiment.load_truth(truth_dir), model_cfg, cfg.paths.cache_dir,
+                                       s.attack)
+            metrics.update(attack)
+    timings = {"train_seconds": trained - started, "attack_seconds": time.perf_counter() - trained}
+    results = {
+        "experiment": "splitft",
+        "experiment_name": cfg.experiment_name,
+        "status": "ok",
+        "system": configurations.SPLITFT,
+        "model": loaded.name,
+        "model_source": loaded.source,
+        "workload": f"splitft:{s.data.source}",
+        "workload_info": data.record(),
+        "n_prompts": len(data.heldout),
+        "configuration": configuration,
+        "epsilon": epsilon,
+        "parameter_name": configurations.get(configuration).parameter_name,
+        "metrics": metrics,
+        "rounds": training.rounds,
+        "initial": training.initial,
+        "runtime": training.runtime,
+        "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
+                  "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled)},
+        "view_channels": list(view.channels()) if view is not None else [],
+        "timings": timings,
+        "metric_definitions": DEFINITIONS,
+    }
+    results["tradeoff"] = _tradeoff(metrics, configuration)
+    samples = [_sample(row, loaded.tokenizer) for row in rows]
+    return common.finish(cfg, ctx, results, samples, summary=summary,
+                         before_done=_view_writer(cfg, view, ctx))
+
+
+def _sample(row: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    return {"id": f"{row['attacker']}:{row['step']}:{row['row']}", **row, "output_ids": row["guess_ids"],
+            "output_text": tokenizer.decode(row["guess_ids"]), "truth_text": tokenizer.decode(row["truth_ids"])}
+
+
+def _view_writer(cfg: DictConfig, view: Any, ctx: RunContext):
+    if view is None or not cfg.splitft.save_view:
+        return None
+    return lambda: view.save(ctx.run_dir.path / "view.pt")
+
+
+def _tradeoff(m: dict[str, Any], configuration: str) -> dict[str, Any]:
+    """Leakage: the strongest attacker's token F1 (its reference as the floor); utility: held-out top-1."""
+    utility = dict(utility_metric="heldout_top1", utility=m["heldout_top1"],
+                   utility_ci=(m["heldout_top1_ci_lo"], m["heldout_top1_ci_hi"]), reference="held-out next tokens")
+    a = m.get("strongest_attacker")
+    if a is None:
+        return common.tradeoff(**utility)
+    key = "label" if a == "label" else "eia"
+    return common.tradeoff(leakage_metric=f"{key}_token_f1", leakage=m[f"{key}_token_f1"],
+                           leakage_ci=(m[f"{key}_token_f1_ci_lo"], m[f"{key}_token_f1_ci_hi"]),
+                           attacker=f"splitft_{key}", leakage_floor=m[f"{key}_reference_token_f1"], **utility)
+
+
+DEFINITIONS = {
+    "heldout_ce": "mean over held-out blocks of the mean next-token cross-entropy (nats) of the final model "
+                  "f = C∘B∘A (no adapters), t 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
+    "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
+    "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
+         "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",
+    "H_A": "E‖s'_A − s_A‖² likewise: what crossed at cut k against the undefended s_A; _rel: divided by "
+           "E‖s_B‖² (E‖s_A‖²)",
+    "label_top1": "% of label positions (next tokens) of the recorded examples where argmax C(s'_B), with the "
+                  "client's C of that step (known to the server: its weights after the previous step), is the label",
+    "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples",
+    "eia_token_f1": "multiset token F1 of the EIA inversion of s'_A (nearest vocabulary embeddings) against "
+                    "the input tokens, macro over examples",
+    "*_reference_token_f1": "the attacker's guesses for example j scored against example i != j (what it "
+                            "scores without the right exposure); the verdict's reference",
+    "*_positive_control_token_f1": "the same attacker on the undefended s_A / s_B of the same steps; _pass: "
+                                   "lower CI bound >= its reference + positive_margin_pp",
+    "*_verdict": "leak | at_chance | inconclusive by attacks/controls.classify against the reference",
+    "verdict": "the worst of label_verdict and eia_verdict",
+}
+
+
+def summary(results: dict[str, Any]) -> str:
+    m = results["metrics"]
+    eps = results["epsilon"]
+    name = results["parameter_name"]
+    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
+            f"{'' if eps is None else f' ({name}={eps:g})'} · {results['split']['n_clients']} clients · "
+            f"k={results['split']['k']} m={results['split']['m']}")
+    lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1",
+                                            "label_token_f1", "eia_token_f1", "eia_top1"), width=20)]
+    lines.append(f"  H = {m['H']:.4g}, H_A = {m['H_A']:.4g} (last round); initial held-out CE "
+                 f"{m['initial_heldout_ce']:.3f}")
+    if m.get("verdict"):
+        lines.append(f"  verdict: {m['verdict']} (label {m['label_verdict']}, eia {m['eia_verdict']})")
+    return "\n".join(lines)

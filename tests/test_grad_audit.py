@@ -1,0 +1,307 @@
+"""The returned-gradient audit (paper 004): transforms, the trainer's returned gradient, the partition and
+probe attacks with their controls, the pooling, the locked protocol and the CLI (smoke, bad input)."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attacks import grad_audit_partition as partition
+from attacks import grad_audit_probe as probe
+from harness import configurations, schema
+from harness.adversary_view import AdversaryView
+from harness.errors import UserError
+from harness.grad_audit.trainer import (
+    RETURNED_GRADIENT,
+    DecoyTrainer,
+    FrameTruth,
+    TopologySettings,
+)
+from harness.grad_audit.transforms import (
+    assemble_frame,
+    clip_positions,
+    mitigate,
+    random_rotation,
+)
+from harness.models import load_model
+from metrics.proportions import wilson
+from metrics.random_effects import dersimonian_laird
+from runners.registry import runner_systems
+
+from .conftest import CONF, compose_config, run_cli
+
+# --- transforms -------------------------------------------------------------------------------------
+
+def test_clip_positions_caps_every_vector_and_keeps_short_ones():
+    x = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0)) * 4
+    x[0, 0] = 0.01                                   # already short: unchanged
+    y = clip_positions(x, 1.0)
+    assert torch.all(torch.linalg.vector_norm(y, dim=-1) <= 1.0 + 1e-6)
+    assert torch.equal(y[0, 0], x[0, 0])
+    long = torch.linalg.vector_norm(x, dim=-1) > 1.0
+    assert torch.allclose(torch.linalg.vector_norm(y, dim=-1)[long], torch.ones(int(long.sum())), atol=1e-6)
+    # direction kept
+    cos = torch.nn.functional.cosine_similarity(x, y, dim=-1)
+    assert torch.allclose(cos, torch.ones_like(cos), atol=1e-6)
+
+
+def test_rotation_is_orthogonal():
+    r = random_rotation(12, torch.Generator().manual_seed(3))
+    assert torch.allclose(r @ r.T, torch.eye(12), atol=1e-5)
+
+
+def test_mitigation_clips_then_adds_proportional_noise_everywhere():
+    g = torch.zeros(80, 4, 64)
+    g[:32] = torch.randn(32, 4, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(mitigate(g, 0.01, 0.0, torch.Generator()), clip_positions(g, 0.01))
+    out = mitigate(g, 0.01, 0.35, torch.Generator().manual_seed(2))
+    assert not (out == 0).flatten(1).all(dim=1).any()        # no row is zero any more
+    noise = out[32:]                                          # the decoys: pure noise
+    assert abs(float(noise.std()) - 0.35 * 0.01) < 0.05 * 0.35 * 0.01
+
+
+def test_frame_permutation_hides_and_restores_the_real_rows():
+    real, decoys = torch.arange(3.0).view(3, 1, 1), 10 + torch.arange(5.0).view(5, 1, 1)
+    frame = assemble_frame(real, decoys, torch.Generator().manual_seed(0))
+    assert int(frame.is_real.sum()) == 3
+    assert torch.equal(frame.payload[frame.real_index], real)
+    assert torch.equal(frame.payload[frame.is_real].sort(0).values, real)
+
+
+# --- proportions and the random-effects pool ----------------------------------------------------------
+
+def test_wilson_against_the_textbook_value_and_bonferroni():
+    lo, hi = wilson(81, 263)                 # Wilson 95% interval for 81/263 (Newcombe 1998, Table I)
+    assert (round(lo, 4), round(hi, 4)) == (0.2553, 0.3662)
+    assert wilson(81, 263, 0.05, 5) == wilson(81, 263, 0.01)
+    lo0, hi0 = wilson(0, 10)
+    assert lo0 == 0.0 and round(hi0, 4) == 0.2775
+
+
+def test_dersimonian_laird():
+    homo = dersimonian_laird([1.0, 2.0, 3.0], [1.0, 1.0, 1.0])     # Q = 2 = k - 1: no heterogeneity
+    assert homo.tau2 == 0.0 and homo.mean == pytest.approx(2.0) and homo.se == pytest.approx(1 / math.sqrt(3))
+    y, v = np.array([0.0, 4.0, 1.0, 6.0]), np.array([0.5, 1.0, 0.25, 2.0])
+    w = 1 / v
+    fixed = (w * y).sum() / w.sum()
+    q = (w * (y - fixed) ** 2).sum()
+    tau2 = (q - 3) / (w.sum() - (w ** 2).sum() / w.sum())
+    ws = 1 / (v + tau2)
+    got = dersimonian_laird(list(y), list(v))
+    assert got.tau2 == pytest.approx(tau2) and got.mean == pytest.approx((ws * y).sum() / ws.sum())
+    assert got.hi - got.lo == pytest.approx(2 * 1.959964 / math.sqrt(ws.sum()), rel=1e-5)
+
+
+# --- the partition attack ------------------------------------------------------------------------------
+
+def test_chance_agreement_is_the_mean_over_every_guess():
+    n, r = 6, 2
+    truth = [1, 1, 0, 0, 0, 0]
+    guesses = [set(c) for c in itertools.combinations(range(n), r)]
+    mean = np.mean([sum((i in g) == bool(t) for i, t in enumerate(truth)) / n for g in guesses])
+    assert partition.chance_agreement(r, n) == pytest.approx(mean)
+
+
+def test_other_frames_counts_every_ordered_pair():
+    gen = torch.Generator().manual_seed(0)
+    pred = [torch.rand(10, generator=gen) < 0.4 for _ in range(4)]
+    real = [torch.rand(10, generator=gen) < 0.4 for _ in range(4)]
+    got = partition.other_frames(pred, real)
+    naive = sum(int((pred[i] == real[j]).sum()) for i in range(4) for j in range(4) if i != j)
+    assert (got.rows_agree, got.rows, got.frames) == (naive, 12 * 10, 12)
+
+
+# --- the trainer, on tiny-qwen3 --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-qwen3.yaml"))
+    cfg.pop("defaults", None)
+    return load_model(cfg).model
+
+
+def _frames(model, mitigation, n=4, noise_ratio=0.35):
+    st = TopologySettings(1, 2, 8, 1.0, noise_ratio, 1e-3, mitigation)
+    trainer = DecoyTrainer(model, st, seed=5)
+    gen = torch.Generator().manual_seed(0)
+    view, truth = AdversaryView(), FrameTruth()
+    for i in range(n):
+        trainer.step(torch.randint(0, 500, (4, 6), generator=gen), torch.randint(0, 500, (6, 6), generator=gen),
+                     view, truth, i, i % 2)
+    return view, truth
+
+
+def test_returned_gradient_is_exactly_zero_on_the_decoys_and_nowhere_else(tiny):
+    view, truth = _frames(tiny, None)
+    grads = partition.returned_gradients(view)
+    assert len(grads) == 4 and view.channels() == ("forward_payload", RETURNED_GRADIENT)
+    for g, real in zip(grads, truth.is_real):
+        assert g.shape == (10, 6, 64) and int(real.sum()) == 4
+        assert torch.all(g[~real] == 0)                               # the audited bug
+        assert torch.all((g[real] != 0).flatten(1).any(dim=1))        # every real row has support
+    got = partition.agreement(partition.zero_support(grads), truth.is_real)
+    assert got.rate == 1.0 and got.frames_identified == 4
+    assert not all(torch.equal(truth.is_real[0], r) for r in truth.is_real[1:])   # fresh permutation per frame
+
+
+def test_forward_payload_is_clipped_per_position(tiny):
+    view, _ = _frames(tiny, None, n=2, noise_ratio=0.0)
+    for e in view.select(channel="forward_payload"):
+        assert e.tensor.shape == (10, 6, 8)
+        assert torch.all(torch.linalg.vector_norm(e.tensor, dim=-1) <= 1.0 + 1e-5)
+
+
+def test_resume_past_the_models_layers_is_a_user_error(tiny):
+    with pytest.raises(UserError, match="cut points must satisfy 0 < k < m <= 2"):
+        DecoyTrainer(tiny, TopologySettings(1, 5, 8, 1.0, 0.35, 1e-3), seed=0)
+
+
+def test_mitigation_removes_the_zero_support(tiny):
+    view, truth = _frames(tiny, (0.01, 0.35))
+    grads = partition.returned_gradients(view)
+    got = partition.agreement(partition.zero_support(grads), truth.is_real)
+    assert got.frames_identified == 0 and got.rate == pytest.approx(4 / 10)   # every row looks real
+
+
+# --- the probe ---------------------------------------------------------------------------------------------
+
+def _synthetic(n, signal, seed):
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.multinomial(torch.tensor([0.3, 0.2, 0.2, 0.15, 0.15]), n, replacement=True, generator=gen) + 100
+    codes = torch.randn(5, 8, generator=torch.Generator().manual_seed(99), dtype=torch.float64)
+    x = torch.randn(n, 8, generator=gen, dtype=torch.float64) + signal * codes[y - 100]
+    return x, y
+
+
+def test_probe_reads_a_linear_code_and_nothing_from_noise():
+    kw = dict(top_k=5, l2=1e-3, max_iter=30, max_rows=10_000, seed=0)
+    strong = probe.run_probe(_synthetic(1500, 3.0, 1), _synthetic(1500, 3.0, 2), **kw)
+    assert strong.effect_pp > 50 and strong.ci_pp[0] > 50
+    none = probe.run_probe(_synthetic(1500, 0.0, 1), _synthetic(1500, 0.0, 2), **kw)
+    assert abs(none.effect_pp) < 3
+    shuffled = probe.run_probe(_synthetic(1500, 3.0, 1), _synthetic(1500, 3.0, 2), shuffle_labels=True, **kw)
+    assert shuffled.ci_pp[1] < 3
+    cell, expected = probe.positive_control(_synthetic(1500, 0.0, 1), _synthetic(1500, 0.0, 2), dose=0.5, **kw)
+    # a perfect reader of the code gains dose × (share of top-k rows − share of the top-1 token) ≈ 0.5 × 0.7
+    assert expected == pytest.approx(35, abs=4) and cell.effect_pp > 0.6 * expected
+
+
+def test_bonferroni_wilson_statistic():
+    cell = probe.score(torch.tensor([True] * 30 + [False] * 70), torch.tensor([True] * 20 + [False] * 80))
+    assert cell.effect_pp == pytest.approx(10.0)
+    assert cell.upper_bound_pp(0.05, 3) == pytest.approx(100 * (wilson(30, 100, 0.05 / 3)[1] - 0.2))
+
+
+# --- configurations, validation, the CLI ---------------------------------------------------------------------
+
+def test_configurations_belong_to_the_audit():
+    names = configurations.names(system=configurations.GRAD_AUDIT)
+    assert names == ("decoy_trainer", "decoy_mitigated")
+    assert not any(configurations.get(n).uses_epsilon for n in names)
+    assert runner_systems()["grad_audit"] == (configurations.GRAD_AUDIT,)
+
+
+BAD = {
+    "a >= b": (["grad_audit.cut_after=2", "grad_audit.resume_at=2"], "grad_audit needs 0 < cut_after < resume_at"),
+    "D < 1": (["grad_audit.latent_dim=0"], "grad_audit.latent_dim (D) must be >= 1, got 0"),
+    "C <= 0": (["grad_audit.clip=0"], "grad_audit.clip (C) must be a number > 0, got 0.0"),
+    "gradient clip <= 0": (["grad_audit.mitigation.grad_clip=-1"], "grad_audit.mitigation.grad_clip must be a number > 0"),
+    "decoys < 0": (["grad_audit.decoy_rows=-1"], "grad_audit.decoy_rows must be >= 0, got -1"),
+    "another system's configuration": (["configuration=ep1"], "configuration=ep1 belongs to the splitee system"),
+    "text corpus without a path": (["grad_audit.corpus.source=text"], "grad_audit.corpus.source=text needs"),
+    "seeds shared between phases": (["grad_audit.seeds.test=[42]"], "grad_audit.seeds must be distinct"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_is_one_line(hydra_conf, name):
+    overrides, message = BAD[name]
+    cfg = compose_config(["experiment=grad_audit_smoke", *overrides])
+    with pytest.raises(UserError, match=None) as err:
+        schema.validate(cfg, runner_systems())
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_attack_runner_refuses_the_audit_configuration(hydra_conf):
+    cfg = compose_config(["experiment=attack_smoke", "configuration=decoy_trainer"])
+    with pytest.raises(UserError, match="belongs to the grad_audit system"):
+        schema.validate(cfg, runner_systems())
+
+
+def test_cli_bad_input_exits_2(tmp_path):
+    res = run_cli(["experiment=grad_audit_smoke", "grad_audit.cut_after=3", "grad_audit.resume_at=2"],
+                  tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 2 and len(res.stderr_lines) == 1
+    assert res.stderr_lines[0].startswith("splitbench: error: grad_audit needs 0 < cut_after < resume_at")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))
+
+
+def test_smoke_experiment_through_the_cli(tmp_path):
+    res = run_cli(["experiment=grad_audit_smoke"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    [path] = list((tmp_path / "out").rglob("results.json"))
+    r = json.loads(path.read_text())
+    for key in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate", "heldout_ce_increase",
+                "verdict", "tradeoff"):
+        assert key in r and (key == "tradeoff" or key in r["metrics"] or key == "verdict")
+    m = r["metrics"]
+    assert r["system"] == "grad_audit" and r["configuration"] == "decoy_trainer" and r["epsilon"] is None
+    assert m["zero_support_agreement"] == 1.0 and m["zero_support_frames_identified"] == m["frames_scored"] == 24
+    assert m["partition_verdict"] == "leak" and m["verdict"] == "leak"
+    assert m["gate"] in ("pass", "fail") and m["utility_gate"] in ("pass", "fail")
+    # the protocol was locked in the run dir, its hash recorded, before the results were written
+    proto = path.parent / "protocol.json"
+    assert hashlib.sha256(proto.read_bytes()).hexdigest() == r["protocol_sha256"]
+    assert proto.stat().st_mtime <= path.stat().st_mtime
+    assert json.loads(proto.read_text())["thresholds"]["bonferroni_m"] == 2 * 3
+    assert r["tradeoff"]["leakage"]["floor"] == pytest.approx(m["constant_guess_accuracy_pct"])
+
+
+@pytest.mark.slow
+def test_mitigated_smoke_through_the_cli(tmp_path):
+    res = run_cli(["experiment=grad_audit_smoke", "configuration=decoy_mitigated"], tmp_path / "out",
+                  tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    [path] = list((tmp_path / "out").rglob("results.json"))
+    m = json.loads(path.read_text())["metrics"]
+    assert m["zero_support_frames_identified"] == 0 and m["zero_support_agreement"] == pytest.approx(0.4)
+
+
+# --- the report section ---------------------------------------------------------------------------------------
+
+def _run(configuration, ce_split, frames_identified, effect):
+    from pathlib import Path
+
+    from runners.report.runs import Run
+
+    metrics = {"zero_support_agreement": 1.0 if frames_identified else 0.4,
+               "zero_support_frames_identified": frames_identified, "frames_scored": 10,
+               "norm_rank_agreement_pct": 90.0, "partition_chance_agreement_pct": 52.0,
+               "probe_effect_pp": effect, "probe_effect_pp_ci_lo": effect - 1, "probe_effect_pp_ci_hi": effect + 1,
+               "probe_arm": "joint", "probe_upper_bound_pp": effect + 2, "gate": "fail", "heldout_ce_split": ce_split,
+               "heldout_ce_increase": ce_split - 3.0, "utility_gate": "pass", "verdict": "leak"}
+    data = {"experiment": "grad_audit", "experiment_name": "grad_audit", "model": "m", "workload": "w",
+            "configuration": configuration, "status": "ok", "metrics": metrics, "seeds": [{}, {}],
+            "topology": {"cut_after": 15, "resume_at": 27, "latent_dim": 64, "delegated_layers": 12},
+            "mitigation": {"grad_clip": 0.01, "noise_multiplier": 0.35} if configuration == "decoy_mitigated" else None}
+    return Run(Path("."), configuration, "ok", data)
+
+
+def test_report_section_shows_the_mitigation_cost():
+    from runners.report import grad_audit as section
+    from runners.report.sections import SECTIONS
+
+    assert section in SECTIONS
+    runs = [_run("decoy_mitigated", 3.25, 0, 0.1), _run("decoy_trainer", 3.20, 10, 2.5)]
+    [group] = section.groups(runs)
+    assert [r.data["configuration"] for r in group.runs] == ["decoy_trainer", "decoy_mitigated"]
+    md = "\n".join(section.markdown([group], figure=None))
+    assert "10/10 → 0/10" in md and "+0.050" in md          # the cost: 3.25 − 3.20 nats
+    assert "1.000 (10/10)" in md and "+2.50 → +0.10" in md
+    assert len(section.summary([group])) == 3

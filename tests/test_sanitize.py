@@ -1,0 +1,343 @@
+"""Token-level sanitisers (paper 001): the mechanisms against independent small computations, the prompt
+layout (only text tokens change), the attackers and their controls, bad parameters, and the smoke sweep
+through the command line."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.sanitize import bayes, neighbours, scoring, window
+from harness.errors import UserError
+from harness.sanitize import mechanisms as M
+from harness.sanitize.embeddings import Table
+from harness.sanitize.mechanisms import Settings
+
+from .conftest import compose_config, run_cli
+
+
+def _table(v=40, d=6, distance="euclidean", seed=0, candidates=None):
+    g = torch.Generator().manual_seed(seed)
+    vectors = torch.randn(v, d, generator=g)
+    return Table(vectors, torch.arange(v) if candidates is None else candidates, distance)
+
+
+def _brute_nearest(vectors, cands, q, distance, exclude=None):
+    """argmin over candidates in numpy, written out (the independent reference)."""
+    best, best_d = None, math.inf
+    for c in cands:
+        if c == exclude:
+            continue
+        e = vectors[c]
+        d = (np.linalg.norm(q - e) if distance == "euclidean"
+             else 1 - q @ e / (np.linalg.norm(q) * np.linalg.norm(e)))
+        if d < best_d:
+            best, best_d = c, d
+    return best
+
+
+# --- mechanisms -----------------------------------------------------------------------------------------
+
+def test_window_weights_gaussian_normalised_and_even_windows_share_the_peak():
+    offsets, w = M.window_offsets(5, 1.25)
+    assert offsets == [-2, -1, 0, 1, 2]
+    assert np.allclose(w, [math.exp(-o * o / (2 * 1.25 ** 2)) for o in offsets])
+    offsets, w = M.window_offsets(4, 0.75)
+    assert offsets == [-1, 0, 1, 2] and w[1] == pytest.approx(w[2]) and w[1] > w[0] == pytest.approx(w[3])
+    f = M.window_matrix(6, 5, 1.25)
+    assert torch.allclose(f.sum(1), torch.ones(6))
+    # Row 0 is truncated: only offsets 0, 1, 2 exist, renormalised.
+    raw = [math.exp(-o * o / (2 * 1.25 ** 2)) for o in (0, 1, 2)]
+    assert np.allclose(f[0, :3].numpy(), np.array(raw) / sum(raw), atol=1e-6) and f[0, 3:].abs().sum() == 0
+
+
+def test_quasi_embeddings_match_a_loop_and_never_cross_sequences():
+    t = _table()
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
+    ids = torch.tensor(sum(seqs, []))
+    seg = torch.tensor([0] * 7 + [1] * 3)
+    got = M.quasi_embeddings(t.vectors, ids, seg, 4, 0.9)
+    offsets, w = M.window_offsets(4, 0.9)
+    rows = []
+    for s in seqs:
+        for i in range(len(s)):
+            acc, tot = np.zeros(t.dim), 0.0
+            for o, wo in zip(offsets, w):
+                if 0 <= i + o < len(s):
+                    acc += wo * t.vectors[s[i + o]].numpy()
+                    tot += wo
+            rows.append(acc / tot)
+    assert np.allclose(got.numpy(), np.array(rows), atol=1e-5)
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_stencil_is_the_nearest_token_other_than_the_original(distance):
+    t = _table(distance=distance)
+    seq = [3, 17, 5, 5, 22, 9, 31, 0]
+    out = M.sanitize([seq], t, Settings("stencil", 3, 1.0), torch.Generator().manual_seed(0))[0]
+    q = M.quasi_embeddings(t.vectors, torch.tensor(seq), torch.zeros(len(seq), dtype=torch.long), 3, 1.0).numpy()
+    v = t.vectors.numpy()
+    assert out == [_brute_nearest(v, range(40), q[i], distance, exclude=seq[i]) for i in range(len(seq))]
+    assert all(a != b for a, b in zip(seq, out))
+
+
+def test_nearest_with_a_large_vocabulary_matches_brute_force():
+    """Above SHORTLIST_MIN_VOCAB the search shortlists in bf16 and re-ranks in fp32: same answers."""
+    g = torch.Generator().manual_seed(1)
+    t = Table(torch.randn(6000, 16, generator=g), torch.arange(6000))
+    q = torch.randn(50, 16, generator=g)
+    got = t.nearest(q, 3, exclude=torch.arange(50))
+    d = torch.cdist(q, t.vectors)
+    d[torch.arange(50), torch.arange(50)] = float("inf")
+    assert torch.equal(got, d.topk(3, largest=False).indices)
+
+
+def test_dx_noise_radius_has_mean_d_over_eta_and_uniform_direction():
+    d, eta = 8, 2.0
+    p = M.dx_noise(40000, d, eta, torch.Generator().manual_seed(0))
+    r = p.norm(dim=1)
+    # Gamma(d, 1/η): mean d/η = 4, sd √d/η ≈ 1.41, so the mean of 40,000 draws is within ±0.03 (4 SE).
+    assert abs(r.mean().item() - d / eta) < 0.03
+    assert abs(r.var().item() - d / eta ** 2) < 0.1
+    u = p / r.unsqueeze(1)
+    assert u.mean(0).abs().max().item() < 0.02          # no preferred direction
+
+
+def test_dx_stencil_may_return_the_original_and_the_option_forbids_it():
+    t = _table()
+    seq = list(range(12))
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    # L = 1 and negligible noise: the quasi-embedding is E[t] itself, so the nearest token is the original.
+    same = M.sanitize([seq], t, Settings("dx_stencil", 1, 1.0, parameter=1e9), gen())[0]
+    assert same == seq
+    never = M.sanitize([seq], t, Settings("dx_stencil", 1, 1.0, parameter=1e9, may_return_original=False), gen())[0]
+    assert all(a != b for a, b in zip(seq, never))
+    # dχ Noise with the same negligible noise is the identity as well.
+    assert M.sanitize([seq], t, Settings("dx_noise", parameter=1e9), gen())[0] == seq
+
+
+def test_custext_plus_probabilities_match_the_exponential_mechanism():
+    t = _table(v=30)
+    k, eps = 6, 3.0
+    sets, probs = M.custext_sets(t, torch.tensor([4]), k, eps)
+    v = t.vectors.numpy()
+    dist = np.linalg.norm(v - v[4], axis=1)
+    top = np.argsort(dist)[:k]
+    sim = -dist[top]
+    u = (sim - sim.min()) / (sim.max() - sim.min())
+    expect = np.exp(eps * u / 2) / np.exp(eps * u / 2).sum()
+    assert sets[0].tolist() == top.tolist() and sets[0, 0] == 4
+    assert np.allclose(probs[0].numpy(), expect, atol=1e-6)
+    # Sampling follows them: 20,000 copies of token 4.
+    out = M.sanitize([[4] * 20000], t, Settings("custext_plus", parameter=eps, custext_k=k),
+                     torch.Generator().manual_seed(0))[0]
+    freq = Counter(out)
+    for token, p in zip(top, expect):
+        assert abs(freq[int(token)] / 20000 - p) < 0.015
+
+
+def test_custext_plus_keeps_stop_words_and_nothing_changes_a_non_candidate():
+    t = _table(candidates=torch.arange(1, 40))      # token 0 is out of the vocabulary (e.g. special)
+    keep = torch.zeros(40, dtype=torch.bool)
+    keep[7] = True                                   # a stop word
+    seq = [0, 7, 12, 7, 0, 25]
+    for s in (Settings("custext_plus", parameter=0.01, custext_k=10), Settings("stencil"),
+              Settings("dx_noise", parameter=0.5)):
+        out = M.sanitize([seq] * 50, t, s, torch.Generator().manual_seed(0), keep=keep)
+        assert all(o[0] == 0 and o[4] == 0 for o in out)
+        if s.mechanism == "custext_plus":
+            assert all(o[1] == 7 and o[3] == 7 for o in out)
+            assert any(o[2] != 12 for o in out)      # ε = 0.01: nearly uniform over the set
+
+
+def test_an_empty_vocabulary_is_a_user_error():
+    with pytest.raises(UserError, match="empty after filtering"):
+        Table(torch.zeros(5, 2), torch.tensor([], dtype=torch.long))
+
+
+def test_a_filter_that_leaves_no_token_is_one_user_error_line(tiny_sanitizer):
+    from omegaconf import OmegaConf
+
+    from harness.sanitize import sanitizer
+
+    from .conftest import CONF
+
+    loaded = tiny_sanitizer[0]
+    section = OmegaConf.load(CONF / "sanitize" / "default.yaml")
+    section.vocab_filter = "zzqqzzqq"
+    with pytest.raises(UserError, match="candidate vocabulary is empty after filtering") as err:
+        sanitizer.build(section, "dx_noise", 1.0, loaded.model, loaded.tokenizer)
+    assert "\n" not in str(err.value)
+
+
+def test_only_the_text_tokens_of_a_templated_prompt_change(tiny_sanitizer):
+    from harness.sanitize import prompts
+
+    loaded, workload, sanitizer = tiny_sanitizer
+    out = prompts.sanitize_prompts(sanitizer, workload.prompts, loaded.tokenizer, seed=0)
+    specials = set(loaded.tokenizer.all_special_ids)
+    for p, ids, (a, b), orig in zip(workload.prompts, out.input_ids, out.spans, out.original_text_ids):
+        assert len(ids) == len(p.input_ids) and b - a == len(orig) and list(p.input_ids[a:b]) == orig
+        assert list(ids[:a]) == list(p.input_ids[:a]) and list(ids[b:]) == list(p.input_ids[b:])
+        assert any(t in specials for t in p.input_ids[:a])       # the chat template is there, and unchanged
+        assert sum(x != y for x, y in zip(ids[a:b], orig)) == len(orig)   # Stencil changes every text token
+    view = prompts.adversary_view(out, {"system": "sanitize"})
+    assert view.channels() == ("sanitized_tokens",) and prompts.read_view(view) == out.text_ids()
+
+
+@pytest.fixture(scope="module")
+def tiny_sanitizer():
+    from omegaconf import OmegaConf
+
+    from harness.models import load_model
+    from harness.sanitize import sanitizer
+    from harness.workloads import load_workload
+
+    from .conftest import CONF
+
+    loaded = load_model(OmegaConf.load(CONF / "model" / "tiny-llama.yaml"))
+    wl = OmegaConf.load(CONF / "workload" / "builtin.yaml")
+    wl.n_prompts = 2
+    workload = load_workload(wl, loaded.tokenizer, 0)
+    section = OmegaConf.load(CONF / "sanitize" / "default.yaml")
+    return loaded, workload, sanitizer.build(section, "stencil", None, loaded.model, loaded.tokenizer)
+
+
+# --- attacks --------------------------------------------------------------------------------------------
+
+def test_custext_bayes_posterior_is_the_exact_likelihood_ranking():
+    t = _table(v=30)
+    s = Settings("custext_plus", parameter=2.0, custext_k=5)
+    observed = [[4, 9, 13]]
+    guesses = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=30), seed=0)[0]
+    sets, probs = M.custext_sets(t, torch.arange(30), 5, 2.0)
+    for pos, tp in enumerate(observed[0]):
+        lik = torch.tensor([float(probs[c][sets[c] == tp].sum()) for c in range(30)])
+        best = lik.max()
+        assert lik[guesses[pos, 0]] == pytest.approx(float(best))
+        assert lik[guesses[pos]].tolist() == sorted(lik[guesses[pos]].tolist(), reverse=True)
+
+
+def test_bayes_attacker_beats_neighbours_on_stencil_and_inverts_it_when_noise_free():
+    """Stencil never returns the original, so the neighbour attacker's first guess (t' itself) is always
+    wrong; the mechanism-aware attacker, simulating the mechanism, puts the truth first far more often."""
+    t = _table(v=60, d=4, seed=3)
+    g = torch.Generator().manual_seed(5)
+    originals = [torch.randint(0, 60, (20,), generator=g).tolist() for _ in range(6)]
+    s = Settings("stencil", 1, 1.0)      # L = 1: t' is the nearest other token to E[t]
+    observed = M.sanitize(originals, t, s, torch.Generator().manual_seed(0))
+    nb = neighbours.rank(observed, t, 5)
+    by = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=60, local_vocab=60), seed=0)
+    wi = window.rank(observed, t, s, 5)
+    top1 = lambda guesses: np.mean(scoring.hit_rates(originals, guesses, 5)[0])  # noqa: E731
+    assert top1(nb) == 0.0
+    assert top1(by) > 40.0 and top1(wi) > 10.0
+
+
+def test_learned_inverter_learns_the_identity(tiny_sanitizer):
+    """Trained on text the identity mechanism left as it is, the ridge map is the centre embedding itself:
+    every token of unseen prompts comes back first (a shifted window would not)."""
+    from attacks.sanitize.learned import LearnedInverter
+    from harness.sanitize import prompts
+
+    loaded, workload, stencil = tiny_sanitizer
+    identity = stencil.with_mechanism("identity")
+    texts = prompts.sanitize_prompts(identity, workload.prompts, loaded.tokenizer, 0).original_text_ids
+    guesses = LearnedInverter(identity, loaded.tokenizer, 1500, seed=0).rank(texts, 5)
+    assert np.mean(scoring.hit_rates(texts, guesses, 5)[0]) > 95.0
+
+
+def test_controls_flag_an_attacker_that_reads_the_truth():
+    t = _table(v=50)
+    g = torch.Generator().manual_seed(2)
+    originals = [torch.randint(0, 50, (30,), generator=g).tolist() for _ in range(5)]
+    observed = M.sanitize(originals, t, Settings("dx_noise", parameter=1e-3), torch.Generator().manual_seed(0))
+    honest = lambda obs: neighbours.rank(obs, t, 5)  # noqa: E731
+    score, _ = scoring.score_attacker("neighbours", honest, originals, observed, 5, 1.0, positive_passed=True)
+    assert score.negative_passed and score.verdict != "leak"       # pure noise: nothing recovered
+    # A broken attacker that ignores the view and returns the prompts: the deranged control catches it.
+    cheat = lambda obs: [torch.tensor(o).unsqueeze(1).repeat(1, 5) for o in originals]  # noqa: E731
+    bad, _ = scoring.score_attacker("cheat", cheat, originals, observed, 5, 1.0, positive_passed=True)
+    assert not bad.negative_passed and bad.verdict == "inconclusive"
+
+
+# --- the command line -----------------------------------------------------------------------------------
+
+BAD = {
+    "eta": (["epsilon=-1"], "epsilon must be a finite number > 0"),
+    "window": (["sanitize.window=0"], "sanitize.window (Stencil's L) must be >= 1"),
+    "k": (["sanitize.custext_k=0"], "sanitize.custext_k must be >= 1"),
+    "sigma": (["sanitize.sigma=0"], "sanitize.sigma must be a number > 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_parameters_are_one_user_error_line(name, hydra_conf):
+    from harness import schema
+    from runners.registry import runner_systems
+
+    overrides, expected = BAD[name]
+    cfg = compose_config(["experiment=sanitize_smoke", *overrides])
+    with pytest.raises(UserError, match=expected.replace("(", r"\(").replace(")", r"\)")) as err:
+        schema.validate(cfg, runner_systems())
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["sanitize.sigma=-0.5"], "sanitize.sigma must be a number > 0"),
+    (["runner=attack"], "configuration=dx_stencil belongs to the sanitize system"),
+])
+def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expected):
+    out = tmp_path / "out"
+    res = run_cli(["experiment=sanitize_smoke", "hydra.mode=RUN", *args], out, tmp_path / "cache")
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr_lines if line.startswith("splitbench:")]
+    assert len(lines) == 1 and expected in lines[0], res.stderr
+    assert not any(p.is_file() for p in out.rglob("*"))
+
+
+def test_smoke_sweep_runs_every_mechanism(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["experiment=sanitize_smoke"], out, tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    runs = {p.parent.parent.parent.name: p.parent for p in out.rglob("results.json")}
+    assert sorted(runs) == ["custext_plus", "dx_noise", "dx_stencil", "stencil"]
+    for name, run in runs.items():
+        r = json.loads((run / "results.json").read_text())
+        m = r["metrics"]
+        assert r["status"] == "ok" and r["system"] == "sanitize" and r["tags"] == ["smoke"]
+        for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict"):
+            assert key in m, key
+        assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
+        assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
+        assert (name == "stencil") == (r["epsilon"] is None)
+        assert ("window_top1" in m) == (name in ("stencil", "dx_stencil"))
+        samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        assert len(samples) == 3 and all(len(s["output_ids"]) > len(s["original_text_ids"]) for s in samples)
+        view = torch.load(run / "view.pt", weights_only=False)
+        assert view["meta"]["system"] == "sanitize" and {e["channel"] for e in view["exposures"]} == {"sanitized_tokens"}
+        if name == "stencil":
+            assert m["unchanged_rate"] == 0.0 and m["neighbours_top1"] == 0.0
+    # The report section: one table row per run and the accuracy-vs-Pr@5 plot.
+    from runners.report.cli import main as report
+
+    assert report([str(out), "--include-tagged", "smoke", "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text.split("## Token sanitisers (paper 001, Figs. 2–4)")[1].split("\n## ")[0]
+    assert sum(line.startswith(f"| {n} |") for line in section.splitlines() for n in runs) == 4
+    assert list((tmp_path / "report").glob("report_sanitize_*.png"))
+
+
+def test_fidelity_runs_a_sanitiser_on_the_plain_engine(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["experiment=smoke", "configuration=stencil", "workload.n_prompts=2", "generation.max_new_tokens=2",
+                   "generation.batch_size=2", "semantic_model=null"], out, tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = out.rglob("results.json")
+    r = json.loads(path.read_text())
+    assert r["configuration"] == "stencil" and r["epsilon"] is None and r["status"] == "ok"
+    assert r["provenance"]["engines"]["test"]["configuration"] == r["baseline"]   # the plain engine

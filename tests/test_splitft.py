@@ -1,0 +1,415 @@
+"""Split federated fine-tuning (paper 002): the split step against plain training, the crossings the
+view records, PrivPair's STE and bursts, the baselines' noise against their formulas, the data split,
+the attacks and their verdict, bad input, and the smoke experiment through Flower's simulation."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attacks.splitft.cell import assess
+from harness.models import load_model
+from harness.splitft import defences, trainable
+from harness.splitft.data import dirichlet_split, iid_split
+from harness.splitft.privpair import PrivPair, token_ce
+from harness.splitft.step import (
+    CHANNELS,
+    GRAD_DOWN,
+    GRAD_UP,
+    SMASHED_DOWN,
+    SMASHED_UP,
+    Recorder,
+    split_step,
+)
+
+from .conftest import CONF, run_cli
+
+SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a shared 2-core machine more threads only contend (10x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(name: str = "tiny-llama-4l"):
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    cfg.pop("defaults", None)
+    return load_model(cfg).model
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 500, (3, 12), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-4l", "tiny-llama-tied"])
+def test_an_undefended_split_step_is_a_plain_training_step(name, ids):
+    """Same gradients on every trained parameter as loss.backward() on the whole model, and the recorded
+    cut gradients equal autograd's ∂L/∂s_B and ∂L/∂s_A of the unsplit forward."""
+    k, m = (1, 3) if name == "tiny-llama-4l" else (1, 2)
+    split_model, plain_model = _model(name), _model(name)
+    part, names = trainable.make_trainable(split_model, k, m, None)
+    _, plain_names = trainable.make_trainable(plain_model, k, m, None)
+    assert names == plain_names and not any("layers.1." in n for n in names)   # B (block 2) is frozen
+    opt = torch.optim.SGD([dict(split_model.named_parameters())[n] for n in names], lr=0.0)
+    record = Recorder()
+    out = split_step(part, defences.Defence(), ids, opt, record=record)
+
+    plain = trainable.make_trainable(plain_model, k, m, None)[0]
+    s_a, ctx = plain.head(ids)
+    s_a.retain_grad()
+    s_b = plain.body(s_a, ctx)
+    s_b.retain_grad()
+    loss = token_ce(plain.tail(s_b, ctx), ids).mean()
+    loss.backward()
+    assert out["loss"] == pytest.approx(float(loss.detach()), abs=1e-6)
+    split_params, plain_params = dict(split_model.named_parameters()), dict(plain_model.named_parameters())
+    for n in names:
+        torch.testing.assert_close(split_params[n].grad, plain_params[n].grad, rtol=1e-5, atol=1e-7)
+    by_channel = {e["channel"]: e["tensor"] for e in record.exposures}
+    assert set(by_channel) == {SMASHED_UP, SMASHED_DOWN, GRAD_UP, GRAD_DOWN} and set(by_channel) <= set(CHANNELS)
+    torch.testing.assert_close(by_channel[SMASHED_UP], s_a.detach())
+    torch.testing.assert_close(by_channel[GRAD_UP], s_b.grad, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(by_channel[GRAD_DOWN], s_a.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_privpair_sends_w1_output_and_passes_gradients_straight_through(ids):
+    model = _model()
+    part, names = trainable.make_trainable(model, 1, 3, None)
+    pp = PrivPair(coupling_weight=0.01, settings=SECTION.privpair)
+    pp.setup(part, ids, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for p in pp.w2.parameters():
+            p.normal_(std=0.05)          # a W2 that is not the identity
+    before = {k: v.clone() for k, v in pp.state().items()}
+    opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=0.0)
+    record = Recorder()
+    out = split_step(part, pp, ids, opt, record=record, measure=True)
+    sent = next(e["tensor"] for e in record.exposures if e["channel"] == SMASHED_UP)
+    grad_k = next(e["tensor"] for e in record.exposures if e["channel"] == GRAD_DOWN)
+    with torch.no_grad():
+        s_a, _ = part.head(ids)
+        torch.testing.assert_close(sent, pp.w1(s_a))
+    assert out["H_A"] == pytest.approx(float((sent - s_a).pow(2).sum(-1).mean()), rel=1e-5)
+    assert out["H"] > 0
+    # STE: A's gradient is the server's ∂L/∂s'_A pulled back through A alone (J_W1 = I).
+    s_a2, _ = part.head(ids)
+    expected = torch.autograd.grad(s_a2, [dict(model.named_parameters())["model.layers.0.mlp.down_proj.weight"]],
+                                   grad_outputs=grad_k)[0]
+    torch.testing.assert_close(dict(model.named_parameters())["model.layers.0.mlp.down_proj.weight"].grad, expected,
+                               rtol=1e-5, atol=1e-9)
+    assert all(torch.equal(before[k], v) for k, v in pp.state().items())   # adapters move only in bursts
+
+
+def test_privpair_burst_trains_the_recovery(ids):
+    """After a burst, W2 recovers s_B from the W1 it was trained against far better than the identity does
+    (L_W2, eq. (16): H relative to ‖s_B‖²), and the coupling term keeps H_A bounded."""
+    model = _model()
+    part, _ = trainable.make_trainable(model, 1, 3, None)
+    settings = OmegaConf.merge(SECTION.privpair, {"warmup_align_steps": 30, "align_lr": 1e-2})
+    pp = PrivPair(coupling_weight=1.0, settings=settings)
+    gen = torch.Generator().manual_seed(1)
+    pp.setup(part, ids, gen)
+    with torch.no_grad():
+        pp.w1.outer.weight.normal_(std=0.3)           # a strong obfuscation to recover from
+    pp.burst(0, part, ids, gen)
+    trained = pp.losses(part, ids)
+    for p in pp.w2.outer.parameters():
+        p.data.zero_()                                # W2 back to the identity on s'_B
+    identity = pp.losses(part, ids)
+    assert float(trained["recovery"].detach()) < 0.75 * float(identity["recovery"].detach())
+    assert 0 < float(trained["coupling"].detach()) < 1.0
+
+
+def test_smashed_dp_noise_matches_the_mechanisms():
+    assert defences.gaussian_sigma(1.5, 2.0, 1e-5) == pytest.approx(2 * 1.5 * math.sqrt(2 * math.log(1.25e5)) / 2.0)
+    assert defences.laplace_scale(1.5, 2.0) == pytest.approx(1.5)
+    x = torch.randn(4000, 16) * 10
+    clipped = defences.clip_rows(x, 3.0, 2)
+    assert float(clipped.norm(dim=-1).max()) <= 3.0 + 1e-5
+    small = torch.full((2, 4), 0.1)
+    assert torch.equal(defences.clip_rows(small, 3.0, 2), small)
+    g = defences.SmashedGaussian(epsilon=50.0, clip=3.0, delta=1e-5)
+    g.generator = torch.Generator().manual_seed(0)
+    noise = g.send(x) - clipped
+    assert float(noise.std()) == pytest.approx(g.sigma, rel=0.03)
+    lap = defences.SmashedLaplace(epsilon=50.0, clip=3.0)
+    lap.generator = torch.Generator().manual_seed(0)
+    noise = lap.send(x) - defences.clip_rows(x, 3.0, 1)
+    assert float(noise.abs().mean()) == pytest.approx(lap.scale, rel=0.03)   # E|Laplace(b)| = b
+
+
+def test_dchi_noise_radius_follows_gamma():
+    z = defences.dchi_noise((20000, 8), eta=4.0, generator=torch.Generator().manual_seed(0))
+    assert float(z.norm(dim=-1).mean()) == pytest.approx(8 / 4.0, rel=0.03)   # E Gamma(d, 1/η) = d/η
+
+
+def _dcor_reference(x: np.ndarray, y: np.ndarray) -> float:
+    """Székely's definition written out with loops: an independent check."""
+    n = len(x)
+
+    def centred(z):
+        d = np.array([[np.linalg.norm(z[i] - z[j]) for j in range(n)] for i in range(n)])
+        return d - d.mean(0) - d.mean(1)[:, None] + d.mean()
+
+    a, b = centred(x), centred(y)
+    return math.sqrt((a * b).mean() / math.sqrt((a * a).mean() * (b * b).mean()))
+
+
+def test_distance_correlation():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(30, 5)), rng.normal(size=(30, 3))
+    y_dep = np.tanh(x[:, :3]) + 0.1 * y
+    for a, b in ((x, y), (x, y_dep)):
+        got = float(defences.distance_correlation(torch.tensor(a), torch.tensor(b)))
+        assert got == pytest.approx(_dcor_reference(a, b), abs=1e-5)
+    assert float(defences.distance_correlation(torch.tensor(x), torch.tensor(2 * x + 1))) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_client_splits_cover_every_block_once_and_dirichlet_is_skewed():
+    for parts in (dirichlet_split(200, 4, 8, 0.1, seed=0), iid_split(200, 4, seed=0)):
+        flat = sorted(i for p in parts for i in p)
+        assert flat == list(range(200)) and all(parts)
+    # Skew: with α = 0.1 most of each topic (a contiguous slice of 25) lands on one client.
+    topic_share = [max(sum(25 * t <= i < 25 * (t + 1) for i in p) for p in dirichlet_split(200, 4, 8, 0.1, 0)) / 25
+                   for t in range(8)]
+    iid_share = [max(sum(25 * t <= i < 25 * (t + 1) for i in p) for p in iid_split(200, 4, 0)) / 25 for t in range(8)]
+    assert np.mean(topic_share) > 0.7 and np.mean(iid_share) < 0.4
+
+
+def test_assess_verdicts():
+    rng = np.random.default_rng(0)
+    refs = [list(rng.integers(0, 1000, 12)) for _ in range(10)]
+    perfect = assess("a", refs, refs, refs, refs, 1.0, 5.0)
+    assert perfect["a_token_f1"] == 100.0 and perfect["a_verdict"] == "leak" and perfect["a_positive_control_pass"]
+    constant = [[7] * 12 for _ in refs]   # a guess that ignores the exposure scores exactly its reference
+    blind = assess("a", refs, constant, refs, refs, 1.0, 5.0)
+    assert blind["a_token_f1"] == pytest.approx(blind["a_reference_token_f1"])
+    assert blind["a_verdict"] == "at_chance"
+    assert assess("a", refs, constant, refs, constant, 1.0, 5.0)["a_verdict"] == "inconclusive"   # failed control
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["splitft.n_clients=0"], "splitft.n_clients must be >= 1, got 0"),
+    (["splitft.lr=0"], "splitft.lr must be a finite number > 0, got 0.0"),
+    (["splitft.lr=-1"], "splitft.lr must be a finite number > 0, got -1.0"),
+    (["splitft.k=3", "splitft.m=2"], "splitft cut points must satisfy 1 <= k < m, got k=3, m=2"),
+    (["runner=attack"], "configuration=privpair belongs to the splitft system, which runner=attack does not run"),
+])
+def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
+    """The checks the CLI runs before any work (in process here; the CLI cases below show the exit code)."""
+    from harness import schema
+    from harness.errors import UserError
+    from runners.registry import runner_systems
+
+    from .conftest import compose_config
+
+    with pytest.raises(UserError) as err:
+        schema.validate(compose_config(["experiment=splitft_smoke", *args]), runner_systems())
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    """Through the CLI: k >= m is one stderr line, exit code 2, no files left."""
+    out = tmp_path / "out"
+    res = run_cli(["experiment=splitft_smoke", "splitft.k=2", "splitft.m=2"], out, tmp_path / "cache")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr_lines == ["splitbench: error: splitft cut points must satisfy 1 <= k < m, got k=2, m=2"]
+    assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))
+
+
+def test_a_cut_past_the_models_depth_is_a_user_error():
+    """m > L is known once the model is loaded: the runner builds the Partition before reading any data, and
+    a UserError there is one line and exit code 2 like every other (runners/run.py)."""
+    from harness.errors import UserError
+    from harness.splitft.partition import Partition
+
+    with pytest.raises(UserError, match=r"^cut points must satisfy 0 < k < m <= 4 \(the model's layers\), got k=1, m=9$"):
+        Partition(_model(), 1, 9)
+
+
+def test_smoke_experiment_through_flower(tmp_path):
+    """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
+    out = tmp_path / "out"
+    res = run_cli(["experiment=splitft_smoke", "splitft.save_view=true"], out, tmp_path / "cache", timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (path,) = list(out.rglob("results.json"))
+    results = json.loads(path.read_text())
+    m = results["metrics"]
+    for key in ("heldout_ce", "label_top1", "label_token_f1", "eia_token_f1", "H", "H_A", "verdict"):
+        assert m[key] is not None, key
+    assert m["verdict"] in ("leak", "at_chance", "inconclusive")
+    assert [r["round"] for r in results["rounds"]] == [1, 2]
+    assert all(r["H_A"] > 0 and "heldout_ce" in r for r in results["rounds"])   # PrivPair obfuscates
+    assert m["heldout_ce"] < m["initial_heldout_ce"]                             # fine-tuning learned
+    assert results["tradeoff"]["leakage"]["metric"].endswith("token_f1") and results["tradeoff"]["utility"]
+    assert set(results["view_channels"]) >= {"smashed_up", "smashed_down", "grad_up", "grad_down", "client_weights"}
+    from harness.adversary_view import AdversaryView
+
+    view = AdversaryView.load(path.parent / "view.pt")
+    assert view.meta["system"] == "splitft" and view.meta["privacy_parameter"] == {"name": "lambda", "value": 1.0}
+    assert len(view.select(channel="client_weights")) == 2      # one recorded step per client
+
+
+def _run_data(configuration, epsilon, ce, label_f1, h, h_a):
+    m = {"heldout_ce": ce, "heldout_ce_ci_lo": ce - 0.1, "heldout_ce_ci_hi": ce + 0.1, "heldout_ppl": math.exp(ce),
+         "heldout_top1": 20.0, "heldout_top1_ci_lo": 18.0, "heldout_top1_ci_hi": 22.0, "H": h, "H_A": h_a,
+         "label_top1": 30.0, "label_token_f1": label_f1, "label_token_f1_ci_lo": label_f1 - 2,
+         "label_token_f1_ci_hi": label_f1 + 2, "label_reference_token_f1": 10.0, "eia_token_f1": 50.0,
+         "eia_token_f1_ci_lo": 45.0, "eia_token_f1_ci_hi": 55.0, "eia_reference_token_f1": 9.0, "verdict": "leak"}
+    return {"experiment": "splitft", "configuration": configuration, "epsilon": epsilon,
+            "parameter_name": "lambda" if epsilon else None, "model": "m", "workload": "splitft:builtin",
+            "split": {"k": 1, "m": 3, "n_clients": 2, "lora": False}, "metrics": m, "tags": [],
+            "rounds": [{"round": 1, "H": h, "H_A": h_a, "heldout_ce": ce + 0.5}, {"round": 2, "H": h, "H_A": h_a,
+                                                                                  "heldout_ce": ce}]}
+
+
+def test_report_section_tables_and_plots(tmp_path):
+    from runners.report import splitft as section
+    from runners.report.plotting import Figures
+    from runners.report.runs import Run
+
+    runs = [Run(tmp_path / "b", "b", "ok", _run_data("privpair", 1.0, 3.2, 12.0, 0.5, 4.0)),
+            Run(tmp_path / "a", "a", "ok", _run_data("splitft_none", None, 3.0, 40.0, 1e-9, 1e-9)),
+            Run(tmp_path / "c", "c", "ok", {**_run_data("splitft_none", None, 3.0, 40.0, 0, 0), "model": "other"})]
+    groups = section.groups(runs)
+    assert [len(g.runs) for g in groups] == [2, 1]
+    md = "\n".join(section.markdown(groups[:1], Figures(tmp_path)))
+    lines = [line for line in md.splitlines() if line.startswith("| splitft_none") or line.startswith("| privpair")]
+    assert lines[0].startswith("| splitft_none |") and lines[1].startswith("| privpair lambda=1 |")   # paper order
+    assert "12.00 [10.00, 14.00] (10.00)" in lines[1] and "3.200 [3.100, 3.300]" in lines[1]
+    assert sorted(p.name.split("_")[1] for p in tmp_path.glob("report_*.png")) == ["splitft", "splitft"]
+    assert "privpair lambda=1" in "\n".join(section.summary(groups))
+
+
+def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head(ids):
+    """On an undefended step the label attack's guesses are the model's own argmax next tokens (an
+    independent, unsplit forward with the weights the view holds), and the EIA inversion of s_A recovers
+    the inputs of a 1-block head far above its reference."""
+    from attacks.splitft.eia import eia
+    from attacks.splitft.label import infer_labels
+    from attacks.splitft.white_box import ServerCopy
+    from harness.adversary_view import AdversaryView, Exposure
+    from harness.splitft.step import CLIENT_WEIGHTS
+
+    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg.pop("defaults")
+    model = load_model(model_cfg).model
+    part, names = trainable.make_trainable(model, 1, 3, None)
+    opt = torch.optim.AdamW([dict(model.named_parameters())[n] for n in names], lr=1e-2)
+    record = Recorder(step=5)
+    record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(model, names))   # as client.py: before the step
+    split_step(part, defences.Defence(), ids, opt, record=record)
+    view = AdversaryView([Exposure(e["op"], e["layer"], e["step"], tuple(e["tensor"].shape), e["tensor"], e["channel"])
+                          for e in record.exposures],
+                         {"splitft": {"k": 1, "m": 3, "lora": {"enabled": False}, "weight_layout": names}})
+    copy = ServerCopy(view, model_cfg)
+    guesses = infer_labels(copy)
+    with torch.no_grad():
+        trainable.load_flat(model, names, record.exposures[0]["tensor"])
+        logits = model(input_ids=ids).logits          # the unsplit model with the weights the view holds
+        expected = logits[:, :-1].argmax(-1).tolist()
+    assert [g for *_, g in guesses] == expected and [r for _, r, _ in guesses] == [0, 1, 2]
+    recovered = eia(copy, steps=100, lr=0.5, max_examples=3)
+    scores = assess("eia", [ids[r].tolist() for _, r, _ in recovered], [g for *_, g in recovered],
+                    [ids[r].tolist() for _, r, _ in recovered], [g for *_, g in recovered], 1.0, 5.0)
+    assert scores["eia_token_f1"] > 80.0 and scores["eia_verdict"] == "leak"
+
+
+APP_TOML = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "splitftapp"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "splitbench"
+
+[tool.flwr.app.components]
+serverapp = "harness.splitft.deployment:serverapp"
+clientapp = "harness.splitft.deployment:clientapp"
+
+[tool.flwr.app.config]
+recipe = "{recipe}"
+sink = "{sink}"
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_deployment_runtime_on_loopback(tmp_path):
+    """The same ClientApp/ServerApp under Flower's deployment runtime: a SuperLink and two SuperNodes on
+    127.0.0.1, `flwr run` on a Flower app naming harness.splitft.deployment (about 2 minutes here)."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from harness.splitft.client import Recipe
+    from harness.splitft.data import load_split_data
+    from harness.splitft.deployment import write_recipe
+
+    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg.pop("defaults")
+    smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft
+    section = OmegaConf.to_container(OmegaConf.merge(SECTION, smoke), resolve=True)
+    data = load_split_data(OmegaConf.create(section["data"]), load_model(model_cfg).tokenizer, 2, 0)
+    recipe, sink = tmp_path / "recipe.pt", tmp_path / "sink.pt"
+    write_recipe(Recipe(model_cfg, None, "privpair", 1.0, section, 0, data.clients, data.align, data.heldout), recipe)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(APP_TOML.format(recipe=recipe, sink=sink))
+    link = _free_port()
+    home = tmp_path / "flwr"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+    env = {**os.environ, "FLWR_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    bin_dir = Path(sys.executable).parent
+    procs = [subprocess.Popen([bin_dir / "flower-superlink", "--insecure", "--port", str(link)], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(8)
+        for partition in (0, 1):
+            procs.append(subprocess.Popen(
+                [bin_dir / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}", "--port",
+                 str(_free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
+                env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(8)
+        done = subprocess.run([bin_dir / "flwr", "run", str(app), "loopback", "--stream"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    got = torch.load(sink, weights_only=False)
+    assert got["replies"] == {1: 2, 2: 2}
+    assert {e["client"] for e in got["exposures"]} == {0, 1}
+    assert {e["channel"] for e in got["exposures"]} >= {"smashed_up", "smashed_down", "grad_up", "grad_down",
+                                                        "client_weights"}
+    assert all(got["rounds"][r]["H_A"] > 0 for r in (1, 2)) and got["final"]
