@@ -138,6 +138,19 @@ def names(*, split: bool | None = None, gaussian: bool | None = None, system: st
                  and (gaussian is None or c.gaussian == gaussian))
 
 
+# How a privacy parameter's name is written in tables and terminal lines.
+SYMBOLS = {"epsilon": "ε", "eta": "η", "lambda": "λ", "alpha": "α", "sigma": "σ"}
+
+
+def parameter_label(name: str, epsilon: float | None) -> str:
+    """"ε=1", "η=150", "λ=4": the configuration's privacy parameter by its own name; "" without one."""
+    value = effective_epsilon(name, epsilon)
+    if value is None:
+        return ""
+    parameter = get(name).parameter_name or "epsilon"
+    return f"{SYMBOLS.get(parameter, parameter)}={value:g}"
+
+
 def effective_epsilon(name: str, epsilon: float | None) -> float | None:
     """The knob's value where the configuration uses it, else None (recorded as results.json `epsilon`)."""
     return float(epsilon) if get(name).uses_epsilon and epsilon is not None else None

@@ -215,9 +215,9 @@ def _plain(node: Any) -> dict[str, Any]:
 def summary_text(results: dict[str, Any]) -> str:
     """A short table for the terminal; results.json has everything."""
     m = results["metrics"]
-    eps = results["epsilon"]
+    parameter = configurations.parameter_label(results["configuration"], results["epsilon"])
     head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-            f"{'' if eps is None else f' (ε={eps:g})'} vs {results['baseline']} · {results['n_prompts']} prompts · "
+            f"{f' ({parameter})' if parameter else ''} vs {results['baseline']} · {results['n_prompts']} prompts · "
             f"{results['generation']['max_new_tokens']} new tokens")
     lines = [head, *metric_lines(m, SUMMARY_METRICS,
                                  width=22)]

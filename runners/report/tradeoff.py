@@ -34,9 +34,6 @@ INTRO = ("Every configuration of every system on the same axes: reconstruction b
          "is the attacker's no-signal score (what it reaches from nothing).")
 
 
-SYMBOLS = {"epsilon": "ε", "eta": "η", "lambda": "λ", "alpha": "α", "sigma": "σ"}
-
-
 @dataclass
 class Point:
     system: str
@@ -76,12 +73,10 @@ class Chart:
 
 
 def _parameter(run: Run) -> str:
-    conf = configurations.REGISTRY.get(str(run.data.get("configuration")))
-    eps = num(run.data.get("epsilon"))
-    if conf is None or not conf.uses_epsilon or eps is None:
+    name = str(run.data.get("configuration"))
+    if name not in configurations.REGISTRY:
         return ""
-    name = conf.parameter_name or "epsilon"
-    return f"{SYMBOLS.get(name, name)}={eps:g}"
+    return configurations.parameter_label(name, num(run.data.get("epsilon")))
 
 
 def _system(run: Run) -> str:
