@@ -29,6 +29,16 @@ showed and what is learned transfers to them; `full` — every decoder weight as
 train a private copy of the decoder, with their own learning rate `decoder_lr`. Training stops at
 `max_steps` or `max_minutes`, whichever comes first, and keeps the parameters with the lowest validation
 loss.
+
+The output head (`head`): `lm` — the decoder's own LM head alone, so every token must be read out of the
+exposures by the decoder's attention and layers; `evidence` — position-wise components only: the decoder's
+logits for token j plus s·cos(P(x_j), E[v]) for every vocabulary entry v, the cosine of the projected
+exposure of position j with the decoder's (frozen) input embeddings, s a trained scale. The exposure of a
+position is direct evidence for its token (at layer 0 it is the token's normalised embedding, plus noise);
+`lm` must learn to route it through a frozen network and, in 30 CPU-minutes, reaches about 40% token F1
+noise-free, while `evidence` gives that evidence a path of its own to the output and leaves the decoder
+what it is good at, the prior over text (a product of experts: a learned nearest-embedding reader times
+the language model).
 """
 from __future__ import annotations
 
@@ -46,12 +56,15 @@ from harness.progress import progress as progress_bar
 
 MODES = ("projection", "body", "full")
 LAYOUTS = ("prefix", "aligned")
+HEADS = ("lm", "evidence")
 
 
 @dataclass
 class TrainSettings:
     mode: str = "projection"
     layout: str = "prefix"
+    head: str = "lm"                        # lm | evidence (position-wise components; see the module doc)
+    evidence_scale: float = 10.0            # evidence head: the starting scale s of the cosine logits
     window: int = 32
     batch_size: int = 8
     lr: float = 1e-3
@@ -71,6 +84,10 @@ class TrainSettings:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if not self.evidence_scale > 0:
+            raise ValueError(f"evidence_scale must be > 0, got {self.evidence_scale}")
         for name in ("window", "batch_size", "max_steps", "eval_every", "val_windows", "max_target_tokens",
                      "gen_batch_size"):
             if getattr(self, name) < 1:
@@ -139,13 +156,15 @@ class Inverter(nn.Module):
     projection mode, where it is frozen; pass a private copy for body and full modes)."""
 
     def __init__(self, decoder: nn.Module, d_in: int, mode: str = "projection", hidden: int | None = None,
-                 layout: str = "prefix") -> None:
+                 layout: str = "prefix", head: str = "lm", evidence_scale: float = 10.0) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.mode, self.layout = mode, layout
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+        self.mode, self.layout, self.head = mode, layout, head
         self.decoder = decoder
         d_model = decoder.config.hidden_size
         emb = decoder.get_input_embeddings().weight.detach()
@@ -159,6 +178,10 @@ class Inverter(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             self.sep = nn.Parameter(torch.randn(d_model))
+        self.log_evidence_scale = nn.Parameter(torch.tensor(math.log(evidence_scale)))
+        if head == "evidence":
+            # Unit rows of the embedding table as it was given (full mode trains the decoder's own copy).
+            self.register_buffer("unit_embeddings", F.normalize(emb.float(), dim=-1), persistent=False)
         decoder.requires_grad_(mode != "projection")
         if mode == "body":
             # Frozen token embeddings; with tied weights this also freezes the LM head (same tensor).
@@ -170,7 +193,9 @@ class Inverter(nn.Module):
 
     # ---------------------------------------------------------------- pieces
     def param_groups(self, lr: float, decoder_lr: float) -> list[dict]:
-        groups = [{"params": list(self.linear.parameters()) + list(self.proj.parameters()) + [self.sep], "lr": lr}]
+        own_head = [self.log_evidence_scale] if self.head == "evidence" else []
+        groups = [{"params": list(self.linear.parameters()) + list(self.proj.parameters()) + [self.sep] + own_head,
+                   "lr": lr}]
         own = [p for p in self.decoder.parameters() if p.requires_grad]
         return groups + ([{"params": own, "lr": decoder_lr}] if own else [])
 
@@ -226,6 +251,14 @@ class Inverter(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.get_input_embeddings()(ids)
 
+    def evidence(self, hints: torch.Tensor) -> torch.Tensor:
+        """The evidence head's logits [..., V] for projected exposures `hints` [..., d] (zero rows: padding)."""
+        return self.log_evidence_scale.exp() * (F.normalize(hints.float(), dim=-1) @ self.unit_embeddings.T)
+
+    def _check_evidence(self, batch: Sequence[Example]) -> None:
+        if self.head == "evidence" and any(ex.features.shape[0] < ex.length for ex in batch):
+            raise ValueError("the evidence head needs one exposure row per target token (a position-wise component)")
+
     def _inputs(self, batch: Sequence[Example], teacher: bool):
         """Left-padded input embeddings, attention mask and positions. Without `teacher`: what generation
         starts from (prefix: the prefix and SEP; aligned: the first step)."""
@@ -255,10 +288,15 @@ class Inverter(nn.Module):
     # ---------------------------------------------------------------- training objective
     def loss(self, batch: Sequence[Example]) -> torch.Tensor:
         """Mean cross-entropy of the teacher-forced prompt tokens."""
+        self._check_evidence(batch)
         x, mask, positions = self._inputs(batch, teacher=True)
         keep = max(ex.length for ex in batch)
         logits = self.decoder(inputs_embeds=x, attention_mask=mask, position_ids=positions,
                               logits_to_keep=keep).logits
+        if self.head == "evidence":
+            hints = torch.stack([F.pad(self.prefix(ex.features[: ex.length]), (0, 0, keep - ex.length, 0))
+                                 for ex in batch])
+            logits = logits.float() + self.evidence(hints)
         labels = torch.full((len(batch), keep), -100, dtype=torch.long)
         for r, ex in enumerate(batch):
             labels[r, keep - ex.length:] = torch.as_tensor(ex.target, dtype=torch.long)
@@ -285,16 +323,20 @@ class Inverter(nn.Module):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             batch = [examples[i] for i in idx]
+            self._check_evidence(batch)
             x, mask, positions = self._inputs(batch, teacher=False)
             cache = DynamicCache(config=self.decoder.config)
             logits = self.decoder(inputs_embeds=x, attention_mask=mask, position_ids=positions, cache=cache,
                                   use_cache=True, logits_to_keep=1).logits
-            nxt = logits[:, -1].argmax(-1)
-            steps = [nxt]
-            if self.layout == "aligned":
+            hints = None
+            if self.layout == "aligned" or self.head == "evidence":
                 width = max(ex.length for ex in batch)
                 hints = torch.stack([F.pad(self.prefix(ex.features[: ex.length]), (0, 0, 0, width - ex.length))
                                      for ex in batch])
+            if self.head == "evidence":
+                logits = logits[:, -1:].float() + self.evidence(hints[:, :1])
+            nxt = logits[:, -1].argmax(-1)
+            steps = [nxt]
             for j in range(1, max(ex.length for ex in batch)):
                 mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], dim=1)
                 positions = positions[:, -1:] + 1
@@ -303,6 +345,8 @@ class Inverter(nn.Module):
                     step_in = step_in + hints[:, j:j + 1]
                 logits = self.decoder(inputs_embeds=step_in, attention_mask=mask,
                                       position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1).logits
+                if self.head == "evidence":
+                    logits = logits[:, -1:].float() + self.evidence(hints[:, j:j + 1])
                 nxt = logits[:, -1].argmax(-1)
                 steps.append(nxt)
             ids = torch.stack(steps, dim=1).tolist()
@@ -322,16 +366,18 @@ class Inverter(nn.Module):
     def state(self) -> dict:
         state = {"linear": self.linear.state_dict(), "proj": self.proj.state_dict(), "sep": self.sep.detach().clone(), "mean": self.mean.clone(),
                  "std": self.std.clone(), "out_scale": self.out_scale.clone(), "mode": self.mode,
-                 "layout": self.layout}
+                 "layout": self.layout, "head": self.head,
+                 "log_evidence_scale": self.log_evidence_scale.detach().clone()}
         if self.mode != "projection":
             # Only what training changes (body mode leaves the embeddings as they were).
             state["decoder"] = {k: v.detach().clone() for k, v in self.decoder.named_parameters() if v.requires_grad}
         return state
 
     def load_state(self, state: dict) -> None:
-        if (state["mode"], state.get("layout", "prefix")) != (self.mode, self.layout):
-            raise ValueError(f"checkpoint is for {state['mode']}/{state.get('layout')}, this inverter is "
-                             f"{self.mode}/{self.layout}")
+        theirs = (state["mode"], state.get("layout", "prefix"), state.get("head", "lm"))
+        if theirs != (self.mode, self.layout, self.head):
+            raise ValueError(f"checkpoint is for {'/'.join(theirs)}, this inverter is "
+                             f"{self.mode}/{self.layout}/{self.head}")
         self.linear.load_state_dict(state["linear"])
         self.proj.load_state_dict(state["proj"])
         with torch.no_grad():
@@ -339,6 +385,8 @@ class Inverter(nn.Module):
             self.mean.copy_(state["mean"])
             self.std.copy_(state["std"])
             self.out_scale.copy_(state["out_scale"])
+            if "log_evidence_scale" in state:
+                self.log_evidence_scale.copy_(state["log_evidence_scale"])
         if self.mode != "projection":
             result = self.decoder.load_state_dict(state["decoder"], strict=False)
             if result.unexpected_keys:
@@ -351,7 +399,8 @@ def build(decoder: nn.Module, d_in: int, settings: TrainSettings) -> Inverter:
         decoder = copy.deepcopy(decoder)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        return Inverter(decoder, d_in, settings.mode, settings.projection_hidden, settings.layout)
+        return Inverter(decoder, d_in, settings.mode, settings.projection_hidden, settings.layout, settings.head,
+                        settings.evidence_scale)
 
 
 @dataclass

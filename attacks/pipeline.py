@@ -178,8 +178,10 @@ class Pipeline:
 
     # ---------------------------------------------------------------- learned attacker
     def settings_for(self, component: str) -> TrainSettings:
-        """The LM head exposes one row per prompt: it is always read as a prefix."""
-        return replace(self.train_settings, layout="prefix") if component == "lm_head" else self.train_settings
+        """The LM head exposes one row per prompt: it is always read as a prefix, by the LM head alone."""
+        if component == "lm_head":
+            return replace(self.train_settings, layout="prefix", head="lm")
+        return self.train_settings
 
     def inverter_key(self, configuration: str, epsilon: float | None, component: str, layer: int,
                      shuffled: bool = False) -> str:

@@ -200,6 +200,8 @@ class AttackTrainConfig:
 
     mode: str = MISSING                   # projection | body | full
     layout: str = MISSING                 # prefix (GEIA) | aligned; the LM head is always read as a prefix
+    head: str = MISSING                   # lm | evidence (position-wise components; attacks/inversion.py)
+    evidence_scale: float = MISSING
     window: int = MISSING
     batch_size: int = MISSING
     lr: float = MISSING
@@ -480,6 +482,7 @@ def _check_attack(attack: DictConfig) -> None:
                ("corpus.source", attack.corpus.source, ATTACK_CORPUS_SOURCES),
                ("train.mode", attack.train.mode, ("projection", "body", "full")),
                ("train.layout", attack.train.layout, ("aligned", "prefix")),
+               ("train.head", attack.train.head, ("lm", "evidence")),
                ("bayes.prior", attack.bayes.prior, ("uniform", "corpus")))
     for key, value, allowed in choices:
         if value not in allowed:
@@ -500,7 +503,7 @@ def _check_attack(attack: DictConfig) -> None:
             raise UserError(f"attack.{key} must be >= {least}, got {value}")
     if attack.corpus.max_tokens < attack.corpus.min_tokens:
         raise UserError(f"attack.corpus.max_tokens={attack.corpus.max_tokens} is below min_tokens={attack.corpus.min_tokens}")
-    for key in ("lr", "decoder_lr", "max_minutes"):
+    for key in ("lr", "decoder_lr", "max_minutes", "evidence_scale"):
         if not (math.isfinite(attack.train[key]) and attack.train[key] > 0):
             raise UserError(f"attack.train.{key} must be a number > 0, got {attack.train[key]}")
     if attack.train.threads is not None and attack.train.threads < 1:

@@ -40,8 +40,9 @@ TABLE6_METRICS = (("token_precision", "token precision %"), ("token_recall", "to
                   ("rouge_l", "ROUGE-L"), ("exact_match", "exact match %"))
 
 INTRO = ("Can the accelerator rebuild the prompt from what it sees (paper §7.4)? A learned inverter (a decoder "
-         "LM reading the exposed vectors through a trained projection, attacks/inversion.py) per attacker "
-         "setting and exposed component: *noise-free* = trained and evaluated on unmasked (t3) inputs; "
+         "LM reading the exposed vectors through a trained projection, plus by default an evidence head "
+         "that scores each position's projected exposure against every token's embedding; "
+         "attacks/inversion.py) per attacker setting and exposed component: *noise-free* = trained and evaluated on unmasked (t3) inputs; "
          "*noise-oblivious* = that attacker on masked inputs; *noise-aware* = trained on inputs masked "
          "with the same mechanism and ε. Token precision / recall / F1: multiset overlap of "
          "reconstruction and prompt tokens, macro over prompts; text metrics on the decoded texts. Cells "
