@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.text_corpus import hub_text, paragraphs
 
 BUILTIN_CORPUS = Path(__file__).parent / "data" / "builtin_corpus.txt"
 SOURCES = ("builtin", "text", "hub", "random")
-_HEADING = re.compile(r"^\s*(=+)\s.*\s\1\s*$")
 
 
 @dataclass
@@ -39,17 +38,6 @@ class Corpus:
     val: list[list[int]]
     source: str          # provenance: file path + sha256, or hub id
     n_stream_tokens: int
-
-
-def paragraphs(text: str) -> list[str]:
-    """Non-empty paragraphs of `text`, without comment lines and WikiText headings (`= A =`, `= = B = =`)."""
-    out = []
-    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        s = line.strip()
-        if not s or s.startswith("#") or _HEADING.match(s):
-            continue
-        out.append(s)
-    return out
 
 
 def chunk(stream: list[int], min_tokens: int, max_tokens: int, seed: int) -> list[list[int]]:
@@ -129,16 +117,6 @@ def _hub_text(cfg: Any) -> tuple[str, str]:
     hub_id = _get(cfg, "hub_id")
     if not hub_id:
         raise UserError("attack.corpus.source=hub needs attack.corpus.hub_id (e.g. wikitext)")
-    hub_config, split, field = _get(cfg, "hub_config"), _get(cfg, "split", "train"), _get(cfg, "text_field", "text")
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(hub_id, hub_config, split=split)
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
-        raise UserError(
-            f"cannot load {hub_id} ({hub_config}, {split}) from the Hugging Face hub ({type(e).__name__}); offline, "
-            "pass a local text file: attack.corpus.source=text attack.corpus.path=/path/to/text.txt") from e
-    if field not in ds.column_names:
-        raise UserError(f"{hub_id} has no column {field!r} (columns: {', '.join(ds.column_names)}); "
-                        "set attack.corpus.text_field")
-    return "\n".join(str(t) for t in ds[field]), f"hub:{hub_id}/{hub_config or '-'}/{split}"
+    return hub_text(hub_id, _get(cfg, "hub_config"), _get(cfg, "split", "train"), _get(cfg, "text_field", "text"),
+                    key="attack.corpus", local_hint="pass a local text file: attack.corpus.source=text "
+                    "attack.corpus.path=/path/to/text.txt")

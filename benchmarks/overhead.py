@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.rounds import median_range, round_ratios, run_rounds
+
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
 BENCHMARKED = ("cpu", "t3", "ep1", "slalom")
@@ -94,21 +96,19 @@ def main() -> None:
     pad = loaded.tokenizer.pad_token_id
     engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads) for c in BENCHMARKED}
     engines["cpu"].generate(batch[:2], 4, pad_token_id=pad)  # warm-up (allocator, thread pool)
-    times: dict[str, list[float]] = {c: [] for c in BENCHMARKED}
     bank: dict[str, dict] = {}
     outputs: dict[str, list] = {}
-    for r in range(args.rounds):
-        order = BENCHMARKED[r % len(BENCHMARKED):] + BENCHMARKED[: r % len(BENCHMARKED)]
-        for c in order:
+
+    def arm(c: str):
+        def generate() -> float:
             result = engines[c].generate(batch, args.new_tokens, pad_token_id=pad)
-            times[c].append(result.timings["total"])
             bank[c] = result.timings | {"bank": result.bank}
             outputs[c] = result.output_ids
-            print(f"round {r + 1}/{args.rounds} {c:7s} {result.timings['total']:7.2f} s", file=sys.stderr)
+            return result.timings["total"]   # the engine's own clock: generation, not the bank precompute
+        return generate
 
-    def ratio(a: str, b: str) -> tuple[float, float, float]:
-        per_round = [x / y for x, y in zip(times[a], times[b])]
-        return statistics.median(per_round), min(per_round), max(per_round)
+    times = run_rounds({c: arm(c) for c in BENCHMARKED}, args.rounds,
+                       log=lambda r, c, s: print(f"round {r + 1}/{args.rounds} {c:7s} {s:7.2f} s", file=sys.stderr))
 
     generated = args.batch * args.new_tokens
     memory = {}
@@ -137,7 +137,7 @@ def main() -> None:
     ]
     for (a, b), target in ((("t3", "cpu"), "≤ 1.05"), (("ep1", "t3"), "≤ 1.03 (paper: 1.08)"), (("slalom", "t3"), "—"),
                            (("slalom", "ep1"), "—")):
-        med, lo, hi = ratio(a, b)
+        med, lo, hi = median_range(round_ratios(times, a, b))
         lines.append(f"| {a}/{b} | {med:.3f} | {lo:.3f} | {hi:.3f} | {target} |")
     lines += ["", "| configuration | median total (s) | tokens/s | bank precompute (s) | bank precompute per generated token (ms) "
                   "| bank bytes (MiB) | peak RSS (MiB) |", "|---|---|---|---|---|---|---|"]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+
+from benchmarks.rounds import median_range, round_ratios, run_rounds, wall_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,22 +63,16 @@ def main() -> None:
              "privpair": lambda: split_step(part, privpair, ids, opt)}
     for fn in steps.values():      # warm-up: allocator, lazy imports
         fn()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    order = list(steps)
-    for r in range(args.rounds):
-        for name in order[r % 3:] + order[:r % 3]:
-            t = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - t)
-    ratios = {k: [t / p for t, p in zip(times[k], times["plain"])] for k in ("split", "privpair")}
+    times = run_rounds({name: wall_seconds(fn) for name, fn in steps.items()}, args.rounds)
+    ratios = {k: round_ratios(times, k, "plain") for k in ("split", "privpair")}
     lines = [f"# Split step vs plain training step: {args.model}, k={args.k}, m={args.m}", "",
              f"batch {args.batch} × {args.seq} tokens, {args.rounds} rounds, {args.threads} torch thread(s), "
              f"{platform.processor() or platform.machine()}, torch {torch.__version__}", "",
              "| step | median seconds | ratio to plain (median [min, max]) |", "| --- | --- | --- |",
              f"| plain | {statistics.median(times['plain']):.4f} | 1 |"]
     for k, rs in ratios.items():
-        lines.append(f"| {k} | {statistics.median(times[k]):.4f} | {statistics.median(rs):.3f} "
-                     f"[{min(rs):.3f}, {max(rs):.3f}] |")
+        med, lo, hi = median_range(rs)
+        lines.append(f"| {k} | {statistics.median(times[k]):.4f} | {med:.3f} [{lo:.3f}, {hi:.3f}] |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -104,6 +104,10 @@ COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("collab_cogenesis", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="B", system=COLLAB),
     Configuration("collab_dp_logit", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
     Configuration("collab_dp_fusion", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+    Configuration("collab_custext", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+    Configuration("collab_ldp_sampler", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+    Configuration("collab_invisibleink", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  system=COLLAB),
 )
 # The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
 GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = (

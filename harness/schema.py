@@ -38,6 +38,7 @@ from harness.errors import UserError
 from harness.grad_audit import config as grad_audit_config
 from harness.sanitize import config as sanitize_config
 from harness.splitft import config as splitft_config
+from harness.text_corpus import paragraphs
 
 BASELINES = ("auto", "cpu", "gpu")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -443,8 +444,6 @@ def _check_input_files(cfg: DictConfig) -> None:
         return
     if not corpus.path:
         raise UserError("attack.corpus.source=text needs attack.corpus.path=/path/to/file.txt")
-    from attacks.corpus import paragraphs
-
     path = Path(str(corpus.path)).expanduser()
     text, _ = read_text(path, "attack.corpus.path")
     if not paragraphs(text):

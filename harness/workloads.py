@@ -217,9 +217,13 @@ def read_text(path: Path, key: str) -> tuple[str, bytes]:
     return text, raw
 
 
-def _read_jsonl(path: Path) -> tuple[list[_Record], str]:
-    where = f"workload.path={path}"
-    text, raw = read_text(path, "workload.path")
+def read_jsonl_rows(path: Path, key: str) -> tuple[list[tuple[int, dict[str, Any]]], bytes]:
+    """The records of a JSON Lines file the user names (`key`=path): each line's JSON object with its line
+    number (blank lines skipped), and the file's raw bytes (for provenance hashes). Besides read_text's
+    errors, a line that is not JSON or not a JSON object is a one-line UserError naming the line. Whether
+    no records at all is an error, and which fields a record needs, is the caller's."""
+    where = f"{key}={path}"
+    text, raw = read_text(path, key)
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -227,13 +231,19 @@ def _read_jsonl(path: Path) -> tuple[list[_Record], str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{where}: line {lineno} is not valid JSON ({e.msg})") from e
+            raise UserError(f"{where}: line {lineno} is not valid JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise UserError(f"{where}: line {lineno} is not a JSON object (got a JSON {_json_kind(row)})")
-        rows.append((f"line {lineno}", row))
+        rows.append((lineno, row))
+    return rows, raw
+
+
+def _read_jsonl(path: Path) -> tuple[list[_Record], str]:
+    where = f"workload.path={path}"
+    rows, raw = read_jsonl_rows(path, "workload.path")
     if not rows:
         raise UserError(f"{where} holds no records (one JSON object per line, with an 'instruction' field)")
-    records = _to_records(rows, where=where, id_prefix=f"{path.stem}-")
+    records = _to_records(((f"line {n}", row) for n, row in rows), where=where, id_prefix=f"{path.stem}-")
     return records, f"file:{path.resolve()} sha256={hashlib.sha256(raw).hexdigest()}"
 
 
@@ -265,14 +275,10 @@ def _to_records(rows: Iterable[tuple[str, Mapping[str, Any]]], where: str, id_pr
 
 
 def _load_dolly_hub() -> list[_Record]:
-    import datasets  # slow import; only the hub path needs it
+    from harness.text_corpus import load_hub_dataset  # `datasets` is a slow import; only the hub path needs it
 
-    try:
-        ds = datasets.load_dataset(DOLLY_HUB_ID, split="train")
-    except (OSError, datasets.exceptions.DatasetsError) as e:
-        raise UserError(
-            f"cannot load {DOLLY_HUB_ID} from the Hugging Face hub ({type(e).__name__}); offline, pass a local "
-            "JSONL with instruction/context fields as workload.path=/path/to/dolly.jsonl") from e
+    ds = load_hub_dataset(DOLLY_HUB_ID, None, "train", local_hint="pass a local JSONL with instruction/context "
+                          "fields as workload.path=/path/to/dolly.jsonl")
     # Hub rows carry no id; `dolly-<row index>` matches the ids of the Dolly JSONL in ../shared/data.
     return _to_records(((f"record {i}", row) for i, row in enumerate(ds)), where=f"hub:{DOLLY_HUB_ID}",
                        id_prefix="dolly-")

@@ -205,11 +205,9 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
 def summary(results: dict[str, Any]) -> str:
     """The terminal summary of one run (results.json has everything)."""
     m = results["metrics"]
-    eps = results["epsilon"]
     a = results["attack"]
-    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-            f"{'' if eps is None else f' (ε={eps:g})'} · {a['setting']} · {a['component']} layer {a['layer']} · "
-            f"{results['n_prompts']} prompts")
+    head = common.summary_head(results, a["setting"], f"{a['component']} layer {a['layer']}",
+                               f"{results['n_prompts']} prompts")
     lines = [head, *common.metric_lines(m, ("token_precision", "token_recall", "token_f1",
                                             "positive_control_token_f1", "negative_control_token_f1",
                                             "semantic_similarity", "bayes_top1", "bayes_top5", "bayes_token_f1"),

@@ -7,7 +7,8 @@ records what the cloud receives (adversary view, view.pt), and reports
 - private evidence recall Token-ER / ROUGE1-ER / Span-ER / AUC at every K of collab.metrics.ks, each with
   its no-signal floor (the cloud alone) and the paired excess over it (attacks/collab_decodeleak.py);
 - private-context inversion ROUGE-1 recall / F1, floor and excess;
-- utility: option accuracy or ROUGE-L to the reference, and the cloud alone's;
+- utility: option accuracy (the stated option, or likelihood option scoring with
+  `collab.option_scoring=likelihood`) or ROUGE-L to the reference, and the cloud alone's;
 - the verdict on the excess Token-ER@report_k, with the undefended run as positive control and the
   context-free edge as negative control; `tradeoff` for the cross-system chart.
 
@@ -51,7 +52,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.collab import benchmarks, engine, prompts, protocol
     from harness.collab.defences import make_defence
     from harness.models import load_model
-    from metrics.answers import option_correct
+    from harness.collab import edge_baselines
+    from metrics.answers import option_correct, scored_correct
     from metrics.evidence_recall import Vocabulary, tokenise_evidence
     from metrics.intervals import mean_ci
     from metrics.text import rouge_l
@@ -83,7 +85,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     examples = bench.examples
     top = max(ks)
     settings = dict(alpha=float(c.alpha), candidates=int(c.candidates), dp_delta=float(c.dp_delta),
-                    renyi_order=float(c.renyi_order))
+                    renyi_order=float(c.renyi_order),
+                    baselines=edge_baselines.options_of(c, name, edge.model, edge.tokenizer))
+    defence = make_defence(name, lam, **settings)
     common_kw = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=int(cfg.seed), view_top=int(c.view_top))
     meta = view_meta(cfg, system=configurations.COLLAB, workload=bench.name, epsilon=lam if lam is not None else cfg.epsilon)
     meta.update(fusion=c.fusion, alpha=float(c.alpha), cloud_model=cloud.name, edge_model=edge.name)
@@ -100,7 +104,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         signals, undefended = undefended, None
         signals.view.meta = meta
     else:
-        signals = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), meta=meta,
+        signals = protocol.collaborate_all(pair, examples, defence, meta=meta,
                                            desc=f"{name} ({c.fusion}-side)", **common_kw)
     no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
         pair, examples, make_defence("collab_none", None, **settings), private=False,
@@ -135,7 +139,16 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
             curves_.inversion = [leak.rouge1(e.context, g) for e, g in zip(examples, texts)]
             curves_.inversion_text = list(texts)
 
-    if bench.has_options:
+    option_scores = None
+    if bench.has_options and c.option_scoring == "likelihood":
+        utility_metric = "accuracy"
+        option_scores = protocol.option_loglik(pair, examples, defence, mode=c.fusion, seed=int(cfg.seed))
+        cloud_scores = protocol.cached(cfg.paths.cache_dir, {"edge": edge.source, "cloud": cloud.source,
+                                                             "examples": key["examples"], "run": "cloud_option_loglik"},
+                                       lambda: protocol.option_loglik(pair, examples, None, mode=c.fusion, seed=0))
+        per = [scored_correct(sc, e.answer) for sc, e in zip(option_scores, examples)]
+        cloud_per = [scored_correct(sc, e.answer) for sc, e in zip(cloud_scores, examples)]
+    elif bench.has_options:
         utility_metric = "accuracy"
         per = [option_correct(t, e.options, e.answer) for t, e in zip(signals.texts, examples)]
         cloud_per = [option_correct(t, e.options, e.answer) for t, e in zip(floor.texts, examples)]
@@ -180,6 +193,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "cloud_model": cloud.name,
         "cloud_model_source": cloud.source,
         "evidence_tokenisation": "leading_space" if c.evidence.leading_space else "bare",
+        "option_scoring": c.option_scoring if bench.has_options else None,
         "ks": ks,
         "metrics": metrics,
         **curves_out,
@@ -207,6 +221,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                **{f"floor_{m}_at_{k_rep}": floor_curves.rows[i][m][k_rep] for m in leak.METRICS}}
         if curves.inversion:
             row.update(curves.inversion[i], inversion_text=curves.inversion_text[i])
+        if option_scores is not None:
+            row["option_loglik"] = option_scores[i]
         samples.append(row)
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
@@ -232,7 +248,9 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "excess_*": "per-example metric minus its floor, mean with a paired Student-t 95% interval",
         "inversion_rouge1_recall": f"ROUGE-1 recall (%) of the cloud's reconstruction (Prompt D, top-{c.inversion.k} "
                                    f"per step, first {c.inversion.max_steps} steps) against x_priv",
-        "accuracy": "% of examples whose generation states the gold option first (metrics/answers.py)",
+        "accuracy": ("% of examples whose gold option has the highest log-likelihood as the answer's opening under "
+                     "the step's decoding distribution (protocol.option_loglik)" if c.option_scoring == "likelihood"
+                     else "% of examples whose generation states the gold option first (metrics/answers.py)"),
         "informed_*": "the informed attacker: the signal's exposure sets united with the cloud's own no-signal "
                       "top-K (the floor's sets); its excess over the floor is what the signal adds (>= 0)",
         "verdict": f"attacks/controls.classify on the informed attacker's excess Token-ER@{c.metrics.report_k} "
@@ -245,10 +263,8 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
 def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
     k = results["controls"]["verdict_k"]
-    eps = results["epsilon"]
-    param = "" if eps is None else f" ({results['parameter_name']}={eps:g})"
-    head = (f"{results['experiment_name']}: {results['model']} edge / {results['cloud_model']} cloud · "
-            f"{results['configuration']}{param} · {results['fusion']}-side · {results['n_prompts']} examples")
+    head = common.summary_head(results, f"{results['fusion']}-side", f"{results['n_prompts']} examples",
+                               model=f"{results['model']} edge / {results['cloud_model']} cloud")
     lines = [head]
     for name in ("token_er", "rouge1_er", "span_er", "auc"):
         lines.append(f"  {name}@{k:<4}{m[f'{name}_at_{k}']:>8.2f}   floor {m[f'floor_{name}_at_{k}']:>6.2f}   "

@@ -268,6 +268,18 @@ def load_semantic(cfg: DictConfig) -> Any:
     return load_semantic_model(cfg.semantic_model, cache_dir=cfg.paths.cache_dir)
 
 
+def summary_head(results: dict[str, Any], *details: str, model: str | None = None,
+                 against: str | None = None) -> str:
+    """The first line of a run's terminal summary, the same in every runner: "<experiment_name>: <model> ·
+    <configuration> (<privacy parameter>)[ vs <against>] · <details> · ...". The parameter is named as the
+    configuration names it (configurations.parameter_label: ε=1, η=150, λ=4) and left out where it does
+    not use one; `model` replaces results' model (e.g. a pair of models)."""
+    parameter = configurations.parameter_label(results["configuration"], results["epsilon"])
+    head = (f"{results['experiment_name']}: {model or results['model']} · {results['configuration']}"
+            f"{f' ({parameter})' if parameter else ''}{f' vs {against}' if against else ''}")
+    return " · ".join([head, *details])
+
+
 def metric_lines(metrics: dict[str, Any], names: Sequence[str], width: int) -> list[str]:
     """The metric table of a run's terminal summary: a header, then "name  value  [lo, hi]" for each of
     `names` the run has (results.json has everything)."""

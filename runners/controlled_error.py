@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from harness import configurations, schema
 from harness.results import RunContext
 from runners.common import (epsilon_ignored_note, finish, generate_batches, load_inputs, load_semantic, make_engine,
-                            results_header)
+                            results_header, summary_head)
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -111,10 +111,8 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
 
 def summary_text(results: dict[str, Any]) -> str:
     """The terminal summary: one line per level, its realised error and fidelity against T3."""
-    eps = results["epsilon"]
-    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-             f"{'' if eps is None else f' (ε={eps:g})'} vs t3 · {results['n_prompts']} prompts · "
-             f"{results['generation']['max_new_tokens']} new tokens",
+    lines = [summary_head(results, f"{results['n_prompts']} prompts",
+                          f"{results['generation']['max_new_tokens']} new tokens", against="t3"),
              f"  {'level':<14}{'mean abs error':>16}{'semantic sim.':>15}{'exact match':>13}{'token match':>13}"
              f"{'seconds':>10}"]
     for r in results["table"]:

@@ -21,7 +21,7 @@ from harness.results import GenerationCache, RunContext, cache_key
 from metrics.replicates import pool as replicates_pool
 from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
                             load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
-                            test_side, tradeoff, workload_record)
+                            summary_head, test_side, tradeoff, workload_record)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -215,10 +215,8 @@ def _plain(node: Any) -> dict[str, Any]:
 def summary_text(results: dict[str, Any]) -> str:
     """A short table for the terminal; results.json has everything."""
     m = results["metrics"]
-    parameter = configurations.parameter_label(results["configuration"], results["epsilon"])
-    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-            f"{f' ({parameter})' if parameter else ''} vs {results['baseline']} · {results['n_prompts']} prompts · "
-            f"{results['generation']['max_new_tokens']} new tokens")
+    head = summary_head(results, f"{results['n_prompts']} prompts",
+                        f"{results['generation']['max_new_tokens']} new tokens", against=results["baseline"])
     lines = [head, *metric_lines(m, SUMMARY_METRICS,
                                  width=22)]
     if m.get("mean_first_divergence") is not None:

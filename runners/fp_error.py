@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
 from harness.results import RunContext
-from runners.common import Inputs, epsilon_ignored_note, finish, load_inputs, results_header, workload_record
+from runners.common import (Inputs, epsilon_ignored_note, finish, load_inputs, results_header, summary_head,
+                            workload_record)
 
 TABLE_COLUMNS = ("precision", "kernel", "op", "accumulate", "n_trials", "mean_true_error", "mean_bound",
                  "bound_ratio", "bound_violation_rate", "first_order_violation_rate", "n_overflow")
@@ -128,11 +129,10 @@ def _fmt(v: Any) -> str:
 
 def summary_text(results: dict[str, Any]) -> str:
     """The terminal summary: the offloaded and Down rows of every precision and kernel."""
-    eps = results["epsilon"]
     m = results["metrics"]
-    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-             f"{'' if eps is None else f' (ε={eps:g})'} · {results['n_prompts']} prompts · "
-             f"{results['n_instances']['offloaded']} offloaded op instances + {results['n_instances']['down']} Down",
+    lines = [summary_head(results, f"{results['n_prompts']} prompts",
+                          f"{results['n_instances']['offloaded']} offloaded op instances + "
+                          f"{results['n_instances']['down']} Down"),
              f"  {'prec.':<6}{'kernel':<12}{'ops':<10}{'mean error':>12}{'mean bound':>12}{'bound/err':>11}"
              f"{'violations':>12}{'overflow':>10}"]
     for r in results["table"]:

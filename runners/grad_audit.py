@@ -143,9 +143,8 @@ DEFINITIONS = {
 
 def summary(results: dict[str, Any]) -> str:
     m, t = results["metrics"], results["topology"]
-    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']} · cut {t['cut_after']}"
-             f"→{t['resume_at']} ({t['delegated_layers']} delegated) · D={t['latent_dim']} · "
-             f"{len(results['seeds'])} scored seeds",
+    lines = [common.summary_head(results, f"cut {t['cut_after']}→{t['resume_at']} ({t['delegated_layers']} delegated)",
+                                 f"D={t['latent_dim']}", f"{len(results['seeds'])} scored seeds"),
              f"  zero-support agreement {m['zero_support_agreement']:.3f} "
              f"({m['zero_support_frames_identified']}/{m['frames_scored']} frames identified); norm rank "
              f"{m['norm_rank_agreement_pct']:.1f}% vs chance {m['partition_chance_agreement_pct']:.1f}% "

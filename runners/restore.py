@@ -178,10 +178,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 def summary(results: dict[str, Any]) -> str:
     a = results["attack"]
-    eps = results["epsilon"]
-    lines = [f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-             f"{'' if eps is None else f' (ε={eps:g})'} · {a.get('setting')} · {a.get('component')} layer "
-             f"{a.get('layer')} · restored by {results['restoration_model']} · {results['n_prompts']} prompts",
+    lines = [common.summary_head(results, str(a.get("setting")), f"{a.get('component')} layer {a.get('layer')}",
+                                 f"restored by {results['restoration_model']}", f"{results['n_prompts']} prompts"),
              f"  {'attacker / metric':<32}{'raw':>8}{'restored':>10}"]
     for name, v in results["attackers"].items():
         for k in HEADLINE:

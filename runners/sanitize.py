@@ -164,11 +164,7 @@ def _definitions(k: int) -> dict[str, str]:
 
 def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
-    eps = results["epsilon"]
-    p = results["privacy_parameter"]["name"]
-    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-            f"{'' if eps is None else f' ({p}={eps:g})'} · {results['n_prompts']} prompts · "
-            f"tasks {', '.join(results['tasks'])}")
+    head = common.summary_head(results, f"{results['n_prompts']} prompts", f"tasks {', '.join(results['tasks'])}")
     names = ["accuracy", "accuracy_unsanitized", "pr_at_5", "bayes_top1", "bayes_top5", "neighbours_token_f1",
              "bayes_token_f1", "window_top1", "window_token_f1", "learned_top1", "learned_token_f1", "unchanged_rate"]
     lines = [head, *common.metric_lines(m, names, width=24)]

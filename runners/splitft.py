@@ -5,8 +5,10 @@ A | B | C around a frozen server-side B, FedAvg rounds on Flower's simulation ru
 results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_ppl, heldout_top1 with
 95% intervals over blocks, and the pretrained model's initial_heldout_ce), H and H_A of the last round
 (every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
-inversion (eia_token_f1, eia_top1), each with its reference, positive control and verdict, and the run's
-`verdict` (the worst of the two). splitft_central is the centralised reference: utility only.
+inversion (eia_token_f1, eia_top1) and BiSR's forward attack (bisr_token_f1, bisr_top1), each with its
+reference, positive control and verdict, and the run's `verdict` (the worst of them); for the DP
+baselines, ε(δ) composed over the run (dp_epsilon_example, dp_epsilon_row; `privacy_accounting` has the
+record). splitft_central is the centralised reference: utility only.
 
     splitbench experiment=splitft_smoke
     splitbench -m experiment=splitft configuration=privpair epsilon=0.1,1,10
@@ -61,11 +63,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                    "initial_heldout_top1": training.initial["heldout_top1"]}
         last = training.rounds[-1]
         metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
+        accounting = _accounting(s, configuration, epsilon, last, loaded.model)
+        if accounting is not None:
+            metrics.update(dp_epsilon_example=accounting["epsilon_example"], dp_epsilon_row=accounting["epsilon_row"],
+                           dp_epsilon_step=accounting["epsilon_step"], dp_delta=accounting["delta"])
         view, rows = None, []
         if configuration != experiment.CENTRAL:
             view = experiment.build_view(cfg, training, section)
             attack, rows = run_attacks(view, experiment.load_truth(truth_dir), model_cfg, cfg.paths.cache_dir,
-                                       s.attack)
+                                       s.attack, public=data.align)
             metrics.update(attack)
     timings = {"train_seconds": trained - started, "attack_seconds": time.perf_counter() - trained}
     results = {
@@ -82,6 +88,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "epsilon": epsilon,
         "parameter_name": configurations.get(configuration).parameter_name,
         "metrics": metrics,
+        "privacy_accounting": accounting,
         "rounds": training.rounds,
         "initial": training.initial,
         "runtime": training.runtime,
@@ -95,6 +102,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=_view_writer(cfg, view, ctx))
+
+
+def _accounting(s: DictConfig, configuration: str, epsilon: float | None, last: dict[str, Any],
+                model: Any) -> dict[str, Any] | None:
+    """ε(δ) over the run of the DP baselines (harness/splitft/accounting.py); None for the others."""
+    from harness.splitft import accounting
+    from harness.splitft.client import MAX_SENDS
+
+    if configuration not in accounting.ACCOUNTED:
+        return None
+    return accounting.account(   # the a-priori bound: one example drawn at every draw of every step
+        configuration, float(epsilon), sends=int(last[MAX_SENDS]),
+        sends_bound=int(s.rounds) * int(s.local_steps) * int(s.batch_size), seq_len=int(s.data.seq_len),
+        delta=float(s.dp.delta), vocab_norm_max=float(model.get_input_embeddings().weight.norm(dim=-1).max()))
 
 
 def _sample(row: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
@@ -115,10 +136,9 @@ def _tradeoff(m: dict[str, Any], configuration: str) -> dict[str, Any]:
     a = m.get("strongest_attacker")
     if a is None:
         return common.tradeoff(**utility)
-    key = "label" if a == "label" else "eia"
-    return common.tradeoff(leakage_metric=f"{key}_token_f1", leakage=m[f"{key}_token_f1"],
-                           leakage_ci=(m[f"{key}_token_f1_ci_lo"], m[f"{key}_token_f1_ci_hi"]),
-                           attacker=f"splitft_{key}", leakage_floor=m[f"{key}_reference_token_f1"], **utility)
+    return common.tradeoff(leakage_metric=f"{a}_token_f1", leakage=m[f"{a}_token_f1"],
+                           leakage_ci=(m[f"{a}_token_f1_ci_lo"], m[f"{a}_token_f1_ci_hi"]),
+                           attacker=f"splitft_{a}", leakage_floor=m[f"{a}_reference_token_f1"], **utility)
 
 
 DEFINITIONS = {
@@ -134,26 +154,35 @@ DEFINITIONS = {
     "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples",
     "eia_token_f1": "multiset token F1 of the EIA inversion of s'_A (nearest vocabulary embeddings) against "
                     "the input tokens, macro over examples",
+    "inverter_token_f1": "multiset token F1 of the learned inverter (attacks/inversion.py, trained on D_align "
+                         "through the white-box A) on s'_A against the input tokens; its negative control is "
+                         "the same inverter trained on shuffled pairs",
+    "bisr_token_f1": "multiset token F1 of BiSR's forward attack (the label guesses shifted by one, refined by "
+                     "matching s'_A in cosine through A) against the input tokens, macro over examples",
+    "dp_epsilon_example": "smashed-data DP baselines: ε(δ = dp_delta) of one client's training block composed "
+                          "over every time it went up in the run (privacy_accounting; harness/splitft/"
+                          "accounting.py); dp_epsilon_row: the same for one clipped token row of s_A; "
+                          "dp_epsilon_step: the per-exposure ε the noise was calibrated for. Covers s'_A only",
     "*_reference_token_f1": "the attacker's guesses for example j scored against example i != j (what it "
                             "scores without the right exposure); the verdict's reference",
     "*_positive_control_token_f1": "the same attacker on the undefended s_A / s_B of the same steps; _pass: "
                                    "lower CI bound >= its reference + positive_margin_pp",
     "*_verdict": "leak | at_chance | inconclusive by attacks/controls.classify against the reference",
-    "verdict": "the worst of label_verdict and eia_verdict",
+    "verdict": "the worst of label_verdict, eia_verdict and (when they ran) bisr_verdict, inverter_verdict",
 }
 
 
 def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
-    eps = results["epsilon"]
-    name = results["parameter_name"]
-    head = (f"{results['experiment_name']}: {results['model']} · {results['configuration']}"
-            f"{'' if eps is None else f' ({name}={eps:g})'} · {results['split']['n_clients']} clients · "
-            f"k={results['split']['k']} m={results['split']['m']}")
+    head = common.summary_head(results, f"{results['split']['n_clients']} clients",
+                               f"k={results['split']['k']} m={results['split']['m']}")
     lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1",
-                                            "label_token_f1", "eia_token_f1", "eia_top1"), width=20)]
+                                            "label_token_f1", "eia_token_f1", "eia_top1", "bisr_token_f1",
+                                            "bisr_top1", "inverter_token_f1", "dp_epsilon_step", "dp_epsilon_row",
+                                            "dp_epsilon_example"), width=20)]
     lines.append(f"  H = {m['H']:.4g}, H_A = {m['H_A']:.4g} (last round); initial held-out CE "
                  f"{m['initial_heldout_ce']:.3f}")
     if m.get("verdict"):
-        lines.append(f"  verdict: {m['verdict']} (label {m['label_verdict']}, eia {m['eia_verdict']})")
+        bisr = "".join(f", {a} {m[f'{a}_verdict']}" for a in ("bisr", "inverter") if m.get(f"{a}_verdict"))
+        lines.append(f"  verdict: {m['verdict']} (label {m['label_verdict']}, eia {m['eia_verdict']}{bisr})")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Shared test helpers: composing configs with Hydra's compose API, running the CLI in a subprocess.
+"""Shared test helpers: composing configs with Hydra's compose API, running the CLI in a subprocess
+(run_cli) or, without paying an interpreter's start-up, in the test process (run_cli_in_process).
 
 Every CLI run gets WANDB_MODE=disabled, its own output dir and cache dir under tmp_path, and the
 repository root as working directory, so tests never touch ~/.cache or ./outputs and never reach W&B.
@@ -61,6 +62,83 @@ def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = No
     done = subprocess.run([*head, *args, f"paths.output_dir={out}", f"paths.cache_dir={cache}"], cwd=REPO,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | None = None) -> CliResult:
+    """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
+    `splitbench = runners.run:main`) called in this process with the same argv, environment and working
+    directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter
+    would. It saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
+    run changes in the process is put back: the environment (main() sets HYDRA_FULL_ERROR), sys.argv, the
+    working directory, Hydra's GlobalHydra and HydraConfig, the root logging handlers Hydra's job logging
+    installs, torch's thread count (runners may set it) and the global random generators (model loading
+    seeds torch's). The logging handlers that exist before the run are hidden from it: Hydra's job
+    logging calls logging.config.dictConfig, which first closes every handler of the process, and absl's
+    handler (absl.logging, imported with dp-accounting) closes its stream unless that is the current
+    sys.stderr: inside the run that is the capture below, so it would close pytest's own capture stream.
+    SPLITBENCH_TEST_SUBPROCESS=1 runs each call through run_cli instead (a process of its own), to check
+    that a test passes the same both ways or to time the two (a test that patches this process's modules,
+    such as test_runs' count_jobs, needs the in-process way)."""
+    if os.environ.get("SPLITBENCH_TEST_SUBPROCESS") == "1":
+        return run_cli(args, out, cache, env=env)
+    import contextlib
+    import io
+    import logging
+    import random
+    import traceback
+
+    import numpy as np
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    from runners.run import main
+
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    _share_tokenizer_cache(Path(cache))
+    saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_threads = torch.get_num_threads()
+    saved_rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    saved_handler_refs, saved_named_handlers = logging._handlerList[:], dict(logging._handlers)
+    try:
+        del logging._handlerList[:]    # what dictConfig's clean-up closes (weak references to every handler)
+        logging._handlers.clear()
+        os.environ.clear()
+        os.environ.update(full_env)
+        sys.argv = ["splitbench", *args, f"paths.output_dir={out}", f"paths.cache_dir={cache}"]
+        os.chdir(REPO)
+        GlobalHydra.instance().clear()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as exc:
+                if isinstance(exc.code, str):      # sys.exit("message"): printed, status 1
+                    print(exc.code, file=sys.stderr)
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:                      # what the interpreter would print before exiting 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None   # HydraConfig.initialized() is False again, as outside any run
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        logging._handlerList[:0] = saved_handler_refs
+        logging._handlers.update(saved_named_handlers)
+        torch.set_num_threads(saved_threads)
+        torch.set_rng_state(saved_rng[0])
+        random.setstate(saved_rng[1])
+        np.random.set_state(saved_rng[2])
+    return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
 
 def _share_tokenizer_cache(cache: Path) -> None:

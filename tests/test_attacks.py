@@ -24,7 +24,7 @@ from harness.errors import UserError
 from metrics.intervals import Estimate
 from metrics.privacy import corpus_token_prf
 
-from .conftest import CONF, run_cli
+from .conftest import CONF, run_cli, run_cli_in_process
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,8 +52,9 @@ def prompts(tied):
     return [list(p.input_ids) for p in wl.prompts]
 
 
+# max_minutes well above what 150 steps take: the step count, not a busy machine, must end training.
 SETTINGS = TrainSettings(mode="body", layout="aligned", window=8, batch_size=16, lr=3e-3, decoder_lr=3e-3,
-                         max_steps=150, max_minutes=2, eval_every=50, val_windows=32, max_target_tokens=64)
+                         max_steps=150, max_minutes=10, eval_every=50, val_windows=32, max_target_tokens=64)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +209,24 @@ def test_learned_attacker_beats_the_floor_on_t3(pipe):
     assert controls.positive_control(f1, floor, 10.0).passed
 
 
+def test_evidence_head_reads_each_exposure_where_the_frozen_lm_cannot(pipe):
+    """A frozen random decoder routes exposures to its output only partly (projection mode, 20 steps); the
+    evidence head's cosine path reads layer-0 exposures, which are LN(E[t]), nearly exactly."""
+    floor = controls.floor(pipe.eval_prompts)
+    quick = replace(SETTINGS, mode="projection", max_steps=20, eval_every=20)
+    lm_inv, lm_rec = replace(pipe, train_settings=quick).attacker("t3", None, "qkv", 0)
+    ev_pipe = replace(pipe, train_settings=replace(quick, head="evidence"))
+    ev_inv, ev_rec = ev_pipe.attacker("t3", None, "qkv", 0)
+    assert ev_rec["key"] != lm_rec["key"] and ev_inv.head == "evidence"
+    _, lm_f1 = _f1(pipe, lm_inv, lm_rec)
+    _, ev_f1 = _f1(ev_pipe, ev_inv, ev_rec)
+    assert ev_f1.lo > 95.0 and ev_f1.lo > lm_f1.hi + 20.0, (ev_f1, lm_f1, floor)
+    assert ev_pipe.settings_for("lm_head").head == "lm"     # one row per prompt: no position to compare with
+    with pytest.raises(ValueError, match="one exposure row per target token"):
+        ev_inv.generate([Example(torch.zeros(1, 64), [1, 2, 3])])
+
+
+@pytest.mark.slow   # the default suite checks the same control: test_attack_smoke_cli's negative_control_pass
 def test_shuffled_control_sits_at_the_floor(pipe):
     floor = controls.floor(pipe.eval_prompts)
     inv, rec = pipe.attacker("t3", None, "qkv", 0, shuffled=True)
@@ -452,7 +471,9 @@ KEYS = ("chance_floor_token_f1", "attack_gate", "attack_verdict", "bayes_verdict
 
 def test_attack_smoke_cli(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    res = run_cli(["experiment=attack_smoke"], out, cache, env={"OMP_NUM_THREADS": "1"})
+    # In this process (conftest run_cli_in_process: the console script's entry point, without the start-up
+    # of a new interpreter); the module's one_thread fixture stands for OMP_NUM_THREADS=1.
+    res = run_cli_in_process(["experiment=attack_smoke"], out, cache)
     assert res.returncode == 0, res.stderr[-3000:]
     run = out / "attack_smoke" / "tiny-llama-tied" / "ep1" / "eps=5" / "default"
     results = json.loads((run / "results.json").read_text())
@@ -473,11 +494,11 @@ def test_attack_smoke_cli(tmp_path):
     assert len(samples) == results["n_prompts"] == 6
     assert all(len(s["output_ids"]) == s["n_prompt_tokens"] for s in samples)
     # A rerun skips the finished run; a second setting reuses every cached attacker it shares.
-    again = run_cli(["experiment=attack_smoke"], out, cache, env={"OMP_NUM_THREADS": "1"})
+    again = run_cli_in_process(["experiment=attack_smoke"], out, cache)
     assert again.returncode == 0 and "already complete" in again.stdout
     # It also runs a Bayes curve without k = 1: the single-exposure result is the same first submission.
-    oblivious = run_cli(["experiment=attack_smoke", "attack.setting=noise_oblivious", "attack.bayes.k=[4,16]"], out,
-                        cache, env={"OMP_NUM_THREADS": "1"})
+    oblivious = run_cli_in_process(["experiment=attack_smoke", "attack.setting=noise_oblivious",
+                                    "attack.bayes.k=[4,16]"], out, cache)
     assert oblivious.returncode == 0, oblivious.stderr[-3000:]
     [run2] = [p for p in run.parent.iterdir() if "noise_oblivious" in p.name]
     results2 = json.loads((run2 / "results.json").read_text())
@@ -516,17 +537,9 @@ def test_attack_mask_replicates_cli(tmp_path):
     assert [r["output_ids_by_mask_seed"]["0"] for r in rows] == [s["output_ids"] for s in samples]
 
 
-# A wrapper of the CLI whose decoder model `tiny-llama` gets another vocabulary than the victim's (the same
-# SmolLM2 tokenizer otherwise): one token more ($SB_VOCAB=extra), or two ids swapped (=swap).
-DECODER_PROBE = """
-import os, sys
-sys.path.insert(0, {repo!r})
-import harness.models as models
+class _Swapped:
+    """A tokenizer with the first two ids of its vocabulary swapped, otherwise the one it wraps."""
 
-_real = models.load_model
-
-
-class Swapped:
     def __init__(self, tok):
         self._tok = tok
 
@@ -543,32 +556,27 @@ class Swapped:
         return getattr(self._tok, name)
 
 
-def load_model(cfg, **kw):
-    loaded = _real(cfg, **kw)
-    if loaded.name == "tiny-llama":
-        if os.environ["SB_VOCAB"] == "extra":
-            loaded.tokenizer.add_tokens(["<another-vocabulary>"])
-        else:
-            loaded.tokenizer = Swapped(loaded.tokenizer)
-    return loaded
-
-
-models.load_model = load_model
-from runners.run import main
-main()
-"""
-
-
 @pytest.mark.parametrize("vocab, expected", [("extra", "tokens against"), ("swap", "for the victim and")])
-def test_decoder_with_another_tokenizer_is_refused(tmp_path, vocab, expected):
-    """Before any capture or training: one line, exit 2, no files (the probe loads the real models)."""
-    from .conftest import REPO
+def test_decoder_with_another_tokenizer_is_refused(tmp_path, monkeypatch, vocab, expected):
+    """Before any capture or training: one line, exit 2, no files. The real models load, but the decoder
+    `tiny-llama` gets another vocabulary than the victim's (the same SmolLM2 tokenizer otherwise): one
+    token more (extra), or two ids swapped (swap)."""
+    import harness.models as models
 
-    probe = tmp_path / "probe.py"
-    probe.write_text(DECODER_PROBE.format(repo=str(REPO)))
+    real = models.load_model
+
+    def load_model(cfg, **kw):
+        loaded = real(cfg, **kw)
+        if loaded.name == "tiny-llama":
+            if vocab == "extra":
+                loaded.tokenizer.add_tokens(["<another-vocabulary>"])   # a private copy (harness.models)
+            else:
+                loaded.tokenizer = _Swapped(loaded.tokenizer)
+        return loaded
+
+    monkeypatch.setattr(models, "load_model", load_model)
     out = tmp_path / "out"
-    res = run_cli(["experiment=attack_smoke", "+model@attack.decoder=tiny-llama"], out, tmp_path / "cache",
-                  script=probe, env={"SB_VOCAB": vocab})
+    res = run_cli_in_process(["experiment=attack_smoke", "+model@attack.decoder=tiny-llama"], out, tmp_path / "cache")
     assert res.returncode == 2, res.stderr[-2000:]
     assert len(res.stderr_lines) == 1, res.stderr
     line = res.stderr_lines[0]
@@ -610,7 +618,7 @@ def test_check_decoder_compares_the_whole_vocabulary():
     (["configuration=slalom"], "t3, ep1 and epn"),
 ])
 def test_attack_user_errors(tmp_path, override, expected):
-    res = run_cli(["experiment=attack_smoke", *override], tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process(["experiment=attack_smoke", *override], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2, res.stderr[-2000:]
     assert len(res.stderr_lines) == 1 and expected in res.stderr_lines[0], res.stderr
 

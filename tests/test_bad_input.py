@@ -4,23 +4,32 @@
 One table, three kinds of input: overrides (types, ranges, unknown keys and options, bad lists), files
 (the workload's JSONL and the attack's text corpus: not UTF-8, empty, not JSON, wrong fields, a directory,
 a missing path) and the environment (WANDB_MODE, the cache root, the Hugging Face hub offline). Almost
-every case is refused while the config is composed or validated, before torch is imported (about a
-second each); the few that need the model library say so in the table.
+every case is refused while the config is composed or validated, before any model loads; the few that
+need the model library say so in the table.
+
+Most cases call the console script's entry point (runners.run:main) inside the test process, each in a
+fresh temporary directory with Hydra, the environment and the working directory reset (conftest
+run_cli_in_process): a subprocess per case paid the Python + torch start-up about 50 times. The cases
+marked `subprocess=True` run the installed `splitbench` console script itself (or `python -m
+runners.run` where it is not installed), so the real process boundary, exit status and stderr stay
+covered: a composition error, an environment variable read by a resolver, and a model-library error.
 """
 from __future__ import annotations
 
 import codecs
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from harness.configurations import NAMES
 from harness.workloads import BUILTIN_PATH, format_prompt
 
 from . import conftest
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_in_process
 
 SMOKE = ["experiment=smoke"]
 ATTACK = ["experiment=attack_smoke"]
@@ -59,17 +68,19 @@ class Case:
     cache: str | None = None  # the cache root instead of the test's own ({F} allowed)
     out: str | None = None    # the output root instead of the test's own ({F} allowed)
     xfail: str | None = None  # a known defect outside this test's reach: where the fix belongs (strict xfail)
+    subprocess: bool = False  # through the console script in a process of its own (else in-process)
 
 
 CASES = {
     # --- overrides refused while Hydra composes the config (types, unknown keys and options, syntax)
-    "epsilon not a number": Case([*SMOKE, "epsilon=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    "epsilon not a number": Case([*SMOKE, "epsilon=abc"], "Value 'abc' of type 'str' could not be converted to Float",
+                                 subprocess=True),
     "batch size not an int": Case([*SMOKE, "generation.batch_size=1.5"], "could not be converted to Integer"),
     "bool not a bool": Case([*SMOKE, "generation.stop_at_eos=maybe"], "Value 'maybe' is not a valid bool"),
     "list given a string": Case([*SMOKE, "engine.offload=qkv"], "str is not a ListConfig, list or tuple"),
     "misspelt key": Case([*SMOKE, "generation.max_new_tokenz=4"], "Key 'max_new_tokenz' not in 'GenerationConfig'"),
     "unknown configuration": Case([*SMOKE, "configuration=nope"],
-                                  "no config option 'configuration/nope' (available: "),
+                                  f"no config option 'configuration/nope' (available: {', '.join(sorted(NAMES))})"),
     "unknown experiment": Case(["experiment=nope"], "no config option 'experiment/nope'"),
     "unknown decoder model": Case([*ATTACK, "+model@attack.decoder=nope"], "no config option 'model/nope'"),
     "unparsable override": Case([*SMOKE, "epsilon=[1"], "cannot parse override 'epsilon=[1'"),
@@ -133,7 +144,7 @@ CASES = {
                                env={"WANDB_MODE": "loud"}),
     "SPLITBENCH_CACHE a file": Case(SMOKE,
                                     "paths.cache_dir={F}/a_file (from $SPLITBENCH_CACHE) is a file, not a directory",
-                                    env={"SPLITBENCH_CACHE": "{F}/a_file"}, cache="{F}/a_file"),
+                                    env={"SPLITBENCH_CACHE": "{F}/a_file"}, cache="{F}/a_file", subprocess=True),
     "cache under a file": Case(SMOKE, "paths.cache_dir={F}/a_file/cache cannot be created: {F}/a_file is a file",
                                cache="{F}/a_file/cache"),
     "semantic model dir empty": Case([*SMOKE, "semantic_model={F}/a_directory.jsonl"],
@@ -144,7 +155,7 @@ CASES = {
     # --- found by the model library (a few seconds each: transformers is imported)
     "hub model offline": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
                               "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",
-                              env={"HF_HUB_OFFLINE": "1"}),
+                              env={"HF_HUB_OFFLINE": "1"}, subprocess=True),
     "model config value": Case([*RUNTIME, "model.hf_config.hidden_size=abc"],
                                "model tiny-llama: invalid hf_config for llama: Validation error for field "
                                "'hidden_size'"),
@@ -162,6 +173,10 @@ def bad_files(tmp_path_factory) -> Path:
     return folder
 
 
+# The `splitbench` console script pip writes beside the interpreter (scripts/setup.sh installs the package).
+CONSOLE_SCRIPT = Path(sys.executable).parent / "splitbench"
+
+
 def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
@@ -176,7 +191,11 @@ def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypat
     if case.cache:
         # run_cli links the shared tokenizer cache into the cache root, which cannot exist here.
         monkeypatch.setattr(conftest, "_share_tokenizer_cache", lambda cache: None)
-    res = run_cli([fill(a) for a in case.args], out, cache, env={k: fill(v) for k, v in case.env.items()})
+    args, env = [fill(a) for a in case.args], {k: fill(v) for k, v in case.env.items()}
+    if case.subprocess:
+        res = run_cli(args, out, cache, env=env, script=CONSOLE_SCRIPT if CONSOLE_SCRIPT.is_file() else None)
+    else:
+        res = run_cli_in_process(args, out, cache, env=env)
     assert res.returncode == 2, res.stderr
     assert len(res.stderr_lines) == 1, res.stderr
     line = res.stderr_lines[0]
@@ -191,8 +210,8 @@ def test_workload_with_a_byte_order_mark_runs(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(BOM + "".join(json.dumps(r) + "\n" for r in rows).encode())
     out = tmp_path / "out"
-    res = run_cli([*RUNTIME, f"workload.path={path}", "workload.n_prompts=2", "generation.max_new_tokens=2",
-                   "generation.batch_size=2"], out, tmp_path / "cache")
+    res = run_cli_in_process([*RUNTIME, f"workload.path={path}", "workload.n_prompts=2",
+                              "generation.max_new_tokens=2", "generation.batch_size=2"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (done,) = out.rglob(".done")
     samples = [json.loads(line) for line in (done.parent / "samples.jsonl").read_text().splitlines()]

@@ -123,6 +123,195 @@ def test_dp_fusion_mixing_weight_is_the_largest_within_the_bound(eps):
     assert big[1] == 1.0 and torch.equal(big[0], p_s)
 
 
+# --- the edge-side baselines (harness/collab/edge_baselines.py) ------------------------------------------
+
+
+def _table(vectors: torch.Tensor, candidates: list[int]):
+    from harness.sanitize.embeddings import Table
+
+    return Table(vectors, torch.tensor(candidates), "euclidean")
+
+
+@pytest.mark.parametrize("select_from", ["fused", "private"])
+def test_custext_is_the_exponential_mechanism_over_the_k_nearest_by_hand(select_from):
+    from harness.collab.edge_baselines import CusText
+
+    g = torch.Generator().manual_seed(3)
+    vectors = torch.randn(12, 3, generator=g)
+    p_s, p_l = _dists(11, v=12)
+    d = CusText(0.3, 2.0, _table(vectors, list(range(11))), k=4, select_from=select_from)   # 11: special
+    t = int(torch.argmax(0.3 * p_l + 0.7 * p_s if select_from == "fused" else p_s))
+    assert d.chosen(p_s, p_l) == t
+    assert t != 11                      # these seeds choose a candidate (the special token: the next test)
+    dist = [(math.dist(vectors[t].tolist(), vectors[j].tolist()), j) for j in range(11)]
+    near = sorted(dist)[:4]
+    sims = [-x for x, _ in near]
+    u = [(x - min(sims)) / (max(sims) - min(sims)) for x in sims]
+    w = [math.exp(2.0 * ui / 2) for ui in u]
+    expected = torch.zeros(12, dtype=torch.float64)
+    for (_, j), wi in zip(near, w):
+        expected[j] = wi / sum(w)
+    got = d.distribution(p_s, p_l, "edge", torch.Generator())
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert near[0][1] == t and float(got[t]) == pytest.approx(max(w) / sum(w), rel=1e-5)
+
+
+def test_custext_leaves_a_special_token_alone():
+    from harness.collab.edge_baselines import CusText
+
+    p_s = torch.tensor([0.1, 0.1, 0.8], dtype=torch.float64)
+    d = CusText(0.3, 1.0, _table(torch.eye(3), [0, 1]), k=2)
+    assert d.select(p_s, p_s.clone(), torch.Generator()) == 2
+
+
+@pytest.mark.parametrize("eps, gamma", [(0.5, 10.0), (2.0, 10.0), (8.0, 3.0), (1.0, 1.0)])
+def test_ldp_sampler_is_the_clipped_rescaling_and_epsilon_ldp(eps, gamma):
+    from scipy.optimize import brentq
+
+    from harness.collab.edge_baselines import LDPSampler, ldp_clip_bounds, ldp_sample_distribution
+
+    lo_f, hi_f = ldp_clip_bounds(eps, gamma)
+    # The local sampler's constants (c1 = 1/γ, c2 = γ) against the closed form (γ+1)/(e^ε+γ).
+    assert lo_f == pytest.approx((gamma + 1) / (math.exp(eps) + gamma)) and hi_f == pytest.approx(math.exp(eps) * lo_f)
+    p_s, p_l = _dists(12)
+    q = ldp_sample_distribution(p_s, p_l, eps, gamma)
+    # Independent: solve Σ clip(p/r, lo, hi) = 1 for r with a root finder.
+    lo, hi = (lo_f * p_l).numpy(), (hi_f * p_l).numpy()
+    ps = p_s.numpy()
+    mass = lambda log_r: float(((ps * math.exp(-log_r)).clip(lo, hi)).sum()) - 1.0
+    r = brentq(mass, -60, 60, xtol=1e-14)
+    assert torch.allclose(q, torch.from_numpy((ps * math.exp(-r)).clip(lo, hi)), atol=1e-9)
+    # ε-LDP whatever the private input: any two outputs' ratio is at most e^ε.
+    other = ldp_sample_distribution(_dists(13)[0], p_l, eps, gamma)
+    assert float((q / other).max()) <= math.exp(eps) * (1 + 1e-9)
+    d = LDPSampler(0.3, eps, gamma).distribution(p_s, p_l, "edge", torch.Generator())
+    assert torch.allclose(d, 0.3 * p_l + 0.7 * q)
+    assert torch.allclose(LDPSampler(0.3, eps, gamma, fuse_public=False).distribution(p_s, p_l, "edge", None), q)
+
+
+def test_ldp_sampler_returns_the_private_distribution_when_no_bound_binds():
+    from harness.collab.edge_baselines import ldp_clip_bounds, ldp_sample_distribution
+
+    lo, hi = ldp_clip_bounds(2000.0, 10.0)                  # no overflow: the cap is γ + 1 as ε → ∞
+    assert lo == 0.0 and hi == pytest.approx(11.0)
+    zero = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)   # a private distribution with zeros
+    q0 = ldp_sample_distribution(zero, torch.full((4,), 0.25, dtype=torch.float64), 1.0, 10.0)
+    assert bool(torch.isfinite(q0).all()) and float(q0.sum()) == pytest.approx(1.0) and int(q0.argmax()) == 1
+
+    p_l = torch.full((4,), 0.25, dtype=torch.float64)
+    p_s = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)   # ratios 0.4..1.6, inside [c, e^ε c] at ε = 4
+    assert torch.allclose(ldp_sample_distribution(p_s, p_l, 4.0, 2.0), p_s, atol=1e-9)
+
+
+@pytest.mark.parametrize("rho, eps", [(0.01, 0.5), (0.3, 2.0), (2.0, 10.0)])
+def test_zcdp_conversion_against_dp_accounting(rho, eps):
+    import numpy as np
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
+
+    from harness.collab.edge_baselines import zcdp_delta, zcdp_rho
+
+    orders = np.concatenate([np.linspace(1.02, 5, 4000), np.linspace(5, 2000, 20000)])
+    ref, _ = compute_delta(orders, rho * orders, eps)            # ρ-zCDP is RDP ε(α) = ρα
+    assert zcdp_delta(rho, eps) == pytest.approx(ref, rel=1e-3)
+    delta = zcdp_delta(rho, eps)
+    assert zcdp_rho(eps, delta) == pytest.approx(rho, rel=1e-6)
+
+
+def test_invisibleink_dclip_and_topk_plus_by_hand():
+    import numpy as np
+
+    from harness.collab.edge_baselines import InvisibleInk, InvisibleInkSettings, invisibleink_clip, zcdp_rho
+
+    c_seq = invisibleink_clip(8.0, accounting="sequence", temperature=1.2, tokens=64, delta=1e-5)
+    assert c_seq == pytest.approx(1.2 * math.sqrt(2 * zcdp_rho(8.0, 1e-5) / 64))
+    p_s, p_l = _dists(14)
+    for top_k in (None, 5):
+        d = InvisibleInk(0.3, 3.0, InvisibleInkSettings("token", 1.2, top_k), tokens=64, delta=1e-5)
+        assert d.clip == pytest.approx(3.0 * 1.2 / 2)
+        ls, ll = np.log(p_s.numpy()), np.log(p_l.numpy())
+        z = ll + np.clip(ls - ll, -d.clip, d.clip)
+        if top_k:
+            z = np.where(ll >= np.sort(ll)[-top_k] - 2 * d.clip, z, -np.inf)
+        w = np.exp((z - z.max()) / 1.2)
+        got = d.distribution(p_s, p_l, "edge", None)
+        assert np.allclose(got.numpy(), w / w.sum())
+    # InvisibleInk's neighbour: the reference removed (here: the edge without x_priv, p_S = p_L). Per token the
+    # two output distributions differ by at most e^(2C/τ) = e^ε (token accounting); two different private
+    # contexts by e^(2ε) (the residual moves across the whole [−C, C]).
+    full = InvisibleInk(0.3, 3.0, InvisibleInkSettings("token", 1.2, None), tokens=64, delta=1e-5)
+    a, none = full.distribution(p_s, p_l, "edge", None), full.distribution(p_l, p_l, "edge", None)
+    assert torch.allclose(none, torch.softmax(p_l.log() / 1.2, 0))
+    assert float((a / none).log().abs().max()) <= 3.0 + 1e-9
+    b = full.distribution(_dists(15)[0], p_l, "edge", None)
+    assert 3.0 < float((a / b).log().abs().max()) <= 6.0 + 1e-9
+
+
+def test_every_collab_configuration_has_a_defence_a_mode_and_a_report_row():
+    from harness import configurations
+    from harness.collab.config import MODES_OF
+    from harness.collab.defences import make_defence
+    from harness.collab.edge_baselines import Options
+    from runners.report.collab import ORDER
+
+    names = configurations.names(system=configurations.COLLAB)
+    assert sorted(ORDER) == sorted(names) and sorted(MODES_OF) == sorted(names)
+    opts = Options(custext_table=_table(torch.eye(3), [0, 1, 2]))
+    for name in names:
+        d = make_defence(name, None if name == "collab_none" else 2.0, alpha=0.3, candidates=5, dp_delta=1e-5,
+                         renyi_order=2.0, baselines=opts)
+        assert d.name == name
+
+
+def test_decoding_distribution_of_each_rule():
+    p_s, p_l = _dists(16)
+    cg = CoGenesis(0.3, 3)
+    up = cg.upload(p_s, p_l, None).probs
+    assert torch.allclose(cg.distribution(p_s, p_l, "cloud", None), (0.3 * p_l + 0.7 * up) / (0.3 + 0.7 * up.sum()))
+    assert torch.allclose(Defence(0.3).distribution(p_s, p_l, "edge", None), fuse(p_l, p_s, 0.3))
+    cv = CoVeil(0.3, 2.0, 10)
+    point = cv.distribution(p_s, p_l, "edge", None)
+    assert float(point.sum()) == 1.0 and int(point.argmax()) == cv.select(p_s, p_l, None)
+
+
+class _FixedLM:
+    """A stand-in model whose next-token distribution is `probs` at every position."""
+
+    def __init__(self, probs: torch.Tensor):
+        self.logits = probs.log().float()
+
+    def __call__(self, input_ids, logits_to_keep=1, **_):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.logits.expand(1, logits_to_keep, -1).clone(), cache=None)
+
+
+def test_likelihood_option_scoring_by_hand():
+    from harness.collab import protocol
+    from metrics.answers import best_option, scored_correct
+
+    tok = _WordTokenizer()
+    for w in ["yes", "Yes", "no", "No", "not", "Not", " sure"]:
+        tok.id(w)
+    p_s = torch.tensor([0.4, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1], dtype=torch.float64)
+    p_l = torch.tensor([0.05, 0.05, 0.3, 0.3, 0.1, 0.1, 0.1], dtype=torch.float64)
+    ex = benchmarks.Example("e", "q?", "ctx", ("ctx",), ("yes", "no", "not sure"), "yes")
+    pair = protocol.Pair(_FixedLM(p_s), _FixedLM(p_l), tok, 7, None)
+    f = 0.3 * p_l + 0.7 * p_s
+    for mode in ("cloud", "edge"):
+        scores = protocol.option_loglik(pair, [ex], Defence(0.3), mode=mode, seed=0)[0]
+        assert scores["yes"] == pytest.approx(math.log(float(f[0] + f[1])), rel=1e-5)
+        assert scores["no"] == pytest.approx(math.log(float(f[2] + f[3])), rel=1e-5)
+        # A two-token option: P("not" or "Not") · P(" sure" after it), each step's fused distribution.
+        assert scores["not sure"] == pytest.approx(math.log(float((f[4] + f[5]) * f[6])), rel=1e-5)
+        assert best_option(scores) == "yes" and scored_correct(scores, "yes") == 100.0
+    alone = protocol.option_loglik(pair, [ex], None, mode="cloud", seed=0)[0]
+    assert best_option(alone) == "no" and alone["no"] == pytest.approx(math.log(0.6), rel=1e-5)
+    # CoVeil's deterministic edge-side rule: only the option it selects has a finite score.
+    point = protocol.option_loglik(pair, [ex], CoVeil(0.3, 0.0, 7), mode="edge", seed=0)[0]
+    assert point["yes"] == pytest.approx(0.0, abs=1e-12) and point["no"] == -math.inf
+    assert best_option({"yes": -1.0, "no": -1.0}) is None and best_option({"yes": -math.inf}) is None
+
+
 # --- the engine on tiny models ---------------------------------------------------------------------------
 
 
@@ -186,6 +375,21 @@ def test_view_channels_hold_what_the_cloud_receives(pair):
     assert sets == engine.cloud_topk_along(cloud.model, c_ids, synced, vocab=vocab, top=5)
     with pytest.raises(ValueError, match="different tokenizers"):
         engine.shared_vocab(tok, _WordTokenizer())
+
+
+def test_option_prefix_continues_from_the_prompt_cache_as_a_full_forward(pair):
+    from harness.collab.protocol import _Prefix
+
+    edge = pair[0]
+    vocab = len(edge.tokenizer)
+    prompt, toks = list(range(5, 30)), [40, 41]
+    pre = _Prefix(edge.model, prompt, vocab)
+    with torch.no_grad():
+        full = torch.softmax(edge.model(input_ids=torch.tensor([prompt + toks]), logits_to_keep=3).logits[0, :, :vocab]
+                             .double(), -1)
+    assert torch.allclose(pre.first, full[0], atol=1e-5)
+    assert torch.allclose(pre.after(toks), full[1:], atol=1e-5)
+    assert torch.allclose(pre.after(toks), full[1:], atol=1e-5)      # the prompt's cache is not consumed
 
 
 class _ContextSensitiveLM:
@@ -284,6 +488,15 @@ def test_evidence_rule_and_agreement():
     assert agree["precision"] == 100.0 and agree["recall"] == pytest.approx(80.0)
 
 
+def test_judged_agreement_pools_spans_over_examples():
+    rows = [(2, 4, 1), (0, 3, 2), (3, 3, 0)]        # (judged evidence, rule spans, missed) per example
+    a = benchmarks.judged_agreement(rows, n_boot=200)
+    assert a["precision"].mean == pytest.approx(100 * 5 / 10) and a["recall"].mean == pytest.approx(100 * 5 / 8)
+    assert a["precision"].lo <= 50.0 <= a["precision"].hi and a["n_missed"] == 3
+    one = benchmarks.judged_agreement([(1, 2, 0), (1, 2, 0)], n_boot=50)["precision"]
+    assert one.lo == one.hi == 50.0                     # identical examples: no spread to resample
+
+
 def test_stated_option():
     assert stated_option("No. Maybe later, yes.", ("yes", "no", "maybe")) == "no"
     assert stated_option("I cannot tell", ("yes", "no", "maybe")) is None
@@ -312,28 +525,57 @@ def test_verdict_rule_on_constructed_curves():
 SMOKE = ["experiment=collab_smoke", "hydra.mode=RUN"]
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["collab.alpha=1.5"], "collab.alpha must lie in [0, 1], got 1.5"),
-    (["collab.alpha=-0.1"], "collab.alpha must lie in [0, 1], got -0.1"),
-    (["collab.metrics.ks=[0,5]"], "collab.metrics.ks must be a non-empty list of K >= 1"),
-    (["collab.metrics.report_k=7"], "collab.metrics.report_k must be >= 1 and one of"),
-    (["collab.candidates=0"], "collab.candidates must be >= 1, got 0"),
-    (["epsilon=-1"], "epsilon must be a finite number > 0, got -1.0"),           # λ < 0
-    (["configuration=collab_cogenesis", "collab.fusion=edge"], "defends cloud-side fusion only"),
-    (["configuration=collab_cogenesis", "epsilon=2.5"], "a whole number >= 1, got 2.5"),
-    (["configuration=collab_dp_logit", "collab.parameter_zero=true"], "has no parameter value 0"),
-    (["configuration=ep1"], "belongs to the splitee system, which runner=collab does not run"),
-    (["collab.fusion=both"], "collab.fusion='both' is not one of cloud, edge"),
-    (["collab.benchmark.name=pubmedqa", "collab.benchmark.path=/nonexistent.json"], "is not a file"),
+@pytest.fixture(scope="module")
+def smoke_cfg():
+    """experiment=collab_smoke composed once for the module (each case edits a copy: composing is the cost)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .conftest import compose_config
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose_config(["experiment=collab_smoke"])
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+@pytest.mark.parametrize("updates, expected", [
+    ({"collab.alpha": 1.5}, "collab.alpha must lie in [0, 1], got 1.5"),
+    ({"collab.alpha": -0.1}, "collab.alpha must lie in [0, 1], got -0.1"),
+    ({"collab.metrics.ks": [0, 5]}, "collab.metrics.ks must be a non-empty list of K >= 1"),
+    ({"collab.metrics.report_k": 7}, "collab.metrics.report_k must be >= 1 and one of"),
+    ({"collab.candidates": 0}, "collab.candidates must be >= 1, got 0"),
+    ({"epsilon": -1.0}, "epsilon must be a finite number > 0, got -1.0"),           # λ < 0
+    ({"configuration.name": "collab_cogenesis", "collab.fusion": "edge"}, "defends cloud-side fusion only"),
+    ({"configuration.name": "collab_cogenesis", "epsilon": 2.5}, "a whole number >= 1, got 2.5"),
+    ({"configuration.name": "collab_dp_logit", "collab.parameter_zero": True}, "has no parameter value 0"),
+    ({"configuration.name": "ep1"}, "belongs to the splitee system, which runner=collab does not run"),
+    ({"collab.fusion": "both"}, "collab.fusion='both' is not one of cloud, edge"),
+    ({"collab.benchmark.name": "pubmedqa", "collab.benchmark.path": "/nonexistent.json"}, "is not a file"),
+    ({"configuration.name": "collab_custext", "collab.fusion": "cloud"}, "defends edge-side fusion only"),
+    ({"configuration.name": "collab_invisibleink", "collab.fusion": "cloud"}, "defends edge-side fusion only"),
+    ({"configuration.name": "collab_ldp_sampler", "collab.fusion": "edge", "collab.parameter_zero": True},
+     "has no parameter value 0"),
+    ({"collab.custext.k": 0}, "collab.custext.k must be >= 1, got 0"),
+    ({"collab.custext.distance": "manhattan"}, "collab.custext.distance='manhattan' is not one of"),
+    ({"collab.custext.embeddings": "/nonexistent.pt"}, "neither 'victim' nor an existing .pt/.npy file"),
+    ({"collab.custext.select_from": "cloud"}, "collab.custext.select_from='cloud' is not one of fused, private"),
+    ({"collab.ldp_sampler.gamma": 0.5}, "collab.ldp_sampler.gamma must be a number >= 1, got 0.5"),
+    ({"collab.invisibleink.accounting": "total"}, "collab.invisibleink.accounting='total' is not one of"),
+    ({"collab.invisibleink.temperature": 0.0}, "collab.invisibleink.temperature must be a number > 0, got 0.0"),
+    ({"collab.invisibleink.top_k": 0}, "collab.invisibleink.top_k must be >= 1 or null, got 0"),
+    ({"collab.option_scoring": "vote"}, "collab.option_scoring='vote' is not one of stated, likelihood"),
+    ({"collab.option_scoring": "likelihood", "collab.benchmark.name": "dolly"}, "needs an option benchmark"),
 ])
-def test_bad_values_are_refused_before_any_model_loads(hydra_conf, args, expected):
+def test_bad_values_are_refused_before_any_model_loads(smoke_cfg, updates, expected):
     from harness import schema
     from harness.errors import UserError
     from runners.registry import runner_systems
 
-    from .conftest import compose_config
-
-    cfg = compose_config(["experiment=collab_smoke", *args])
+    cfg = smoke_cfg.copy()
+    for key, value in updates.items():
+        OmegaConf.update(cfg, key, value)
     with pytest.raises(UserError) as e:
         schema.validate(cfg, runner_systems())
     assert expected in str(e.value) and "\n" not in str(e.value)
@@ -377,3 +619,21 @@ def test_collab_smoke_experiment(tmp_path):
     assert "## Cloud-edge collaborative decoding (paper 003)" in text
     assert "cloud-side fusion" in text and "edge-side fusion" in text and "Matched utility" in text
     assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 4
+
+
+@pytest.mark.slow
+def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
+    """The three edge-side baselines through the CLI on the smoke pair, utility by likelihood option scoring."""
+    out = tmp_path / "out"
+    res = run_cli(["experiment=collab_smoke", "collab.fusion=edge", "collab.option_scoring=likelihood", "epsilon=4",
+                   "configuration=collab_custext,collab_ldp_sampler,collab_invisibleink"], out, tmp_path / "cache")
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sorted(p.parent for p in out.rglob(".done"))
+    seen = set()
+    for run in runs:
+        r = json.loads((run / "results.json").read_text())
+        seen.add(r["configuration"])
+        assert r["option_scoring"] == "likelihood" and r["parameter_name"] == "epsilon" and r["epsilon"] == 4.0
+        rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        assert all(set(row["option_loglik"]) == {"yes", "no", "maybe"} for row in rows)
+    assert seen == {"collab_custext", "collab_ldp_sampler", "collab_invisibleink"}

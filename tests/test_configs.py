@@ -28,7 +28,16 @@ EXPERIMENTS = [None, *group_options("experiment")]
 
 def _overrides(model, configuration, workload, experiment) -> list[str]:
     out = [f"model={model}", f"configuration={configuration}", f"workload={workload}"]
-    return out + ([f"experiment={experiment}"] if experiment else [])
+    return out + ([f"experiment={experiment}"] if experiment else []) + _fusion_mode(configuration)
+
+
+def _fusion_mode(configuration) -> list[str]:
+    """A collab defence of one fusion mode only is composed in that mode (collab.fusion defaults to cloud;
+    the edge-side baselines refuse it, one line, as test_collab checks)."""
+    from harness.collab.config import MODES_OF
+
+    modes = MODES_OF.get(configuration)
+    return [f"collab.fusion={modes[0]}"] if modes and "cloud" not in modes else []
 
 
 def _check_composed(cfg) -> None:

@@ -19,7 +19,7 @@ from harness.numerics.study import member_names
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.sensitivity import down_sensitivity
 
-from .conftest import CONF, compose_config, run_cli
+from .conftest import CONF, compose_config, run_cli_in_process
 
 NARROW = ("fp32", "bf16", "fp16")
 
@@ -377,7 +377,7 @@ CONTRACT = ("experiment", "configuration", "epsilon", "model", "workload", "n_pr
 
 def test_fp_error_smoke_end_to_end_and_report(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    res = run_cli(["experiment=fp_error_smoke"], out, cache)
+    res = run_cli_in_process(["experiment=fp_error_smoke"], out, cache)
     assert res.returncode == 0, res.stderr
     run_dir = out / "fp_error_smoke/tiny-llama/ep1/eps=1/default"
     results = json.loads((run_dir / "results.json").read_text())
@@ -398,7 +398,7 @@ def test_fp_error_smoke_end_to_end_and_report(tmp_path):
     assert len(instances) == 13 * 4 * 2 + 2 * 4 * 2
 
     # The capture is cached: a rerun at another ε captures nothing new and reuses it.
-    again = run_cli(["experiment=fp_error_smoke", "epsilon=10"], out, cache)
+    again = run_cli_in_process(["experiment=fp_error_smoke", "epsilon=10"], out, cache)
     assert again.returncode == 0, again.stderr
     other = json.loads((out / "fp_error_smoke/tiny-llama/ep1/eps=10/default/results.json").read_text())
     assert other["capture"]["cache"]["hit"] is True
@@ -416,7 +416,8 @@ def test_fp_error_smoke_end_to_end_and_report(tmp_path):
 
 
 def test_fp_error_refuses_a_configuration_without_masks(tmp_path):
-    res = run_cli(["experiment=fp_error_smoke", "configuration=slalom"], tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process(["experiment=fp_error_smoke", "configuration=slalom"], tmp_path / "out",
+                             tmp_path / "cache")
     assert res.returncode == 2
     assert res.stderr_lines == ["splitbench: error: experiment fp_error studies the masks of ep1, epn, t3; "
                                 "configuration=slalom has none"]
@@ -424,7 +425,7 @@ def test_fp_error_refuses_a_configuration_without_masks(tmp_path):
 
 def test_controlled_error_smoke_end_to_end_and_report(tmp_path):
     out = tmp_path / "out"
-    res = run_cli(["experiment=controlled_error_smoke", "semantic_model=null"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=controlled_error_smoke", "semantic_model=null"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     run_dir = next(out.rglob("results.json")).parent
     results = json.loads((run_dir / "results.json").read_text())

@@ -34,7 +34,7 @@ from metrics.proportions import wilson
 from metrics.random_effects import dersimonian_laird
 from runners.registry import runner_systems
 
-from .conftest import CONF, compose_config, run_cli
+from .conftest import CONF, compose_config, run_cli_in_process
 
 # --- transforms -------------------------------------------------------------------------------------
 
@@ -235,15 +235,15 @@ def test_attack_runner_refuses_the_audit_configuration(hydra_conf):
 
 
 def test_cli_bad_input_exits_2(tmp_path):
-    res = run_cli(["experiment=grad_audit_smoke", "grad_audit.cut_after=3", "grad_audit.resume_at=2"],
-                  tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process(["experiment=grad_audit_smoke", "grad_audit.cut_after=3", "grad_audit.resume_at=2"],
+                             tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1
     assert res.stderr_lines[0].startswith("splitbench: error: grad_audit needs 0 < cut_after < resume_at")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))
 
 
 def test_smoke_experiment_through_the_cli(tmp_path):
-    res = run_cli(["experiment=grad_audit_smoke"], tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process(["experiment=grad_audit_smoke"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     [path] = list((tmp_path / "out").rglob("results.json"))
     r = json.loads(path.read_text())
@@ -265,8 +265,8 @@ def test_smoke_experiment_through_the_cli(tmp_path):
 
 @pytest.mark.slow
 def test_mitigated_smoke_through_the_cli(tmp_path):
-    res = run_cli(["experiment=grad_audit_smoke", "configuration=decoy_mitigated"], tmp_path / "out",
-                  tmp_path / "cache")
+    res = run_cli_in_process(["experiment=grad_audit_smoke", "configuration=decoy_mitigated"], tmp_path / "out",
+                             tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     [path] = list((tmp_path / "out").rglob("results.json"))
     m = json.loads(path.read_text())["metrics"]

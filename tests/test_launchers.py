@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_in_process
 
 # Two jobs of a tiny fidelity sweep (2 prompts, 4 tokens, no semantic model): a few seconds each. The TEE's
 # threads are pinned: joblib's loky workers cap BLAS/OpenMP threads at cpu_count // n_jobs, and another
@@ -63,7 +63,7 @@ def _sweep_results(root: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("sequential")
-    res = run_cli(SWEEP, root / "out", root / "cache")
+    res = run_cli_in_process(SWEEP, root / "out", root / "cache")   # the basic launcher: no process of its own
     assert res.returncode == 0, res.stderr
     runs = _sweep_results(root / "out")
     assert len(runs) == 2 and {r["configuration"] for r in runs.values()} == {"t3", "ep1"}

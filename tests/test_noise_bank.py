@@ -18,7 +18,7 @@ from harness.split.mechanisms import SLALOM_MODULUS, exact_matmul_mod
 from harness.split.noise_bank import (PIECE_ROWS, NoiseBank, gaussian_chunk_maker, row_bytes, slalom_chunk_maker,
                                       stream_seed)
 
-from .conftest import run_cli
+from .conftest import run_cli_in_process
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -158,7 +158,7 @@ def test_bounded_peak_does_not_grow_with_the_generation_length():
 def test_bank_bytes_must_be_positive(tmp_path):
     with pytest.raises(UserError, match="bank_bytes"):
         EngineSettings("ep1", epsilon=1.0, bank_bytes=0).validate()
-    res = run_cli(["experiment=smoke", "engine.bank_bytes=0"], tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process(["experiment=smoke", "engine.bank_bytes=0"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1
     assert res.stderr_lines[0] == "splitbench: error: engine.bank_bytes must be >= 1 (bytes) or null, got 0"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))

@@ -9,7 +9,7 @@ import pytest
 
 from metrics.replicates import pool
 
-from .conftest import run_cli
+from .conftest import run_cli_in_process
 
 TINY = ["experiment=smoke", "workload.n_prompts=2", "generation.max_new_tokens=6", "generation.batch_size=2",
         "semantic_model=null"]
@@ -39,8 +39,8 @@ def test_mask_seeds_replicate_the_masks_not_the_prompts(tmp_path):
     """Heavy noise (ε = 1e-5: the masks cancel up to floating-point error, which grows with σ) so that
     different mask seeds change the generations: each seed is its own
     realisation, the metrics are their mean, and the spread is reported."""
-    done = run_cli([*TINY, "configuration=ep1", "epsilon=1e-5", "mask_seeds=[3,4,5]"], tmp_path / "out",
-                   tmp_path / "cache")
+    done = run_cli_in_process([*TINY, "configuration=ep1", "epsilon=1e-5", "mask_seeds=[3,4,5]"], tmp_path / "out",
+                              tmp_path / "cache")
     assert done.returncode == 0, done.stderr
     results, samples = _results(tmp_path / "out")
     assert results["mask_seeds"] == [3, 4, 5]
@@ -59,7 +59,7 @@ def test_epn_counts_the_prompts_text_tokens_by_default(tmp_path):
     runs = {}
     for reading in ("text", "input_ids"):
         out = tmp_path / reading
-        done = run_cli([*TINY, "configuration=epn", f"epn_n={reading}"], out, tmp_path / "cache")
+        done = run_cli_in_process([*TINY, "configuration=epn", f"epn_n={reading}"], out, tmp_path / "cache")
         assert done.returncode == 0, done.stderr
         runs[reading] = _results(out)
     text, template = runs["text"], runs["input_ids"]

@@ -14,7 +14,7 @@ from runners.report import restore as restore_section
 from runners.report.plotting import Figures
 from runners.report.runs import scan
 
-from .conftest import run_cli
+from .conftest import run_cli_in_process
 
 VICTIM = {"name": "tiny-llama-tied", "kind": "random", "revision": None, "architecture": "llama", "seed": 0,
           "hf_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -45,8 +45,8 @@ def _source(root: Path, *, experiment: str = "attack", done: bool = True) -> Pat
 def test_restore_scores_raw_and_restored_reconstructions(tmp_path):
     source = _source(tmp_path / "src")
     out = tmp_path / "out"
-    res = run_cli(["experiment=restore_smoke", f'restore.source="{source}"', "semantic_model=null"], out,
-                  tmp_path / "cache")
+    res = run_cli_in_process(["experiment=restore_smoke", f'restore.source="{source}"', "semantic_model=null"], out,
+                             tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (path,) = list(out.rglob(RESULTS))
     r = json.loads(path.read_text())
@@ -69,7 +69,7 @@ def test_restore_scores_raw_and_restored_reconstructions(tmp_path):
 def test_a_missing_source_is_one_line_and_no_files(tmp_path):
     out = tmp_path / "out"
     missing = tmp_path / "nothing"
-    res = run_cli(["experiment=restore_smoke", f'restore.source="{missing}"'], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=restore_smoke", f'restore.source="{missing}"'], out, tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1 and "no results.json there" in res.stderr, res.stderr
     assert not list(out.rglob(RESULTS))
 

@@ -1,9 +1,14 @@
-"""The command line end to end, in subprocesses, on the tiny random Llama (a few seconds per run).
+"""The command line end to end on the tiny random Llama (a few seconds per run).
 
-Covers DESIGN.md's contracts: exit code 2 and one stderr line for user errors (and no files left), the
-results.json / samples.jsonl fields, skip-on-rerun, a sweep that is interrupted (a job crashing and the
-whole process killed) and rerun does no finished job twice and ends where an uninterrupted sweep ends,
-and an ε sweep over a configuration that ignores ε runs once.
+Covers DESIGN.md's contracts: exit code 2 and one stderr line for user errors found at run time (and no
+files left; those refused while the config is composed or validated are the table of test_bad_input.py),
+the results.json / samples.jsonl fields, skip-on-rerun, a sweep that is interrupted (a job crashing and
+the whole process killed) and rerun does no finished job twice and ends where an uninterrupted sweep
+ends, and an ε sweep over a configuration that ignores ε runs once.
+
+The runs call the console script's entry point in the test process (conftest run_cli_in_process: the
+same argv, environment and exit status, without paying the Python + torch start-up per run); the
+interrupted sweep's first attempt is a real process, since it is killed.
 """
 from __future__ import annotations
 
@@ -13,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import configurations
-
-from .conftest import REPO, run_cli
+from .conftest import REPO, run_cli, run_cli_in_process
 
 # A tiny fidelity run: 2 prompts, 4 tokens, no semantic model (keeps each job about a second).
 TINY = ["experiment=smoke", "workload.n_prompts=2", "generation.max_new_tokens=4", "generation.batch_size=2",
@@ -61,6 +64,25 @@ def probe(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def count_jobs(monkeypatch):
+    """PROBE's counting for in-process runs: every job that really runs appends its name to the file
+    `count_jobs(path)` names."""
+    import runners.fidelity as fidelity
+
+    real = fidelity.run
+
+    def start(counter: Path) -> None:
+        def run(cfg, ctx):
+            with counter.open("a") as handle:
+                handle.write(ctx.name + "\n")
+            return real(cfg, ctx)
+
+        monkeypatch.setattr(fidelity, "run", run)
+
+    return start
+
+
 def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
@@ -84,21 +106,6 @@ def _comparable(run_dir: Path) -> dict:
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("epsilon=abc", "could not be converted to Float"),
-    ("configuration=nope", f"no config option 'configuration/nope' (available: {', '.join(sorted(configurations.NAMES))})"),
-    ("generation.max_new_tokens=0", "generation.max_new_tokens must be >= 1, got 0"),
-    ("epsilon=-1", "epsilon must be a finite number > 0, got -1.0"),
-])
-def test_bad_override_one_line_exit_2_no_files(tmp_path, override, expected):
-    out = tmp_path / "out"
-    res = run_cli(["experiment=smoke", override], out, tmp_path / "cache")
-    assert res.returncode == 2, res.stderr
-    assert len(res.stderr_lines) == 1, res.stderr
-    assert res.stderr_lines[0].startswith("splitbench: error: ") and expected in res.stderr_lines[0]
-    assert _files(out) == []
-
-
-@pytest.mark.parametrize("override, expected", [
     (["model=nope"], "no config option 'model/nope'"),
     (["model=llama-3.2-3b-instruct"], "meta-llama/Llama-3.2-3B-Instruct"),   # a hub model, offline
     (["configuration=gpu"], "needs CUDA"),
@@ -110,7 +117,7 @@ def test_user_errors_found_at_run_time_one_line_exit_2_no_files(tmp_path, overri
     if override == ["configuration=gpu"] and torch.cuda.is_available():
         pytest.skip("checks the no-CUDA path")
     out = tmp_path / "out"
-    res = run_cli(TINY + override, out, tmp_path / "cache")
+    res = run_cli_in_process(TINY + override, out, tmp_path / "cache")
     assert res.returncode == 2, res.stderr
     assert len(res.stderr_lines) == 1, res.stderr
     assert res.stderr_lines[0].startswith("splitbench: error: ") and expected in res.stderr_lines[0], res.stderr
@@ -119,7 +126,7 @@ def test_user_errors_found_at_run_time_one_line_exit_2_no_files(tmp_path, overri
 
 def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    res = run_cli(["experiment=smoke"], out, cache)
+    res = run_cli_in_process(["experiment=smoke"], out, cache)
     assert res.returncode == 0, res.stderr
     run_dir = out / "smoke" / "tiny-llama" / "ep1" / "eps=1" / "default"
     assert sorted(p.name for p in run_dir.iterdir()) == [".done", "results.json", "samples.jsonl", "sensitivity.json"]
@@ -148,7 +155,7 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
 
     # A rerun skips the finished run and touches none of its files.
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
-    again = run_cli(["experiment=smoke"], out, cache)
+    again = run_cli_in_process(["experiment=smoke"], out, cache)
     assert again.returncode == 0 and "already complete" in again.stdout
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
 
@@ -157,7 +164,7 @@ def test_sweep_with_a_bad_job_and_a_stale_run(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     base = ["experiment=smoke", "workload.n_prompts=1", "generation.batch_size=1", "semantic_model=null"]
     # One job of the sweep is a user error: the others still run, the sweep ends with exit code 2.
-    res = run_cli(["-m", *base, "generation.max_new_tokens=0,2"], out, cache)
+    res = run_cli_in_process(["-m", *base, "generation.max_new_tokens=0,2"], out, cache)
     assert res.returncode == 2
     assert res.stderr_lines[-1].startswith("splitbench: error: the sweep finished with failed jobs, first ")
     assert "generation.max_new_tokens must be >= 1, got 0" in res.stderr_lines[-1]
@@ -169,19 +176,19 @@ def test_sweep_with_a_bad_job_and_a_stale_run(tmp_path):
     single = [*base, "generation.max_new_tokens=2"]
     results = json.loads((run_dir / "results.json").read_text())
     (run_dir / "results.json").write_text(json.dumps({**results, "config_hash": "0" * 64}))
-    refused = run_cli(single, out, cache)
+    refused = run_cli_in_process(single, out, cache)
     assert refused.returncode == 2 and len(refused.stderr_lines) == 1, refused.stderr
     assert "holds a finished run of a different config" in refused.stderr_lines[0]
     assert json.loads((run_dir / "results.json").read_text())["config_hash"] == "0" * 64
     # ...unless rerun=true, which recomputes it in place: the same numbers, the baseline from the cache.
-    redone = run_cli([*single, "rerun=true"], out, cache)
+    redone = run_cli_in_process([*single, "rerun=true"], out, cache)
     assert redone.returncode == 0, redone.stderr
     again = json.loads((run_dir / "results.json").read_text())
     assert again["config_hash"] == results["config_hash"] and again["metrics"]["exact_match"] == results["metrics"]["exact_match"]
     assert again["provenance"]["baseline_cache"]["hit"] is True
 
 
-def test_interrupted_sweep_resumes_without_redoing_work(tmp_path, probe):
+def test_interrupted_sweep_resumes_without_redoing_work(tmp_path, probe, count_jobs):
     sweep = ["-m", *TINY, "configuration=t3,ep1,slalom"]
     out, cache, counter = tmp_path / "out", tmp_path / "cache", tmp_path / "count"
     env = {"SB_COUNTER": str(counter), "SB_FAIL": "/ep1/", "SB_KILL": "/slalom/"}
@@ -194,7 +201,8 @@ def test_interrupted_sweep_resumes_without_redoing_work(tmp_path, probe):
     assert failed["status"] == "failed" and "simulated crash" in failed["error"]
     t3_mtime = (out / next(iter(done)) / "results.json").stat().st_mtime_ns
 
-    second = run_cli(sweep, out, cache, script=probe, env=env)
+    count_jobs(counter)   # the crash and the kill are spent: the retry only counts, in this process
+    second = run_cli_in_process(sweep, out, cache)
     assert second.returncode == 0, second.stderr
     assert "already complete" in second.stdout
     assert (out / next(iter(done)) / "results.json").stat().st_mtime_ns == t3_mtime
@@ -206,7 +214,7 @@ def test_interrupted_sweep_resumes_without_redoing_work(tmp_path, probe):
 
     # The same sweep uninterrupted, from scratch, ends with the same results.
     clean_out, clean_cache = tmp_path / "clean", tmp_path / "clean-cache"
-    clean = run_cli(sweep, clean_out, clean_cache)
+    clean = run_cli_in_process(sweep, clean_out, clean_cache)
     assert clean.returncode == 0, clean.stderr
     assert sorted(_runs(clean_out)) == sorted(_runs(out))
     for name, run_dir in _runs(out).items():
@@ -217,10 +225,10 @@ def _rest() -> str:
     return "generation.batch_size=2,generation.max_new_tokens=4,semantic_model=null,workload.n_prompts=2"
 
 
-def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, probe):
+def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, count_jobs):
     out, counter = tmp_path / "out", tmp_path / "count"
-    res = run_cli(["-m", *TINY, "configuration=ep1,epn", "epsilon=0.5,5,15"], out, tmp_path / "cache", script=probe,
-                  env={"SB_COUNTER": str(counter)})
+    count_jobs(counter)
+    res = run_cli_in_process(["-m", *TINY, "configuration=ep1,epn", "epsilon=0.5,5,15"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     runs = _runs(out)
     assert sorted(runs) == sorted([f"smoke/tiny-llama/ep1/eps={e}/{_rest()}" for e in ("0.5", "5", "15")]
@@ -242,8 +250,8 @@ def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, probe):
 
 def test_timing_run_table(tmp_path):
     out = tmp_path / "out"
-    res = run_cli(["experiment=timing_smoke", "timing.configurations=[cpu,t3,ep1]", "timing.max_new_tokens=[2,3]",
-                   "workload.n_prompts=2"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=timing_smoke", "timing.configurations=[cpu,t3,ep1]",
+                              "timing.max_new_tokens=[2,3]", "workload.n_prompts=2"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (run_dir,) = _runs(out).values()
     assert "/all/eps=1/" in str(run_dir)
@@ -354,7 +362,7 @@ def test_saved_view_says_what_produced_it(tmp_path):
     """engine.record_view=true saves view.pt beside the results, its meta naming the run that made it."""
     from harness.adversary_view import MASKED_INPUT, AdversaryView
 
-    done = run_cli([*TINY, "engine.record_view=true", "epsilon=2"], tmp_path / "out", tmp_path / "cache")
+    done = run_cli_in_process([*TINY, "engine.record_view=true", "epsilon=2"], tmp_path / "out", tmp_path / "cache")
     assert done.returncode == 0, done.stderr
     (path,) = (tmp_path / "out").rglob("view.pt")
     view = AdversaryView.load(path)

@@ -17,7 +17,7 @@ from harness.sanitize import mechanisms as M
 from harness.sanitize.embeddings import Table
 from harness.sanitize.mechanisms import Settings
 
-from .conftest import compose_config, run_cli
+from .conftest import compose_config, run_cli_in_process
 
 
 def _table(v=40, d=6, distance="euclidean", seed=0, candidates=None):
@@ -293,7 +293,7 @@ def test_bad_parameters_are_one_user_error_line(name, hydra_conf):
 ])
 def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expected):
     out = tmp_path / "out"
-    res = run_cli(["experiment=sanitize_smoke", "hydra.mode=RUN", *args], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=sanitize_smoke", "hydra.mode=RUN", *args], out, tmp_path / "cache")
     assert res.returncode == 2, res.stderr
     lines = [line for line in res.stderr_lines if line.startswith("splitbench:")]
     assert len(lines) == 1 and expected in lines[0], res.stderr
@@ -302,7 +302,7 @@ def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expecte
 
 def test_smoke_sweep_runs_every_mechanism(tmp_path):
     out = tmp_path / "out"
-    res = run_cli(["experiment=sanitize_smoke"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=sanitize_smoke"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     runs = {p.parent.parent.parent.name: p.parent for p in out.rglob("results.json")}
     assert sorted(runs) == ["custext_plus", "dx_noise", "dx_stencil", "stencil"]
@@ -334,8 +334,9 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
 
 def test_fidelity_runs_a_sanitiser_on_the_plain_engine(tmp_path):
     out = tmp_path / "out"
-    res = run_cli(["experiment=smoke", "configuration=stencil", "workload.n_prompts=2", "generation.max_new_tokens=2",
-                   "generation.batch_size=2", "semantic_model=null"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=smoke", "configuration=stencil", "workload.n_prompts=2",
+                              "generation.max_new_tokens=2", "generation.batch_size=2", "semantic_model=null"], out,
+                             tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (path,) = out.rglob("results.json")
     r = json.loads(path.read_text())

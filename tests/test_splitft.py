@@ -149,6 +149,80 @@ def test_smashed_dp_noise_matches_the_mechanisms():
     assert float(noise.abs().mean()) == pytest.approx(lap.scale, rel=0.03)   # E|Laplace(b)| = b
 
 
+def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
+    """The tight ε(δ) of one Gaussian mechanism with sensitivity/σ = μ (Balle & Wang 2018, Thm 8):
+    δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), solved for ε by bisection. Independent of dp_accounting."""
+    from scipy.stats import norm
+
+    def delta_of(eps):
+        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
+
+    lo, hi = 0.0, 200.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
+    return hi
+
+
+def _rdp_conversion(rdp_of_order, delta: float) -> float:
+    """min over dp_accounting's default orders α > 1.01 of rdp(α) + log(1 − 1/α) − log(δα)/(α − 1)
+    (Canonne, Kamath & Steinke 2020, Prop. 12), written out here."""
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    return min(rdp_of_order(a) + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
+               for a in DEFAULT_RDP_ORDERS if a > 1.01)
+
+
+def test_dp_accounting_composes_gaussian_and_laplace_over_sends():
+    from harness.splitft import accounting
+
+    z, k, delta = 1.3, 12, 1e-5
+    composed = accounting.gaussian_epsilon(z, k, delta)
+    # k Gaussian mechanisms of multiplier z are one of multiplier z/√k (their RDP α/(2z²) adds up) ...
+    assert composed == pytest.approx(accounting.gaussian_epsilon(z / math.sqrt(k), 1, delta), rel=1e-9)
+    assert composed == pytest.approx(_rdp_conversion(lambda a: k * a / (2 * z * z), delta), rel=1e-9)
+    # ... and a valid bound lies above the tight ε of that Gaussian, and not far (RDP is within ~30% here)
+    exact = _exact_gaussian_epsilon(math.sqrt(k) / z, delta)
+    assert exact < composed < 1.3 * exact
+    # Laplace of multiplier b: Mironov 2017 Prop. 6 for its RDP, k-fold; never above pure composition k/b
+    b = 2.0
+
+    def laplace_rdp(a):
+        return math.log(a / (2 * a - 1) * math.exp((a - 1) / b) + (a - 1) / (2 * a - 1) * math.exp(-a / b)) / (a - 1)
+
+    assert accounting.laplace_epsilon(b, k, delta) == pytest.approx(
+        min(_rdp_conversion(lambda a: k * laplace_rdp(a), delta), k / b), rel=1e-6)
+    assert accounting.laplace_epsilon(0.01, 3, delta) == pytest.approx(300.0)   # pure bound wins when b is tiny
+    # the run's record: per-step calibration (σ = 2c√(2 ln 1.25/δ)/ε) gives multiplier √(2 ln 1.25/δ)/ε per row,
+    # and the example level (T rows may change) divides it by √T
+    rec = accounting.account("smashed_dp_gaussian", 4.0, sends=5, sends_bound=24, seq_len=16, delta=delta)
+    assert rec["noise_multiplier_row"] == pytest.approx(math.sqrt(2 * math.log(1.25 / delta)) / 4.0)
+    assert rec["epsilon_example"] == pytest.approx(accounting.gaussian_epsilon(rec["noise_multiplier_row"] / 4, 5, delta))
+    assert rec["epsilon_row"] < rec["epsilon_example"] and rec["max_sends"] == 5
+    lap = accounting.account("smashed_dp_laplace", 4.0, sends=3, sends_bound=24, seq_len=16, delta=delta)
+    assert lap["noise_multiplier_row"] == pytest.approx(0.25) and lap["epsilon_example"] <= 3 * 16 * 4.0
+    dx = accounting.account("embedding_dx", 10.0, sends=3, sends_bound=24, seq_len=16, delta=delta, vocab_norm_max=0.5)
+    assert dx["delta"] == 0.0 and dx["epsilon_step"] == pytest.approx(10.0 * 1.0)
+    assert dx["epsilon_row"] == pytest.approx(3 * 10.0 * 1.0) and dx["epsilon_example"] == pytest.approx(16 * 30.0)
+    assert accounting.account("privpair", 1.0, sends=3, sends_bound=24, seq_len=16, delta=delta) is None
+
+
+def test_client_counts_every_send_of_every_block_across_rounds():
+    from harness.splitft.client import MAX_SENDS, ClientTrainer, Recipe
+
+    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg.pop("defaults")
+    section = OmegaConf.to_container(OmegaConf.merge(SECTION, {"k": 1, "m": 3, "local_steps": 2, "batch_size": 4,
+                                                               "record": {"last_rounds": 0}}))
+    blocks = torch.randint(0, 500, (5, 8), generator=torch.Generator().manual_seed(1)).tolist()
+    trainer = ClientTrainer(Recipe(model_cfg, None, "smashed_dp_gaussian", 10.0, section, 0, [blocks], blocks[:4],
+                                   blocks[:2]))
+    first = trainer.run_round(0, 1, trainer.initial_state(), {}, 0)
+    second = trainer.run_round(0, 2, first.state, {}, first.steps_done, first.sends)
+    assert int(first.sends.sum()) == 2 * 4 and int(second.sends.sum()) == 2 * 2 * 4   # every draw counted, carried
+    assert bool((second.sends >= first.sends).all()) and second.metrics[MAX_SENDS] == float(second.sends.max())
+
+
 def test_dchi_noise_radius_follows_gamma():
     z = defences.dchi_noise((20000, 8), eta=4.0, generator=torch.Generator().manual_seed(0))
     assert float(z.norm(dim=-1).mean()) == pytest.approx(8 / 4.0, rel=0.03)   # E Gamma(d, 1/η) = d/η
@@ -290,15 +364,15 @@ def test_report_section_tables_and_plots(tmp_path):
     assert "12.00 [10.00, 14.00] (10.00)" in lines[1] and "3.200 [3.100, 3.300]" in lines[1]
     assert sorted(p.name.split("_")[1] for p in tmp_path.glob("report_*.png")) == ["splitft", "splitft"]
     assert "privpair lambda=1" in "\n".join(section.summary(groups))
+    assert "DP accounting" not in md                          # no DP baseline in the group: no table
+    runs[0].data["privacy_accounting"] = {"delta": 1e-5, "epsilon_step": 10.0, "max_sends": 5, "sends_bound": 24,
+                                          "epsilon_row": 31.428, "epsilon_example": 257.57, "accountant": "rdp"}
+    md = "\n".join(section.markdown(section.groups(runs)[:1], Figures(tmp_path)))
+    assert "| privpair lambda=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
 
 
-def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head(ids):
-    """On an undefended step the label attack's guesses are the model's own argmax next tokens (an
-    independent, unsplit forward with the weights the view holds), and the EIA inversion of s_A recovers
-    the inputs of a 1-block head far above its reference."""
-    from attacks.splitft.eia import eia
-    from attacks.splitft.label import infer_labels
-    from attacks.splitft.white_box import ServerCopy
+def _undefended_view(ids):
+    """One recorded, undefended split step of the tiny model (k=1, m=3) as the server's view."""
     from harness.adversary_view import AdversaryView, Exposure
     from harness.splitft.step import CLIENT_WEIGHTS
 
@@ -313,6 +387,18 @@ def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head
     view = AdversaryView([Exposure(e["op"], e["layer"], e["step"], tuple(e["tensor"].shape), e["tensor"], e["channel"])
                           for e in record.exposures],
                          {"splitft": {"k": 1, "m": 3, "lora": {"enabled": False}, "weight_layout": names}})
+    return view, model_cfg, model, names, record
+
+
+def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head(ids):
+    """On an undefended step the label attack's guesses are the model's own argmax next tokens (an
+    independent, unsplit forward with the weights the view holds), and the EIA inversion and BiSR's
+    forward attack on s_A recover the inputs of a 1-block head far above their references."""
+    from attacks.splitft.eia import eia
+    from attacks.splitft.label import infer_labels
+    from attacks.splitft.white_box import ServerCopy
+
+    view, model_cfg, model, names, record = _undefended_view(ids)
     copy = ServerCopy(view, model_cfg)
     guesses = infer_labels(copy)
     with torch.no_grad():
@@ -324,6 +410,45 @@ def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head
     scores = assess("eia", [ids[r].tolist() for _, r, _ in recovered], [g for *_, g in recovered],
                     [ids[r].tolist() for _, r, _ in recovered], [g for *_, g in recovered], 1.0, 5.0)
     assert scores["eia_token_f1"] > 80.0 and scores["eia_verdict"] == "leak"
+    # BiSR(f): starts from the label guesses shifted by one (position t predicts token t+1) ...
+    from attacks.splitft.bisr import bisr_forward, initial_embeddings
+
+    labels = {(s, r): g for s, r, g in guesses}
+    vocab = copy.vocab_embeddings.detach()
+    start = initial_embeddings(vocab, (3, 12), "label", [labels[(5, r)] for r in range(3)], torch.Generator())
+    assert torch.equal(start[:, 1:], vocab[torch.tensor([labels[(5, r)] for r in range(3)])])
+
+    def f1(rec):
+        return assess("bisr", [ids[r].tolist() for _, r, _ in rec], [g for *_, g in rec],
+                      [ids[r].tolist() for _, r, _ in rec], [g for *_, g in rec], 1.0, 5.0)
+
+    # ... which on this random model say little about the inputs; matching s_A through A recovers them
+    assert f1(bisr_forward(copy, labels, steps=0, lr=0.5, max_examples=3))["bisr_token_f1"] < 30.0
+    scores = f1(bisr_forward(copy, labels, steps=60, lr=0.5, max_examples=3))
+    assert scores["bisr_token_f1"] > 90.0 and scores["bisr_verdict"] == "leak"
+
+
+def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(ids):
+    """The attack suite's inverter, trained on public blocks through the white-box A (5 steps: the
+    least-squares start does most of it), reads the undefended s_A far above its reference; trained on
+    shuffled pairs it recovers nothing (its negative control)."""
+    from attacks.splitft import inverter
+    from attacks.splitft.white_box import ServerCopy
+
+    view, model_cfg, *_ = _undefended_view(ids)
+    copy = ServerCopy(view, model_cfg)
+    public = torch.randint(0, 500, (8, 12), generator=torch.Generator().manual_seed(1)).tolist()
+    settings = inverter.settings_from(OmegaConf.create({"mode": "projection", "layout": "aligned", "head": "evidence",
+                                                        "max_steps": 5, "max_minutes": 5.0, "batch_size": 8,
+                                                        "lr": 1e-3}), 12)
+    guesses = inverter.read(inverter.trained(copy, public, settings), copy, 3)
+    negative = [g for *_, g in inverter.read(inverter.trained(copy, public, settings, shuffled=True), copy, 3)]
+    truth = [ids[r].tolist() for _, r, _ in guesses]
+    scores = assess("inverter", truth, [g for *_, g in guesses], truth, [g for *_, g in guesses], 1.0, 5.0,
+                    negative_guesses=negative)
+    assert [r for _, r, _ in guesses] == [0, 1, 2] and scores["inverter_token_f1"] > 60.0
+    assert scores["inverter_negative_control_pass"] and scores["inverter_negative_control_token_f1"] < 20.0
+    assert scores["inverter_verdict"] == "leak"
 
 
 APP_TOML = """[build-system]

@@ -183,7 +183,7 @@ def test_dolly_hub_records_are_converted(tok, monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     w = load_workload(cfg(name="dolly", source="dolly", n_prompts=2), tok, seed=0)
-    assert calls == [((DOLLY_HUB_ID,), {"split": "train"})]
+    assert calls == [((DOLLY_HUB_ID, None), {"split": "train"})]   # no config name: the default
     assert w.source == "hub:databricks/databricks-dolly-15k"
     assert [p.id for p in w.prompts] == ["dolly-1", "dolly-2"]
     assert w.prompts[0].text == "When did he move to Oita?\n\n" + ctx

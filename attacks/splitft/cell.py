@@ -1,17 +1,20 @@
 """Scoring the server's attacks on split FL, with the chance floor, controls and the verdict of
 attacks/controls.py (paper 004 Table 6 style).
 
-For each attacker (label inference, EIA) and each recorded example (a row of a recorded step):
+For each attacker (label inference, EIA, BiSR(f), the learned inverter) and each recorded example (a row
+of a recorded step):
 - token F1 (multiset, %) of its guess against the truth (the labels; the input tokens), macro over
   examples with a Student-t interval, and position-wise top-1 accuracy (%);
-- reference r: `exposure_free_f1`, what its guess for example j scores against example i ≠ j. Neither
-  attacker is trained, so a guess that ignores the exposure (a decoder that always says "the") scores
+- reference r: `exposure_free_f1`, what its guess for example j scores against example i ≠ j. For an
+  untrained attacker a guess that ignores the exposure (a decoder that always says "the") scores
   exactly r: the verdict asks whether the exposure adds anything beyond it. The real-text chance floor
   (`controls.floor`, unrelated true texts against each other) is reported beside it;
 - positive control: the same attacker on the undefended crossings of the same batches and weights
   (the plain s_A and s_B the evaluator kept): lower bound ≥ its own reference + positive margin;
-- negative control: holds by construction (nothing is trained on (exposure, truth) pairs, so nothing
-  but the exposure links a guess to its example), as for the Bayes attacker of attacks/controls.py;
+- negative control: for the untrained attackers it holds by construction (nothing is trained on
+  (exposure, truth) pairs, so nothing but the exposure links a guess to its example), as for the Bayes
+  attacker of attacks/controls.py; the learned inverter's is run: the same inverter trained on shuffled
+  pairs must score at most its own reference + margin;
 - verdict: `controls.classify` of the F1 interval against r with margin m; the run's verdict is the worst
   over the attackers run (`controls.worst`).
 """
@@ -31,9 +34,12 @@ def _top1(ref: Sequence[int], hyp: Sequence[int]) -> float:
 
 
 def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_refs: list[list[int]],
-           plain_guesses: list[list[int]], margin_pp: float, positive_margin_pp: float) -> dict[str, Any]:
+           plain_guesses: list[list[int]], margin_pp: float, positive_margin_pp: float,
+           negative_guesses: list[list[int]] | None = None) -> dict[str, Any]:
     """The flat metrics of one attacker, prefixed `name`: token F1 and top-1 with intervals, reference,
-    chance floor, controls and verdict."""
+    chance floor, controls and verdict. `negative_guesses`: a trained attacker's guesses for `refs` after
+    training on shuffled pairs (its negative control: upper bound ≤ their own reference + margin); without
+    them the control holds by construction (an untrained attacker)."""
     if len(refs) < 2:
         raise ValueError(f"{name}: need at least 2 recorded examples, got {len(refs)}")
     f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, guesses)], bounds=(0, 100))
@@ -43,11 +49,21 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
                        bounds=(0, 100))
     plain_reference = controls.exposure_free_f1(plain_refs, plain_guesses)
     positive = controls.positive_control(plain_f1, plain_reference, positive_margin_pp)
+    negative: dict[str, Any] = {}
+    negative_passed = True
+    if negative_guesses is not None:
+        neg_f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, negative_guesses)],
+                         bounds=(0, 100))
+        neg_reference = controls.exposure_free_f1(refs, negative_guesses)
+        negative_passed = controls.negative_control(neg_f1, neg_reference, margin_pp).passed
+        negative = {**neg_f1.flat(f"{name}_negative_control_token_f1"),
+                    f"{name}_negative_control_reference": neg_reference}
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive.passed,
-                                negative_passed=True)
+                                negative_passed=negative_passed)
     return {**f1.flat(f"{name}_token_f1"), **top1.flat(f"{name}_top1"),
             f"{name}_reference_token_f1": reference, f"{name}_chance_floor_token_f1": controls.floor(refs),
             **plain_f1.flat(f"{name}_positive_control_token_f1"),
             f"{name}_positive_control_reference": plain_reference,
-            f"{name}_positive_control_pass": positive.passed, f"{name}_negative_control_pass": True,
+            f"{name}_positive_control_pass": positive.passed, **negative,
+            f"{name}_negative_control_pass": negative_passed,
             f"{name}_verdict": verdict, f"{name}_n_examples": len(refs)}

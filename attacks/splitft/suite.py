@@ -1,20 +1,21 @@
-"""The server's attacks on one split-FL run: label inference and the EIA inversion on the adversary view,
-each repeated on the undefended crossings of the same steps (the positive control), scored against the
-evaluator's truth (attacks/splitft/cell.py). Only the view reaches the attackers; the truth reaches the
-scoring and the control views."""
+"""The server's attacks on one split-FL run: label inference, the EIA inversion, BiSR's forward attack
+(initialised from the label guesses; `attack.bisr.enabled`) and the learned inverter trained on public
+blocks (`attack.inverter.enabled`) on the adversary view, each repeated on the undefended crossings of
+the same steps (the positive control), scored against the evaluator's truth (attacks/splitft/cell.py).
+Only the view (and the public blocks) reach the attackers; the truth reaches the scoring and the control
+views."""
 from __future__ import annotations
 
 from typing import Any
 
 from attacks import controls
+from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.cell import assess
 from attacks.splitft.eia import eia
 from attacks.splitft.label import infer_labels
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.step import SMASHED_DOWN, SMASHED_UP
-
-ATTACKERS = ("label", "eia")
 
 
 def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> AdversaryView:
@@ -26,8 +27,10 @@ def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> Adversa
 
 
 def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg: dict[str, Any],
-                cache_dir: str | None, settings: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Flat metrics (label_*, eia_*, verdict) and one sample row per attacked example."""
+                cache_dir: str | None, settings: Any,
+                public: list[list[int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Flat metrics (label_*, eia_*, bisr_*, inverter_*, verdict) and one sample row per attacked example.
+    `public`: token blocks the server knows (D_align), the learned inverter's training data."""
     attacked = ServerCopy(view, model_cfg, cache_dir)
     control = ServerCopy(plain_view(view, truth), model_cfg, cache_dir)
     margin, positive = float(settings.gate_margin_pp), float(settings.positive_margin_pp)
@@ -42,6 +45,16 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     label_guess, label_plain = infer_labels(attacked), infer_labels(control)
     eia_guess = eia(attacked, int(e.steps), float(e.lr), int(e.max_examples))
     eia_plain = eia(control, int(e.steps), float(e.lr), int(e.max_examples))
+    attackers = ["label", "eia"]
+    bisr_guess: list = []
+    b = settings.bisr
+    if b.enabled:
+        def bisr(copy, guesses):
+            return bisr_forward(copy, {(s, r): g for s, r, g in guesses}, steps=int(b.steps), lr=float(b.lr),
+                                max_examples=int(b.max_examples), init=str(b.init), weights=str(b.weights))
+
+        bisr_guess, bisr_plain = bisr(attacked, label_guess), bisr(control, label_plain)
+        attackers.append("bisr")
     metrics = {
         **assess("label", labels(label_guess), [g for *_, g in label_guess], labels(label_plain),
                  [g for *_, g in label_plain], margin, positive),
@@ -49,11 +62,31 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
                  [g for *_, g in eia_plain], margin, positive),
         "gate_margin_pp": margin, "positive_margin_pp": positive,
     }
-    metrics["verdict"] = controls.worst([metrics["label_verdict"], metrics["eia_verdict"]])
-    strongest = max(ATTACKERS, key=lambda a: metrics[f"{a}_token_f1"] - metrics[f"{a}_reference_token_f1"])
+    if bisr_guess:
+        metrics.update(assess("bisr", inputs(bisr_guess), [g for *_, g in bisr_guess], inputs(bisr_plain),
+                              [g for *_, g in bisr_plain], margin, positive))
+    inv_guess: list = []
+    v = settings.inverter
+    if v.enabled:
+        from attacks.splitft import inverter
+
+        train_settings = inverter.settings_from(v, int(attacked.view.select(channel=SMASHED_UP)[0].tensor.shape[1]))
+        learned = inverter.trained(attacked, public or [], train_settings)
+        inv_guess = inverter.read(learned, attacked, int(v.max_examples))
+        inv_plain = inverter.read(learned, control, int(v.max_examples))
+        negative = None
+        if v.negative_control:
+            shuffled = inverter.trained(attacked, public or [], train_settings, shuffled=True)
+            negative = [g for *_, g in inverter.read(shuffled, attacked, int(v.max_examples))]
+        metrics.update(assess("inverter", inputs(inv_guess), [g for *_, g in inv_guess], inputs(inv_plain),
+                              [g for *_, g in inv_plain], margin, positive, negative_guesses=negative))
+        attackers.append("inverter")
+    metrics["verdict"] = controls.worst([metrics[f"{a}_verdict"] for a in attackers])
+    strongest = max(attackers, key=lambda a: metrics[f"{a}_token_f1"] - metrics[f"{a}_reference_token_f1"])
     metrics["strongest_attacker"] = strongest
     rows = [{"attacker": "label", "step": s, "row": r, "guess_ids": g, "truth_ids": t}
             for (s, r, g), t in zip(label_guess, labels(label_guess))]
-    rows += [{"attacker": "eia", "step": s, "row": r, "guess_ids": g, "truth_ids": t}
-             for (s, r, g), t in zip(eia_guess, inputs(eia_guess))]
+    rows += [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
+             for name, guesses in (("eia", eia_guess), ("bisr", bisr_guess), ("inverter", inv_guess))
+             for (s, r, g), t in zip(guesses, inputs(guesses))]
     return metrics, rows

@@ -11,6 +11,8 @@ from harness.adversary_view import AdversaryView
 from harness.splitft import trainable
 from harness.splitft.step import CLIENT_WEIGHTS
 
+PRETRAINED = -1     # the key of the pretrained weights in ServerCopy.weights (step ids are >= 0)
+
 
 class ServerCopy:
     def __init__(self, view: AdversaryView, model_cfg: dict[str, Any], cache_dir: str | None = None) -> None:
@@ -25,10 +27,12 @@ class ServerCopy:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.weights = {e.step: e.tensor for e in view.select(channel=CLIENT_WEIGHTS)}
+        self.weights[PRETRAINED] = trainable.flat(self.model, self.names)   # BiSR's semi-white-box prior
         self._at: int | None = None
 
     def at(self, step: int) -> Any:
-        """The partition with the clients' A and C as the server learned them after `step`."""
+        """The partition with the clients' A and C as the server learned them after `step` (PRETRAINED:
+        the pretrained A and C, which the server has without the strong threat model)."""
         if self._at != step:
             trainable.load_flat(self.model, self.names, self.weights[step])
             self._at = step

@@ -121,6 +121,29 @@ def span_agreement(rule: Sequence[str], hand: Sequence[str]) -> dict[str, float]
     return {"precision": p, "recall": rec, "f1": 2 * p * rec / (p + rec) if p + rec else 0.0}
 
 
+def judged_agreement(rows: Sequence[tuple[int, int, int]], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Span-level agreement of the rule with a person's judgement, pooled over examples: rows of
+    (rule spans judged evidence, rule spans, evidence the rule missed) per example. Precision = judged
+    evidence / rule spans, recall = judged evidence / (judged evidence + missed), in %, each with a 95%
+    percentile bootstrap interval resampling examples (spans of one example are not independent)."""
+    import numpy as np
+
+    from metrics.intervals import bootstrap_ci
+
+    a = np.asarray(rows, dtype=float)
+
+    def precision(x):
+        return 100.0 * x[:, 0].sum() / x[:, 1].sum() if x[:, 1].sum() else 0.0
+
+    def recall(x):
+        found = x[:, 0].sum() + x[:, 2].sum()
+        return 100.0 * x[:, 0].sum() / found if found else 0.0
+
+    return {"precision": bootstrap_ci(a, precision, n_boot=n_boot, seed=seed),
+            "recall": bootstrap_ci(a, recall, n_boot=n_boot, seed=seed), "n_examples": len(rows),
+            "n_rule_spans": int(a[:, 1].sum()), "n_judged_evidence": int(a[:, 0].sum()), "n_missed": int(a[:, 2].sum())}
+
+
 # --- loading ------------------------------------------------------------------------------------------
 
 
@@ -158,16 +181,9 @@ def load_benchmark(bench: Any, n_examples: Any = _CONFIGURED) -> Benchmark:
 
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise UserError(f"{key}={path} is not a file")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise UserError(f"{key}={path} line {n} is not JSON ({e.msg})") from None
-    return rows
+    from harness.workloads import read_jsonl_rows  # the one JSONL reader (BOM, not UTF-8, bad lines: one line)
+
+    return [row for _, row in read_jsonl_rows(path, key)[0]]
 
 
 def _builtin(r: dict[str, Any], i: int) -> Example:
@@ -221,15 +237,10 @@ def _dolly_records(bench: Any) -> tuple[list[dict], str]:
 
 def _hub_rows(bench: Any, name: str) -> list[dict]:
     hub_id, config = HUB_IDS[name]
-    hub_id = bench.hub_id or hub_id
-    try:
-        import datasets
+    from harness.text_corpus import load_hub_dataset  # offline, unknown id, no `datasets`: one line
 
-        ds = datasets.load_dataset(hub_id, config, split="train")
-    except Exception as e:  # offline, unknown id, no `datasets`: one line either way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"collab.benchmark {name}: cannot load {hub_id} from the hub ({first}); give a local "
-                        "file with collab.benchmark.path") from None
+    ds = load_hub_dataset(bench.hub_id or hub_id, config, "train",
+                          local_hint=f"give a local file for collab.benchmark {name} with collab.benchmark.path")
     return [dict(r) for r in ds]
 
 

@@ -21,7 +21,11 @@ BENCHMARKS = ("builtin", "pubmedqa", "dolly")
 MODES_OF = {
     "collab_none": FUSION_MODES, "coveil": FUSION_MODES, "collab_dp_fusion": FUSION_MODES,
     "collab_cogenesis": ("cloud",), "collab_dp_logit": ("cloud",),
+    "collab_custext": ("edge",), "collab_ldp_sampler": ("edge",), "collab_invisibleink": ("edge",),
 }
+OPTION_SCORING = ("stated", "likelihood")
+INVISIBLEINK_ACCOUNTING = ("sequence", "token")
+CUSTEXT_SELECT_FROM = ("fused", "private")
 # The defences whose swept parameter may be 0 (the appendix grids: CoVeil λ = 0, DP-Fusion ε = 0) are
 # reached with collab.parameter_zero=true, since the global `epsilon` knob must be > 0.
 ZERO_ALLOWED = ("coveil", "collab_dp_fusion")
@@ -57,6 +61,27 @@ class CollabInversionConfig:
 
 
 @dataclass
+class CollabCusTextConfig:
+    k: int = MISSING                    # output-set size (the k most similar tokens, itself included)
+    distance: str = MISSING             # euclidean | cosine
+    embeddings: str = MISSING           # victim (the edge model's input embeddings) | a .pt/.npy table
+    select_from: str = MISSING          # fused | private: the token CusText sanitises is argmax of this
+
+
+@dataclass
+class CollabLDPSamplerConfig:
+    gamma: float = MISSING              # the neighbourhood N_γ(p_L) the sampler is optimal for (>= 1)
+    fuse: bool = MISSING                # draw from α·p_L + (1−α)·Q (true) or from Q alone
+
+
+@dataclass
+class CollabInvisibleInkConfig:
+    accounting: str = MISSING           # sequence | token: what epsilon budgets
+    temperature: float = MISSING
+    top_k: Optional[int] = MISSING      # Top-k+ over the public logits; null = the full vocabulary
+
+
+@dataclass
 class CollabControlsConfig:
     gate_margin_pp: float = MISSING
     positive_margin_pp: float = MISSING
@@ -74,6 +99,10 @@ class CollabConfig:
     candidates: int = MISSING           # CoVeil's |C_t| = TopK pool size (paper Table A1)
     dp_delta: float = MISSING
     renyi_order: float = MISSING
+    custext: CollabCusTextConfig = MISSING
+    ldp_sampler: CollabLDPSamplerConfig = MISSING
+    invisibleink: CollabInvisibleInkConfig = MISSING
+    option_scoring: str = MISSING       # stated | likelihood (option benchmarks)
     view_top: int = MISSING
     threads: Optional[int] = MISSING    # torch threads for the run; null = torch's default
     benchmark: CollabBenchmarkConfig = MISSING
@@ -99,6 +128,12 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"collab.dp_delta must lie in (0, 1), got {c.dp_delta}")
     if not c.renyi_order > 1.0:
         raise UserError(f"collab.renyi_order must be > 1, got {c.renyi_order}")
+    _check_baselines(c)
+    if c.option_scoring not in OPTION_SCORING:
+        raise UserError(f"collab.option_scoring={c.option_scoring!r} is not one of {', '.join(OPTION_SCORING)}")
+    if c.option_scoring == "likelihood" and c.benchmark.name == "dolly":
+        raise UserError("collab.option_scoring=likelihood needs an option benchmark (builtin, pubmedqa); dolly has "
+                        "reference responses")
     ks = list(c.metrics.ks)
     if not ks or min(ks) < 1:
         raise UserError(f"collab.metrics.ks must be a non-empty list of K >= 1, got {ks}")
@@ -138,3 +173,24 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         from harness.schema import _check_model
 
         _check_model("collab.cloud", c.cloud)
+
+
+def _check_baselines(c: DictConfig) -> None:
+    ct, ldp, ink = c.custext, c.ldp_sampler, c.invisibleink
+    if ct.k < 1:
+        raise UserError(f"collab.custext.k must be >= 1, got {ct.k}")
+    if ct.distance not in ("euclidean", "cosine"):
+        raise UserError(f"collab.custext.distance={ct.distance!r} is not one of euclidean, cosine")
+    if ct.embeddings != "victim" and not Path(str(ct.embeddings)).expanduser().is_file():
+        raise UserError(f"collab.custext.embeddings={ct.embeddings} is neither 'victim' nor an existing .pt/.npy file")
+    if ct.select_from not in CUSTEXT_SELECT_FROM:
+        raise UserError(f"collab.custext.select_from={ct.select_from!r} is not one of {', '.join(CUSTEXT_SELECT_FROM)}")
+    if not (math.isfinite(ldp.gamma) and ldp.gamma >= 1.0):
+        raise UserError(f"collab.ldp_sampler.gamma must be a number >= 1, got {ldp.gamma}")
+    if ink.accounting not in INVISIBLEINK_ACCOUNTING:
+        raise UserError(f"collab.invisibleink.accounting={ink.accounting!r} is not one of "
+                        f"{', '.join(INVISIBLEINK_ACCOUNTING)}")
+    if not (math.isfinite(ink.temperature) and ink.temperature > 0):
+        raise UserError(f"collab.invisibleink.temperature must be a number > 0, got {ink.temperature}")
+    if ink.top_k is not None and ink.top_k < 1:
+        raise UserError(f"collab.invisibleink.top_k must be >= 1 or null, got {ink.top_k}")

@@ -9,12 +9,14 @@ cloud sends p_L), both float64 probability vectors over the shared vocabulary.
 - Edge-side fusion: `select(p_S, p_L, rng)` returns the token the edge synchronises to the cloud.
 
 Parameters (the run's `epsilon` knob, harness/configurations.py): CoVeil's λ, CoGenesis's B, the ε of
-DP-Logit and DP-Fusion.
+DP-Logit and DP-Fusion, and of the edge-side baselines CusText, LDP-Sampler and InvisibleInk
+(harness/collab/edge_baselines.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,7 +42,21 @@ class Defence:
         return Upload(p_S, None)
 
     def select(self, p_S: torch.Tensor, p_L: torch.Tensor, rng: torch.Generator) -> int:
-        return int(torch.argmax(fuse(p_L, p_S, self.alpha)))
+        return int(torch.argmax(self.distribution(p_S, p_L, "edge", rng)))
+
+    def distribution(self, p_S: torch.Tensor, p_L: torch.Tensor, mode: str, rng: torch.Generator) -> torch.Tensor:
+        """The distribution the step's token is decoded from (likelihood option scoring reads it): cloud-side,
+        the cloud's fused α·p_L + (1−α)·upload, renormalised (it decodes the argmax); edge-side, what the
+        edge decodes from: p_fuse undefended, the sampling distribution of a randomised defence, and for a
+        deterministic selection rule (CoVeil) the point mass on the token it selects."""
+        if mode == "cloud":
+            p = fuse(p_L, self.upload(p_S, p_L, rng).probs, self.alpha)
+            return p / p.sum()
+        if type(self).select is Defence.select:
+            return fuse(p_L, p_S, self.alpha)
+        out = torch.zeros_like(p_S)
+        out[self.select(p_S, p_L, rng)] = 1.0
+        return out
 
 
 class CoVeil(Defence):
@@ -156,13 +172,23 @@ class DPFusion(Defence):
         return Upload(self.calibrated(p_S, p_L)[0], None)
 
     def select(self, p_S, p_L, rng):
-        q, _ = self.calibrated(p_S, p_L)
-        return int(torch.multinomial(fuse(p_L, q, self.alpha).float(), 1, generator=rng))
+        return int(torch.multinomial(self.distribution(p_S, p_L, "edge", rng).float(), 1, generator=rng))
+
+    def distribution(self, p_S, p_L, mode, rng):
+        if mode == "cloud":
+            return super().distribution(p_S, p_L, mode, rng)
+        return fuse(p_L, self.calibrated(p_S, p_L)[0], self.alpha)
 
 
 def make_defence(configuration: str, parameter: float | None, *, alpha: float, candidates: int, dp_delta: float,
-                 renyi_order: float) -> Defence:
-    """The defence of a collab configuration at its parameter value (None for collab_none)."""
+                 renyi_order: float, baselines: Any = None) -> Defence:
+    """The defence of a collab configuration at its parameter value (None for collab_none); `baselines`
+    (edge_baselines.Options) holds what the edge-side baselines need beyond their ε."""
+    if configuration in ("collab_custext", "collab_ldp_sampler", "collab_invisibleink"):
+        from harness.collab import edge_baselines
+
+        assert parameter is not None and baselines is not None, configuration
+        return edge_baselines.make(configuration, parameter, alpha=alpha, delta=dp_delta, options=baselines)
     if configuration == "collab_none":
         return Defence(alpha)
     assert parameter is not None, configuration

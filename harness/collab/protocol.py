@@ -3,6 +3,7 @@ undefended run, the edge without x_priv, the cloud alone) and the inversion prom
 (batch size 1: each party keeps its own KV cache; batching across examples is not done)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,3 +127,63 @@ def answer_critical(pair: Pair, examples: Sequence[Example], *, n: int | None, m
             if n is not None and len(kept) == n:
                 break
     return kept
+
+
+def option_forms(option: str) -> tuple[str, ...]:
+    """The surface forms an answer can open with: the option as written and capitalised ("yes", "Yes")."""
+    return tuple(dict.fromkeys((option, option[:1].upper() + option[1:])))
+
+
+class _Prefix:
+    """One party's forward over its prompt, kept so that every option continues from it."""
+
+    @torch.no_grad()
+    def __init__(self, model: Any, prompt: list[int], vocab: int):
+        out = model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True, logits_to_keep=1)
+        self.model, self.vocab, self.cache = model, vocab, out.cache
+        self.first = torch.softmax(out.logits[0, -1, :vocab].double(), -1)
+
+    @torch.no_grad()
+    def after(self, tokens: list[int]) -> torch.Tensor:
+        """(n, V) distributions after each of `tokens` (from a copy of the prompt's cache)."""
+        import copy
+
+        out = self.model(input_ids=torch.tensor([tokens], dtype=torch.long), cache=copy.deepcopy(self.cache),
+                         use_cache=True, logits_to_keep=len(tokens))
+        return torch.softmax(out.logits[0, :, :self.vocab].double(), -1)
+
+
+@torch.no_grad()
+def option_loglik(pair: Pair, examples: Sequence[Example], defence: Defence | None, *, mode: str, seed: int,
+                  private: bool = True) -> list[dict[str, float]]:
+    """Likelihood option scoring: per example and option, log P(the answer opens with the option) under the
+    collaboration's decoding distribution (Defence.distribution: the step's fused or sampling distribution),
+    each option token teacher-forced through both parties; the forms of `option_forms` are summed in
+    probability. The first step's distribution is one (one draw of a randomised upload), shared by every
+    option. `defence=None` scores under the cloud alone's p_L (the cloud-only utility)."""
+    rng = torch.Generator().manual_seed(int(seed))
+    out = []
+    for ex in progress(examples, desc="option likelihoods", unit="example"):
+        cloud = _Prefix(pair.cloud, prompts.encode(pair.tokenizer, prompts.party_text(ex, private=False)), pair.vocab)
+        edge = None if defence is None else _Prefix(
+            pair.edge, prompts.encode(pair.tokenizer, prompts.party_text(ex, private=private)), pair.vocab)
+
+        def decoding(p_S: torch.Tensor | None, p_L: torch.Tensor) -> torch.Tensor:
+            return p_L if defence is None else defence.distribution(p_S, p_L, mode, rng)
+
+        first = decoding(None if edge is None else edge.first, cloud.first)
+        scores = {}
+        for option in ex.options or ():
+            per_form = []
+            for form in option_forms(option):
+                toks = list(pair.tokenizer(form, add_special_tokens=False)["input_ids"])
+                dists = [first]
+                if len(toks) > 1:
+                    p_L = cloud.after(toks[:-1])
+                    p_S = None if edge is None else edge.after(toks[:-1])
+                    dists += [decoding(None if p_S is None else p_S[t], p_L[t]) for t in range(len(toks) - 1)]
+                probs = [float(d[tok]) for d, tok in zip(dists, toks)]
+                per_form.append(sum(math.log(x) for x in probs) if min(probs) > 0 else -math.inf)
+            scores[option] = float(torch.logsumexp(torch.tensor(per_form, dtype=torch.float64), 0))
+        out.append(scores)
+    return out

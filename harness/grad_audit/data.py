@@ -42,24 +42,18 @@ def load_text(corpus: Any) -> tuple[str, str]:
         path = Path(str(corpus.path)).expanduser()
         text, raw = read_text(path, "grad_audit.corpus.path")
         return text, f"file:{path.resolve()} sha256={hashlib.sha256(raw).hexdigest()}"
-    import datasets
+    from harness.text_corpus import hub_text
 
-    try:
-        ds = datasets.load_dataset(corpus.hub_id, corpus.hub_config, split=corpus.split)
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
-        raise UserError(f"cannot load {corpus.hub_id} ({corpus.hub_config}, {corpus.split}) from the Hugging Face "
-                        f"hub ({type(e).__name__}); offline, pass a local file: grad_audit.corpus.source=text "
-                        "grad_audit.corpus.path=/path/to/wiki.train.raw") from e
-    if corpus.text_field not in ds.column_names:
-        raise UserError(f"{corpus.hub_id} has no column {corpus.text_field!r} (columns: {', '.join(ds.column_names)})")
-    return "\n".join(str(t) for t in ds[corpus.text_field]), f"hub:{corpus.hub_id}/{corpus.hub_config or '-'}/{corpus.split}"
+    return hub_text(corpus.hub_id, corpus.hub_config, corpus.split, corpus.text_field, key="grad_audit.corpus",
+                    local_hint="pass a local file: grad_audit.corpus.source=text "
+                    "grad_audit.corpus.path=/path/to/wiki.train.raw")
 
 
 def make_blocks(text: str, source: str, tokenizer: Any, *, block_tokens: int, heldout_blocks: int,
                 min_train_blocks: int) -> Blocks:
-    """Tokenise the paragraphs of `text` (attacks.corpus.paragraphs: headings and comments dropped) into
+    """Tokenise the paragraphs of `text` (harness.text_corpus.paragraphs: headings and comments dropped) into
     one stream and cut it into blocks; the last `heldout_blocks` are held out."""
-    from attacks.corpus import paragraphs
+    from harness.text_corpus import paragraphs
 
     paras = paragraphs(text)
     stream = [t for ids in tokenizer(paras, add_special_tokens=False)["input_ids"] for t in ids] if paras else []

@@ -54,7 +54,7 @@ _DATASET_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs", "training_spl
 def load_docs(name: str, path: str | None, limit: int | None, seed: int) -> list[dict[str, Any]]:
     """The task's examples in the template's field layout; with `limit`, a seeded sample (in file order)."""
     if path is None and name == "sst2":
-        docs = _jsonl(MINI_SST2)
+        docs = _jsonl(MINI_SST2, name)
     elif path is None:
         docs = _hub(name)
     else:
@@ -67,15 +67,17 @@ def load_docs(name: str, path: str | None, limit: int | None, seed: int) -> list
     return docs
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _jsonl(path: Path, name: str) -> list[dict[str, Any]]:
+    from harness.workloads import read_jsonl_rows  # the one JSONL reader (BOM, not UTF-8, bad lines: one line)
+
+    return [row for _, row in read_jsonl_rows(path, f"sanitize.task_paths.{name}")[0]]
 
 
 def _local(name: str, path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise UserError(f"sanitize.tasks: {name} path={path} does not exist")
     if path.suffix == ".jsonl" and name != "commonsense_qa":
-        return _jsonl(path)
+        return _jsonl(path, name)
     if name == "sst2":
         return [{"sentence": r["sentence"].strip(), "label": int(r["label"])} for r in _tsv(path)]
     if name == "qnli":
@@ -94,7 +96,8 @@ def _local(name: str, path: Path) -> list[dict[str, Any]]:
                                 "subject": f.stem.removesuffix("_test")})
         return out
     # commonsense_qa: the dataset's own JSON Lines (question, choices {label, text}, answerKey)
-    return [{"question": r["question"], "choices": r["choices"], "answerKey": r["answerKey"]} for r in _jsonl(path)]
+    return [{"question": r["question"], "choices": r["choices"], "answerKey": r["answerKey"]}
+            for r in _jsonl(path, name)]
 
 
 def _tsv(path: Path) -> list[dict[str, str]]:
@@ -103,14 +106,11 @@ def _tsv(path: Path) -> list[dict[str, str]]:
 
 
 def _hub(name: str) -> list[dict[str, Any]]:
-    import datasets
+    from harness.text_corpus import load_hub_dataset
 
     hub_id, config, split = SPECS[name].hub
-    try:
-        ds = datasets.load_dataset(hub_id, config, split=split)
-    except Exception as e:  # offline: ConnectionError, DatasetNotFoundError, ... all mean the same to a user
-        raise UserError(f"cannot load {hub_id} for sanitize task {name} ({type(e).__name__}); offline, give a local "
-                        f"file as sanitize.task_paths.{name}=/path/to/file") from e
+    ds = load_hub_dataset(hub_id, config, split, local_hint=f"give a local file for sanitize task {name} as "
+                          f"sanitize.task_paths.{name}=/path/to/file")
     return [dict(r) for r in ds]
 
 

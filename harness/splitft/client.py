@@ -16,6 +16,10 @@ from harness.splitft import trainable
 from harness.splitft.defences import make_defence
 from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
 
+# round metric: the most times any one block of the client went up so far; FedAvg takes its max over
+# clients, not its average (harness/splitft/federation.py): the accounting's K (harness/splitft/accounting.py)
+MAX_SENDS = "max-sends"
+
 
 @dataclass
 class Recipe:
@@ -43,6 +47,7 @@ class RoundOutput:
     steps_done: int
     exposures: list[dict[str, Any]] = field(default_factory=list)
     truth: list[dict[str, Any]] = field(default_factory=list)
+    sends: torch.Tensor | None = None   # per block of the client: times its s_A went up so far (DP accounting)
 
 
 def step_id(rnd: int, client: int, local_step: int, n_clients: int, local_steps: int) -> int:
@@ -77,7 +82,8 @@ class ClientTrainer:
         return torch.optim.SGD(chosen, lr=lr) if self.section.optimizer == "sgd" else torch.optim.AdamW(chosen, lr=lr)
 
     def run_round(self, client: int, rnd: int, global_state: dict[str, torch.Tensor],
-                  adapters: dict[str, torch.Tensor], steps_done: int) -> RoundOutput:
+                  adapters: dict[str, torch.Tensor], steps_done: int,
+                  sends: torch.Tensor | None = None) -> RoundOutput:
         s, r = self.section, self.recipe
         trainable.load(self.model, self.names, global_state)
         self.model.train()
@@ -87,6 +93,7 @@ class ClientTrainer:
         defence.setup(self.part, align[: int(s.privpair.align_batch_size)], generator)
         defence.load_state(adapters)
         blocks = torch.tensor(r.clients[client], dtype=torch.long)
+        sends = torch.zeros(blocks.shape[0], dtype=torch.long) if sends is None else sends.clone()
         optimizer = self.optimizer()
         recorded = rnd > int(s.rounds) - int(s.record.last_rounds)
         first_recorded = int(s.local_steps) - int(s.record.steps_per_round)
@@ -106,6 +113,7 @@ class ClientTrainer:
                 record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(self.model, self.names))
             out = split_step(self.part, defence, blocks[rows], optimizer, record=record,
                              measure=local == int(s.local_steps) - 1)
+            sends += torch.bincount(rows, minlength=blocks.shape[0])   # a row drawn twice went up twice
             steps_done += 1
             losses.append(out["loss"])
             if "H" in out:
@@ -117,11 +125,12 @@ class ClientTrainer:
         last = measured[-1]
         metrics = {"train_loss": sum(losses) / len(losses), "H": last["H"], "H_A": last["H_A"],
                    "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
-                   "regulariser": out["regulariser"], "num-examples": float(blocks.shape[0])}
+                   "regulariser": out["regulariser"], "num-examples": float(blocks.shape[0]),
+                   MAX_SENDS: float(sends.max())}
         if bursts:
             metrics.update({f"align_{k}": v for k, v in bursts[-1].items()})
         return RoundOutput(trainable.state(self.model, self.names), metrics, defence.state(), steps_done,
-                           exposures, truth)
+                           exposures, truth, sends)
 
 
 _TRAINERS: dict[int, ClientTrainer] = {}

@@ -19,6 +19,11 @@ OPTIMIZERS = ("adamw", "sgd")
 PRIVACY_TERMS = ("capped_ce", "entropy")       # harness/splitft/privpair.py
 W2_LOSSES = ("mse", "mse_task")
 COUPLINGS = ("relative", "absolute")
+BISR_INITS = ("label", "random", "mean")       # attacks/splitft/bisr.py
+BISR_WEIGHTS = ("client", "pretrained")
+INVERTER_MODES = ("projection", "body", "full")  # attacks/inversion.py MODES, LAYOUTS, HEADS (torch-free copy)
+INVERTER_LAYOUTS = ("prefix", "aligned")
+INVERTER_HEADS = ("lm", "evidence")
 
 
 @dataclass
@@ -85,10 +90,36 @@ class SplitFtEiaConfig:
 
 
 @dataclass
+class SplitFtBisrConfig:
+    enabled: bool = MISSING                 # BiSR's forward attack (attacks/splitft/bisr.py)
+    steps: int = MISSING
+    lr: float = MISSING
+    max_examples: int = MISSING
+    init: str = MISSING                     # BISR_INITS
+    weights: str = MISSING                  # BISR_WEIGHTS: the client's recorded A, or the pretrained one
+
+
+@dataclass
+class SplitFtInverterConfig:
+    enabled: bool = MISSING                 # the learned inverter on s'_A (attacks/splitft/inverter.py)
+    mode: str = MISSING                     # attacks/inversion.py MODES
+    layout: str = MISSING                   # LAYOUTS
+    head: str = MISSING                     # HEADS
+    max_steps: int = MISSING
+    max_minutes: float = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    max_examples: int = MISSING
+    negative_control: bool = MISSING        # also train on shuffled pairs (without it the verdict cannot leak)
+
+
+@dataclass
 class SplitFtAttackConfig:
     gate_margin_pp: float = MISSING
     positive_margin_pp: float = MISSING
     eia: SplitFtEiaConfig = MISSING
+    bisr: SplitFtBisrConfig = MISSING
+    inverter: SplitFtInverterConfig = MISSING
 
 
 @dataclass
@@ -192,3 +223,21 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     _positive_int("attack.eia.steps", a.eia.steps, 0)
     _positive("attack.eia.lr", a.eia.lr)
     _positive_int("attack.eia.max_examples", a.eia.max_examples, 2)
+    if a.bisr.enabled:
+        _positive_int("attack.bisr.steps", a.bisr.steps, 0)
+        _positive("attack.bisr.lr", a.bisr.lr)
+        _positive_int("attack.bisr.max_examples", a.bisr.max_examples, 2)
+        _choice("attack.bisr.init", a.bisr.init, BISR_INITS)
+        _choice("attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
+    if a.inverter.enabled:
+        v = a.inverter
+        _choice("attack.inverter.mode", v.mode, INVERTER_MODES)
+        _choice("attack.inverter.layout", v.layout, INVERTER_LAYOUTS)
+        _choice("attack.inverter.head", v.head, INVERTER_HEADS)
+        _positive_int("attack.inverter.max_steps", v.max_steps)
+        _positive("attack.inverter.max_minutes", v.max_minutes)
+        _positive_int("attack.inverter.batch_size", v.batch_size)
+        _positive("attack.inverter.lr", v.lr)
+        _positive_int("attack.inverter.max_examples", v.max_examples, 2)
+        if s.data.n_align < 2:
+            raise UserError("splitft.attack.inverter needs splitft.data.n_align >= 2 public blocks to train on")

@@ -4,7 +4,7 @@ N clients non-i.i.d., plus a held-out set (utility) and D_align (public blocks f
 Sources (`splitft.data.source`): `builtin` (attacks/data/builtin_corpus.txt, shipped: tests and smoke),
 `text` (a local UTF-8 file, e.g. WikiText-2 raw `wiki.test.raw`), `jsonl` (one JSON record a line, the text
 in `text_field`, e.g. Dolly's responses: `output` in dolly_valid_500.jsonl) and `hub` (a `datasets` id, for
-users with network; offline it fails in one line). The paragraphs (attacks.corpus.paragraphs: headings
+users with network; offline it fails in one line). The paragraphs (harness.text_corpus.paragraphs: headings
 and comments dropped) are tokenised without special tokens and joined into one stream, cut into
 consecutive blocks of `seq_len` tokens. The blocks are split in stream order: training | held-out | align,
 so the held-out and public blocks are never trained on.
@@ -18,7 +18,6 @@ at least one block. `iid`: a seeded shuffle dealt round robin.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,9 @@ class SplitData:
 
 def load_text(cfg: Any) -> tuple[list[str], str]:
     """The paragraphs of the configured source and their provenance."""
-    from attacks.corpus import BUILTIN_CORPUS, paragraphs
-    from harness.workloads import read_text
+    from attacks.corpus import BUILTIN_CORPUS
+    from harness.text_corpus import hub_text, paragraphs
+    from harness.workloads import read_jsonl_rows, read_text
 
     source = cfg.source
     if source == "builtin":
@@ -51,48 +51,32 @@ def load_text(cfg: Any) -> tuple[list[str], str]:
         return paragraphs(text), f"builtin:attacks/data/builtin_corpus.txt sha256={hashlib.sha256(raw).hexdigest()}"
     if source in ("text", "jsonl"):
         path = Path(str(cfg.path)).expanduser()
-        text, raw = read_text(path, "splitft.data.path")
-        provenance = f"file:{path.resolve()} sha256={hashlib.sha256(raw).hexdigest()}"
         if source == "text":
-            return paragraphs(text), provenance
-        return _jsonl_texts(text, cfg.text_field, path), provenance
+            text, raw = read_text(path, "splitft.data.path")
+            texts = paragraphs(text)
+        else:
+            rows, raw = read_jsonl_rows(path, "splitft.data.path")
+            texts = _jsonl_texts(rows, cfg.text_field, path)
+        return texts, f"file:{path.resolve()} sha256={hashlib.sha256(raw).hexdigest()}"
     if source == "hub":
-        return _hub_texts(cfg)
+        text, provenance = hub_text(cfg.hub_id, cfg.hub_config, cfg.split, cfg.text_field, key="splitft.data",
+                                    local_hint="pass a local file: splitft.data.source=text "
+                                    "splitft.data.path=/path/to/wiki.test.raw")
+        return paragraphs(text), provenance
     raise UserError(f"splitft.data.source={source!r} is not one of builtin, text, jsonl, hub")
 
 
-def _jsonl_texts(text: str, field: str, path: Path) -> list[str]:
+def _jsonl_texts(rows: list[tuple[int, dict[str, Any]]], field: str, path: Path) -> list[str]:
+    """The `field` text of every record (harness.workloads.read_jsonl_rows), empty ones dropped."""
     out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"splitft.data.path={path} line {lineno} is not JSON ({e.msg})") from None
-        value = row.get(field) if isinstance(row, dict) else None
+    for lineno, row in rows:
+        value = row.get(field)
         if not isinstance(value, str):
-            raise UserError(f"splitft.data.path={path} line {lineno} has no text field {field!r} "
+            raise UserError(f"splitft.data.path={path}: line {lineno} has no text field {field!r} "
                             "(set splitft.data.text_field)")
         if value.strip():
             out.append(value.strip())
     return out
-
-
-def _hub_texts(cfg: Any) -> tuple[list[str], str]:
-    import datasets
-
-    from attacks.corpus import paragraphs
-
-    try:
-        ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=cfg.split)
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
-        raise UserError(f"cannot load {cfg.hub_id} ({cfg.hub_config}, {cfg.split}) from the Hugging Face hub "
-                        f"({type(e).__name__}); offline, pass a local file: splitft.data.source=text "
-                        "splitft.data.path=/path/to/wiki.test.raw") from e
-    if cfg.text_field not in ds.column_names:
-        raise UserError(f"{cfg.hub_id} has no column {cfg.text_field!r}; set splitft.data.text_field")
-    return paragraphs("\n".join(str(t) for t in ds[cfg.text_field])), f"hub:{cfg.hub_id}/{cfg.hub_config or '-'}/{cfg.split}"
 
 
 def blocks(stream: list[int], seq_len: int) -> list[list[int]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from harness.splitft.client import Recipe, trainer_for
+from harness.splitft.client import MAX_SENDS, Recipe, trainer_for
 
 VIEW, VIEW_META = "view", "view-meta"
 
@@ -53,9 +53,12 @@ def client_app(recipe: Recipe | None = None) -> Any:
         rnd = int(msg.content["config"]["server-round"])
         adapters = context.state["adapters"].to_torch_state_dict() if "adapters" in context.state else {}
         steps = int(context.state["progress"]["steps"]) if "progress" in context.state else 0
-        out = trainer_for(r).run_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), adapters, steps)
+        sends = context.state["sends"].to_torch_state_dict()["count"] if "sends" in context.state else None
+        out = trainer_for(r).run_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), adapters, steps,
+                                       sends)
         if out.adapters:
             context.state["adapters"] = ArrayRecord(torch_state_dict=out.adapters)
+        context.state["sends"] = ArrayRecord(torch_state_dict={"count": out.sends})
         context.state["progress"] = ConfigRecord({"steps": out.steps_done})
         if r.truth_dir and out.truth:
             torch.save(out.truth, Path(r.truth_dir) / f"client{client}_round{rnd}.pt")
@@ -101,9 +104,10 @@ def _recording_fedavg(sink: Sink, n_clients: int) -> Any:
                         sink.exposures.append({**meta, "tensor": view[f"e{i}"]})
                     del content[VIEW]
                     del content[VIEW_META]
+            most_sends = max((float(m.content["metrics"].get(MAX_SENDS, 0.0)) for m in ok), default=0.0)
             arrays, metrics = super().aggregate_train(server_round, ok)
             if metrics is not None:
-                sink.rounds[server_round] = {k: float(v) for k, v in metrics.items()}
+                sink.rounds[server_round] = {k: float(v) for k, v in metrics.items()} | {MAX_SENDS: most_sends}
             return arrays, metrics
 
     return RecordingFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n_clients,

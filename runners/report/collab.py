@@ -20,7 +20,8 @@ from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
-ORDER = ("collab_none", "coveil", "collab_cogenesis", "collab_dp_logit", "collab_dp_fusion")
+ORDER = ("collab_none", "coveil", "collab_cogenesis", "collab_dp_logit", "collab_dp_fusion", "collab_custext",
+         "collab_ldp_sampler", "collab_invisibleink")
 METRICS = (("token_er", "Token-ER"), ("rouge1_er", "ROUGE1-ER"), ("span_er", "Span-ER"), ("auc", "AUC"))
 INTRO = ("An edge model holding the private context x_priv and a cloud model holding only the public query "
          "decode together (p = α·p_L + (1−α)·p_S, greedy); the cloud sees the edge's uploaded probabilities "

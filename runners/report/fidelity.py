@@ -140,8 +140,28 @@ def _divergence(m: dict[str, Any]) -> str:
     n_div, n = m.get("n_diverging"), m.get("n_prompts")
     if mean is None:
         return "none diverge" if n_div == 0 else "—"
-    count = f" ({n_div}/{n} diverge)" if n_div is not None and n is not None else ""
-    return f"{mean:.1f}{count}"
+    if n_div is None or n is None:
+        return f"{mean:.1f}"
+    # With several mask seeds n_diverging is the mean count over seeds: show it as such, not as a long float.
+    whole = float(n_div).is_integer()
+    count = f"{int(n_div)}/{int(n)} diverge" if whole else f"{float(n_div):.1f}/{int(n)} diverge, mean over mask seeds"
+    return f"{mean:.1f} ({count})"
+
+
+def notes_md(group: FidelityGroup) -> list[str]:
+    """Below the table: each row's mask seeds with the spread of exact match across them (with several
+    seeds every cell is the mean over seeds), and the wrap-arounds counted in Slalom's modular products."""
+    lines = []
+    for row in group.rows:
+        m, seeds = row.metrics, row.run.data.get("mask_seeds") or []
+        if len(seeds) > 1 and num(m.get("exact_match_seed_sd")) is not None:
+            lines.append(f"- {row.label()}: mask seeds {', '.join(map(str, seeds))}; exact match across seeds "
+                         f"{num(m['exact_match_seed_min']):.2f}–{num(m['exact_match_seed_max']):.2f} % "
+                         f"(sd {num(m['exact_match_seed_sd']):.2f})")
+        if m.get("slalom_wraps") is not None:
+            lines.append(f"- {row.label()}: {int(m['slalom_wraps'])} wrap-arounds of |W_q·x_q| past (q−1)/2 "
+                         "counted in its modular products (results.json `slalom`)")
+    return lines + [""] if lines else []
 
 
 def plot(group: FidelityGroup, path: Path) -> None:
@@ -221,7 +241,7 @@ def markdown(items: Sequence[FidelityGroup], figure: Figures) -> list[str]:
         if not group.show_variant and group.variants and group.variants[0] not in ("", "default"):
             details.append(f"overrides `{group.variants[0]}`")
         text = "; ".join(details)
-        md += [text[0].upper() + text[1:] + ".", "", table_md(group), ""]
+        md += [text[0].upper() + text[1:] + ".", "", table_md(group), ""] + notes_md(group)
         md += figure("fidelity", i, group, plot, "utility metrics against ε")
         md += example_responses.markdown(group)
     return md

@@ -2,8 +2,10 @@
 
 One group per model, data, cut and federation (runs in one group differ only in defence and strength):
 - utility against leakage per defence and strength: held-out CE / perplexity / top-1 of the final model,
-  H and H_A, the label attack and the EIA inversion with their references and verdicts;
+  H and H_A, the label attack, the EIA inversion, BiSR(f) and (when run) the learned inverter with their
+  references and verdicts;
 - H and H_A per round of every run;
+- the DP baselines' ε(δ) composed over the run beside their per-step ε (when a group has one);
 - two plots: leakage (label token F1) against held-out CE, and H against H_A — the paper's claim is that
   PrivPair moves H_A without moving H, where a perturbation moves both together.
 """
@@ -79,17 +81,16 @@ def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
     headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 %",
-               "label token F1 % (ref)", "EIA token F1 % (ref)", "verdict"]
+               "label token F1 % (ref)", "EIA token F1 % (ref)", "BiSR(f) token F1 % (ref)",
+               "inverter token F1 % (ref)", "verdict"]
     rows = []
     for run in group.runs:
         m = run.data.get("metrics") or {}
-        label = f"{_ci(m, 'label_token_f1')} ({fmt_auto(m.get('label_reference_token_f1'))})" \
-            if m.get("label_token_f1") is not None else "—"
-        eia = f"{_ci(m, 'eia_token_f1')} ({fmt_auto(m.get('eia_reference_token_f1'))})" \
-            if m.get("eia_token_f1") is not None else "—"
+        attacks = [f"{_ci(m, f'{a}_token_f1')} ({fmt_auto(m.get(f'{a}_reference_token_f1'))})"
+                   if m.get(f"{a}_token_f1") is not None else "—" for a in ("label", "eia", "bisr", "inverter")]
         rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
                      _g(m.get("H")), _g(m.get("H_A")),
-                     _ci(m, "label_top1") if m.get("label_top1") is not None else "—", label, eia,
+                     _ci(m, "label_top1") if m.get("label_top1") is not None else "—", *attacks,
                      m.get("verdict") or "— (no server)"])
     return md_table(headers, rows)
 
@@ -103,6 +104,30 @@ def rounds_md(group: SplitFtGroup) -> str:
                  for r in run.data.get("rounds") or []]
         rows.append([_label(run), *cells, *[""] * (n - len(cells))])
     return md_table(headers, rows)
+
+
+def accounting_md(group: SplitFtGroup) -> str | None:
+    """The DP baselines' ε over the run beside their per-step ε (harness/splitft/accounting.py), or None."""
+    headers = ["defence", "δ", "per-step ε (row)", "sends K (bound)", "ε(δ) per row, K sends",
+               "ε(δ) per example, K sends", "accountant"]
+    rows = []
+    for run in group.runs:
+        a = run.data.get("privacy_accounting")
+        if not a:
+            continue
+        rows.append([_label(run), _g(a.get("delta")), _g(a.get("epsilon_step")),
+                     f"{a.get('max_sends')} ({a.get('sends_bound')})", _g(a.get("epsilon_row")),
+                     _g(a.get("epsilon_example")), str(a.get("accountant"))])
+    return md_table(headers, rows) if rows else None
+
+
+ACCOUNTING_NOTE = ("DP accounting of the perturbation baselines: one client's example composed over every time "
+                   "it went up (K, the largest count of any example; bound: every draw of every step), no "
+                   "subsampling amplification; *row* is one clipped token row of s_A (what the per-step ε "
+                   "is calibrated for), *example* the whole block (√T times the ℓ2 sensitivity, T times the "
+                   "ℓ1). embedding_dx: pure metric DP, per-step ε = η·2·max‖E_v‖ per token (the worst "
+                   "pair), δ = 0. It covers s'_A only: the gradients and client weights the server also "
+                   "sees are not noised.")
 
 
 def plot_tradeoff(group: SplitFtGroup, path: Path) -> None:
@@ -147,8 +172,11 @@ def markdown(items: Sequence[SplitFtGroup], figure: Figures) -> list[str]:
     md = ["## Split federated fine-tuning (paper 002)", "", INTRO, ""]
     for i, group in enumerate(items, 1):
         md += [f"### {group.title}", "", utility_leakage_md(group), "", "H, H_A and held-out CE per round:", "",
-               rounds_md(group), "",
-               *figure("splitft_tradeoff", i, group, plot_tradeoff, "label leakage against held-out CE")]
+               rounds_md(group), ""]
+        accounting = accounting_md(group)
+        if accounting is not None:
+            md += [ACCOUNTING_NOTE, "", accounting, ""]
+        md += figure("splitft_tradeoff", i, group, plot_tradeoff, "label leakage against held-out CE")
         if any((r.data.get("metrics") or {}).get("H_A") for r in group.runs):
             md += figure("splitft_h", i, group, plot_h, "H against H_A")
     return md
@@ -162,5 +190,5 @@ def summary(items: Sequence[SplitFtGroup]) -> list[str]:
             m = run.data.get("metrics") or {}
             lines.append(f"    {_label(run):<28} CE {fmt_auto(m.get('heldout_ce')):>8}  label F1 "
                          f"{fmt_auto(m.get('label_token_f1')):>7}  EIA F1 {fmt_auto(m.get('eia_token_f1')):>7}  "
-                         f"{m.get('verdict') or '-'}")
+                         f"BiSR F1 {fmt_auto(m.get('bisr_token_f1')):>7}  {m.get('verdict') or '-'}")
     return lines

@@ -1,0 +1,50 @@
+"""Side-by-side timing in rounds, the way every benchmark here measures a ratio: each round runs every arm
+once, on the same input, in an order rotated by the round, so no arm is always first (after a warm-up,
+a cold cache, a clock boost or a noisy neighbour favours whichever runs first). The result is per-round
+ratios, whose median and min–max are reported: a shared machine slows both arms of one round alike,
+so the ratio of a round is steadier than either time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+
+def rotated(names: Sequence[str], r: int) -> list[str]:
+    """Round r's order: `names` rotated left by r."""
+    k = r % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def wall_seconds(fn: Callable[[], object]) -> Callable[[], float]:
+    """An arm timed by the wall clock around `fn()`."""
+    def arm() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return arm
+
+
+def run_rounds(arms: Mapping[str, Callable[[], float]], rounds: int,
+               log: Callable[[int, str, float], None] | None = None) -> dict[str, list[float]]:
+    """Each arm's seconds in each round (arm() returns them: `wall_seconds`, or a clock of its own such as
+    the engine's timings["total"]); `log(round, name, seconds)` after every arm, e.g. to show progress."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(rounds):
+        for name in rotated(list(arms), r):
+            seconds = arms[name]()
+            times[name].append(seconds)
+            if log is not None:
+                log(r, name, seconds)
+    return times
+
+
+def round_ratios(times: Mapping[str, Sequence[float]], a: str, b: str) -> list[float]:
+    """a's time over b's, round by round."""
+    return [x / y for x, y in zip(times[a], times[b], strict=True)]
+
+
+def median_range(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, min, max): what the benchmark tables report of the per-round ratios."""
+    return statistics.median(values), min(values), max(values)

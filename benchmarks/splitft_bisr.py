@@ -1,0 +1,75 @@
+"""BiSR's forward attack (attacks/splitft/bisr.py) against the EIA optimisation (attacks/splitft/eia.py) on
+the undefended s_A of one text passage, with the pretrained weights (docs/splitft.md "BiSR: our reading").
+
+For each cut k (with its number of steps) it prints the token F1 / top-1 (%) of: the EIA; BiSR(f)'s
+starting guess alone (the model's argmax next tokens shifted by one: what the label attack on s_B gives
+an undefended server); BiSR(f) from that guess and from random tokens, at two learning rates.
+
+    python -m benchmarks.splitft_bisr --model smollm2-135m --text ../shared/data/wikitext2/wiki.test.raw
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from attacks.splitft.bisr import initial_embeddings, reconstruct
+from attacks.splitft.eia import invert
+from harness.models import load_model
+from harness.splitft.partition import Partition
+from metrics.privacy import token_prf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny-llama-4l")
+    ap.add_argument("--text", default=str(ROOT / "attacks" / "data" / "builtin_corpus.txt"))
+    ap.add_argument("--offset", type=int, default=2000, help="first character of the passage")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--cuts", default="1:100,2:300", help="k:steps, comma-separated")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    cfg.pop("defaults", None)
+    loaded = load_model(cfg)
+    model = loaded.model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    text = Path(args.text).read_text()[args.offset: args.offset + 40 * args.tokens]
+    ids = torch.tensor([loaded.tokenizer(text)["input_ids"][: args.tokens]])
+    truth = ids[0].tolist()
+    with torch.no_grad():
+        labels = model(input_ids=ids).logits[0, :-1].argmax(-1).tolist()
+    vocab = model.get_input_embeddings().weight.detach()
+
+    def score(guess: list[int]) -> str:
+        top1 = 100.0 * sum(int(a == b) for a, b in zip(truth, guess)) / len(truth)
+        return f"F1 {token_prf(truth, guess)[2]:5.1f}  top-1 {top1:5.1f}"
+
+    print(f"{args.model}: {len(truth)} tokens; next-token top-1 of the label guesses "
+          f"{100.0 * sum(int(a == b) for a, b in zip(truth[1:], labels)) / len(labels):.1f}%")
+    for cut in args.cuts.split(","):
+        k, steps = map(int, cut.split(":"))
+        part = Partition(model, k, k + 1)
+        with torch.no_grad():
+            target, _ = part.head(ids)
+        started = time.perf_counter()
+        print(f"k={k} EIA {steps} steps: {score(invert(part, target, vocab, steps, 0.5)[0])} "
+              f"({time.perf_counter() - started:.0f}s)")
+        for init in ("label", "random"):
+            start = initial_embeddings(vocab, (1, len(truth)), init, [labels], torch.Generator().manual_seed(0))
+            print(f"k={k} BiSR(f) init={init} start: {score(reconstruct(part, target, start, vocab, 0, 0.5)[0])}")
+            for lr in (0.5, 0.1):
+                started = time.perf_counter()
+                print(f"k={k} BiSR(f) init={init} lr={lr} {steps} steps: "
+                      f"{score(reconstruct(part, target, start, vocab, steps, lr)[0])} "
+                      f"({time.perf_counter() - started:.0f}s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

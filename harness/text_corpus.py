@@ -1,0 +1,55 @@
+"""Plain text that trainers and attackers read as a corpus: its paragraphs, and the text column of a
+Hugging Face dataset for users with network access.
+
+One place for both, below every system: the attack corpus (attacks/corpus.py), split fine-tuning's data
+(harness/splitft/data.py), the audited trainer's text (harness/grad_audit/data.py) and the config check
+that refuses an empty corpus before any model loads (harness/schema.py) all read text the same way.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from harness.errors import UserError
+
+_HEADING = re.compile(r"^\s*(=+)\s.*\s\1\s*$")
+
+
+def paragraphs(text: str) -> list[str]:
+    """Non-empty paragraphs of `text`, without comment lines and WikiText headings (`= A =`, `= = B = =`)."""
+    out = []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        s = line.strip()
+        if not s or s.startswith("#") or _HEADING.match(s):
+            continue
+        out.append(s)
+    return out
+
+
+def load_hub_dataset(hub_id: str, hub_config: str | None, split: str, *, local_hint: str) -> Any:
+    """`datasets.load_dataset(hub_id, hub_config, split=split)`. Offline, an unknown id or split, or no
+    `datasets` package is a UserError of one line that ends in `local_hint` (how to pass a local file
+    instead, e.g. "pass a local file: attack.corpus.source=text attack.corpus.path=/path/to/text.txt")."""
+    where = f"{hub_id} ({f'config {hub_config}, ' if hub_config else ''}split {split})"
+    try:
+        import datasets  # slow import, and optional for users who only read local files
+    except ImportError:
+        raise UserError(f"cannot load {where} from the Hugging Face hub: the datasets package is not installed; "
+                        f"{local_hint}") from None
+    try:
+        return datasets.load_dataset(hub_id, hub_config, split=split)
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        # Offline: ConnectionError (an OSError) or DatasetNotFoundError; a bad split or config: ValueError.
+        raise UserError(f"cannot load {where} from the Hugging Face hub ({type(e).__name__}); offline, "
+                        f"{local_hint}") from e
+
+
+def hub_text(hub_id: str, hub_config: str | None, split: str, text_field: str, *, key: str,
+             local_hint: str) -> tuple[str, str]:
+    """The `text_field` column of a hub dataset, one row a line, and its provenance `hub:id/config/split`.
+    `key` is the config node the options came from (a missing column names `{key}.text_field`)."""
+    ds = load_hub_dataset(hub_id, hub_config, split, local_hint=local_hint)
+    if text_field not in ds.column_names:
+        raise UserError(f"{hub_id} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); "
+                        f"set {key}.text_field")
+    return "\n".join(str(t) for t in ds[text_field]), f"hub:{hub_id}/{hub_config or '-'}/{split}"

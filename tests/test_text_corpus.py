@@ -1,0 +1,97 @@
+"""The shared readers of user-named text: a hub dataset's text column (harness/text_corpus.py), offline or
+without `datasets` one UserError line; and JSON Lines records (harness.workloads.read_jsonl_rows), which
+the workload, split fine-tuning's data, the sanitisers' tasks and the collab benchmarks all read through.
+A fake `datasets` module stands in for the hub: nothing here touches the network or imports `datasets`."""
+from __future__ import annotations
+
+import codecs
+import sys
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.errors import UserError
+from harness.text_corpus import hub_text, paragraphs
+from harness.workloads import read_jsonl_rows
+
+HINT = "pass a local file: attack.corpus.source=text attack.corpus.path=/path/to/text.txt"
+
+
+class _Table:
+    def __init__(self, columns: dict[str, list]) -> None:
+        self.columns = columns
+        self.column_names = list(columns)
+
+    def __getitem__(self, key: str) -> list:
+        return self.columns[key]
+
+
+def _fake_datasets(monkeypatch, load) -> list:
+    calls = []
+    errors = types.SimpleNamespace(DatasetsError=type("DatasetsError", (Exception,), {}))
+
+    def load_dataset(hub_id, config, split):
+        calls.append((hub_id, config, split))
+        return load(errors)
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset, exceptions=errors))
+    return calls
+
+
+def test_hub_text_joins_the_column_and_names_its_source(monkeypatch):
+    calls = _fake_datasets(monkeypatch, lambda errors: _Table({"text": [" = T = ", "one", 2], "label": [0, 1, 2]}))
+    text, source = hub_text("wikitext", "wikitext-2-raw-v1", "test", "text", key="attack.corpus", local_hint=HINT)
+    assert calls == [("wikitext", "wikitext-2-raw-v1", "test")]
+    assert text == " = T = \none\n2" and paragraphs(text) == ["one", "2"]
+    assert source == "hub:wikitext/wikitext-2-raw-v1/test"
+    with pytest.raises(UserError, match=r"^wikitext has no column 'body' \(columns: text, label\); "
+                                         r"set splitft\.data\.text_field$"):
+        hub_text("wikitext", None, "test", "body", key="splitft.data", local_hint=HINT)
+
+
+@pytest.mark.parametrize("error, kind", [(ConnectionError("no network\nretrying"), "ConnectionError"),
+                                         (ValueError("Unknown split 'tset'"), "ValueError"),
+                                         (None, "DatasetsError")])
+def test_hub_text_offline_is_one_line(monkeypatch, error, kind):
+    def fail(errors):
+        raise error if error is not None else errors.DatasetsError("DatasetNotFoundError: not on the hub")
+
+    _fake_datasets(monkeypatch, fail)
+    with pytest.raises(UserError) as info:
+        hub_text("wikitext", None, "tset", "text", key="attack.corpus", local_hint=HINT)
+    assert str(info.value) == (f"cannot load wikitext (split tset) from the Hugging Face hub ({kind}); offline, {HINT}")
+
+
+def test_hub_text_without_the_datasets_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)   # `import datasets` raises ImportError
+    with pytest.raises(UserError, match=r"^cannot load wikitext \(config c, split train\) from the Hugging Face "
+                                         r"hub: the datasets package is not installed; pass a local file"):
+        hub_text("wikitext", "c", "train", "text", key="attack.corpus", local_hint=HINT)
+
+
+def test_read_jsonl_rows_lines_bom_and_errors(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(codecs.BOM_UTF8 + b'{"a": 1}\n\n  \n{"a": "two"}\n')
+    rows, raw = read_jsonl_rows(path, "splitft.data.path")
+    assert rows == [(1, {"a": 1}), (4, {"a": "two"})] and raw == path.read_bytes()
+    for body, message in ((b'{"a": 1}\n{a: 2}\n', f"splitft.data.path={path}: line 2 is not valid JSON"),
+                          (b'\n["a"]\n', f"splitft.data.path={path}: line 2 is not a JSON object (got a JSON array)"),
+                          (b'{"a": "caf\xe9"}\n', f"splitft.data.path={path} is not UTF-8 text (byte 0xe9 at offset 10)")):
+        path.write_bytes(body)
+        with pytest.raises(UserError) as info:
+            read_jsonl_rows(path, "splitft.data.path")
+        assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_splitft_jsonl_source_reads_through_the_shared_reader(tmp_path):
+    from harness.splitft.data import load_text
+
+    path = tmp_path / "dolly.jsonl"
+    path.write_text('{"output": " First answer. "}\n{"output": ""}\n{"output": "Second."}\n', encoding="utf-8")
+    cfg = OmegaConf.create({"source": "jsonl", "path": str(path), "text_field": "output"})
+    texts, source = load_text(cfg)
+    assert texts == ["First answer.", "Second."] and source.startswith(f"file:{path.resolve()} sha256=")
+    path.write_text('{"output": "ok"}\n{"response": "no output field"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r": line 2 has no text field 'output' \(set splitft\.data\.text_field\)$"):
+        load_text(cfg)
