@@ -360,15 +360,15 @@ def test_report_section_tables_and_plots(tmp_path):
     assert [len(g.runs) for g in groups] == [2, 1]
     md = "\n".join(section.markdown(groups[:1], Figures(tmp_path)))
     lines = [line for line in md.splitlines() if line.startswith("| splitft_none") or line.startswith("| privpair")]
-    assert lines[0].startswith("| splitft_none |") and lines[1].startswith("| privpair lambda=1 |")   # paper order
+    assert lines[0].startswith("| splitft_none |") and lines[1].startswith("| privpair λ=1 |")   # paper order
     assert "12.00 [10.00, 14.00] (10.00)" in lines[1] and "3.200 [3.100, 3.300]" in lines[1]
     assert sorted(p.name.split("_")[1] for p in tmp_path.glob("report_*.png")) == ["splitft", "splitft"]
-    assert "privpair lambda=1" in "\n".join(section.summary(groups))
+    assert "privpair λ=1" in "\n".join(section.summary(groups))
     assert "DP accounting" not in md                          # no DP baseline in the group: no table
     runs[0].data["privacy_accounting"] = {"delta": 1e-5, "epsilon_step": 10.0, "max_sends": 5, "sends_bound": 24,
                                           "epsilon_row": 31.428, "epsilon_example": 257.57, "accountant": "rdp"}
     md = "\n".join(section.markdown(section.groups(runs)[:1], Figures(tmp_path)))
-    assert "| privpair lambda=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
+    assert "| privpair λ=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
 
 
 def _undefended_view(ids):

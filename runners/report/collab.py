@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
+from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
@@ -56,14 +56,11 @@ class CollabGroup:
 
 
 def _label(run: Run) -> str:
-    d = run.data
-    eps = num(d.get("epsilon"))
-    return str(d.get("configuration")) + (f" {d.get('parameter_name')}={eps:g}" if eps is not None else "")
+    return configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
 
 
 def _order(run: Run) -> tuple:
-    c = str(run.data.get("configuration"))
-    return (ORDER.index(c) if c in ORDER else len(ORDER), c, num(run.data.get("epsilon")) or 0.0)
+    return run_order(ORDER, run.data)
 
 
 def groups(runs: Sequence[Run]) -> list[CollabGroup]:

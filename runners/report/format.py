@@ -134,7 +134,8 @@ def configuration_label(name: str, epsilon: float | None, epsilon_mean: float | 
     `compact` is the attack tables' shorter form ("ep1 ε=1", three digits of the mean)."""
     conf = known(name)
     if conf is not None and conf.uses_epsilon and epsilon is not None:
-        return f"{name} ε={epsilon:g}" if compact else f"{name} (ε={epsilon:g})"
+        parameter = configurations.parameter_label(name, epsilon)      # by its own name: ε=1, η=150, λ=4
+        return f"{name} {parameter}" if compact else f"{name} ({parameter})"
     if conf is not None and conf.epsilon_rule == configurations.INVERSE_SQRT_N and epsilon_mean is not None:
         return f"{name} (mean ε={epsilon_mean:.3g})" if compact else f"{name} (mean ε={epsilon_mean:.4g})"
     return name
@@ -143,3 +144,9 @@ def configuration_label(name: str, epsilon: float | None, epsilon_mean: float | 
 def rank(order: Sequence[str], name: str) -> int:
     """Where `name` sits in a display order; names the order does not hold come last."""
     return order.index(name) if name in order else len(order)
+
+
+def run_order(order: Sequence[str], data: Mapping[str, Any]) -> tuple:
+    """A run's sort key in a table: its configuration's place in `order`, then the name, then ε."""
+    name = str(data.get("configuration"))
+    return rank(order, name), name, num(data.get("epsilon")) or 0.0
