@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.text_corpus import hub_text, paragraphs
+from harness.text_corpus import BUILTIN_CORPUS, hub_text, paragraphs  # BUILTIN_CORPUS: re-exported for attacks/
 
-BUILTIN_CORPUS = Path(__file__).parent / "data" / "builtin_corpus.txt"
 SOURCES = ("builtin", "text", "hub", "random")
 
 

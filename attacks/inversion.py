@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from harness.progress import progress as progress_bar
 
@@ -151,12 +152,34 @@ def shuffle_pairs(examples: Sequence[Example], seed: int) -> list[Example]:
     return out
 
 
+# The evidence head's unit rows of each decoder embedding table (about 113 MB for SmolLM2's): a run builds up
+# to three inverters on one decoder, and they share one copy. Keyed weakly by the table itself (a copy goes
+# with its decoder) and checked against the table's version counter, so a table changed in place since is
+# normalised afresh.
+_UNIT_EMBEDDINGS = WeakTensorKeyDictionary()
+
+
+def unit_embeddings(weight: torch.Tensor) -> torch.Tensor:
+    """The rows of embedding table `weight` scaled to unit norm (float32), computed once per table and
+    shared: read it, never write it."""
+    version = None if weight.is_inference() else weight._version   # inference tensors have no counter
+    hit = _UNIT_EMBEDDINGS.get(weight)
+    if hit is not None and version is not None and hit[0] == version:
+        return hit[1]
+    unit = F.normalize(weight.detach().float(), dim=-1)
+    _UNIT_EMBEDDINGS[weight] = (version, unit)
+    return unit
+
+
 class Inverter(nn.Module):
     """Projection + SEP + decoder. `decoder` is a Hugging Face causal LM (shared with the caller in
-    projection mode, where it is frozen; pass a private copy for body and full modes)."""
+    projection mode, where it is frozen; pass a private copy for body and full modes). `units`: the
+    evidence head's unit embedding rows (`unit_embeddings`) when they come from another copy of the same
+    table (build passes its caller's); None: those of `decoder`'s table."""
 
     def __init__(self, decoder: nn.Module, d_in: int, mode: str = "projection", hidden: int | None = None,
-                 layout: str = "prefix", head: str = "lm", evidence_scale: float = 10.0) -> None:
+                 layout: str = "prefix", head: str = "lm", evidence_scale: float = 10.0,
+                 units: torch.Tensor | None = None) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -181,7 +204,11 @@ class Inverter(nn.Module):
         self.log_evidence_scale = nn.Parameter(torch.tensor(math.log(evidence_scale)))
         if head == "evidence":
             # Unit rows of the embedding table as it was given (full mode trains the decoder's own copy).
-            self.register_buffer("unit_embeddings", F.normalize(emb.float(), dim=-1), persistent=False)
+            # Not persistent: never in a state_dict or checkpoint, rebuilt from the decoder on load.
+            units = unit_embeddings(emb) if units is None else units
+            if units.shape != emb.shape:
+                raise ValueError(f"units of shape {tuple(units.shape)} for an embedding table of {tuple(emb.shape)}")
+            self.register_buffer("unit_embeddings", units, persistent=False)
         decoder.requires_grad_(mode != "projection")
         if mode == "body":
             # Frozen token embeddings; with tied weights this also freezes the LM head (same tensor).
@@ -394,13 +421,16 @@ class Inverter(nn.Module):
 
 
 def build(decoder: nn.Module, d_in: int, settings: TrainSettings) -> Inverter:
-    """An Inverter for `settings.mode`; body and full modes train a private deep copy of `decoder`."""
+    """An Inverter for `settings.mode`; body and full modes train a private deep copy of `decoder`. The
+    evidence head's unit embeddings are those of `decoder` (the copy's are equal at this point), so every
+    inverter built on one decoder shares them."""
+    units = unit_embeddings(decoder.get_input_embeddings().weight) if settings.head == "evidence" else None
     if settings.mode != "projection":
         decoder = copy.deepcopy(decoder)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         return Inverter(decoder, d_in, settings.mode, settings.projection_hidden, settings.layout, settings.head,
-                        settings.evidence_scale)
+                        settings.evidence_scale, units)
 
 
 @dataclass

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.rounds import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,10 +77,7 @@ def main() -> None:
         f"Both roles played by {args.model}; {len(inputs)} built-in examples × {args.steps} steps per arm and round.", "",
         "| fusion | CoVeil / undefended s/step (median over rounds) | min–max | CoVeil's own share of a step |",
         "|:--|--:|--:|--:|", *lines, ""])
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

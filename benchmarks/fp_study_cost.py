@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.rounds import emit
 from harness.numerics.bound import bound_from_sums
 from harness.numerics.kernels import probe_accumulation
 from harness.numerics.precisions import PRECISIONS
@@ -147,11 +148,7 @@ def main() -> None:
               f"trial at d = 3072" + (f", {naive_down * 1e3:.1f} ms at d = 8192 (Down)" if down_precisions else "")
               + f"; the same protocol would take about **{naive_total / 3600:.1f} h**, "
               f"{naive_total / total:.0f}× the vectorised study.", ""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

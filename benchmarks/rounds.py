@@ -3,12 +3,17 @@ once, on the same input, in an order rotated by the round, so no arm is always f
 a cold cache, a clock boost or a noisy neighbour favours whichever runs first). The result is per-round
 ratios, whose median and min–max are reported: a shared machine slows both arms of one round alike,
 so the ratio of a round is steadier than either time.
+
+`emit` is the tail every benchmark ends with: the report on stdout and, with --out, in a file.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from harness.results import atomic_write_bytes
 
 
 def rotated(names: Sequence[str], r: int) -> list[str]:
@@ -48,3 +53,11 @@ def round_ratios(times: Mapping[str, Sequence[float]], a: str, b: str) -> list[f
 def median_range(values: Sequence[float]) -> tuple[float, float, float]:
     """(median, min, max): what the benchmark tables report of the per-round ratios."""
     return statistics.median(values), min(values), max(values)
+
+
+def emit(text: str, out: Path | None) -> None:
+    """Print the report `text`; with `out`, also write it there as is (atomically, parents made), so an
+    interrupted benchmark never leaves half a report under docs/benchmarks/."""
+    print(text)
+    if out is not None:
+        atomic_write_bytes(Path(out), text.encode())

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.rounds import median_range, round_ratios, run_rounds, wall_seconds
+from benchmarks.rounds import emit, median_range, round_ratios, run_rounds, wall_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,10 +74,7 @@ def main() -> None:
         med, lo, hi = median_range(rs)
         lines.append(f"| {k} | {statistics.median(times[k]):.4f} | {med:.3f} [{lo:.3f}, {hi:.3f}] |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

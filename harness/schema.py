@@ -33,6 +33,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness import configurations
+from harness.checks import check_at_least, check_choice, check_positive
 from harness.collab import config as collab_config
 from harness.errors import UserError
 from harness.grad_audit import config as grad_audit_config
@@ -48,6 +49,7 @@ SENSITIVITY_RULES = ("paper", "per_head")
 SLALOM_SCALINGS = ("per_token", "per_op", "fixed")   # harness/split/mechanisms.py
 OFFLOADABLE = ("qkv", "o", "gate_up", "lm_head")
 EPN_N = ("text", "input_ids")
+TIMING_MODES = ("prefix", "separate")   # runners/timing.py
 
 
 @dataclass
@@ -146,6 +148,10 @@ class TimingConfig:
     # One untimed short generation per configuration first, so one-off costs (allocator, kernel
     # selection, lazy imports) are not charged to whichever configuration happens to run first.
     warmup: bool = MISSING
+    # `prefix`: one generation per batch to the largest limit, each limit's time read as the generation
+    # passes it (greedy, no early stop: the first L steps are the L-token generation); `separate`: one
+    # generation per limit, as a paper's protocol reads literally. Same quantity, prefix costs 800 steps not 1,500.
+    mode: str = MISSING
 
 
 @dataclass
@@ -327,26 +333,17 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"no value given for {', '.join(missing)} (set it on the command line: key=value)")
-    if cfg.runner not in runners:
-        raise UserError(f"runner={cfg.runner!r} is not one of {', '.join(runners)}")
-    names = configurations.NAMES
-    if cfg.configuration.name not in names:
-        raise UserError(f"configuration.name={cfg.configuration.name!r} is not one of {', '.join(names)}")
+    check_choice("runner", cfg.runner, runners)
+    check_choice("configuration.name", cfg.configuration.name, configurations.NAMES)
     _check_system(cfg, runners[cfg.runner])
-    if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
-        raise UserError(f"epsilon must be a finite number > 0, got {cfg.epsilon}")
-    if cfg.epn_n not in EPN_N:
-        raise UserError(f"epn_n={cfg.epn_n!r} is not one of {', '.join(EPN_N)}")
+    check_positive("epsilon", cfg.epsilon)
+    check_choice("epn_n", cfg.epn_n, EPN_N)
     seeds = None if cfg.mask_seeds is None else list(cfg.mask_seeds)
     if seeds is not None and (not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds)):
         raise UserError(f"mask_seeds must be null or a non-empty list of distinct integers >= 0, got {seeds}")
-    gen = cfg.generation
-    if gen.max_new_tokens < 1:
-        raise UserError(f"generation.max_new_tokens must be >= 1, got {gen.max_new_tokens}")
-    if gen.batch_size < 1:
-        raise UserError(f"generation.batch_size must be >= 1, got {gen.batch_size}")
-    if cfg.baseline not in BASELINES:
-        raise UserError(f"baseline={cfg.baseline!r} is not one of {', '.join(BASELINES)}")
+    check_at_least("generation.max_new_tokens", cfg.generation.max_new_tokens, 1)
+    check_at_least("generation.batch_size", cfg.generation.batch_size, 1)
+    check_choice("baseline", cfg.baseline, BASELINES)
     _check_engine(cfg.engine)
     timing = cfg.timing
     splitee = configurations.names()
@@ -355,15 +352,15 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         raise UserError(f"timing.configurations must be a non-empty list from {', '.join(splitee)}, got {list(timing.configurations)}")
     if not timing.max_new_tokens or min(timing.max_new_tokens) < 1:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
+    if timing.mode not in TIMING_MODES:
+        raise UserError(f"timing.mode={timing.mode!r} is not one of {', '.join(TIMING_MODES)}")
     _check_fp_error(cfg)
     _check_attack(cfg.attack)
     _check_restore(cfg)
     for section, module in SYSTEM_SECTIONS.items():
         module.check(cfg[section], cfg)
-    if cfg.logger.name not in LOGGERS:
-        raise UserError(f"logger.name={cfg.logger.name!r} is not one of {', '.join(LOGGERS)}")
-    if cfg.logger.mode not in WANDB_MODES:
-        raise UserError(f"logger.mode={cfg.logger.mode!r} is not one of {', '.join(WANDB_MODES)}")
+    check_choice("logger.name", cfg.logger.name, LOGGERS)
+    check_choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     _check_model("model", cfg.model)
     _check_unknown_keys(cfg, "")
     _check_environment(cfg)
@@ -461,10 +458,8 @@ def _check_fp_error(cfg: DictConfig) -> None:
         if (not values and key != "down_precisions") or any(v not in allowed for v in values) or len(set(values)) != len(values):
             raise UserError(f"fp_error.{key} must be a list of distinct values from {', '.join(allowed)}, got {values}")
     for key in ("trials", "rows_per_vector", "vectors_per_prompt", "capture_new_tokens", "capture_batch_size"):
-        if fp[key] < 1:
-            raise UserError(f"fp_error.{key} must be >= 1, got {fp[key]}")
-    if fp.threads is not None and fp.threads < 1:
-        raise UserError(f"fp_error.threads must be >= 1 or null, got {fp.threads}")
+        check_at_least(f"fp_error.{key}", fp[key], 1)
+    check_at_least("fp_error.threads", fp.threads, 1, nullable=True)
     levels = list(cfg.controlled_error.levels)
     if not levels or any(not (math.isfinite(v) and v > 0) for v in levels):
         raise UserError(f"controlled_error.levels must be a non-empty list of numbers > 0, got {levels}")
@@ -484,8 +479,7 @@ def _check_attack(attack: DictConfig) -> None:
                ("train.head", attack.train.head, ("lm", "evidence")),
                ("bayes.prior", attack.bayes.prior, ("uniform", "corpus")))
     for key, value, allowed in choices:
-        if value not in allowed:
-            raise UserError(f"attack.{key}={value!r} is not one of {', '.join(allowed)}")
+        check_choice(f"attack.{key}", value, allowed)
     positive = (("layer", attack.layer, 0), ("corpus.n_train", attack.corpus.n_train, 1),
                 ("corpus.n_val", attack.corpus.n_val, 1), ("corpus.min_tokens", attack.corpus.min_tokens, 1),
                 ("capture.batch_size", attack.capture.batch_size, 1),
@@ -498,22 +492,17 @@ def _check_attack(attack: DictConfig) -> None:
                 ("bayes.rows_per_chunk", attack.bayes.rows_per_chunk, 1),
                 ("bayes.vocab_per_chunk", attack.bayes.vocab_per_chunk, 1))
     for key, value, least in positive:
-        if value < least:
-            raise UserError(f"attack.{key} must be >= {least}, got {value}")
+        check_at_least(f"attack.{key}", value, least)
     if attack.corpus.max_tokens < attack.corpus.min_tokens:
         raise UserError(f"attack.corpus.max_tokens={attack.corpus.max_tokens} is below min_tokens={attack.corpus.min_tokens}")
     for key in ("lr", "decoder_lr", "max_minutes", "evidence_scale"):
-        if not (math.isfinite(attack.train[key]) and attack.train[key] > 0):
-            raise UserError(f"attack.train.{key} must be a number > 0, got {attack.train[key]}")
-    if attack.train.threads is not None and attack.train.threads < 1:
-        raise UserError(f"attack.train.threads must be >= 1 or null, got {attack.train.threads}")
-    if attack.train.projection_hidden is not None and attack.train.projection_hidden < 1:
-        raise UserError(f"attack.train.projection_hidden must be >= 1 or null, got {attack.train.projection_hidden}")
+        check_positive(f"attack.train.{key}", attack.train[key])
+    check_at_least("attack.train.threads", attack.train.threads, 1, nullable=True)
+    check_at_least("attack.train.projection_hidden", attack.train.projection_hidden, 1, nullable=True)
     if not attack.bayes.k or min(attack.bayes.k) < 1:
         raise UserError(f"attack.bayes.k must be a non-empty list of integers >= 1, got {list(attack.bayes.k)}")
     for key in ("gate_margin_pp", "positive_margin_pp"):
-        if not (math.isfinite(attack.controls[key]) and attack.controls[key] >= 0):
-            raise UserError(f"attack.controls.{key} must be a number >= 0, got {attack.controls[key]}")
+        check_at_least(f"attack.controls.{key}", attack.controls[key], 0)
     if attack.decoder is not None:
         _check_model("attack.decoder", attack.decoder)
 
@@ -528,10 +517,8 @@ def _check_restore(cfg: DictConfig) -> None:
         raise UserError(f"restore.attackers must be a non-empty list from {', '.join(RESTORE_ATTACKERS)}, "
                         f"got {list(r.attackers)}")
     for key in ("max_new_tokens", "batch_size"):
-        if r[key] < 1:
-            raise UserError(f"restore.{key} must be >= 1, got {r[key]}")
-    if r.examples < 0:
-        raise UserError(f"restore.examples must be >= 0, got {r.examples}")
+        check_at_least(f"restore.{key}", r[key], 1)
+    check_at_least("restore.examples", r.examples, 0)
     if not r.instruction.strip():
         raise UserError("restore.instruction must not be empty")
 
@@ -540,22 +527,16 @@ def _check_engine(engine: DictConfig) -> None:
     bad = [op for op in engine.offload if op not in OFFLOADABLE]
     if bad:
         raise UserError(f"engine.offload: unknown op(s) {bad}; choose from {', '.join(OFFLOADABLE)}")
-    if engine.bank_on_exhaustion not in BANK_POLICIES:
-        raise UserError(f"engine.bank_on_exhaustion={engine.bank_on_exhaustion!r} is not one of {', '.join(BANK_POLICIES)}")
-    if engine.bank_capacity is not None and engine.bank_capacity < 1:
-        raise UserError(f"engine.bank_capacity must be >= 1 or null, got {engine.bank_capacity}")
+    check_choice("engine.bank_on_exhaustion", engine.bank_on_exhaustion, BANK_POLICIES)
+    check_at_least("engine.bank_capacity", engine.bank_capacity, 1, nullable=True)
     if engine.bank_bytes is not None and engine.bank_bytes < 1:
         raise UserError(f"engine.bank_bytes must be >= 1 (bytes) or null, got {engine.bank_bytes}")
-    if engine.tee_threads is not None and engine.tee_threads < 1:
-        raise UserError(f"engine.tee_threads must be >= 1 or null, got {engine.tee_threads}")
+    check_at_least("engine.tee_threads", engine.tee_threads, 1, nullable=True)
     if not 1 <= engine.slalom_frac_bits <= 16:
         raise UserError(f"engine.slalom_frac_bits must be in [1, 16], got {engine.slalom_frac_bits}")
-    if engine.slalom_scaling not in SLALOM_SCALINGS:
-        raise UserError(f"engine.slalom_scaling={engine.slalom_scaling!r} is not one of {', '.join(SLALOM_SCALINGS)}")
-    if not (math.isfinite(engine.sigma_scale) and engine.sigma_scale >= 0):
-        raise UserError(f"engine.sigma_scale must be a finite number >= 0, got {engine.sigma_scale}")
-    if engine.sensitivity_rule not in SENSITIVITY_RULES:
-        raise UserError(f"engine.sensitivity_rule={engine.sensitivity_rule!r} is not one of {', '.join(SENSITIVITY_RULES)}")
+    check_choice("engine.slalom_scaling", engine.slalom_scaling, SLALOM_SCALINGS)
+    check_at_least("engine.sigma_scale", engine.sigma_scale, 0)
+    check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
 
 
 # Keys that label or route a run but never change what it computes: left out of the config hash.

@@ -4,13 +4,20 @@ Hugging Face dataset for users with network access.
 One place for both, below every system: the attack corpus (attacks/corpus.py), split fine-tuning's data
 (harness/splitft/data.py), the audited trainer's text (harness/grad_audit/data.py) and the config check
 that refuses an empty corpus before any model loads (harness/schema.py) all read text the same way.
+The built-in corpus those sources default to is BUILTIN_CORPUS, named here so that harness/ never imports
+attacks/ for it.
 """
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+
+# The file stays under attacks/data/ (it installs as the attacks package's data), so every run's provenance
+# string "builtin:attacks/data/builtin_corpus.txt sha256=..." and its config hash are unchanged.
+BUILTIN_CORPUS = Path(__file__).parent.parent / "attacks" / "data" / "builtin_corpus.txt"
 
 _HEADING = re.compile(r"^\s*(=+)\s.*\s\1\s*$")
 

@@ -71,8 +71,9 @@ def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | N
     would. It saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
     run changes in the process is put back: the environment (main() sets HYDRA_FULL_ERROR), sys.argv, the
     working directory, Hydra's GlobalHydra and HydraConfig, the root logging handlers Hydra's job logging
-    installs, torch's thread count (runners may set it) and the global random generators (model loading
-    seeds torch's). The logging handlers that exist before the run are hidden from it: Hydra's job
+    installs, torch's thread count (runners may set it), the global random generators (model loading
+    seeds torch's) and the SIGINT/SIGTERM handlers (ray.init, under splitft's Flower simulation, installs
+    one that calls sys.exit). The logging handlers that exist before the run are hidden from it: Hydra's job
     logging calls logging.config.dictConfig, which first closes every handler of the process, and absl's
     handler (absl.logging, imported with dp-accounting) closes its stream unless that is the current
     sys.stderr: inside the run that is the capture below, so it would close pytest's own capture stream.
@@ -85,6 +86,7 @@ def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | N
     import io
     import logging
     import random
+    import signal
     import traceback
 
     import numpy as np
@@ -102,6 +104,7 @@ def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | N
     saved_handlers, saved_level = root.handlers[:], root.level
     saved_threads = torch.get_num_threads()
     saved_rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
     saved_handler_refs, saved_named_handlers = logging._handlerList[:], dict(logging._handlers)
@@ -138,6 +141,9 @@ def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | N
         torch.set_rng_state(saved_rng[0])
         random.setstate(saved_rng[1])
         np.random.set_state(saved_rng[2])
+        for s, handler in saved_signals.items():
+            if handler is not None and signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
 

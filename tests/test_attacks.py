@@ -249,6 +249,34 @@ def test_checkpoint_is_reused(pipe):
     assert any(not torch.equal(a, b) for a, b in zip(_tensors(inv1.state()), _tensors(inv3.state())))
 
 
+def test_evidence_heads_on_one_decoder_share_one_unit_table(pipe):
+    """Every evidence-head inverter built on the decoder reads one unit-normalised copy of its embedding
+    table, in any mode; the copy is in no checkpoint, and an inverter loaded from the cache generates what
+    the trained one did. A table changed in place is normalised afresh."""
+    import torch.nn.functional as F
+
+    from attacks.inversion import build, unit_embeddings
+
+    quick = replace(SETTINGS, mode="projection", head="evidence", max_steps=20, eval_every=20)
+    ev_pipe = replace(pipe, train_settings=quick)
+    inv1, rec1 = ev_pipe.attacker("t3", None, "qkv", 0)      # trained by the evidence-head test (or now)
+    inv2, rec2 = ev_pipe.attacker("t3", None, "qkv", 0)
+    body = build(pipe.decoder.model, rec1["d_in"], replace(quick, mode="body"))
+    emb = pipe.decoder.model.get_input_embeddings().weight
+    assert rec2["cache_hit"] and inv1.unit_embeddings is inv2.unit_embeddings is body.unit_embeddings
+    assert body.decoder.get_input_embeddings().weight is not emb       # body mode: a private decoder copy
+    assert torch.equal(inv1.unit_embeddings, F.normalize(emb.detach().float(), dim=-1))
+    assert not any("unit" in k for k in inv1.state_dict()) and "unit_embeddings" not in inv1.state()
+    examples = [Example(f, list(p), i, 0) for i, (f, p) in
+                enumerate(zip(pipe.eval_capture("t3", None, "qkv", 0).features, pipe.eval_prompts))][:2]
+    assert inv1.generate(examples) == inv2.generate(examples)
+    table = torch.randn(5, 3)
+    first = unit_embeddings(table)
+    assert unit_embeddings(table) is first
+    table.add_(1.0)
+    assert torch.equal(unit_embeddings(table), F.normalize(table, dim=-1)) and not torch.equal(unit_embeddings(table), first)
+
+
 def _tensors(state):
     """Every tensor of a nested state dict, in a fixed order."""
     if isinstance(state, torch.Tensor):

@@ -22,3 +22,15 @@ def test_rounds_rotate_the_order_and_pair_times_by_round():
     assert median_range([0.5, 2.0, 1.0]) == (1.0, 0.5, 2.0)
     with pytest.raises(ValueError):
         round_ratios({"a": [1.0], "b": []}, "a", "b")   # unequal rounds are a bug, not a shorter zip
+
+
+def test_emit_prints_the_report_and_writes_it_as_is(tmp_path, capsys):
+    from benchmarks.rounds import emit
+
+    out = tmp_path / "docs" / "benchmarks" / "report.md"   # parents do not exist yet
+    emit("| a | b |\n", out)
+    assert capsys.readouterr().out == "| a | b |\n\n"
+    assert out.read_bytes() == b"| a | b |\n"
+    assert [p.name for p in out.parent.iterdir()] == ["report.md"]   # no temp file left beside it
+    emit("only printed", None)
+    assert capsys.readouterr().out == "only printed\n"

@@ -17,7 +17,7 @@ from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogi
 from metrics.answers import option_correct, stated_option
 from metrics.evidence_recall import Vocabulary, first_rank, recall_curves, tokenise_evidence
 
-from .conftest import CONF, run_cli
+from .conftest import CONF, run_cli_in_process
 
 
 def _dists(seed: int, v: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
@@ -561,10 +561,11 @@ def smoke_cfg():
     ({"collab.custext.distance": "manhattan"}, "collab.custext.distance='manhattan' is not one of"),
     ({"collab.custext.embeddings": "/nonexistent.pt"}, "neither 'victim' nor an existing .pt/.npy file"),
     ({"collab.custext.select_from": "cloud"}, "collab.custext.select_from='cloud' is not one of fused, private"),
-    ({"collab.ldp_sampler.gamma": 0.5}, "collab.ldp_sampler.gamma must be a number >= 1, got 0.5"),
+    ({"collab.ldp_sampler.gamma": 0.5}, "collab.ldp_sampler.gamma must be a finite number >= 1, got 0.5"),
     ({"collab.invisibleink.accounting": "total"}, "collab.invisibleink.accounting='total' is not one of"),
-    ({"collab.invisibleink.temperature": 0.0}, "collab.invisibleink.temperature must be a number > 0, got 0.0"),
+    ({"collab.invisibleink.temperature": 0.0}, "collab.invisibleink.temperature must be a finite number > 0, got 0.0"),
     ({"collab.invisibleink.top_k": 0}, "collab.invisibleink.top_k must be >= 1 or null, got 0"),
+    ({"collab.controls.gate_margin_pp": float("nan")}, "collab.controls.gate_margin_pp must be a finite number >= 0, got nan"),
     ({"collab.option_scoring": "vote"}, "collab.option_scoring='vote' is not one of stated, likelihood"),
     ({"collab.option_scoring": "likelihood", "collab.benchmark.name": "dolly"}, "needs an option benchmark"),
 ])
@@ -582,14 +583,14 @@ def test_bad_values_are_refused_before_any_model_loads(smoke_cfg, updates, expec
 
 
 def test_bad_input_through_the_cli_is_one_line_exit_2(tmp_path):
-    res = run_cli([*SMOKE, "collab.alpha=1.5"], tmp_path / "out", tmp_path / "cache")
+    res = run_cli_in_process([*SMOKE, "collab.alpha=1.5"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2, res.stderr
     assert res.stderr_lines == ["splitbench: error: collab.alpha must lie in [0, 1], got 1.5"]
 
 
 def test_collab_smoke_experiment(tmp_path):
     out = tmp_path / "out"
-    res = run_cli(["experiment=collab_smoke"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=collab_smoke"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sorted(p.parent for p in out.rglob(".done"))
     assert len(runs) == 4
@@ -625,8 +626,9 @@ def test_collab_smoke_experiment(tmp_path):
 def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
     """The three edge-side baselines through the CLI on the smoke pair, utility by likelihood option scoring."""
     out = tmp_path / "out"
-    res = run_cli(["experiment=collab_smoke", "collab.fusion=edge", "collab.option_scoring=likelihood", "epsilon=4",
-                   "configuration=collab_custext,collab_ldp_sampler,collab_invisibleink"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=collab_smoke", "collab.fusion=edge", "collab.option_scoring=likelihood",
+                              "epsilon=4", "configuration=collab_custext,collab_ldp_sampler,collab_invisibleink"],
+                             out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sorted(p.parent for p in out.rglob(".done"))
     seen = set()

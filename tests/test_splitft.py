@@ -27,7 +27,7 @@ from harness.splitft.step import (
     split_step,
 )
 
-from .conftest import CONF, run_cli
+from .conftest import CONF, run_cli_in_process
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
 
@@ -296,7 +296,7 @@ def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     """Through the CLI: k >= m is one stderr line, exit code 2, no files left."""
     out = tmp_path / "out"
-    res = run_cli(["experiment=splitft_smoke", "splitft.k=2", "splitft.m=2"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=splitft_smoke", "splitft.k=2", "splitft.m=2"], out, tmp_path / "cache")
     assert res.returncode == 2, res.stderr
     assert res.stderr_lines == ["splitbench: error: splitft cut points must satisfy 1 <= k < m, got k=2, m=2"]
     assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))
@@ -315,7 +315,7 @@ def test_a_cut_past_the_models_depth_is_a_user_error():
 def test_smoke_experiment_through_flower(tmp_path):
     """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
     out = tmp_path / "out"
-    res = run_cli(["experiment=splitft_smoke", "splitft.save_view=true"], out, tmp_path / "cache", timeout=400)
+    res = run_cli_in_process(["experiment=splitft_smoke", "splitft.save_view=true"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     (path,) = list(out.rglob("results.json"))
     results = json.loads(path.read_text())

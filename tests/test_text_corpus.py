@@ -95,3 +95,33 @@ def test_splitft_jsonl_source_reads_through_the_shared_reader(tmp_path):
     path.write_text('{"output": "ok"}\n{"response": "no output field"}\n', encoding="utf-8")
     with pytest.raises(UserError, match=r": line 2 has no text field 'output' \(set splitft\.data\.text_field\)$"):
         load_text(cfg)
+
+
+def test_the_builtin_corpus_is_harness_s_and_keeps_its_provenance():
+    """harness/ names the built-in corpus itself (no harness module imports attacks/); the file and the
+    provenance string every system records for it are the ones runs were hashed with."""
+    import ast
+    import hashlib
+    from pathlib import Path
+
+    import attacks.corpus
+    from harness import text_corpus
+    from harness.grad_audit.data import load_text as grad_audit_text
+    from harness.splitft.data import load_text as splitft_text
+
+    root = Path(text_corpus.__file__).resolve().parents[1]
+    importers = []
+    for path in sorted((root / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "attacks" or n.startswith("attacks.") for n in names):
+                importers.append(path.relative_to(root).as_posix())
+    assert importers == []
+    assert attacks.corpus.BUILTIN_CORPUS is text_corpus.BUILTIN_CORPUS
+    assert text_corpus.BUILTIN_CORPUS.resolve() == root / "attacks" / "data" / "builtin_corpus.txt"
+    raw = text_corpus.BUILTIN_CORPUS.read_bytes()
+    expected = f"builtin:attacks/data/builtin_corpus.txt sha256={hashlib.sha256(raw).hexdigest()}"
+    texts, source = splitft_text(OmegaConf.create({"source": "builtin"}))
+    assert source == expected and texts == paragraphs(raw.decode("utf-8"))
+    assert grad_audit_text(OmegaConf.create({"source": "builtin"}))[1] == expected

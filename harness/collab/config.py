@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
 
 FUSION_MODES = ("cloud", "edge")
@@ -115,22 +116,18 @@ class CollabConfig:
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
     c = section
-    if c.fusion not in FUSION_MODES:
-        raise UserError(f"collab.fusion={c.fusion!r} is not one of {', '.join(FUSION_MODES)}")
+    check_choice("collab.fusion", c.fusion, FUSION_MODES)
     if not (math.isfinite(c.alpha) and 0.0 <= c.alpha <= 1.0):
         raise UserError(f"collab.alpha must lie in [0, 1], got {c.alpha}")
-    if c.threads is not None and c.threads < 1:
-        raise UserError(f"collab.threads must be >= 1 or null, got {c.threads}")
+    check_at_least("collab.threads", c.threads, 1, nullable=True)
     for key in ("max_new_tokens", "candidates", "view_top"):
-        if c[key] < 1:
-            raise UserError(f"collab.{key} must be >= 1, got {c[key]}")
+        check_at_least(f"collab.{key}", c[key], 1)
     if not 0.0 < c.dp_delta < 1.0:
         raise UserError(f"collab.dp_delta must lie in (0, 1), got {c.dp_delta}")
     if not c.renyi_order > 1.0:
         raise UserError(f"collab.renyi_order must be > 1, got {c.renyi_order}")
     _check_baselines(c)
-    if c.option_scoring not in OPTION_SCORING:
-        raise UserError(f"collab.option_scoring={c.option_scoring!r} is not one of {', '.join(OPTION_SCORING)}")
+    check_choice("collab.option_scoring", c.option_scoring, OPTION_SCORING)
     if c.option_scoring == "likelihood" and c.benchmark.name == "dolly":
         raise UserError("collab.option_scoring=likelihood needs an option benchmark (builtin, pubmedqa); dolly has "
                         "reference responses")
@@ -144,20 +141,15 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
                         "entries per step; raise view_top")
     inv = c.inversion
     for key in ("k", "max_steps", "max_new_tokens"):
-        if inv[key] < 1:
-            raise UserError(f"collab.inversion.{key} must be >= 1, got {inv[key]}")
+        check_at_least(f"collab.inversion.{key}", inv[key], 1)
     b = c.benchmark
-    if b.name not in BENCHMARKS:
-        raise UserError(f"collab.benchmark.name={b.name!r} is not one of {', '.join(BENCHMARKS)}")
-    if b.n_examples is not None and b.n_examples < 1:
-        raise UserError(f"collab.benchmark.n_examples must be >= 1 or null, got {b.n_examples}")
-    if b.max_context_words is not None and b.max_context_words < 1:
-        raise UserError(f"collab.benchmark.max_context_words must be >= 1 or null, got {b.max_context_words}")
+    check_choice("collab.benchmark.name", b.name, BENCHMARKS)
+    check_at_least("collab.benchmark.n_examples", b.n_examples, 1, nullable=True)
+    check_at_least("collab.benchmark.max_context_words", b.max_context_words, 1, nullable=True)
     if b.path is not None and not Path(str(b.path)).expanduser().is_file():
         raise UserError(f"collab.benchmark.path={b.path} is not a file")
     for key in ("gate_margin_pp", "positive_margin_pp"):
-        if not (math.isfinite(c.controls[key]) and c.controls[key] >= 0):
-            raise UserError(f"collab.controls.{key} must be a number >= 0, got {c.controls[key]}")
+        check_at_least(f"collab.controls.{key}", c.controls[key], 0)
     if cfg.runner != "collab":
         return
     name = cfg.configuration.name
@@ -177,20 +169,12 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
 
 def _check_baselines(c: DictConfig) -> None:
     ct, ldp, ink = c.custext, c.ldp_sampler, c.invisibleink
-    if ct.k < 1:
-        raise UserError(f"collab.custext.k must be >= 1, got {ct.k}")
-    if ct.distance not in ("euclidean", "cosine"):
-        raise UserError(f"collab.custext.distance={ct.distance!r} is not one of euclidean, cosine")
+    check_at_least("collab.custext.k", ct.k, 1)
+    check_choice("collab.custext.distance", ct.distance, ("euclidean", "cosine"))
     if ct.embeddings != "victim" and not Path(str(ct.embeddings)).expanduser().is_file():
         raise UserError(f"collab.custext.embeddings={ct.embeddings} is neither 'victim' nor an existing .pt/.npy file")
-    if ct.select_from not in CUSTEXT_SELECT_FROM:
-        raise UserError(f"collab.custext.select_from={ct.select_from!r} is not one of {', '.join(CUSTEXT_SELECT_FROM)}")
-    if not (math.isfinite(ldp.gamma) and ldp.gamma >= 1.0):
-        raise UserError(f"collab.ldp_sampler.gamma must be a number >= 1, got {ldp.gamma}")
-    if ink.accounting not in INVISIBLEINK_ACCOUNTING:
-        raise UserError(f"collab.invisibleink.accounting={ink.accounting!r} is not one of "
-                        f"{', '.join(INVISIBLEINK_ACCOUNTING)}")
-    if not (math.isfinite(ink.temperature) and ink.temperature > 0):
-        raise UserError(f"collab.invisibleink.temperature must be a number > 0, got {ink.temperature}")
-    if ink.top_k is not None and ink.top_k < 1:
-        raise UserError(f"collab.invisibleink.top_k must be >= 1 or null, got {ink.top_k}")
+    check_choice("collab.custext.select_from", ct.select_from, CUSTEXT_SELECT_FROM)
+    check_at_least("collab.ldp_sampler.gamma", ldp.gamma, 1)
+    check_choice("collab.invisibleink.accounting", ink.accounting, INVISIBLEINK_ACCOUNTING)
+    check_positive("collab.invisibleink.temperature", ink.temperature)
+    check_at_least("collab.invisibleink.top_k", ink.top_k, 1, nullable=True)

@@ -32,7 +32,7 @@ class Blocks:
 
 def load_text(corpus: Any) -> tuple[str, str]:
     """The corpus text and its provenance (the `grad_audit.corpus` node)."""
-    from attacks.corpus import BUILTIN_CORPUS
+    from harness.text_corpus import BUILTIN_CORPUS
     from harness.workloads import read_text
 
     if corpus.source == "builtin":

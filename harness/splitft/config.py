@@ -5,12 +5,12 @@ Torch-free: harness/schema.py imports it to type the section and calls `check` f
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
 
 DATA_SOURCES = ("builtin", "text", "jsonl", "hub")
@@ -146,21 +146,6 @@ class SplitFtConfig:
     attack: SplitFtAttackConfig = MISSING
 
 
-def _positive_int(name: str, value: int, low: int = 1) -> None:
-    if value < low:
-        raise UserError(f"splitft.{name} must be >= {low}, got {value}")
-
-
-def _positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise UserError(f"splitft.{name} must be a finite number > 0, got {value}")
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise UserError(f"splitft.{name}={value!r} is not one of {', '.join(choices)}")
-
-
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range. The cut against
     the model's depth (m <= L) is checked by harness.splitft.partition.Partition once the model is loaded
@@ -168,76 +153,73 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     s = section
     if not 1 <= s.k < s.m:
         raise UserError(f"splitft cut points must satisfy 1 <= k < m, got k={s.k}, m={s.m}")
-    _positive_int("n_clients", s.n_clients)
-    _positive_int("rounds", s.rounds)
-    _positive_int("local_steps", s.local_steps)
-    _positive_int("batch_size", s.batch_size)
-    _positive("lr", s.lr)
-    _choice("optimizer", s.optimizer, OPTIMIZERS)
-    if s.threads is not None:
-        _positive_int("threads", s.threads)
-    if s.ray_cpus is not None:
-        _positive_int("ray_cpus", s.ray_cpus)
+    check_at_least("splitft.n_clients", s.n_clients, 1)
+    check_at_least("splitft.rounds", s.rounds, 1)
+    check_at_least("splitft.local_steps", s.local_steps, 1)
+    check_at_least("splitft.batch_size", s.batch_size, 1)
+    check_positive("splitft.lr", s.lr)
+    check_choice("splitft.optimizer", s.optimizer, OPTIMIZERS)
+    check_at_least("splitft.threads", s.threads, 1, nullable=True)
+    check_at_least("splitft.ray_cpus", s.ray_cpus, 1, nullable=True)
     if s.lora.enabled:
-        _positive_int("lora.r", s.lora.r)
-        _positive("lora.alpha", s.lora.alpha)
+        check_at_least("splitft.lora.r", s.lora.r, 1)
+        check_positive("splitft.lora.alpha", s.lora.alpha)
     d = s.data
-    _choice("data.source", d.source, DATA_SOURCES)
+    check_choice("splitft.data.source", d.source, DATA_SOURCES)
     if d.source in ("text", "jsonl") and not d.path:
         raise UserError(f"splitft.data.source={d.source} needs splitft.data.path=/path/to/file")
     if d.source == "hub" and not d.hub_id:
         raise UserError("splitft.data.source=hub needs splitft.data.hub_id (e.g. wikitext)")
-    _positive_int("data.seq_len", d.seq_len, 2)
+    check_at_least("splitft.data.seq_len", d.seq_len, 2)
     for key in ("n_train", "n_heldout", "n_align"):
-        _positive_int(f"data.{key}", d[key])
+        check_at_least(f"splitft.data.{key}", d[key], 1)
     if d.n_train < s.n_clients:
         raise UserError(f"splitft.data.n_train={d.n_train} gives some of the {s.n_clients} clients no data")
-    _choice("data.partition", d.partition, PARTITIONS)
-    _positive("data.dirichlet_alpha", d.dirichlet_alpha)
-    _positive_int("data.n_topics", d.n_topics)
+    check_choice("splitft.data.partition", d.partition, PARTITIONS)
+    check_positive("splitft.data.dirichlet_alpha", d.dirichlet_alpha)
+    check_at_least("splitft.data.n_topics", d.n_topics, 1)
     p = s.privpair
-    _positive_int("privpair.hidden", p.hidden)
-    if not (math.isfinite(p.beta) and p.beta >= 0):
-        raise UserError(f"splitft.privpair.beta must be a finite number >= 0, got {p.beta}")
-    _choice("privpair.privacy_term", p.privacy_term, PRIVACY_TERMS)
-    _choice("privpair.coupling", p.coupling, COUPLINGS)
-    _choice("privpair.w2_loss", p.w2_loss, W2_LOSSES)
-    _positive_int("privpair.align_every", p.align_every)
-    _positive_int("privpair.align_steps", p.align_steps, 0)
-    _positive_int("privpair.warmup_align_steps", p.warmup_align_steps, 0)
-    _positive("privpair.align_lr", p.align_lr)
-    _positive_int("privpair.align_batch_size", p.align_batch_size)
+    check_at_least("splitft.privpair.hidden", p.hidden, 1)
+    check_at_least("splitft.privpair.beta", p.beta, 0)
+    check_choice("splitft.privpair.privacy_term", p.privacy_term, PRIVACY_TERMS)
+    check_choice("splitft.privpair.coupling", p.coupling, COUPLINGS)
+    check_choice("splitft.privpair.w2_loss", p.w2_loss, W2_LOSSES)
+    check_at_least("splitft.privpair.align_every", p.align_every, 1)
+    check_at_least("splitft.privpair.align_steps", p.align_steps, 0)
+    check_at_least("splitft.privpair.warmup_align_steps", p.warmup_align_steps, 0)
+    check_positive("splitft.privpair.align_lr", p.align_lr)
+    check_at_least("splitft.privpair.align_batch_size", p.align_batch_size, 1)
     if not 0 < s.dp.delta < 1:
         raise UserError(f"splitft.dp.delta must lie in (0, 1), got {s.dp.delta}")
     if s.dp.clip_norm is not None:
-        _positive("dp.clip_norm", s.dp.clip_norm)
-    _positive_int("nopeek.max_tokens", s.nopeek.max_tokens, 2)
-    _positive_int("record.last_rounds", s.record.last_rounds)
-    _positive_int("record.steps_per_round", s.record.steps_per_round)
+        check_positive("splitft.dp.clip_norm", s.dp.clip_norm)
+    check_at_least("splitft.nopeek.max_tokens", s.nopeek.max_tokens, 2)
+    check_at_least("splitft.record.last_rounds", s.record.last_rounds, 1)
+    check_at_least("splitft.record.steps_per_round", s.record.steps_per_round, 1)
     if s.record.steps_per_round > s.local_steps:
         raise UserError(f"splitft.record.steps_per_round={s.record.steps_per_round} exceeds "
                         f"splitft.local_steps={s.local_steps}")
     a = s.attack
-    _positive("attack.gate_margin_pp", a.gate_margin_pp)
-    _positive("attack.positive_margin_pp", a.positive_margin_pp)
-    _positive_int("attack.eia.steps", a.eia.steps, 0)
-    _positive("attack.eia.lr", a.eia.lr)
-    _positive_int("attack.eia.max_examples", a.eia.max_examples, 2)
+    check_positive("splitft.attack.gate_margin_pp", a.gate_margin_pp)
+    check_positive("splitft.attack.positive_margin_pp", a.positive_margin_pp)
+    check_at_least("splitft.attack.eia.steps", a.eia.steps, 0)
+    check_positive("splitft.attack.eia.lr", a.eia.lr)
+    check_at_least("splitft.attack.eia.max_examples", a.eia.max_examples, 2)
     if a.bisr.enabled:
-        _positive_int("attack.bisr.steps", a.bisr.steps, 0)
-        _positive("attack.bisr.lr", a.bisr.lr)
-        _positive_int("attack.bisr.max_examples", a.bisr.max_examples, 2)
-        _choice("attack.bisr.init", a.bisr.init, BISR_INITS)
-        _choice("attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
+        check_at_least("splitft.attack.bisr.steps", a.bisr.steps, 0)
+        check_positive("splitft.attack.bisr.lr", a.bisr.lr)
+        check_at_least("splitft.attack.bisr.max_examples", a.bisr.max_examples, 2)
+        check_choice("splitft.attack.bisr.init", a.bisr.init, BISR_INITS)
+        check_choice("splitft.attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
     if a.inverter.enabled:
         v = a.inverter
-        _choice("attack.inverter.mode", v.mode, INVERTER_MODES)
-        _choice("attack.inverter.layout", v.layout, INVERTER_LAYOUTS)
-        _choice("attack.inverter.head", v.head, INVERTER_HEADS)
-        _positive_int("attack.inverter.max_steps", v.max_steps)
-        _positive("attack.inverter.max_minutes", v.max_minutes)
-        _positive_int("attack.inverter.batch_size", v.batch_size)
-        _positive("attack.inverter.lr", v.lr)
-        _positive_int("attack.inverter.max_examples", v.max_examples, 2)
+        check_choice("splitft.attack.inverter.mode", v.mode, INVERTER_MODES)
+        check_choice("splitft.attack.inverter.layout", v.layout, INVERTER_LAYOUTS)
+        check_choice("splitft.attack.inverter.head", v.head, INVERTER_HEADS)
+        check_at_least("splitft.attack.inverter.max_steps", v.max_steps, 1)
+        check_positive("splitft.attack.inverter.max_minutes", v.max_minutes)
+        check_at_least("splitft.attack.inverter.batch_size", v.batch_size, 1)
+        check_positive("splitft.attack.inverter.lr", v.lr)
+        check_at_least("splitft.attack.inverter.max_examples", v.max_examples, 2)
         if s.data.n_align < 2:
             raise UserError("splitft.attack.inverter needs splitft.data.n_align >= 2 public blocks to train on")

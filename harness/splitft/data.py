@@ -41,8 +41,7 @@ class SplitData:
 
 def load_text(cfg: Any) -> tuple[list[str], str]:
     """The paragraphs of the configured source and their provenance."""
-    from attacks.corpus import BUILTIN_CORPUS
-    from harness.text_corpus import hub_text, paragraphs
+    from harness.text_corpus import BUILTIN_CORPUS, hub_text, paragraphs
     from harness.workloads import read_jsonl_rows, read_text
 
     source = cfg.source
