@@ -216,12 +216,25 @@ class BatchedGeneration:
         n = max(1, len(self.output_ids))
         return {k: v / n for k, v in self.timings.items()}
 
+    def add(self, res: Any, n_prompts: int) -> None:
+        """Join the next batch's GenerationResult (of n_prompts prompts)."""
+        from harness.split.mechanisms import merge_slalom_stats
+
+        self.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
+        for key, value in res.timings.items():
+            self.timings[key] = self.timings.get(key, 0.0) + float(value)
+        for key, value in (res.boundary or {}).items():
+            self.boundary[key] = self.boundary.get(key, 0) + value
+        self.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
+        self.epsilons.extend(getattr(res, "epsilons", None) or [None] * n_prompts)
+        self.n_generated_tokens += int(res.n_generated_tokens)
+        self.slalom = merge_slalom_stats(self.slalom, getattr(res, "slalom", None))
+
 
 def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
                      pad_token_id: int, eos_token_id: int | None, stop_at_eos: bool, desc: str,
                      epsilon_lengths: Sequence[int] | None = None) -> BatchedGeneration:
     from harness.progress import progress
-    from harness.split.mechanisms import merge_slalom_stats
 
     out = BatchedGeneration()
     starts = range(0, len(prompts), batch_size)
@@ -231,15 +244,7 @@ def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_siz
                               stop_at_eos=stop_at_eos,
                               epsilon_lengths=None if epsilon_lengths is None
                               else list(epsilon_lengths[start:start + batch_size]))
-        out.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
-        for key, value in res.timings.items():
-            out.timings[key] = out.timings.get(key, 0.0) + float(value)
-        for key, value in (res.boundary or {}).items():
-            out.boundary[key] = out.boundary.get(key, 0) + value
-        out.bank = dict(res.bank or {})  # the engine's bank counters are cumulative: keep the last
-        out.epsilons.extend(getattr(res, "epsilons", None) or [None] * len(batch))
-        out.n_generated_tokens += int(res.n_generated_tokens)
-        out.slalom = merge_slalom_stats(out.slalom, getattr(res, "slalom", None))
+        out.add(res, len(batch))
     return out
 
 

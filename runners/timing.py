@@ -3,7 +3,15 @@
 For every configuration in `timing.configurations` and every limit in `timing.max_new_tokens`, the
 workload runs in batches of `generation.batch_size` (the paper: 45 prompts, batches of 15, limits
 100/200/400/800) and the engine's timings (GenerationResult.timings) are summed over batches and divided
-by the number of prompts. All rows come from one process on one machine, measured side by side.
+by the number of prompts. All rows come from one process on one machine, measured side by side: each
+batch runs every configuration in turn, in an order rotated by the batch (benchmarks/rounds.py), so a
+slow spell of a shared machine falls on all configurations alike rather than on whichever ran then.
+
+`timing.mode=prefix` (the default) generates each batch once, to the largest limit, and reads every
+smaller limit's time as the generation passes it (SplitEngine.generate checkpoints): with greedy decoding
+and no early stop the first L steps are the L-token generation, so this is the same quantity for 800
+steps a batch instead of 1,500. `separate` runs one generation per limit, as the protocol reads literally;
+the two differ only in when the bounded noise bank refills (docs/noise_bank.md).
 
 `seconds_per_prompt` is the generation wall time (prefill + decode) divided by the number of prompts; the
 noise bank's precompute runs before generation (offline in the paper, §6.2) and is reported on its own
@@ -20,7 +28,7 @@ from omegaconf import DictConfig
 
 from harness import configurations, schema
 from harness.results import RunContext
-from runners.common import Inputs, finish, generate_batches, load_inputs, make_engine, overridden, results_header
+from runners.common import BatchedGeneration, Inputs, finish, load_inputs, make_engine, overridden, results_header
 
 # Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
 COMPONENTS = ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing", "other")
@@ -53,24 +61,25 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     limits = [int(x) for x in cfg.timing.max_new_tokens]
     cuda = torch.cuda.is_available()
 
+    engines = {c: make_engine(cfg, c, inputs.loaded.model) for c in configuration_names}
+    measured = _time_side_by_side(cfg, inputs, engines, limits)
     table: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
-    engines: dict[str, dict] = {}
-    sensitivity: dict[str, list] = {}
     for configuration in configuration_names:
-        engine = make_engine(cfg, configuration, inputs.loaded.model)
-        engines[configuration] = engine.describe()
-        sensitivity[configuration] = engine.sensitivity_table()
-        rows, rows_samples = _time_configuration(cfg, inputs, engine, configuration, limits)
-        table += rows
-        samples += rows_samples
-        del engine
+        description = engines[configuration].describe()
+        for limit in limits:
+            res = measured[configuration][limit]
+            table.append(_row(configuration, limit, res, description, len(inputs.prompts)))
+            samples += [{"id": prompt.id, "configuration": configuration, "max_new_tokens": limit,
+                         "n_prompt_tokens": len(prompt.input_ids), "epsilon": eps, "output_ids": ids}
+                        for prompt, ids, eps in zip(inputs.workload.prompts, res.output_ids, res.epsilons)]
 
     results = {
         **results_header(cfg, "timing", inputs),
         "configuration": None,  # one run covers every configuration in `configurations`
         "configurations": configuration_names,
         "max_new_tokens": limits,
+        "mode": str(cfg.timing.mode),
         "epsilon": _epsilon(cfg),
         "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
                     for r in table},
@@ -78,50 +87,72 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "cuda": cuda,
         "notes": [] if cuda else [NO_CUDA_NOTE],
     }
-    return finish(cfg, ctx, results, samples, summary=summary_text, engines=engines,
-                  provenance_extra={"timing_warmup": bool(cfg.timing.warmup)},
-                  side_files={"sensitivity.json": sensitivity}, mirror_rows=table,
+    return finish(cfg, ctx, results, samples, summary=summary_text,
+                  engines={c: e.describe() for c, e in engines.items()},
+                  provenance_extra={"timing_warmup": bool(cfg.timing.warmup), "timing_mode": str(cfg.timing.mode)},
+                  side_files={"sensitivity.json": {c: e.sensitivity_table() for c, e in engines.items()}},
+                  mirror_rows=table,
                   mirror_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]))
 
 
-def _time_configuration(cfg: DictConfig, inputs: Inputs, engine: Any, configuration: str,
-                        limits: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One configuration at every generation limit: a table row per limit (per-prompt seconds by
-    component, bytes and crossings per prompt) and a sample per prompt and limit."""
+def _time_side_by_side(cfg: DictConfig, inputs: Inputs, engines: dict[str, Any],
+                       limits: list[int]) -> dict[str, dict[int, BatchedGeneration]]:
+    """Every batch through every configuration (order rotated by the batch) at every limit, joined per
+    configuration and limit."""
+    from harness.progress import progress
+
     gen, prompts = cfg.generation, inputs.prompts
-    description = engine.describe()
+    common = {"pad_token_id": inputs.pad, "eos_token_id": inputs.eos, "stop_at_eos": gen.stop_at_eos}
     if cfg.timing.warmup:
-        engine.generate(prompts[: gen.batch_size], min(2, min(limits)), pad_token_id=inputs.pad,
-                        eos_token_id=inputs.eos, stop_at_eos=gen.stop_at_eos)
-    rows, samples = [], []
-    n = max(1, len(prompts))
-    for limit in limits:
-        res = generate_batches(engine, prompts, batch_size=gen.batch_size, max_new_tokens=limit,
-                               pad_token_id=inputs.pad, eos_token_id=inputs.eos, stop_at_eos=gen.stop_at_eos,
-                               desc=f"{configuration} {limit} tokens",
-                               epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
-        per_prompt = res.per_prompt()
-        rows.append({
-            "configuration": configuration,
-            "max_new_tokens": limit,
-            "n_prompts": len(prompts),
-            "seconds_per_prompt": per_prompt.get("total"),
-            **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
-            "components_s": per_prompt,
-            "tokens_per_second": res.tokens_per_second,
-            "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
-            "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
-            "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
-            "bank": res.bank,
-            "slalom": res.slalom,  # slalom: wrap-arounds per op and the input bits it ran with; else None
-            "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
-            "device": description.get("accelerator") or "cpu",
-            "device_is_cpu_fallback": bool(description.get("accelerator_is_cpu_fallback")),
-        })
-        samples += [{"id": prompt.id, "configuration": configuration, "max_new_tokens": limit,
-                     "n_prompt_tokens": len(prompt.input_ids), "epsilon": eps, "output_ids": ids}
-                    for prompt, ids, eps in zip(inputs.workload.prompts, res.output_ids, res.epsilons)]
-    return rows, samples
+        for engine in engines.values():
+            engine.generate(prompts[: gen.batch_size], min(2, min(limits)), **common)
+    lengths = inputs.epsilon_lengths(cfg.epn_n)
+    measured = {c: {limit: BatchedGeneration() for limit in limits} for c in engines}
+    starts = list(range(0, len(prompts), gen.batch_size))
+    bar = progress(desc="timing", total=len(starts) * len(engines), unit="generation")
+    try:
+        for b, start in enumerate(starts):
+            batch = [list(p) for p in prompts[start:start + gen.batch_size]]
+            batch_lengths = None if lengths is None else list(lengths[start:start + gen.batch_size])
+            names = list(engines)
+            for configuration in names[b % len(names):] + names[: b % len(names)]:   # rotated by the batch
+                engine = engines[configuration]
+                if cfg.timing.mode == "prefix":
+                    res = engine.generate(batch, max(limits), checkpoints=tuple(limits), epsilon_lengths=batch_lengths,
+                                          **common)
+                    per_limit = {limit: res.at(limit) for limit in limits}
+                else:
+                    per_limit = {limit: engine.generate(batch, limit, epsilon_lengths=batch_lengths, **common)
+                                 for limit in limits}
+                for limit, r in per_limit.items():
+                    measured[configuration][limit].add(r, len(batch))
+                bar.update(1)
+    finally:
+        bar.close()
+    return measured
+
+
+def _row(configuration: str, limit: int, res: BatchedGeneration, description: dict, n_prompts: int) -> dict[str, Any]:
+    """One table row: per-prompt seconds by component, bytes and crossings per prompt."""
+    n = max(1, n_prompts)
+    per_prompt = res.per_prompt()
+    return {
+        "configuration": configuration,
+        "max_new_tokens": limit,
+        "n_prompts": n_prompts,
+        "seconds_per_prompt": per_prompt.get("total"),
+        **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
+        "components_s": per_prompt,
+        "tokens_per_second": res.tokens_per_second,
+        "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
+        "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
+        "crossings_per_prompt": res.boundary.get("crossings", 0) / n,
+        "bank": res.bank,
+        "slalom": res.slalom,  # slalom: wrap-arounds per op and the input bits it ran with; else None
+        "epsilon_mean": _mean([e for e in res.epsilons if e is not None]),
+        "device": description.get("accelerator") or "cpu",
+        "device_is_cpu_fallback": bool(description.get("accelerator_is_cpu_fallback")),
+    }
 
 
 def _mean(values: list[float]) -> float | None:

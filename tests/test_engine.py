@@ -14,8 +14,9 @@ from scipy import stats
 from harness.errors import UserError
 from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import (SLALOM_MODULUS, SLALOM_SCALINGS, centre, exact_matmul_mod, exact_wraps,
-                                     input_norms, quantise, row_bounds, row_shifts, worst_case_products)
+from harness.split.mechanisms import (INT8_EXACT_WIDTH, INT8_MAX_ROWS, SLALOM_MODULUS, SLALOM_SCALINGS, ExactProduct,
+                                      IntegerWeights, centre, centred_difference, digits_needed, exact_matmul_mod, exact_wraps, int8_digits,
+                                      input_norms, quantise, row_bounds, row_shifts, worst_case_products)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -68,6 +69,35 @@ def test_t3_matches_cpu_on_smollm2_chat_prompts():
     _, t3 = run(m, "t3", ps, 20)
     assert t3.output_ids == cpu.output_ids
     assert len(set(map(tuple, cpu.output_ids))) == 3  # the prompts really produced different answers
+
+
+@pytest.mark.parametrize("configuration", ["ep1", "slalom"])
+def test_a_checkpoint_is_the_shorter_generation_it_began_with(configuration):
+    """timing.mode=prefix reads a k-token generation off a longer one: the same tokens, bytes and
+    crossings as generating k tokens on their own (same seed, so the same masks), timings that grow with
+    k, and the prefill's own breakdown inside the whole."""
+    m = model("tiny-llama")
+    ps = prompts(3, 20, 5000)
+    pad = m.tokenizer.pad_token_id
+    long = SplitEngine(m.model, EngineSettings(configuration, epsilon=1.0)).generate(ps, 9, pad_token_id=pad,
+                                                                                   checkpoints=(3, 6, 9))
+    previous = 0.0
+    for k in (3, 6, 9):
+        short = SplitEngine(m.model, EngineSettings(configuration, epsilon=1.0)).generate(ps, k, pad_token_id=pad)
+        at = long.at(k)
+        assert at.output_ids == short.output_ids and at.n_generated_tokens == 3 * k
+        assert at.boundary == short.boundary
+        assert at.timings["total"] > previous and set(at.timings) == set(short.timings)
+        previous = at.timings["total"]
+        if configuration == "slalom":
+            assert at.slalom["rows"] == short.slalom["rows"]
+    assert long.at(9).timings == long.timings
+    assert 0 < long.prefill_timings["total"] == long.timings["prefill"]
+    assert long.prefill_timings["masking"] <= long.timings["masking"]
+    with pytest.raises(KeyError):
+        long.at(4)
+    with pytest.raises(UserError, match="checkpoints"):
+        SplitEngine(m.model, EngineSettings("t3")).generate(ps, 3, pad_token_id=pad, checkpoints=(4,))
 
 
 def test_ep1_with_zero_sigma_equals_t3_exactly():
@@ -192,6 +222,30 @@ def test_slalom_unmasking_recovers_the_quantised_product_exactly():
         assert torch.equal(torch.round(out.double() * 2**16).long(), exact)
 
 
+def test_int8_digit_kernel_gives_the_exact_integer_product():
+    """The int8 kernel (balanced base-256 digit planes, int32 accumulation) against int64 arithmetic: for
+    weights that need one and three digits, negative and positive inputs, the mod-q path at the row
+    counts either side of INT8_MAX_ROWS (both kernels, same integers) and a width over the exact limit."""
+    g = torch.Generator().manual_seed(5)
+    for bound in (100, 2400, 40_000):
+        w = torch.randint(-bound, bound + 1, (9, 70), generator=g)
+        weights = IntegerWeights([w[:4].double(), w[4:].double()])
+        assert weights.n_digits == digits_needed(int(w.abs().max()))
+        x = torch.randint(-(1 << 30), 1 << 30, (6, 70), generator=g)
+        assert torch.equal(weights.matmul(x), x @ w.T)
+        product = ExactProduct([w[:4].double(), w[4:].double()], SLALOM_MODULUS, torch.device("cpu"))
+        for rows in (3, INT8_MAX_ROWS + 5):
+            r = torch.randint(0, SLALOM_MODULUS, (rows, 70), generator=g)
+            want = torch.remainder(r @ w.T, SLALOM_MODULUS)
+            got = torch.cat(product(r), dim=1)
+            assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert [digits_needed(v) for v in (0, 127, 128, 32639, 32640)] == [1, 1, 2, 2, 3]
+    with pytest.raises(ValueError):
+        int8_digits(torch.tensor([128]), 1)
+    with pytest.raises(ValueError):
+        IntegerWeights([torch.zeros(2, INT8_EXACT_WIDTH + 1)])
+
+
 def test_exact_matmul_mod_is_exact_even_when_split_over_chunks():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, SLALOM_MODULUS, (5, 300), generator=g)
@@ -202,6 +256,10 @@ def test_exact_matmul_mod_is_exact_even_when_split_over_chunks():
         assert torch.equal(got.long(), want)
     assert torch.equal(centre(torch.tensor([0.0, 5242883.0, 5242884.0]), SLALOM_MODULUS),
                        torch.tensor([0.0, 5242883.0, -5242883.0]))
+    y, c = (torch.randint(0, SLALOM_MODULUS, (4000,), generator=g, dtype=torch.int32) for _ in range(2))
+    edges = torch.tensor([0, SLALOM_MODULUS - 1, 5242883, 5242884, 0, 1], dtype=torch.int32)
+    y, c = torch.cat([y, edges]), torch.cat([c, edges.flip(0)])
+    assert torch.equal(centred_difference(y, c, SLALOM_MODULUS), centre(torch.remainder(y - c, SLALOM_MODULUS), SLALOM_MODULUS))
 
 
 def test_slalom_masked_inputs_are_uniform_on_zq():

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from harness.errors import UserError
 from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import SLALOM_MODULUS, exact_matmul_mod
+from harness.split.mechanisms import SLALOM_MODULUS, ExactProduct, exact_matmul_mod
 from harness.split.noise_bank import (PIECE_ROWS, NoiseBank, gaussian_chunk_maker, row_bytes, slalom_chunk_maker,
                                       stream_seed)
 
@@ -70,7 +70,8 @@ def test_slalom_pieces_are_bit_identical_to_one_whole_draw():
     quantised = [torch.randint(-300, 300, (24, 40), generator=g).double()]
     matmul = lambda x, w: exact_matmul_mod(x, w, SLALOM_MODULUS, 1 << 20)  # noqa: E731
     total = sum(REQUESTS)
-    bank = NoiseBank("o[1]", slalom_chunk_maker(quantised, SLALOM_MODULUS, matmul), seed=2, capacity_rows=32)
+    product = ExactProduct(quantised, SLALOM_MODULUS, torch.device("cpu"))   # pieces of 32 rows: int8 kernels
+    bank = NoiseBank("o[1]", slalom_chunk_maker(quantised, product), seed=2, capacity_rows=32)
     bank.ensure(total)
     masks, corrections = _serve_all(bank, REQUESTS, top_up_between=True)
     g = torch.Generator().manual_seed(stream_seed(2, "o[1]", 0))

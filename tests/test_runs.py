@@ -248,10 +248,12 @@ def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, count_jobs):
     assert eps == {0.5, 5.0, 15.0}
 
 
-def test_timing_run_table(tmp_path):
+@pytest.mark.parametrize("mode", ["prefix", "separate"])
+def test_timing_run_table(tmp_path, mode):
     out = tmp_path / "out"
     res = run_cli_in_process(["experiment=timing_smoke", "timing.configurations=[cpu,t3,ep1]",
-                              "timing.max_new_tokens=[2,3]", "workload.n_prompts=2"], out, tmp_path / "cache")
+                              "timing.max_new_tokens=[2,3]", "workload.n_prompts=3", "generation.batch_size=2",
+                              f"timing.mode={mode}"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (run_dir,) = _runs(out).values()
     assert "/all/eps=1/" in str(run_dir)
@@ -262,11 +264,16 @@ def test_timing_run_table(tmp_path):
     assert [(r["configuration"], r["max_new_tokens"]) for r in rows] == \
         [(c, n) for c in ("cpu", "t3", "ep1") for n in (2, 3)]
     for r in rows:
-        assert r["seconds_per_prompt"] > 0 and r["n_prompts"] == 2
+        assert r["seconds_per_prompt"] > 0 and r["n_prompts"] == 3
         assert {"attention_proj_s", "ffn_proj_s", "lm_head_s", "masking_s", "crossing_s", "other_s"} <= set(r)
     assert rows[0]["masking_s"] == 0.0 and rows[-1]["masking_s"] > 0.0  # cpu masks nothing, ep1 does
+    assert results["mode"] == mode
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 2 * len(rows) and all(len(s["output_ids"]) == s["max_new_tokens"] for s in samples)
+    assert len(samples) == 3 * len(rows) and all(len(s["output_ids"]) == s["max_new_tokens"] for s in samples)
+    # The 2-token outputs begin the 3-token ones, and t3 generates what cpu does, batch by batch.
+    ids = {(s["configuration"], s["max_new_tokens"], s["id"]): s["output_ids"] for s in samples}
+    assert all(ids[(c, 3, i)][:2] == ids[(c, 2, i)] for c, _, i in ids)
+    assert all(ids[("t3", n, i)] == ids[("cpu", n, i)] for _, n, i in ids)
     if not results["cuda"]:
         assert "device side ran on the CPU" in " ".join(results["notes"]) and "device side ran on the CPU" in res.stdout
 

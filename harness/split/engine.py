@@ -76,6 +76,20 @@ class GenerationResult:
     bank: dict = field(default_factory=dict)
     epsilons: list[float | None] = field(default_factory=list)   # the per-token ε each prompt ran under
     slalom: dict | None = None    # slalom: wrap-arounds of this generation per op (SplitEngine.slalom_stats)
+    prefill_timings: dict = field(default_factory=dict)   # timings' components during the prefill alone
+    at_checkpoints: dict = field(default_factory=dict)    # limit -> its timings, boundary and slalom (generate)
+
+    def at(self, limit: int) -> "GenerationResult":
+        """This generation as the `limit`-token generation it began with (a checkpoint of generate())."""
+        if limit not in self.at_checkpoints:
+            raise KeyError(f"no checkpoint at {limit} tokens (checkpoints: {sorted(self.at_checkpoints)})")
+        mark = self.at_checkpoints[limit]
+        outputs = [row[:limit] for row in self.output_ids]
+        n_tokens = sum(len(o) for o in outputs)
+        total = mark["timings"]["total"]
+        return GenerationResult(outputs, mark["timings"], n_tokens, n_tokens / total if total > 0 else float("nan"),
+                                boundary=mark["boundary"], bank=self.bank, epsilons=self.epsilons,
+                                slalom=mark["slalom"], prefill_timings=self.prefill_timings)
 
 
 class _Context:
@@ -83,7 +97,8 @@ class _Context:
 
     def __init__(self, boundary: Boundary, clock: Stopwatch) -> None:
         self.boundary, self.clock = boundary, clock
-        self.sigma_factor = torch.ones(1)
+        self._sigma_factor = torch.ones(1)
+        self.sigma_version = 0   # bumped with every new factor, so ops can cache their σ per generation
         self.refill_size = 1
         # Optional hook(op, x, outputs) -> outputs, called with every offloaded op's TEE-side input and
         # its unmasked outputs (one per member); None (the default) leaves every configuration as is.
@@ -92,6 +107,15 @@ class _Context:
         self.inject = None
         # Real (non-padding) positions of the current forward, [batch, seq] bool; None = all real.
         self.valid: torch.Tensor | None = None
+
+    @property
+    def sigma_factor(self) -> torch.Tensor:
+        return self._sigma_factor
+
+    @sigma_factor.setter
+    def sigma_factor(self, value: torch.Tensor) -> None:
+        self._sigma_factor = value
+        self.sigma_version += 1
 
 
 class SplitEngine:
@@ -212,12 +236,18 @@ class SplitEngine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, pad_token_id: int,
                  eos_token_id: int | None = None, stop_at_eos: bool = False,
-                 epsilon_lengths: list[int] | None = None) -> GenerationResult:
+                 epsilon_lengths: list[int] | None = None, checkpoints: tuple[int, ...] = ()) -> GenerationResult:
         """Greedy generation of `max_new_tokens` per prompt. `epsilon_lengths`: each prompt's n for
         configurations whose ε follows the prompt's length (EPN's 1/√n); None = len(prompt), every token
-        the model sees (the caller chooses the reading: runners/common.py Inputs.epsilon_lengths)."""
+        the model sees (the caller chooses the reading: runners/common.py Inputs.epsilon_lengths).
+        `checkpoints`: shorter limits whose timings, bytes and Slalom counts are read as the generation
+        passes them (GenerationResult.at): the first k steps are the k-token generation, so one long
+        generation times every limit (runners/timing.py, timing.mode=prefix)."""
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if any(not 1 <= int(k) <= max_new_tokens for k in checkpoints):
+            raise UserError(f"checkpoints must lie in 1..max_new_tokens={max_new_tokens}, got {list(checkpoints)}")
+        marks = {int(k) for k in checkpoints}
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("every prompt must have at least one token")
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -270,12 +300,18 @@ class SplitEngine:
             next_ids = logits[:, -1].argmax(-1)
             sync()
             prefill_s = time.perf_counter() - start
+            prefill_parts = {name: self.clock.totals.get(name, 0.0) for name in TIMING_COMPONENTS}
+            passed: dict[int, tuple] = {}
             for step in range(1, max_new_tokens + 1):
                 if stop_at_eos and eos_token_id is not None:
                     next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
                     finished |= next_ids == eos_token_id
                 generated.append(next_ids)
                 bar.update(batch)
+                if step in marks:
+                    sync()
+                    passed[step] = (time.perf_counter() - start, dict(self.clock.totals), self.boundary.counters(),
+                                    self.slalom_stats())
                 if step == max_new_tokens or (stop_at_eos and bool(finished.all())):
                     break
                 self._top_up_banks()
@@ -297,14 +333,19 @@ class SplitEngine:
 
         tokens = torch.stack(generated, dim=1).cpu().tolist()
         outputs = [_trim(row, eos_token_id if stop_at_eos else None) for row in tokens]
-        timings = {name: self.clock.totals.get(name, 0.0) for name in TIMING_COMPONENTS}
-        timings["prefill"] = prefill_s
-        timings["decode"] = total_s - prefill_s
-        timings["total"] = total_s
-        timings["other"] = max(0.0, total_s - sum(timings[c] for c in TIMING_COMPONENTS))
-        timings["bank_precompute"] = bank_precompute
+        timings = _timings(self.clock.totals, total_s, prefill_s, bank_precompute)
+        # The same breakdown for the prefill alone (decode = timings − prefill_timings), with its own `other`.
+        prefill_parts["total"] = prefill_s
+        prefill_parts["other"] = max(0.0, prefill_s - sum(prefill_parts[c] for c in TIMING_COMPONENTS))
         n_tokens = sum(len(o) for o in outputs)
         counters = self.boundary.counters()
+        final = (total_s, dict(self.clock.totals), counters, self.slalom_stats())
+        # The last step's checkpoint is the end itself, and so is one the generation never reached (every
+        # prompt stopped at EOS before it).
+        at_checkpoints = {k: {"timings": _timings(totals, seconds, prefill_s, bank_precompute),
+                              "boundary": {c: reached[c] - counters_before[c] for c in reached}, "slalom": slalom}
+                          for k, (seconds, totals, reached, slalom)
+                          in ((k, final if k == max_new_tokens else passed.get(k, final)) for k in sorted(marks))}
         return GenerationResult(
             output_ids=outputs,
             timings=timings,
@@ -314,6 +355,8 @@ class SplitEngine:
             bank=self.bank_stats(),
             epsilons=epsilons,
             slalom=self.slalom_stats(),
+            prefill_timings=prefill_parts,
+            at_checkpoints=at_checkpoints,
         )
 
     def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
@@ -372,6 +415,17 @@ class SplitEngine:
             "refills": sum(b.stats.refills for b in banks),
             "pieces": sum(b.stats.pieces for b in banks),
         }
+
+
+def _timings(totals: dict, total_s: float, prefill_s: float, bank_precompute: float) -> dict[str, float]:
+    """GenerationResult.timings from the clock's totals and the wall time since the prefill began."""
+    timings = {name: totals.get(name, 0.0) for name in TIMING_COMPONENTS}
+    timings["prefill"] = prefill_s
+    timings["decode"] = total_s - prefill_s
+    timings["total"] = total_s
+    timings["other"] = max(0.0, total_s - sum(timings[c] for c in TIMING_COMPONENTS))
+    timings["bank_precompute"] = bank_precompute
+    return timings
 
 
 def _trim(row: list[int], eos: int | None) -> list[int]:

@@ -255,13 +255,13 @@ def gaussian_chunk_maker(weights: list[torch.Tensor]):
     return make
 
 
-def slalom_chunk_maker(quantised_weights: list[torch.Tensor], modulus: int, exact_matmul):
-    """Uniform masks in Z_q and corrections W_q·r mod q, both exact integers (stored as int32)."""
+def slalom_chunk_maker(quantised_weights: list[torch.Tensor], product):
+    """Uniform masks in Z_q and corrections W_q·r mod q, both exact integers (stored as int32).
+    `product(masks)` returns (masks @ W_qᵀ) mod q per member as int32 (mechanisms.ExactProduct)."""
     d = quantised_weights[0].shape[1]
 
     def make(n: int, generator: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        masks = torch.randint(0, modulus, (n, d), generator=generator, dtype=torch.int64)
-        corrections = [exact_matmul(masks.double(), w).to(torch.int32) for w in quantised_weights]
-        return masks.to(torch.int32), corrections
+        masks = torch.randint(0, product.modulus, (n, d), generator=generator, dtype=torch.int64)
+        return masks.to(torch.int32), product(masks)
 
     return make

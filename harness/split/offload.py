@@ -24,11 +24,14 @@ class OffloadedOp:
         self.bank = None
         self._pending: tuple[torch.Tensor, list[torch.Tensor], set[int]] | None = None
         if mechanism.name == "slalom":
-            self.tee_quantised = mechanism.quantised_weights(self.tee_weights)
-            self.device_quantised = [w.to(device) for w in self.tee_quantised]
-            from harness.split.mechanisms import exact_chunk
+            from harness.split.mechanisms import ExactProduct
 
-            self.device_chunk = exact_chunk(max(w.abs().max().item() for w in self.tee_quantised), mechanism.modulus)
+            self.tee_quantised = mechanism.quantised_weights(self.tee_weights)
+            # W_q·v mod q: the device's product of the masked input, and the TEE's of each bank mask (the
+            # same kernels where both sides are the CPU).
+            self.device_product = ExactProduct(self.tee_quantised, mechanism.modulus, device)
+            self.tee_product = (self.device_product if device.type == "cpu"
+                                else ExactProduct(self.tee_quantised, mechanism.modulus, torch.device("cpu")))
         elif device.type == "cpu":
             # The model's own parameters, not detached views: F.linear rounds differently on a non-contiguous
             # input (the LM head's last position) depending on whether the weight requires grad, and T3 must
