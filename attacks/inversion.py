@@ -343,9 +343,15 @@ class Inverter(nn.Module):
     @torch.no_grad()
     def generate(self, examples: Sequence[Example], batch_size: int = 32) -> list[list[int]]:
         """Greedy decoding of `example.length` tokens for every example (target contents unused)."""
+        return [ranked[:, 0].tolist() for ranked in self.generate_ranked(examples, batch_size, 1)]
+
+    @torch.no_grad()
+    def generate_ranked(self, examples: Sequence[Example], batch_size: int = 32, k: int = 1) -> list[torch.Tensor]:
+        """Greedy decoding as `generate`, keeping at each step the k highest-scoring tokens: per example a
+        (length, k) tensor whose first column is the greedy token (the one decoding continues from)."""
         from transformers import DynamicCache
 
-        out: list[list[int] | None] = [None] * len(examples)
+        out: list[torch.Tensor | None] = [None] * len(examples)
         order = sorted(range(len(examples)), key=lambda i: -examples[i].length)
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
@@ -363,7 +369,7 @@ class Inverter(nn.Module):
             if self.head == "evidence":
                 logits = logits[:, -1:].float() + self.evidence(hints[:, :1])
             nxt = logits[:, -1].argmax(-1)
-            steps = [nxt]
+            steps = [_ranked(logits[:, -1], nxt, k)]
             for j in range(1, max(ex.length for ex in batch)):
                 mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], dim=1)
                 positions = positions[:, -1:] + 1
@@ -375,10 +381,10 @@ class Inverter(nn.Module):
                 if self.head == "evidence":
                     logits = logits[:, -1:].float() + self.evidence(hints[:, j:j + 1])
                 nxt = logits[:, -1].argmax(-1)
-                steps.append(nxt)
-            ids = torch.stack(steps, dim=1).tolist()
+                steps.append(_ranked(logits[:, -1], nxt, k))
+            ids = torch.stack(steps, dim=1)                                    # (batch, steps, k)
             for row, i in enumerate(idx):
-                out[i] = ids[row][:examples[i].length]
+                out[i] = ids[row, :examples[i].length]
         return out  # type: ignore[return-value]
 
     def reconstruct(self, examples: Sequence[Example], n_prompts: int, batch_size: int = 32) -> list[list[int]]:
@@ -418,6 +424,15 @@ class Inverter(nn.Module):
             result = self.decoder.load_state_dict(state["decoder"], strict=False)
             if result.unexpected_keys:
                 raise ValueError(f"checkpoint holds decoder weights this decoder lacks: {result.unexpected_keys[:3]}")
+
+
+def _ranked(logits: torch.Tensor, greedy: torch.Tensor, k: int) -> torch.Tensor:
+    """(batch, k): the greedy token, then the next best k − 1 (a tie with it may repeat it)."""
+    if k == 1:
+        return greedy[:, None]
+    top = logits.float().topk(k, dim=-1).indices
+    top[:, 0] = greedy
+    return top
 
 
 def build(decoder: nn.Module, d_in: int, settings: TrainSettings) -> Inverter:

@@ -7,7 +7,9 @@ privacy parameter (`epsilon`: η for the dχ mechanisms, ε for CusText+; Stenci
 1. privacy: the workload's prompts are sanitised on the client side (only their text tokens), the
    sanitised sequences are the adversary view (channel `sanitized_tokens`, view.pt), and the attackers of
    attacks/sanitize/ read it: the paper's Pr@5 (neighbours), the mechanism-aware Bayes attacker, and for
-   the window mechanisms the window inverter; with controls and the verdict (the worst over them);
+   the window mechanisms the window inverter, the ridge inverter (`learned`) and the attack suite's learned
+   decoder (`decoder`, the victim model frozen, trained on the sanitised public corpus); with controls and
+   the verdict (the worst over them);
 2. utility: lm-eval zero-shot accuracy on each task of `sanitize.tasks` with its inputs sanitised, beside
    the same model on the unsanitised inputs.
 
@@ -29,7 +31,7 @@ from harness.results import RunContext
 from runners import common
 
 describe_skip = common.epsilon_ignored_note
-_TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1")
+_TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1")
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     view = prompts.adversary_view(sanitized, view_meta(cfg, system=configurations.SANITIZE,
                                                        model=inputs.loaded.name, workload=inputs.workload.name))
     clock["sanitize"] = time.perf_counter()
-    attacks = suite.attack(view, sanitized.original_text_ids, sanitize, section.attack, cfg.seed, tokenizer)
+    attacks = suite.attack(view, sanitized.original_text_ids, sanitize, section.attack, cfg.seed, tokenizer, model)
 
     clock["attacks"] = time.perf_counter()
     noisy_docs = {name: tasks.sanitize_docs(d, name, sanitize, tokenizer, cfg.seed) for name, d in docs.items()}
@@ -93,6 +95,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
                      "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},
         "tasks": {name: {"n_examples": len(d)} for name, d in docs.items()},
+        "attack_training": attacks.training,
         "metrics": metrics,
         "metric_definitions": _definitions(int(section.attack.top_k)),
         "tradeoff": common.tradeoff(
@@ -145,7 +148,8 @@ def _definitions(k: int) -> dict[str, str]:
         f"pr_at_{k}": f"the paper's Pr@{k}: % of text positions whose original token is among the {k} nearest "
                       "neighbours of the sanitised token's embedding (itself first), macro over prompts, t 95% CI",
         "<attacker>_top1/_top{k}": "% of text positions whose original token is the attacker's first guess / among "
-                                   "its first k (attackers: neighbours, bayes, window, learned), macro over prompts",
+                                   "its first k (attackers: neighbours, bayes, window, learned, decoder), macro "
+                                   "over prompts; decoder: its greedy decoding first, then its logits' next best",
         "<attacker>_token_f1": "multiset token F1 of the attacker's first guesses against the prompt's text tokens",
         "<attacker>_token_f1_chance": "the same F1 of each prompt's guesses against the other prompts "
                                       "(attacks.controls.exposure_free_f1): the verdict's reference",
@@ -166,7 +170,8 @@ def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
     head = common.summary_head(results, f"{results['n_prompts']} prompts", f"tasks {', '.join(results['tasks'])}")
     names = ["accuracy", "accuracy_unsanitized", "pr_at_5", "bayes_top1", "bayes_top5", "neighbours_token_f1",
-             "bayes_token_f1", "window_top1", "window_token_f1", "learned_top1", "learned_token_f1", "unchanged_rate"]
+             "bayes_token_f1", "window_top1", "window_token_f1", "learned_top1", "learned_token_f1", "decoder_top1",
+             "decoder_token_f1", "unchanged_rate"]
     lines = [head, *common.metric_lines(m, names, width=24)]
     verdicts = ", ".join(f"{k[:-8]} {v}" for k, v in m.items() if k.endswith("_verdict"))
     lines.append(f"  verdict: {m['verdict']} ({verdicts})")

@@ -3,9 +3,8 @@ tokens (t'_{i-w} … t'_{i+w}) to the embedding of the original t_i, trained on 
 sanitises itself with the same (public) mechanism and parameters, then the nearest tokens to its prediction.
 
 It learns what a mechanism does systematically (Stencil's blur of the neighbours into each token, CusText+'s
-pull towards similar tokens) from data instead of from the mechanism's formula. Not the attack suite's
-learned decoder (attacks/inversion.py), which is trained on the split engine's activations; see
-docs/sanitize.md. Training text: attacks/data/builtin_corpus.txt (the suite's built-in corpus), seeded
+pull towards similar tokens) from data instead of from the mechanism's formula. The attack suite's learned
+decoder on the same features and training text is attacks/sanitize/decoder.py. Training text: attacks/data/builtin_corpus.txt (the suite's built-in corpus), seeded
 with a seed the evaluation never uses.
 """
 from __future__ import annotations
@@ -47,11 +46,20 @@ def corpus_sequences(tokenizer, max_tokens: int, length: int = 64) -> list[list[
     return [stream[i:i + length] for i in range(0, len(stream), length) if stream[i:i + length]]
 
 
+def public_pairs(sanitizer, tokenizer, max_tokens: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(clean, sanitised) pieces of the built-in corpus: the attacker's own training text, sanitised with the
+    public mechanism under a seed the evaluation never uses."""
+    clean = corpus_sequences(tokenizer, max_tokens)
+    return clean, sanitizer(clean, seed + TRAIN_SEED_OFFSET)
+
+
 class LearnedInverter:
-    def __init__(self, sanitizer, tokenizer, max_tokens: int, seed: int) -> None:
+    """`pairs`: public_pairs(sanitizer, tokenizer, max_tokens, seed) when the caller has them already."""
+
+    def __init__(self, sanitizer, tokenizer, max_tokens: int, seed: int,
+                 pairs: tuple[list[list[int]], list[list[int]]] | None = None) -> None:
         self.table, self.settings = sanitizer.table, sanitizer.settings
-        clean = corpus_sequences(tokenizer, max_tokens)
-        noisy = sanitizer(clean, seed + TRAIN_SEED_OFFSET)
+        clean, noisy = pairs if pairs is not None else public_pairs(sanitizer, tokenizer, max_tokens, seed)
         x = features(noisy, self.table).double()
         y = self.table.vectors[torch.tensor([t for s in clean for t in s], dtype=torch.long)].double()
         gram = x.T @ x

@@ -6,13 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attacks import controls
-from metrics.intervals import mean_ci
-from attacks.sanitize import bayes, learned, neighbours, scoring, window
+from attacks.sanitize import bayes, decoder, learned, neighbours, scoring, window
 from harness.adversary_view import AdversaryView
-from harness.sanitize import mechanisms
 from harness.sanitize.prompts import read_view
+from metrics.intervals import mean_ci
 
-NEIGHBOURS, BAYES, WINDOW, LEARNED = "neighbours", "bayes", "window", "learned"
+NEIGHBOURS, BAYES, WINDOW, LEARNED, DECODER = "neighbours", "bayes", "window", "learned", "decoder"
 
 
 @dataclass
@@ -20,6 +19,7 @@ class SuiteResult:
     metrics: dict[str, Any]
     scores: list[scoring.AttackScore]
     guesses: dict[str, list[list[int]]] = field(default_factory=dict)   # first guesses per attacker
+    training: dict[str, dict] = field(default_factory=dict)             # the trained attackers' training records
 
     @property
     def strongest(self) -> scoring.AttackScore:
@@ -28,10 +28,12 @@ class SuiteResult:
 
 
 def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: Any, cfg: Any, seed: int,
-           tokenizer: Any = None) -> SuiteResult:
+           tokenizer: Any = None, model: Any = None) -> SuiteResult:
     """`cfg` is the sanitize.attack section; `sanitizer` (harness.sanitize.sanitizer.Sanitizer) gives the
     public mechanism, table and parameters; the observed tokens come from `view` alone. With a `tokenizer`
-    and cfg.learned_corpus_tokens > 0 the learned inverter is trained (on public text) and run too."""
+    and cfg.learned_corpus_tokens > 0 the learned (ridge) inverter is trained (on public text) and run too;
+    with the victim `model` as well and cfg.decoder_steps > 0, the attack suite's learned decoder
+    (attacks/sanitize/decoder.py, the model frozen as its decoder)."""
     observed = read_view(view)
     table, settings, k, margin = sanitizer.table, sanitizer.settings, int(cfg.top_k), float(cfg.gate_margin_pp)
     identity = neighbours.rank(originals, table, k, chunk=sanitizer.chunk)
@@ -43,9 +45,24 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
     }
     if settings.uses_window:
         attackers[WINDOW] = lambda obs: window.rank(obs, table, settings, k)
+    pairs: dict[int, tuple] = {}     # the sanitised public corpus per token budget: the trained attackers share it
+
+    def public(n: int) -> tuple:
+        if n not in pairs:
+            pairs[n] = learned.public_pairs(sanitizer, tokenizer, n, seed)
+        return pairs[n]
+
+    training: dict[str, dict] = {}
     if tokenizer is not None and int(cfg.learned_corpus_tokens) > 0:
-        inverter = learned.LearnedInverter(sanitizer, tokenizer, int(cfg.learned_corpus_tokens), seed)
+        n = int(cfg.learned_corpus_tokens)
+        inverter = learned.LearnedInverter(sanitizer, tokenizer, n, seed, pairs=public(n))
         attackers[LEARNED] = lambda obs: inverter.rank(obs, k)
+        training[LEARNED] = {"n_train_tokens": inverter.n_train_tokens}
+    if tokenizer is not None and model is not None and int(cfg.decoder_steps) > 0:
+        n = int(cfg.decoder_corpus_tokens)
+        dec = decoder.DecoderInverter(sanitizer, model, tokenizer, decoder_settings(cfg), seed, pairs=public(n))
+        attackers[DECODER] = lambda obs: dec.rank(obs, k)
+        training[DECODER] = dec.record()
     scores, guesses = [], {}
     for name, fn in attackers.items():
         s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
@@ -68,4 +85,11 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         "verdict": controls.worst([s.verdict for s in scores]),
         "mechanism": settings.mechanism,
     })
-    return SuiteResult(metrics, scores, guesses)
+    return SuiteResult(metrics, scores, guesses, training)
+
+
+def decoder_settings(cfg: Any) -> decoder.DecoderSettings:
+    """The learned decoder's budget from the sanitize.attack section."""
+    return decoder.DecoderSettings(steps=int(cfg.decoder_steps), minutes=float(cfg.decoder_minutes),
+                                   corpus_tokens=int(cfg.decoder_corpus_tokens), window=int(cfg.decoder_window),
+                                   evidence_scale=float(cfg.decoder_evidence_scale))

@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness import checks
 from harness.errors import UserError
 
 DISTANCES = ("euclidean", "cosine")
@@ -30,6 +31,11 @@ class SanitizeAttackConfig:
     bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms)
     bayes_local_vocab: int = MISSING      # tokens the simulated nearest-token search ranges over
     learned_corpus_tokens: int = MISSING  # training tokens of the learned inverter (0: not run)
+    decoder_steps: int = MISSING          # the learned decoder's training steps at most (0: not run)
+    decoder_minutes: float = MISSING      # its training budget in minutes
+    decoder_corpus_tokens: int = MISSING  # its public training tokens (the built-in corpus)
+    decoder_window: int = MISSING         # positions per decoded window
+    decoder_evidence_scale: float = MISSING  # the evidence head's starting scale s
     gate_margin_pp: float = MISSING       # verdict margin m (attacks/controls.py)
     positive_margin_pp: float = MISSING   # positive control: lower bound >= reference + this
 
@@ -100,6 +106,13 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
             raise UserError(f"sanitize.attack.{key} must be >= 1, got {a[key]}")
     if a.learned_corpus_tokens < 0:
         raise UserError(f"sanitize.attack.learned_corpus_tokens must be >= 0, got {a.learned_corpus_tokens}")
+    checks.check_at_least("sanitize.attack.decoder_steps", a.decoder_steps, 0)
+    if a.decoder_steps > 0:
+        checks.check_positive("sanitize.attack.decoder_minutes", a.decoder_minutes)
+        # Two pieces of 64 tokens at least: one to train on, one to validate on.
+        checks.check_at_least("sanitize.attack.decoder_corpus_tokens", a.decoder_corpus_tokens, 128)
+        checks.check_at_least("sanitize.attack.decoder_window", a.decoder_window, 1)
+        checks.check_positive("sanitize.attack.decoder_evidence_scale", a.decoder_evidence_scale)
     for key in ("gate_margin_pp", "positive_margin_pp"):
         if not (math.isfinite(a[key]) and a[key] >= 0):
             raise UserError(f"sanitize.attack.{key} must be a number >= 0, got {a[key]}")

@@ -20,7 +20,10 @@ SYMBOL = {"eta": "η", "epsilon": "ε"}
 INTRO = ("Each run sanitises the workload's prompts (text tokens only) and the inputs of each lm-eval task, then "
          "attacks the sanitised tokens: **Pr@5** (the paper's: the original among the 5 nearest neighbours of the "
          "substituted token), the mechanism-aware **Bayes** attacker (top-1 / top-5 of its posterior) and, for "
-         "the window mechanisms, the **window** inverter. Accuracy is lm-eval zero-shot on the sanitised inputs "
+         "the window mechanisms, the **window** inverter, the **learned** ridge inverter and the attack suite's "
+         "learned **decoder** (the victim model, frozen, with a trained projection and evidence head; top-1 = its "
+         "greedy decoding), both trained on public text the attacker sanitised itself (— where not run). "
+         "Accuracy is lm-eval zero-shot on the sanitised inputs "
          "(unsanitised: the same model and template on the original inputs). The verdict is the worst over the "
          "attackers (leak > inconclusive > at_chance), each against its own exposure-free reference.")
 
@@ -87,7 +90,8 @@ def series_label(run: Run) -> str:
 
 def table_md(table: SanitizeTable) -> str:
     heads = ["mechanism", "parameter", "L", "σ", *[f"accuracy {t} %" for t in table.tasks], "Pr@5 %", "Bayes top-1 %",
-             "Bayes top-5 %", "window top-1 %", "strongest token F1 %", "unchanged %", "verdict"]
+             "Bayes top-5 %", "window top-1 %", "learned top-1 %", "decoder top-1 %", "strongest token F1 %",
+             "unchanged %", "verdict"]
     rows = []
     for run in table.runs:
         m, mech = run.metrics, _mech(run)
@@ -97,6 +101,7 @@ def table_md(table: SanitizeTable) -> str:
         rows.append([run.data.get("configuration"), _parameter(run), mech.get("window") if windowed else "—",
                      mech.get("sigma") if windowed else "—", *[_cell(m, f"accuracy_{t}") for t in table.tasks],
                      _cell(m, "pr_at_5"), _cell(m, "bayes_top1"), _cell(m, "bayes_top5"), _cell(m, "window_top1"),
+                     _cell(m, "learned_top1"), _cell(m, "decoder_top1"),
                      f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
                      _cell(m, "unchanged_rate"), m.get("verdict")])
     clean = [f"{t}: {_cell(table.runs[0].metrics, f'accuracy_unsanitized_{t}')}" for t in table.tasks]
