@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.rounds import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("t3", None), ("ep1", "default"), ("ep1", "null"))
 
@@ -61,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--cases", default=",".join(f"{c}:{b}" for c, b in CASES))
+    parser.add_argument("--out", type=Path, default=None, help="also write the table there (markdown)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -73,12 +76,18 @@ def main() -> None:
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     t3 = next(r for r in rows if r["configuration"] == "t3")["peak_rss_mib"]
-    print("\n| configuration | bank bound | peak RSS (MiB) | × t3 | bank peak (MiB) | generate (s) | bank refill in generation (s) |")
-    print("|---|---|---|---|---|---|---|")
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = [f"Command: `python -m benchmarks.bank_memory --new-tokens {args.new_tokens} --cases {args.cases}`, "
+             f"commit {commit or 'unknown'}, {time.strftime('%Y-%m-%d %H:%M')}. Batch of "
+             f"{rows[0]['n_prompts']} prompts ({rows[0]['prompt_tokens'][0]}–{rows[0]['prompt_tokens'][1]} tokens with "
+             f"the chat template), {args.new_tokens} new tokens, one generation per fresh process.", "",
+             "| configuration | bank bound | peak RSS (MiB) | × t3 | bank peak (MiB) | generate (s) | bank refill in generation (s) | output digest |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bound = {None: "—", "default": "512 MiB (default)", "null": "unbounded"}.get(r["bank"], f"{r['bank']} B")
-        print(f"| {r['configuration']} | {bound} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / t3:.2f} | "
-              f"{r['bank_peak_mib']:.0f} | {r['generate_s']:.1f} | {r['bank_refill_s']:.1f} |")
+        lines.append(f"| {r['configuration']} | {bound} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / t3:.2f} | "
+                     f"{r['bank_peak_mib']:.0f} | {r['generate_s']:.1f} | {r['bank_refill_s']:.1f} | {r['output_digest']} |")
+    emit("\n" + "\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -143,13 +143,13 @@ def fidelity(configuration: str, epsilon: float | None, value: float, lo: float,
 def timing(rows: dict[tuple[str, int], float], **extra) -> dict:
     """A timing results.json with one table row per (configuration, limit) → seconds per prompt; the
     components are fixed fractions of the total (attention 40%, FFN 20%, LM head 10%, masking 5%,
-    crossing 5%, Down 8%, other the rest)."""
+    crossing 5%, Down 8%, bank refills 3%, other the rest)."""
     d = copy.deepcopy(TIMING)
     d.update(extra)
     for (conf, limit), total in rows.items():
         row = copy.deepcopy(TIMING_ROW)
         parts = {"attention_proj": 0.4, "ffn_proj": 0.2, "lm_head": 0.1, "masking": 0.05, "crossing": 0.05,
-                 "down_proj": 0.08, "bank_refill": 0.0}
+                 "down_proj": 0.08, "bank_refill": 0.03}
         comps = {k: f * total for k, f in parts.items()}
         comps["other"] = total - sum(comps.values())
         comps.update(total=total, bank_precompute=0.5)
@@ -283,11 +283,19 @@ def test_timing_table_components_and_ratios(tmp_path: Path) -> None:
     assert ep1.down_proj == pytest.approx(0.08 * 2.2)
 
     breakdown = timing_section.breakdown_md(table)
-    assert "| 100 | ep1 (ε=1) | 2.200 | 0.880 | 0.440 | 0.220 | 0.110 | 0.110 | 0.440 | 0.176 | 0.55× | 1.10× | 0.500 |" \
+    assert "| 100 | ep1 (ε=1) | 2.200 | 0.880 | 0.440 | 0.220 | 0.110 | 0.110 | 0.440 | 0.176 | 0.066 | 0.55× | 1.10× | 0.500 |" \
         in breakdown
     overview = timing_section.overview_md(table)
     assert "| slalom | 3.000 | — |" in overview
     assert overview.splitlines()[0] == "| configuration | 100 tokens | 200 tokens |"
+    rates = timing_section.overview_md(table, lambda r: f"{r.tokens_per_second:.1f}")
+    assert f"| ep1 (ε=1) | {TIMING_ROW['tokens_per_second']:.1f} |" in rates
+
+
+def test_timing_section_names_its_mode_and_shows_tokens_per_second(tmp_path: Path) -> None:
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", timing({("t3", 100): 2.0}, mode="prefix"))
+    md = "\n".join(timing_section.markdown(timing_section.groups(scan(tmp_path)), lambda *a, **k: []))
+    assert timing_section.MODES["prefix"] in md and "Tokens per second:" in md
 
 
 def test_timing_reads_flat_component_keys_without_components_s() -> None:

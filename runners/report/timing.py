@@ -32,10 +32,16 @@ TIMING_COMPONENTS: tuple[tuple[str, str], ...] = (
 
 INTRO = ("Average seconds per prompt over the workload, in batches, every configuration measured side by "
          "side in one process (paper §7.1-7.2). *other* = total minus the five columns before it: "
-         "everything kept in the TEE, the Down projection included (shown separately in brackets), as "
-         "in the paper's Fig. 4. ÷ TDX and ÷ T3 are the time divided by that configuration's at the same "
-         "output limit (below 1 = faster). *Bank precompute* is the noise bank's preparation, outside the "
-         "total (the paper precomputes it offline).")
+         "everything kept in the TEE, the Down projection and the bounded noise bank's refills included "
+         "(both shown separately in brackets), as in the paper's Fig. 4. ÷ TDX and ÷ T3 are the time "
+         "divided by that configuration's at the same output limit (below 1 = faster). *Bank precompute* "
+         "is the noise bank's preparation before the generation, outside the total (the paper precomputes "
+         "it offline). Tokens/s counts every generated token of the batch over the generation's wall time.")
+MODES = {"prefix": "Each batch was generated once to the largest limit, each smaller limit read as the generation "
+                   "passed it (timing.mode=prefix: greedy, no early stop, so its first L steps are the L-token "
+                   "generation), every batch through every configuration in rotated order.",
+         "separate": "One generation per batch and limit (timing.mode=separate), every batch through every "
+                     "configuration in rotated order."}
 
 
 @dataclass
@@ -47,6 +53,8 @@ class TimingRow:
     down_proj: float | None                # part of "other": the Down projection stays in the TEE
     bank_precompute: float | None          # outside the total (the paper precomputes the bank offline)
     epsilon_mean: float | None
+    bank_refill: float | None = None       # part of "other": the bounded bank's refills during the generation
+    tokens_per_second: float | None = None
     vs_tdx: float | None = None
     vs_t3: float | None = None
 
@@ -113,7 +121,8 @@ def timing_row(raw: dict[str, Any]) -> TimingRow:
     other = max(0.0, total - known) if total is not None else get("other")
     return TimingRow(configuration=str(raw.get("configuration")), max_new_tokens=int(raw.get("max_new_tokens") or 0),
                      seconds_per_prompt=total, components={**shown, "other": other}, down_proj=get("down_proj"),
-                     bank_precompute=get("bank_precompute"), epsilon_mean=num(raw.get("epsilon_mean")))
+                     bank_precompute=get("bank_precompute"), epsilon_mean=num(raw.get("epsilon_mean")),
+                     bank_refill=get("bank_refill"), tokens_per_second=num(raw.get("tokens_per_second")))
 
 
 def groups(runs: Sequence[Run]) -> list[TimingTable]:
@@ -133,15 +142,15 @@ def groups(runs: Sequence[Run]) -> list[TimingTable]:
     return sorted(out, key=lambda t: (t.run.tags, t.run.rel))
 
 
-def overview_md(table: TimingTable) -> str:
-    """Seconds per prompt, configuration × output limit (the bar heights of Fig. 4)."""
+def overview_md(table: TimingTable, value=lambda r: fmt_seconds(r.seconds_per_prompt)) -> str:
+    """configuration × output limit: seconds per prompt (the bar heights of Fig. 4), or `value` of a row."""
     headers = ["configuration", *[f"{n} tokens" for n in table.limits]]
     rows = []
     for conf in table.configurations:
         cells = []
         for limit in table.limits:
             r = table.cell(conf, limit)
-            cells.append("—" if r is None else fmt_seconds(r.seconds_per_prompt))
+            cells.append("—" if r is None else value(r))
         label = next((r.label(table.epsilon) for r in table.rows if r.configuration == conf), conf)
         rows.append([label, *cells])
     return md_table(headers, rows)
@@ -149,12 +158,12 @@ def overview_md(table: TimingTable) -> str:
 
 def breakdown_md(table: TimingTable) -> str:
     headers = ["output limit", "configuration", "s / prompt", *[h for _, h in TIMING_COMPONENTS],
-               "(Down, in other)", "÷ TDX", "÷ T3", "bank precompute"]
+               "(Down, in other)", "(bank refills, in other)", "÷ TDX", "÷ T3", "bank precompute"]
     rows = []
     for r in table.rows:
         rows.append([r.max_new_tokens, r.label(table.epsilon), fmt_seconds(r.seconds_per_prompt),
                      *[fmt_seconds(r.components.get(k)) for k, _ in TIMING_COMPONENTS], fmt_seconds(r.down_proj),
-                     fmt_ratio(r.vs_tdx), fmt_ratio(r.vs_t3), fmt_seconds(r.bank_precompute)])
+                     fmt_seconds(r.bank_refill), fmt_ratio(r.vs_tdx), fmt_ratio(r.vs_t3), fmt_seconds(r.bank_precompute)])
     return md_table(headers, rows, align="rl" + "r" * (len(headers) - 2))
 
 
@@ -195,8 +204,12 @@ def markdown(items: Sequence[TimingTable], figure: Figures) -> list[str]:
         if cpu_fallback(table.run):
             md += ["**Accelerator = CPU fallback** (no CUDA): the device side ran on the CPU, so these "
                    "ratios compare CPU against CPU and do not reproduce the paper's GPU speed-ups.", ""]
-        md += ["Seconds per prompt:", "", overview_md(table), "", "By component (seconds per prompt):",
-               "", breakdown_md(table), ""]
+        mode = MODES.get(str(table.run.data.get("mode")))
+        md += [mode, ""] if mode else []
+        md += ["Seconds per prompt:", "", overview_md(table), "",
+               "Tokens per second:", "", overview_md(table, lambda r: "—" if r.tokens_per_second is None
+                                                     else f"{r.tokens_per_second:.1f}"), "",
+               "By component (seconds per prompt):", "", breakdown_md(table), ""]
         md += figure("timing", i, table, plot, "time per prompt by component")
     return md
 
