@@ -296,6 +296,9 @@ def test_timing_section_names_its_mode_and_shows_tokens_per_second(tmp_path: Pat
     write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", timing({("t3", 100): 2.0}, mode="prefix"))
     md = "\n".join(timing_section.markdown(timing_section.groups(scan(tmp_path)), lambda *a, **k: []))
     assert timing_section.MODES["prefix"] in md and "Tokens per second:" in md
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/other", timing({("t3", 100): 2.0, ("ep1", 100): 2.2}))
+    titles = [t.title for t in timing_section.groups(scan(tmp_path))]
+    assert any("ep1 ε=1" in t for t in titles) and not any("dx_noise" in t for t in titles)  # only timed takers
 
 
 def test_timing_reads_flat_component_keys_without_components_s() -> None:

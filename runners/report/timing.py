@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import configurations
-from runners.report.format import (configuration_label, epsilon_names, file_slug, fmt_ratio, fmt_seconds, md_table,
+from runners.report.format import (configuration_label, file_slug, fmt_ratio, fmt_seconds, md_table,
                                    num, tagged, uses_epsilon)
 from runners.report.plotting import Figures, pyplot, save
 from runners.report.runs import Run, cpu_fallback, finished_runs
@@ -95,8 +95,10 @@ class TimingTable:
         d = self.run.data
         parts = [str(d.get("model")), str(d.get("workload")), f"{d.get('n_prompts')} prompts",
                  f"batch {(d.get('generation') or {}).get('batch_size')}"]
-        if self.epsilon is not None:
-            parts.append(f"{'/'.join(epsilon_names())} ε={self.epsilon:g}")
+        # The timed configurations that the knob sets (ep1), not every system's that take one.
+        takers = [c for c in self.configurations if uses_epsilon(c)]
+        if self.epsilon is not None and takers:
+            parts.append(f"{'/'.join(takers)} ε={self.epsilon:g}")
         return tagged(f"{d.get('experiment_name') or 'timing'}: " + " · ".join(parts), self.run.tags)
 
     @property
