@@ -634,7 +634,7 @@ def test_unknown_configurations_in_old_results_render_under_their_name(tmp_path:
     table2 = section(md, "Output fidelity")
     assert "| ep9 | 30 | 50.00 [40.00, 60.00] |" in table2          # no ε label: the registry does not know it
     assert table2.index("| slalom |") < table2.index("| ep9 |")        # after every known configuration
-    overview = section(md, "Inference time").split("By component")[0]
+    overview = section(md, "Inference time").split("Tokens per second")[0]
     rows = [line.split("|")[1].strip() for line in overview.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["configuration", "tdx", "ep1 (ε=1)", "oldconf"]
 

@@ -274,7 +274,8 @@ def test_learned_decoder_reads_a_sanitiser_that_keeps_tokens_and_not_shuffled_pa
     out = prompts.sanitize_prompts(keeper, workload.prompts, loaded.tokenizer, 0)
     originals, observed = out.original_text_ids, out.text_ids()
     assert observed == originals
-    settings = DecoderSettings(steps=40, minutes=1.0, corpus_tokens=1500, window=16)
+    # A wall-clock budget far above what 40 steps take, so the step cap ends training on a loaded machine too.
+    settings = DecoderSettings(steps=40, minutes=60.0, corpus_tokens=1500, window=16)
     results = {}
     for shuffled in (False, True):
         dec = DecoderInverter(keeper, loaded.model, loaded.tokenizer, settings, seed=0, shuffled=shuffled)
