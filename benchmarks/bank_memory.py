@@ -69,6 +69,9 @@ def main() -> None:
     if args.child:
         configuration, _, bank = args.child.partition(":")
         return child(configuration, None if bank in ("", "None") else bank, args.new_tokens)
+    from benchmarks.overhead import git_commit
+
+    commit = git_commit()   # at the start: the code the children run
     rows = []
     for case in args.cases.split(","):
         done = subprocess.run([sys.executable, "-m", "benchmarks.bank_memory", "--child", case,
@@ -76,9 +79,8 @@ def main() -> None:
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     t3 = next(r for r in rows if r["configuration"] == "t3")["peak_rss_mib"]
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     lines = [f"Command: `python -m benchmarks.bank_memory --new-tokens {args.new_tokens} --cases {args.cases}`, "
-             f"commit {commit or 'unknown'}, {time.strftime('%Y-%m-%d %H:%M')}. Batch of "
+             f"commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}. Batch of "
              f"{rows[0]['n_prompts']} prompts ({rows[0]['prompt_tokens'][0]}–{rows[0]['prompt_tokens'][1]} tokens with "
              f"the chat template), {args.new_tokens} new tokens, one generation per fresh process.", "",
              "| configuration | bank bound | peak RSS (MiB) | × t3 | bank peak (MiB) | generate (s) | bank refill in generation (s) | output digest |",

@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.bank_memory import peak_rss_mib
 from benchmarks.rounds import emit, median_range, run_rounds
+from harness.provenance import git_state
 
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
@@ -77,15 +79,6 @@ def engine_for(model, configuration: str, epsilon: float, threads: int | None):
                                              tee_threads=threads))
 
 
-def peak_rss_mib() -> float:
-    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux carries that over from the parent
-    across fork + exec, so a child of a large benchmark process would report the parent's peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def peak_memory_child(args) -> None:
     loaded, batch, _ = load(args.model, args.batch, args.prompts)
     engine = engine_for(loaded.model, args.child, args.epsilon, args.threads)
@@ -94,14 +87,11 @@ def peak_memory_child(args) -> None:
 
 
 def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    """The checkout's commit for the report header, flagged where tracked files differ from it."""
+    state = git_state(ROOT)
+    if state["commit"] is None:
         return "unknown"
-    return head + (" (uncommitted changes)" if dirty else "")
+    return state["commit"][:12] + (" (uncommitted changes)" if state["dirty"] else "")
 
 
 def phases(timings: dict, prefill: dict) -> dict[str, dict[str, float]]:

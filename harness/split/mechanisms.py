@@ -84,14 +84,14 @@ def exact_matmul_mod(x: torch.Tensor, w: torch.Tensor, modulus: int, chunk: int 
 # An integer matrix is a sum of balanced base-256 digit planes, v = Σ_k 256^k·v_k with every v_k in
 # [−128, 127], so x·Wᵀ = Σ_{i,j} 256^(i+j)·(x_i·W_jᵀ): int8 GEMMs with int32 accumulation, exact while
 # every partial sum stays below 2^31 (128·128·d < 2^31: d < 131,072), combined in int64. On CPUs with
-# int8 dot-product instructions this is several times faster than the float64 GEMM it replaces
-# (benchmarks/overhead.py), and it gives the same integers: both are exact.
+# int8 dot-product instructions it streams a quarter of the float64 weights' bytes, and it gives the same
+# integers: both kernels are exact.
 DIGIT_BASE_BITS = 8
 INT8_EXACT_WIDTH = (2**31 - 1) // (128 * 128)
 # The int8 kernel computes (input digits) x (weight digits) products, 6 for Slalom's q and SmolLM2's
 # weights, and combines as many output planes: it wins while the weights' bytes dominate (decode, a few
-# rows), the float64 GEMM wins once the arithmetic does (prefill). Measured on the 2-core machine with one
-# thread: 1.6 vs 5.0 ms at 15 rows of a 576 x 3072 product, 11 vs 13 at 128, 33 vs 24 at 256.
+# rows), the float64 GEMM wins once the arithmetic does (prefill). On the 2-core machine the two crossed
+# between 128 and 256 rows of SmolLM2's Gate/Up product; benchmarks/overhead.py shows the effect per phase.
 INT8_MAX_ROWS = 128
 
 
@@ -149,8 +149,7 @@ class IntegerWeights:
     def matmul_mod(self, x: torch.Tensor, modulus: int) -> list[torch.Tensor]:
         """(x @ Wᵀ) mod q per member (int32 in [0, q)), x holding residues in [0, q): centred first, so
         the input needs the fewest digits (|x| ≤ q/2)."""
-        x = x.to(torch.int64)
-        product = torch.remainder(self.matmul(torch.where(x > modulus // 2, x - modulus, x)), modulus)
+        product = torch.remainder(self.matmul(centre(x.to(torch.int64), modulus)), modulus)
         return list(product.to(torch.int32).split(self.splits, dim=1))
 
 
@@ -188,8 +187,7 @@ def centre(z: torch.Tensor, modulus: int) -> torch.Tensor:
 
 def centred_difference(y: torch.Tensor, c: torch.Tensor, modulus: int) -> torch.Tensor:
     """(y − c) mod q as its representative in (−q/2, q/2], for residues y, c in [0, q): y − c lies in
-    (−q, q), so two comparisons replace the integer division of a remainder (a quarter faster on the
-    prefill's large outputs)."""
+    (−q, q), so two comparisons replace the integer division of a remainder on the prefill's large outputs."""
     z = y - c
     z = torch.where(z > modulus // 2, z - modulus, z)
     return torch.where(z < -(modulus // 2), z + modulus, z)
