@@ -14,12 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.results import atomic_write_bytes
-
-
-def rotated(names: Sequence[str], r: int) -> list[str]:
-    """Round r's order: `names` rotated left by r."""
-    k = r % len(names)
-    return [*names[k:], *names[:k]]
+from harness.rotation import rotated  # re-exported: the benchmarks import it from here
 
 
 def wall_seconds(fn: Callable[[], object]) -> Callable[[], float]:

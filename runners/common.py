@@ -206,6 +206,9 @@ class BatchedGeneration:
     epsilons: list[float | None] = field(default_factory=list)
     n_generated_tokens: int = 0
     slalom: dict[str, Any] | None = None  # Slalom's wrap-arounds per op, summed over batches (None: not slalom)
+    # Each batch's generation wall time divided by its prompts, in batch order: a slow spell of a shared
+    # machine shows as one batch out of line with the others (the timing report prints them).
+    batch_seconds_per_prompt: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -229,6 +232,7 @@ class BatchedGeneration:
         self.epsilons.extend(getattr(res, "epsilons", None) or [None] * n_prompts)
         self.n_generated_tokens += int(res.n_generated_tokens)
         self.slalom = merge_slalom_stats(self.slalom, getattr(res, "slalom", None))
+        self.batch_seconds_per_prompt.append(float(res.timings.get("total", 0.0)) / max(1, n_prompts))
 
 
 def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,

@@ -4,7 +4,7 @@ For every configuration in `timing.configurations` and every limit in `timing.ma
 workload runs in batches of `generation.batch_size` (the paper: 45 prompts, batches of 15, limits
 100/200/400/800) and the engine's timings (GenerationResult.timings) are summed over batches and divided
 by the number of prompts. All rows come from one process on one machine, measured side by side: each
-batch runs every configuration in turn, in an order rotated by the batch (benchmarks/rounds.py), so a
+batch runs every configuration in turn, in an order rotated by the batch (harness/rotation.py), so a
 slow spell of a shared machine falls on all configurations alike rather than on whichever ran then.
 
 `timing.mode=prefix` (the default) generates each batch once, to the largest limit, and reads every
@@ -100,6 +100,7 @@ def _time_side_by_side(cfg: DictConfig, inputs: Inputs, engines: dict[str, Any],
     """Every batch through every configuration (order rotated by the batch) at every limit, joined per
     configuration and limit."""
     from harness.progress import progress
+    from harness.rotation import rotated
 
     gen, prompts = cfg.generation, inputs.prompts
     common = {"pad_token_id": inputs.pad, "eos_token_id": inputs.eos, "stop_at_eos": gen.stop_at_eos}
@@ -114,8 +115,7 @@ def _time_side_by_side(cfg: DictConfig, inputs: Inputs, engines: dict[str, Any],
         for b, start in enumerate(starts):
             batch = [list(p) for p in prompts[start:start + gen.batch_size]]
             batch_lengths = None if lengths is None else list(lengths[start:start + gen.batch_size])
-            names = list(engines)
-            for configuration in names[b % len(names):] + names[: b % len(names)]:   # rotated by the batch
+            for configuration in rotated(list(engines), b):
                 engine = engines[configuration]
                 if cfg.timing.mode == "prefix":
                     res = engine.generate(batch, max(limits), checkpoints=tuple(limits), epsilon_lengths=batch_lengths,
@@ -144,6 +144,7 @@ def _row(configuration: str, limit: int, res: BatchedGeneration, description: di
         **{f"{c}_s": per_prompt.get(c) for c in COMPONENTS},
         "components_s": per_prompt,
         "tokens_per_second": res.tokens_per_second,
+        "batch_seconds_per_prompt": res.batch_seconds_per_prompt,
         "bytes_to_device_per_prompt": res.boundary.get("bytes_to_device", 0) / n,
         "bytes_from_device_per_prompt": res.boundary.get("bytes_from_device", 0) / n,
         "crossings_per_prompt": res.boundary.get("crossings", 0) / n,

@@ -301,6 +301,23 @@ def test_timing_section_names_its_mode_and_shows_tokens_per_second(tmp_path: Pat
     assert any("ep1 ε=1" in t for t in titles) and not any("dx_noise" in t for t in titles)  # only timed takers
 
 
+def test_timing_per_batch_table_sets_each_batch_against_cpu(tmp_path: Path) -> None:
+    data = timing({("cpu", 100): 2.0, ("t3", 100): 3.0, ("cpu", 200): 4.0, ("t3", 200): 6.0})
+    per_batch = {("cpu", 200): [4.0, 4.0, 4.0], ("t3", 200): [4.0, 4.0, 10.0]}  # batch 3 of t3 slowed
+    for row in data["table"]:
+        row["batch_seconds_per_prompt"] = per_batch.get((row["configuration"], row["max_new_tokens"]), [1.0])
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", data)
+    [table] = timing_section.groups(scan(tmp_path))
+    md = timing_section.batches_md(table)
+    assert md.startswith("Per batch at 200 tokens: seconds per prompt (÷ cpu of the same batch)")
+    assert "| cpu | 4.00 | 4.00 | 4.00 |" in md and "| t3 | 4.00 (1.00×) | 4.00 (1.00×) | 10.00 (2.50×) |" in md
+    assert "Per batch at 200" in "\n".join(timing_section.markdown([table], lambda *a, **k: []))
+    # Runs from before per-batch times have no such table.
+    del next(r for r in data["table"] if r["max_new_tokens"] == 200)["batch_seconds_per_prompt"]
+    write_run(tmp_path, "timing/smollm2-135m/all/eps=1/default", data)
+    assert timing_section.batches_md(timing_section.groups(scan(tmp_path))[0]) is None
+
+
 def test_timing_reads_flat_component_keys_without_components_s() -> None:
     raw = {k: v for k, v in TIMING_ROW.items() if k != "components_s"}
     row = timing_section.timing_row(raw)

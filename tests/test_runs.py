@@ -266,6 +266,9 @@ def test_timing_run_table(tmp_path, mode):
     for r in rows:
         assert r["seconds_per_prompt"] > 0 and r["n_prompts"] == 3
         assert {"attention_proj_s", "ffn_proj_s", "lm_head_s", "masking_s", "crossing_s", "other_s"} <= set(r)
+        # Batches of 2 and 1 prompts: each batch's seconds per prompt, and they add back up to the total.
+        batch = r["batch_seconds_per_prompt"]
+        assert len(batch) == 2 and r["seconds_per_prompt"] == pytest.approx((2 * batch[0] + batch[1]) / 3)
     assert rows[0]["masking_s"] == 0.0 and rows[-1]["masking_s"] > 0.0  # cpu masks nothing, ep1 does
     assert results["mode"] == mode
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]

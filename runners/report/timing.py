@@ -55,6 +55,7 @@ class TimingRow:
     epsilon_mean: float | None
     bank_refill: float | None = None       # part of "other": the bounded bank's refills during the generation
     tokens_per_second: float | None = None
+    batch_seconds: list[float] | None = None   # each batch's seconds per prompt, in batch order
     vs_tdx: float | None = None
     vs_t3: float | None = None
 
@@ -124,7 +125,9 @@ def timing_row(raw: dict[str, Any]) -> TimingRow:
     return TimingRow(configuration=str(raw.get("configuration")), max_new_tokens=int(raw.get("max_new_tokens") or 0),
                      seconds_per_prompt=total, components={**shown, "other": other}, down_proj=get("down_proj"),
                      bank_precompute=get("bank_precompute"), epsilon_mean=num(raw.get("epsilon_mean")),
-                     bank_refill=get("bank_refill"), tokens_per_second=num(raw.get("tokens_per_second")))
+                     bank_refill=get("bank_refill"), tokens_per_second=num(raw.get("tokens_per_second")),
+                     batch_seconds=[float(x) for x in raw["batch_seconds_per_prompt"]]
+                     if raw.get("batch_seconds_per_prompt") else None)
 
 
 def groups(runs: Sequence[Run]) -> list[TimingTable]:
@@ -167,6 +170,28 @@ def breakdown_md(table: TimingTable) -> str:
                      *[fmt_seconds(r.components.get(k)) for k, _ in TIMING_COMPONENTS], fmt_seconds(r.down_proj),
                      fmt_seconds(r.bank_refill), fmt_ratio(r.vs_tdx), fmt_ratio(r.vs_t3), fmt_seconds(r.bank_precompute)])
     return md_table(headers, rows, align="rl" + "r" * (len(headers) - 2))
+
+
+def batches_md(table: TimingTable) -> str | None:
+    """At the largest limit, each batch's seconds per prompt and its ratio to the reference configuration's
+    same batch (cpu, else the first): all batches ran every configuration back to back, so a batch whose
+    ratios stand out from the others' was slowed by something else on the machine. None for runs that
+    predate per-batch times."""
+    limit = max(table.limits)
+    rows = [r for r in table.rows if r.max_new_tokens == limit]
+    if not rows or any(not r.batch_seconds for r in rows):
+        return None
+    ref = next((r for r in rows if r.configuration == "cpu"), rows[0])
+    n = len(ref.batch_seconds)
+    out = []
+    for r in rows:
+        cells = []
+        for b, seconds in enumerate(r.batch_seconds):
+            base = ref.batch_seconds[b] if b < n else None
+            cells.append(f"{seconds:.2f}" + (f" ({seconds / base:.2f}×)" if base and r is not ref else ""))
+        out.append([r.label(table.epsilon), *cells])
+    return (f"Per batch at {limit} tokens: seconds per prompt (÷ {ref.configuration} of the same batch):\n\n"
+            + md_table(["configuration", *[f"batch {b + 1}" for b in range(n)]], out))
 
 
 def plot(table: TimingTable, path: Path) -> None:
@@ -212,6 +237,8 @@ def markdown(items: Sequence[TimingTable], figure: Figures) -> list[str]:
                "Tokens per second:", "", overview_md(table, lambda r: "—" if r.tokens_per_second is None
                                                      else f"{r.tokens_per_second:.1f}"), "",
                "By component (seconds per prompt):", "", breakdown_md(table), ""]
+        batches = batches_md(table)
+        md += [batches, ""] if batches else []
         md += figure("timing", i, table, plot, "time per prompt by component")
     return md
 
