@@ -69,9 +69,9 @@ def main() -> None:
     if args.child:
         configuration, _, bank = args.child.partition(":")
         return child(configuration, None if bank in ("", "None") else bank, args.new_tokens)
-    from benchmarks.overhead import git_commit
+    from benchmarks.rounds import commit_label
 
-    commit = git_commit()   # at the start: the code the children run
+    commit = commit_label()   # at the start: the code the children run
     rows = []
     for case in args.cases.split(","):
         done = subprocess.run([sys.executable, "-m", "benchmarks.bank_memory", "--child", case,

@@ -36,8 +36,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.bank_memory import peak_rss_mib
-from benchmarks.rounds import emit, median_range, run_rounds
-from harness.provenance import git_state
+from benchmarks.rounds import commit_label, emit, median_range, run_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
@@ -84,14 +83,6 @@ def peak_memory_child(args) -> None:
     engine = engine_for(loaded.model, args.child, args.epsilon, args.threads)
     engine.generate(batch, args.new_tokens, pad_token_id=loaded.tokenizer.pad_token_id)
     print(json.dumps({"maxrss_mib": peak_rss_mib()}))
-
-
-def git_commit() -> str:
-    """The checkout's commit for the report header, flagged where tracked files differ from it."""
-    state = git_state(ROOT)
-    if state["commit"] is None:
-        return "unknown"
-    return state["commit"][:12] + (" (uncommitted changes)" if state["dirty"] else "")
 
 
 def phases(timings: dict, prefill: dict) -> dict[str, dict[str, float]]:
@@ -190,7 +181,7 @@ def main() -> None:
         f"{args.new_tokens} new tokens each, greedy. Device side: {description['accelerator']}; TEE: "
         f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s)). torch "
         f"{torch.__version__}, python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, splitbench "
-        f"commit {git_commit()}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
+        f"commit {commit_label()}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
         "",
         f"## Ratios (median over {args.rounds} rotated rounds, min–max)",
         "",

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from harness.provenance import git_state
 from harness.results import atomic_write_bytes
 from harness.rotation import rotated  # re-exported: the benchmarks import it from here
 
@@ -56,3 +57,11 @@ def emit(text: str, out: Path | None) -> None:
     print(text)
     if out is not None:
         atomic_write_bytes(Path(out), text.encode())
+
+
+def commit_label() -> str:
+    """The checkout's commit for a benchmark's header, marked where the tree has uncommitted changes."""
+    state = git_state(Path(__file__).resolve().parents[1])
+    if state["commit"] is None:
+        return "unknown"
+    return state["commit"][:12] + (" (uncommitted changes)" if state["dirty"] else "")

@@ -1,9 +1,12 @@
 """BiSR's forward attack (attacks/splitft/bisr.py) against the EIA optimisation (attacks/splitft/eia.py) on
-the undefended s_A of one text passage, with the pretrained weights (docs/splitft.md "BiSR: our reading").
+the undefended s_A of one text passage, with the pretrained weights (docs/splitft.md "BiSR: our reading");
+and BiSR's backward attack (attacks/splitft/bisr_backward.py) on the gradient at cut m of the same passage.
 
 For each cut k (with its number of steps) it prints the token F1 / top-1 (%) of: the EIA; BiSR(f)'s
 starting guess alone (the model's argmax next tokens shifted by one: what the label attack on s_B gives
-an undefended server); BiSR(f) from that guess and from random tokens, at two learning rates.
+an undefended server); BiSR(f) from that guess and from random tokens, at two learning rates. For each
+`--backward` cut m, the labels BiSR(b) reads from ∂L/∂s_B (L the mean next-token cross-entropy of the
+passage) after 0 (the label attack's guesses), and more, steps.
 
     python -m benchmarks.splitft_bisr --model smollm2-135m --text ../shared/data/wikitext2/wiki.test.raw
 """
@@ -17,9 +20,11 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks.splitft.bisr import initial_embeddings, reconstruct
+from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.eia import invert
 from harness.models import load_model
 from harness.splitft.partition import Partition
+from harness.splitft.privpair import token_ce
 from metrics.privacy import token_prf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +37,8 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=2000, help="first character of the passage")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--cuts", default="1:100,2:300", help="k:steps, comma-separated")
+    ap.add_argument("--backward", default="-2:10:30:100", help="BiSR(b): m:steps:steps..., m < 0 counts from the top")
+    ap.add_argument("--backward-lr", default="0.09,1.0", help="BiSR(b)'s learning rates, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
@@ -47,13 +54,15 @@ def main() -> None:
         labels = model(input_ids=ids).logits[0, :-1].argmax(-1).tolist()
     vocab = model.get_input_embeddings().weight.detach()
 
-    def score(guess: list[int]) -> str:
-        top1 = 100.0 * sum(int(a == b) for a, b in zip(truth, guess)) / len(truth)
-        return f"F1 {token_prf(truth, guess)[2]:5.1f}  top-1 {top1:5.1f}"
+    def score(guess: list[int], ref: list[int] = truth) -> str:
+        top1 = 100.0 * sum(int(a == b) for a, b in zip(ref, guess)) / len(ref)
+        return f"F1 {token_prf(ref, guess)[2]:5.1f}  top-1 {top1:5.1f}"
 
     print(f"{args.model}: {len(truth)} tokens; next-token top-1 of the label guesses "
           f"{100.0 * sum(int(a == b) for a, b in zip(truth[1:], labels)) / len(labels):.1f}%")
-    for cut in args.cuts.split(","):
+    for lr in map(float, args.backward_lr.split(",")):
+        backward(model, ids, truth[1:], args.backward, lr, score)
+    for cut in filter(None, args.cuts.split(",")):
         k, steps = map(int, cut.split(":"))
         part = Partition(model, k, k + 1)
         with torch.no_grad():
@@ -69,6 +78,26 @@ def main() -> None:
                 print(f"k={k} BiSR(f) init={init} lr={lr} {steps} steps: "
                       f"{score(reconstruct(part, target, start, vocab, steps, lr)[0])} "
                       f"({time.perf_counter() - started:.0f}s)", flush=True)
+
+
+def backward(model, ids: torch.Tensor, labels: list[int], spec: str, lr: float, score) -> None:
+    """BiSR(b) at cut m: the gradient the client would send up for this passage, matched for steps."""
+    if not spec:
+        return
+    m, *steps = map(int, spec.split(":"))
+    n_layers = model.config.num_hidden_layers
+    m = m % n_layers
+    part = Partition(model, 1, m)
+    with torch.no_grad():
+        s_a, ctx = part.head(ids)
+        s_b = part.body(s_a, ctx)
+    s = s_b.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(token_ce(part.tail(s, part.context(s)), ids).mean(), s)
+    for n in [0, *steps]:
+        started = time.perf_counter()
+        guess = match_labels(part, s_b, grad, ids.shape[1] - 1, steps=n, lr=lr, beta=0.85, temperature=1.2)[0]
+        print(f"m={m} BiSR(b) lr={lr} {n} steps: labels {score(guess, labels)} ({time.perf_counter() - started:.0f}s)",
+              flush=True)
 
 
 if __name__ == "__main__":

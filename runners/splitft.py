@@ -5,7 +5,8 @@ A | B | C around a frozen server-side B, FedAvg rounds on Flower's simulation ru
 results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_ppl, heldout_top1 with
 95% intervals over blocks, and the pretrained model's initial_heldout_ce), H and H_A of the last round
 (every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
-inversion (eia_token_f1, eia_top1) and BiSR's forward attack (bisr_token_f1, bisr_top1), each with its
+inversion (eia_token_f1, eia_top1), BiSR's backward attack on the gradients (bisr_b_token_f1, bisr_b_top1:
+labels) and its forward attack (bisr_token_f1, bisr_top1), each with its
 reference, positive control and verdict, and the run's `verdict` (the worst of them); for the DP
 baselines, ε(δ) composed over the run (dp_epsilon_example, dp_epsilon_row; `privacy_accounting` has the
 record). splitft_central is the centralised reference: utility only.
@@ -157,8 +158,12 @@ DEFINITIONS = {
     "inverter_token_f1": "multiset token F1 of the learned inverter (attacks/inversion.py, trained on D_align "
                          "through the white-box A) on s'_A against the input tokens; its negative control is "
                          "the same inverter trained on shuffled pairs",
-    "bisr_token_f1": "multiset token F1 of BiSR's forward attack (the label guesses shifted by one, refined by "
-                     "matching s'_A in cosine through A) against the input tokens, macro over examples",
+    "bisr_b_token_f1": "multiset token F1 of BiSR's backward attack (soft labels matched to the intercepted "
+                       "∂L/∂s'_B through the client's C) against the labels, macro over examples; bisr_b_top1 "
+                       "position-wise, as label_top1",
+    "bisr_token_f1": "multiset token F1 of BiSR's forward attack (BiSR(b)'s label guesses, or the label attack's "
+                     "without it, shifted by one and refined by matching s'_A in cosine through A) against the "
+                     "input tokens, macro over examples",
     "dp_epsilon_example": "smashed-data DP baselines: ε(δ = dp_delta) of one client's training block composed "
                           "over every time it went up in the run (privacy_accounting; harness/splitft/"
                           "accounting.py); dp_epsilon_row: the same for one clipped token row of s_A; "
@@ -168,7 +173,8 @@ DEFINITIONS = {
     "*_positive_control_token_f1": "the same attacker on the undefended s_A / s_B of the same steps; _pass: "
                                    "lower CI bound >= its reference + positive_margin_pp",
     "*_verdict": "leak | at_chance | inconclusive by attacks/controls.classify against the reference",
-    "verdict": "the worst of label_verdict, eia_verdict and (when they ran) bisr_verdict, inverter_verdict",
+    "verdict": "the worst of label_verdict, eia_verdict and (when they ran) bisr_b_verdict, bisr_verdict, "
+               "inverter_verdict",
 }
 
 
@@ -177,12 +183,13 @@ def summary(results: dict[str, Any]) -> str:
     head = common.summary_head(results, f"{results['split']['n_clients']} clients",
                                f"k={results['split']['k']} m={results['split']['m']}")
     lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1",
-                                            "label_token_f1", "eia_token_f1", "eia_top1", "bisr_token_f1",
+                                            "label_token_f1", "bisr_b_token_f1", "bisr_b_top1", "eia_token_f1",
+                                            "eia_top1", "bisr_token_f1",
                                             "bisr_top1", "inverter_token_f1", "dp_epsilon_step", "dp_epsilon_row",
                                             "dp_epsilon_example"), width=20)]
     lines.append(f"  H = {m['H']:.4g}, H_A = {m['H_A']:.4g} (last round); initial held-out CE "
                  f"{m['initial_heldout_ce']:.3f}")
     if m.get("verdict"):
-        bisr = "".join(f", {a} {m[f'{a}_verdict']}" for a in ("bisr", "inverter") if m.get(f"{a}_verdict"))
+        bisr = "".join(f", {a} {m[f'{a}_verdict']}" for a in ("bisr_b", "bisr", "inverter") if m.get(f"{a}_verdict"))
         lines.append(f"  verdict: {m['verdict']} (label {m['label_verdict']}, eia {m['eia_verdict']}{bisr})")
     return "\n".join(lines)

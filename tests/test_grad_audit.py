@@ -210,8 +210,8 @@ def test_configurations_belong_to_the_audit():
 BAD = {
     "a >= b": (["grad_audit.cut_after=2", "grad_audit.resume_at=2"], "grad_audit needs 0 < cut_after < resume_at"),
     "D < 1": (["grad_audit.latent_dim=0"], "grad_audit.latent_dim (D) must be >= 1, got 0"),
-    "C <= 0": (["grad_audit.clip=0"], "grad_audit.clip (C) must be a number > 0, got 0.0"),
-    "gradient clip <= 0": (["grad_audit.mitigation.grad_clip=-1"], "grad_audit.mitigation.grad_clip must be a number > 0"),
+    "C <= 0": (["grad_audit.clip=0"], "grad_audit.clip (C) must be a finite number > 0, got 0.0"),
+    "gradient clip <= 0": (["grad_audit.mitigation.grad_clip=-1"], "grad_audit.mitigation.grad_clip must be a finite number > 0"),
     "decoys < 0": (["grad_audit.decoy_rows=-1"], "grad_audit.decoy_rows must be >= 0, got -1"),
     "another system's configuration": (["configuration=ep1"], "configuration=ep1 belongs to the splitee system"),
     "text corpus without a path": (["grad_audit.corpus.source=text"], "grad_audit.corpus.source=text needs"),

@@ -310,10 +310,27 @@ BAD = {
     "eta": (["epsilon=-1"], "epsilon must be a finite number > 0"),
     "window": (["sanitize.window=0"], "sanitize.window (Stencil's L) must be >= 1"),
     "k": (["sanitize.custext_k=0"], "sanitize.custext_k must be >= 1"),
-    "sigma": (["sanitize.sigma=0"], "sanitize.sigma must be a number > 0"),
+    "sigma": (["sanitize.sigma=0"], "sanitize.sigma must be a finite number > 0"),
     "decoder": (["sanitize.attack.decoder_steps=-1"], "sanitize.attack.decoder_steps must be >= 0"),
     "decoder_minutes": (["sanitize.attack.decoder_minutes=0"], "sanitize.attack.decoder_minutes must be a finite number > 0"),
+    "corpus": (["sanitize.attack.corpus_path=/nonexistent/corpus.txt"],
+               "sanitize.attack.corpus_path=/nonexistent/corpus.txt: no such file"),
 }
+
+
+def test_trained_attackers_read_their_public_text_from_corpus_path(tmp_path):
+    """corpus_path replaces the built-in corpus: the pieces are that file's tokens, headings left out, in order."""
+    from attacks.sanitize.learned import corpus_sequences
+
+    class Tokens:   # one token per character: the pieces can be read back
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+    path = tmp_path / "public.txt"
+    path.write_text(" = Heading = \nabcdef\n\nghij\n", encoding="utf-8")
+    pieces = corpus_sequences(Tokens(), 8, length=3, path=str(path))
+    assert ["".join(map(chr, p)) for p in pieces] == ["abc", "def", "gh"]
+    assert corpus_sequences(Tokens(), 8, length=3) != pieces     # without it: the built-in corpus
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -329,7 +346,7 @@ def test_bad_parameters_are_one_user_error_line(name, hydra_conf):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["sanitize.sigma=-0.5"], "sanitize.sigma must be a number > 0"),
+    (["sanitize.sigma=-0.5"], "sanitize.sigma must be a finite number > 0"),
     (["runner=attack"], "configuration=dx_stencil belongs to the sanitize system"),
 ])
 def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expected):

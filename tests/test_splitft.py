@@ -30,6 +30,7 @@ from harness.splitft.step import (
 from .conftest import CONF, run_cli_in_process
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
+BISR_B_STEPS = 30
 
 
 @pytest.fixture(autouse=True)
@@ -314,8 +315,16 @@ def test_a_cut_past_the_models_depth_is_a_user_error():
 
 def test_smoke_experiment_through_flower(tmp_path):
     """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
+    import faulthandler
+
     out = tmp_path / "out"
-    res = run_cli_in_process(["experiment=splitft_smoke", "splitft.save_view=true"], out, tmp_path / "cache")
+    # A hung Ray would hang the suite (it runs in this process and pytest-timeout is not installed): after
+    # 10 minutes, far beyond the minute or two it takes, dump every thread's stack and end the process.
+    faulthandler.dump_traceback_later(600, exit=True)
+    try:
+        res = run_cli_in_process(["experiment=splitft_smoke", "splitft.save_view=true"], out, tmp_path / "cache")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     assert res.returncode == 0, res.stderr[-3000:]
     (path,) = list(out.rglob("results.json"))
     results = json.loads(path.read_text())
@@ -426,6 +435,34 @@ def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head
     assert f1(bisr_forward(copy, labels, steps=0, lr=0.5, max_examples=3))["bisr_token_f1"] < 30.0
     scores = f1(bisr_forward(copy, labels, steps=60, lr=0.5, max_examples=3))
     assert scores["bisr_token_f1"] > 90.0 and scores["bisr_verdict"] == "leak"
+
+
+def test_bisr_backward_reads_the_labels_from_the_gradient_the_client_sends_up(ids):
+    """BiSR(b) on an undefended step: with no steps its guesses are the label attack's (its start is the
+    server's own decoding); matching the recorded ∂L/∂s'_B through C recovers the labels, which this
+    random model's decoding does not give; and the evaluator's undefended gradient for the positive
+    control is the one the client sent."""
+    from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
+    from attacks.splitft.label import infer_labels
+    from attacks.splitft.white_box import ServerCopy
+    from harness.splitft.step import GRAD_UP
+
+    view, model_cfg, _, _, record = _undefended_view(ids)
+    copy = ServerCopy(view, model_cfg)
+    labels = [ids[r, 1:].tolist() for r in range(3)]
+
+    def f1(guesses):
+        return assess("bisr_b", [labels[r] for _, r, _ in guesses], [g for *_, g in guesses],
+                      [labels[r] for _, r, _ in guesses], [g for *_, g in guesses], 1.0, 5.0)
+
+    settings = {"lr": 1.0, "beta": 0.85, "temperature": 1.2, "max_examples": 3}
+    start = bisr_backward(copy, steps=0, **settings)
+    assert start == infer_labels(copy)
+    assert f1(start)["bisr_b_token_f1"] < 30.0
+    scores = f1(bisr_backward(copy, steps=BISR_B_STEPS, **settings))
+    assert scores["bisr_b_token_f1"] > 90.0 and scores["bisr_b_verdict"] == "leak"
+    control = undefended_gradients(copy, {5: {"ids": ids, "s_b": record.truth[0]["s_b"]}})
+    torch.testing.assert_close(control.select(channel=GRAD_UP)[0].tensor, view.select(channel=GRAD_UP)[0].tensor)
 
 
 def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(ids):

@@ -10,6 +10,7 @@ with a seed the evaluation never uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -34,9 +35,10 @@ def features(observed: Sequence[Sequence[int]], table: Table, half: int = HALF_W
     return torch.cat(rows) if rows else torch.empty(0, (2 * half + 1) * table.dim + 1)
 
 
-def corpus_sequences(tokenizer, max_tokens: int, length: int = 64) -> list[list[int]]:
-    """The built-in corpus as consecutive pieces of `length` tokens, at most `max_tokens` in all."""
-    text = BUILTIN_CORPUS.read_text(encoding="utf-8")
+def corpus_sequences(tokenizer, max_tokens: int, length: int = 64, path: str | None = None) -> list[list[int]]:
+    """The public text at `path` (None: the built-in corpus) as consecutive pieces of `length` tokens, at
+    most `max_tokens` in all."""
+    text = (Path(path).expanduser() if path else BUILTIN_CORPUS).read_text(encoding="utf-8")
     stream: list[int] = []
     for para in paragraphs(text):
         stream += tokenizer(para, add_special_tokens=False)["input_ids"]
@@ -46,10 +48,11 @@ def corpus_sequences(tokenizer, max_tokens: int, length: int = 64) -> list[list[
     return [stream[i:i + length] for i in range(0, len(stream), length) if stream[i:i + length]]
 
 
-def public_pairs(sanitizer, tokenizer, max_tokens: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(clean, sanitised) pieces of the built-in corpus: the attacker's own training text, sanitised with the
-    public mechanism under a seed the evaluation never uses."""
-    clean = corpus_sequences(tokenizer, max_tokens)
+def public_pairs(sanitizer, tokenizer, max_tokens: int, seed: int,
+                 path: str | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """(clean, sanitised) pieces of public text (`path`; None: the built-in corpus): the attacker's own
+    training text, sanitised with the public mechanism under a seed the evaluation never uses."""
+    clean = corpus_sequences(tokenizer, max_tokens, path=path)
     return clean, sanitizer(clean, seed + TRAIN_SEED_OFFSET)
 
 

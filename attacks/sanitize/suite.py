@@ -49,7 +49,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
 
     def public(n: int) -> tuple:
         if n not in pairs:
-            pairs[n] = learned.public_pairs(sanitizer, tokenizer, n, seed)
+            pairs[n] = learned.public_pairs(sanitizer, tokenizer, n, seed, path=cfg.get("corpus_path"))
         return pairs[n]
 
     training: dict[str, dict] = {}

@@ -1,6 +1,7 @@
-"""The server's attacks on one split-FL run: label inference, the EIA inversion, BiSR's forward attack
-(initialised from the label guesses; `attack.bisr.enabled`) and the learned inverter trained on public
-blocks (`attack.inverter.enabled`) on the adversary view, each repeated on the undefended crossings of
+"""The server's attacks on one split-FL run: label inference, the EIA inversion, BiSR (`attack.bisr.enabled`:
+its backward attack on the gradients, BiSR(b), then its forward attack started from BiSR(b)'s label
+guesses, or the label attack's when BiSR(b) is off) and the learned inverter trained on public blocks
+(`attack.inverter.enabled`) on the adversary view, each repeated on the undefended crossings of
 the same steps (the positive control), scored against the evaluator's truth (attacks/splitft/cell.py).
 Only the view (and the public blocks) reach the attackers; the truth reaches the scoring and the control
 views."""
@@ -10,6 +11,7 @@ from typing import Any
 
 from attacks import controls
 from attacks.splitft.bisr import bisr_forward
+from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
 from attacks.splitft.cell import assess
 from attacks.splitft.eia import eia
 from attacks.splitft.label import infer_labels
@@ -47,13 +49,29 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     eia_plain = eia(control, int(e.steps), float(e.lr), int(e.max_examples))
     attackers = ["label", "eia"]
     bisr_guess: list = []
+    bisr_b_guess: list = []
     b = settings.bisr
     if b.enabled:
+        prior, prior_plain = label_guess, label_plain
+        if int(b.backward_steps) > 0:
+            control.view = undefended_gradients(control, truth)   # the control's gradients: the undefended ones
+
+            def backward(copy):
+                return bisr_backward(copy, steps=int(b.backward_steps), lr=float(b.backward_lr),
+                                     beta=float(b.backward_beta), temperature=float(b.backward_temperature),
+                                     max_examples=int(b.max_examples))
+
+            bisr_b_guess, bisr_b_plain = backward(attacked), backward(control)
+            attackers.append("bisr_b")
+            # BiSR's chain: the forward stage starts from the backward stage's labels where it has them
+            prior = [*label_guess, *bisr_b_guess]
+            prior_plain = [*label_plain, *bisr_b_plain]
+
         def bisr(copy, guesses):
             return bisr_forward(copy, {(s, r): g for s, r, g in guesses}, steps=int(b.steps), lr=float(b.lr),
                                 max_examples=int(b.max_examples), init=str(b.init), weights=str(b.weights))
 
-        bisr_guess, bisr_plain = bisr(attacked, label_guess), bisr(control, label_plain)
+        bisr_guess, bisr_plain = bisr(attacked, prior), bisr(control, prior_plain)
         attackers.append("bisr")
     metrics = {
         **assess("label", labels(label_guess), [g for *_, g in label_guess], labels(label_plain),
@@ -62,6 +80,9 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
                  [g for *_, g in eia_plain], margin, positive),
         "gate_margin_pp": margin, "positive_margin_pp": positive,
     }
+    if bisr_b_guess:
+        metrics.update(assess("bisr_b", labels(bisr_b_guess), [g for *_, g in bisr_b_guess], labels(bisr_b_plain),
+                              [g for *_, g in bisr_b_plain], margin, positive))
     if bisr_guess:
         metrics.update(assess("bisr", inputs(bisr_guess), [g for *_, g in bisr_guess], inputs(bisr_plain),
                               [g for *_, g in bisr_plain], margin, positive))
@@ -84,8 +105,9 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     metrics["verdict"] = controls.worst([metrics[f"{a}_verdict"] for a in attackers])
     strongest = max(attackers, key=lambda a: metrics[f"{a}_token_f1"] - metrics[f"{a}_reference_token_f1"])
     metrics["strongest_attacker"] = strongest
-    rows = [{"attacker": "label", "step": s, "row": r, "guess_ids": g, "truth_ids": t}
-            for (s, r, g), t in zip(label_guess, labels(label_guess))]
+    rows = [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
+            for name, guesses in (("label", label_guess), ("bisr_b", bisr_b_guess))
+            for (s, r, g), t in zip(guesses, labels(guesses))]
     rows += [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
              for name, guesses in (("eia", eia_guess), ("bisr", bisr_guess), ("inverter", inv_guess))
              for (s, r, g), t in zip(guesses, inputs(guesses))]

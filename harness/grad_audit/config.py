@@ -11,6 +11,7 @@ from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
 
 CORPUS_SOURCES = ("builtin", "text", "hub")
@@ -89,30 +90,20 @@ class GradAuditConfig:
     gates: GradAuditGatesConfig = MISSING
 
 
-def _positive(value: float) -> bool:
-    return math.isfinite(value) and value > 0
-
-
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
     g = section
     if not 0 < g.cut_after < g.resume_at:
         raise UserError(f"grad_audit needs 0 < cut_after < resume_at (the cloud runs blocks a+1..b), "
                         f"got cut_after={g.cut_after}, resume_at={g.resume_at}")
-    if g.latent_dim < 1:
-        raise UserError(f"grad_audit.latent_dim (D) must be >= 1, got {g.latent_dim}")
-    if g.real_rows < 1:
-        raise UserError(f"grad_audit.real_rows must be >= 1, got {g.real_rows}")
-    if g.decoy_rows < 0:
-        raise UserError(f"grad_audit.decoy_rows must be >= 0, got {g.decoy_rows}")
+    check_at_least("grad_audit.latent_dim (D)", g.latent_dim, 1)
+    check_at_least("grad_audit.real_rows", g.real_rows, 1)
+    check_at_least("grad_audit.decoy_rows", g.decoy_rows, 0)
     if g.block_tokens < 2:
         raise UserError(f"grad_audit.block_tokens must be >= 2 (a row needs a next-token target), got {g.block_tokens}")
-    if not _positive(g.clip):
-        raise UserError(f"grad_audit.clip (C) must be a number > 0, got {g.clip}")
-    if not (math.isfinite(g.noise_ratio) and g.noise_ratio >= 0):
-        raise UserError(f"grad_audit.noise_ratio must be a number >= 0, got {g.noise_ratio}")
-    if g.corpus.source not in CORPUS_SOURCES:
-        raise UserError(f"grad_audit.corpus.source={g.corpus.source!r} is not one of {', '.join(CORPUS_SOURCES)}")
+    check_positive("grad_audit.clip (C)", g.clip)
+    check_at_least("grad_audit.noise_ratio", float(g.noise_ratio), 0.0)
+    check_choice("grad_audit.corpus.source", g.corpus.source, CORPUS_SOURCES)
     if g.corpus.source == "text" and not g.corpus.path:
         raise UserError("grad_audit.corpus.source=text needs grad_audit.corpus.path=/path/to/file.txt")
     if g.corpus.source == "hub" and not g.corpus.hub_id:
@@ -120,22 +111,15 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     t = g.train
     if t.frames < 4:
         raise UserError(f"grad_audit.train.frames must be >= 4 (the probe trains and tests on disjoint frames), got {t.frames}")
-    if not _positive(t.lr):
-        raise UserError(f"grad_audit.train.lr must be a number > 0, got {t.lr}")
-    if t.heldout_blocks < 2:
-        raise UserError(f"grad_audit.train.heldout_blocks must be >= 2, got {t.heldout_blocks}")
-    if t.threads is not None and t.threads < 1:
-        raise UserError(f"grad_audit.train.threads must be >= 1 or null, got {t.threads}")
+    check_positive("grad_audit.train.lr", t.lr)
+    check_at_least("grad_audit.train.heldout_blocks", t.heldout_blocks, 2)
+    check_at_least("grad_audit.train.threads", t.threads, 1, nullable=True)
     m = g.mitigation
-    if not _positive(m.grad_clip):
-        raise UserError(f"grad_audit.mitigation.grad_clip must be a number > 0, got {m.grad_clip}")
-    if not (math.isfinite(m.noise_multiplier) and m.noise_multiplier >= 0):
-        raise UserError(f"grad_audit.mitigation.noise_multiplier must be a number >= 0, got {m.noise_multiplier}")
+    check_positive("grad_audit.mitigation.grad_clip", m.grad_clip)
+    check_at_least("grad_audit.mitigation.noise_multiplier", float(m.noise_multiplier), 0.0)
     p = g.probe
-    if p.top_k < 1:
-        raise UserError(f"grad_audit.probe.top_k must be >= 1, got {p.top_k}")
-    if p.target not in PROBE_TARGETS:
-        raise UserError(f"grad_audit.probe.target={p.target!r} is not one of {', '.join(PROBE_TARGETS)}")
+    check_at_least("grad_audit.probe.top_k", p.top_k, 1)
+    check_choice("grad_audit.probe.target", p.target, PROBE_TARGETS)
     arms = list(p.arms)
     if not arms or any(a not in PROBE_ARMS for a in arms) or len(set(arms)) != len(arms):
         raise UserError(f"grad_audit.probe.arms must be distinct values from {', '.join(PROBE_ARMS)}, got {arms}")
@@ -153,8 +137,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"grad_audit.seeds must be distinct integers >= 0 across explore/replicate/test, got {every}")
     q = g.gates
     for key in ("probe_margin_pp", "partition_margin_pp", "utility_max_nats", "positive_margin_pp"):
-        if not (math.isfinite(q[key]) and q[key] >= 0):
-            raise UserError(f"grad_audit.gates.{key} must be a number >= 0, got {q[key]}")
+        check_at_least(f"grad_audit.gates.{key}", float(q[key]), 0.0)
     if not 0 < q.alpha < 1:
         raise UserError(f"grad_audit.gates.alpha must lie in (0, 1), got {q.alpha}")
     if not 0 < q.injected_dose <= 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
@@ -31,6 +32,7 @@ class SanitizeAttackConfig:
     bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms)
     bayes_local_vocab: int = MISSING      # tokens the simulated nearest-token search ranges over
     learned_corpus_tokens: int = MISSING  # training tokens of the learned inverter (0: not run)
+    corpus_path: Optional[str] = MISSING  # public text the trained attackers learn from; null: the built-in corpus
     decoder_steps: int = MISSING          # the learned decoder's training steps at most (0: not run)
     decoder_minutes: float = MISSING      # its training budget in minutes
     decoder_corpus_tokens: int = MISSING  # its public training tokens (the built-in corpus)
@@ -76,20 +78,13 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
     from harness import configurations
 
-    if section.window < 1:
-        raise UserError(f"sanitize.window (Stencil's L) must be >= 1, got {section.window}")
-    if not (math.isfinite(section.sigma) and section.sigma > 0):
-        raise UserError(f"sanitize.sigma must be a number > 0, got {section.sigma}")
-    if section.distance not in DISTANCES:
-        raise UserError(f"sanitize.distance={section.distance!r} is not one of {', '.join(DISTANCES)}")
-    if section.custext_k < 1:
-        raise UserError(f"sanitize.custext_k must be >= 1, got {section.custext_k}")
-    if section.chunk < 1:
-        raise UserError(f"sanitize.chunk must be >= 1, got {section.chunk}")
-    if section.threads is not None and section.threads < 1:
-        raise UserError(f"sanitize.threads must be >= 1 or null, got {section.threads}")
-    if section.eval_batch_size < 1:
-        raise UserError(f"sanitize.eval_batch_size must be >= 1, got {section.eval_batch_size}")
+    checks.check_at_least("sanitize.window (Stencil's L)", section.window, 1)
+    checks.check_positive("sanitize.sigma", section.sigma)
+    checks.check_choice("sanitize.distance", section.distance, DISTANCES)
+    checks.check_at_least("sanitize.custext_k", section.custext_k, 1)
+    checks.check_at_least("sanitize.chunk", section.chunk, 1)
+    checks.check_at_least("sanitize.threads", section.threads, 1, nullable=True)
+    checks.check_at_least("sanitize.eval_batch_size", section.eval_batch_size, 1)
     if section.vocab_filter is not None:
         try:
             re.compile(section.vocab_filter)
@@ -98,14 +93,14 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     bad = [t for t in section.tasks if t not in TASKS]
     if bad or len(set(section.tasks)) != len(section.tasks):
         raise UserError(f"sanitize.tasks must be distinct names from {', '.join(TASKS)}, got {list(section.tasks)}")
-    if section.task_limit is not None and section.task_limit < 1:
-        raise UserError(f"sanitize.task_limit must be >= 1 or null, got {section.task_limit}")
+    checks.check_at_least("sanitize.task_limit", section.task_limit, 1, nullable=True)
     a = section.attack
     for key in ("top_k", "bayes_candidates", "bayes_samples", "bayes_local_vocab"):
-        if a[key] < 1:
-            raise UserError(f"sanitize.attack.{key} must be >= 1, got {a[key]}")
-    if a.learned_corpus_tokens < 0:
-        raise UserError(f"sanitize.attack.learned_corpus_tokens must be >= 0, got {a.learned_corpus_tokens}")
+        checks.check_at_least(f"sanitize.attack.{key}", a[key], 1)
+    checks.check_at_least("sanitize.attack.learned_corpus_tokens", a.learned_corpus_tokens, 0)
+    if a.corpus_path is not None and not Path(a.corpus_path).expanduser().is_file():
+        raise UserError(f"sanitize.attack.corpus_path={a.corpus_path}: no such file (a UTF-8 text file, e.g. "
+                        "WikiText-2's wiki.train.raw; null for the built-in corpus)")
     checks.check_at_least("sanitize.attack.decoder_steps", a.decoder_steps, 0)
     if a.decoder_steps > 0:
         checks.check_positive("sanitize.attack.decoder_minutes", a.decoder_minutes)
@@ -114,8 +109,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         checks.check_at_least("sanitize.attack.decoder_window", a.decoder_window, 1)
         checks.check_positive("sanitize.attack.decoder_evidence_scale", a.decoder_evidence_scale)
     for key in ("gate_margin_pp", "positive_margin_pp"):
-        if not (math.isfinite(a[key]) and a[key] >= 0):
-            raise UserError(f"sanitize.attack.{key} must be a number >= 0, got {a[key]}")
+        checks.check_at_least(f"sanitize.attack.{key}", float(a[key]), 0.0)
     entry = configurations.REGISTRY.get(str(cfg.configuration.name))
     if entry is not None and entry.system == configurations.SANITIZE and entry.uses_epsilon:
         # epsilon > 0 is checked for every configuration already; say it in the mechanism's own words.

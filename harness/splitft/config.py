@@ -97,6 +97,10 @@ class SplitFtBisrConfig:
     max_examples: int = MISSING
     init: str = MISSING                     # BISR_INITS
     weights: str = MISSING                  # BISR_WEIGHTS: the client's recorded A, or the pretrained one
+    backward_steps: int = MISSING           # BiSR(b) (attacks/splitft/bisr_backward.py); 0 = not run
+    backward_lr: float = MISSING
+    backward_beta: float = MISSING          # the gradient distance: β·L2² + (1 − β)·L1
+    backward_temperature: float = MISSING   # the soft labels start at softmax(f_C(s'_B) / temperature)
 
 
 @dataclass
@@ -211,6 +215,12 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least("splitft.attack.bisr.max_examples", a.bisr.max_examples, 2)
         check_choice("splitft.attack.bisr.init", a.bisr.init, BISR_INITS)
         check_choice("splitft.attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
+        check_at_least("splitft.attack.bisr.backward_steps", a.bisr.backward_steps, 0)
+        if a.bisr.backward_steps:
+            check_positive("splitft.attack.bisr.backward_lr", a.bisr.backward_lr)
+            check_positive("splitft.attack.bisr.backward_temperature", a.bisr.backward_temperature)
+            if not 0.0 <= float(a.bisr.backward_beta) <= 1.0:
+                raise UserError(f"splitft.attack.bisr.backward_beta must lie in [0, 1], got {a.bisr.backward_beta}")
     if a.inverter.enabled:
         v = a.inverter
         check_choice("splitft.attack.inverter.mode", v.mode, INVERTER_MODES)

@@ -1,0 +1,103 @@
+"""BiSR's backward attack, BiSR(b) (Chen et al. 2024, arXiv 2409.00960; paper 002 ref. [23]): recover the
+labels, which in LLM fine-tuning are the next tokens, from the gradient the client sends up at cut m.
+
+The server holds s'_B (it computed it), the client's C as of the step (the strong threat model) and the
+intercepted g = ∂L/∂s'_B (`grad_up`). It optimises soft labels Y = softmax(Z), one distribution over the
+vocabulary per position, so that the gradient the same loss would give with Y in place of the true
+labels, ∂ℓ(f_C(s'_B), Y)/∂s'_B, matches g; each position's guess is argmax Z. This is gradient matching
+(DLG/TAG) on the top part, as the authors' SplitLLM code runs it after its learned SIP guess
+(`DLGAttacker.fit`, read 2026-12-01). What we take, and what we chose:
+
+- The distance: β·‖Δ‖² + (1 − β)·‖Δ‖₁ between the two gradients (theirs, β = 0.85), with both divided by
+  the RMS of g first. The true gradient is the mean over every token of the batch, so its entries are
+  tiny (≈1e-6 on SmolLM2) and AdamW's ε would otherwise swamp the step; the division changes no minimum.
+- The loss normalisation: ℓ is the mean next-token cross-entropy over all rows × (T − 1) positions of
+  the recorded batch (harness/splitft/step.py), so each row's predicted gradient is divided by that
+  count, which the server knows from the shapes it received. Rows are independent through C, so the
+  rows attacked (`max_examples`) are matched on their own.
+- The start: Z = f_C(s'_B) / temperature, the server's own decoding (attacks/splitft/label.py), in place
+  of the SIP inverter's logits, which we do not train. Y then starts at the model's prediction, where
+  the predicted gradient is (nearly) zero; what moves it is the part of g the prediction does not explain.
+- Against PrivPair the gradient was taken at the client's ŝ_B = W2(s'_B, δ_A) and W2 never leaves the
+  client, so the server differentiates f_C at s'_B: a mismatch the defence's design relies on.
+
+The positive control needs the undefended gradient of the same step and weights: the evaluator computes
+it from the truth (`undefended_gradients`), the only place where labels meet this attack.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attacks.splitft.white_box import ServerCopy
+from harness.adversary_view import AdversaryView, Exposure
+from harness.splitft.privpair import token_ce
+from harness.splitft.step import GRAD_UP, SMASHED_DOWN
+
+
+def _smashed_down(view: AdversaryView) -> dict[int, torch.Tensor]:
+    return {e.step: e.tensor for e in view.select(channel=SMASHED_DOWN)}
+
+
+def match_labels(part: Any, s_b: torch.Tensor, grad: torch.Tensor, n_tokens: int, *, steps: int, lr: float,
+                 beta: float, temperature: float) -> list[list[int]]:
+    """Label guesses (rows, T − 1) for the rows of s'_B `s_b` whose intercepted gradient is `grad`; the
+    loss they came from was a mean over `n_tokens` label positions."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    s = s_b.detach().clone().requires_grad_(True)
+    # The match differentiates a gradient (double backward); the fused CPU attention kernels have no
+    # derivative of their backward, the math one is plain differentiable ops.
+    with sdpa_kernel(SDPBackend.MATH):
+        logits = part.tail(s, part.context(s))[:, :-1]
+    z = (logits.detach() / temperature).clone().requires_grad_(True)
+    scale = grad.pow(2).mean().sqrt().clamp_min(torch.finfo(grad.dtype).tiny)
+    target = grad / scale
+    log_p = F.log_softmax(logits, dim=-1)
+    optimiser = torch.optim.AdamW([z], lr=lr, eps=1e-6, weight_decay=0.01)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        loss = -(F.softmax(z, dim=-1) * log_p).sum() / n_tokens
+        (predicted,) = torch.autograd.grad(loss, s, create_graph=True)
+        diff = predicted / scale - target
+        distance = beta * diff.pow(2).sum() + (1 - beta) * diff.abs().sum()
+        distance.backward(inputs=[z], retain_graph=True)
+        optimiser.step()
+    return z.detach().argmax(-1).tolist()
+
+
+def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, temperature: float,
+                  max_examples: int) -> list[tuple[int, int, list[int]]]:
+    """(step, row, label guesses for positions 0..T-2) for up to `max_examples` rows of the recorded
+    gradients, in the view's order (the order BiSR(f) reads s'_A in)."""
+    down = _smashed_down(copy.view)
+    out: list[tuple[int, int, list[int]]] = []
+    for exposure in copy.view.select(channel=GRAD_UP):
+        if len(out) >= max_examples:
+            break
+        grad = exposure.tensor
+        rows = min(grad.shape[0], max_examples - len(out))
+        n_tokens = grad.shape[0] * (grad.shape[1] - 1)
+        guesses = match_labels(copy.at(exposure.step), down[exposure.step][:rows], grad[:rows], n_tokens,
+                               steps=steps, lr=lr, beta=beta, temperature=temperature)
+        out += [(exposure.step, row, ids) for row, ids in enumerate(guesses)]
+    return out
+
+
+def undefended_gradients(copy: ServerCopy, truth: dict[int, dict[str, Any]]) -> AdversaryView:
+    """`copy`'s view (already holding the undefended s_B, attacks/splitft/suite.plain_view) with each
+    `grad_up` replaced by ∂ℓ/∂s_B of the undefended s_B under the true labels and the step's weights:
+    what the client would have sent without a defence (the positive control's input)."""
+    exposures = []
+    for e in copy.view.exposures:
+        if e.channel == GRAD_UP:
+            part = copy.at(e.step)
+            s = truth[e.step]["s_b"].detach().clone().requires_grad_(True)
+            with torch.enable_grad():
+                loss = token_ce(part.tail(s, part.context(s)), truth[e.step]["ids"]).mean()
+                (g,) = torch.autograd.grad(loss, s)
+            e = Exposure(e.op, e.layer, e.step, e.shape, g.detach(), e.channel)
+        exposures.append(e)
+    return AdversaryView(exposures, copy.view.meta)
