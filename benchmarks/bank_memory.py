@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.rounds import emit
+from benchmarks.rounds import commit_label, emit
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("t3", None), ("ep1", "default"), ("ep1", "null"))
@@ -69,8 +69,6 @@ def main() -> None:
     if args.child:
         configuration, _, bank = args.child.partition(":")
         return child(configuration, None if bank in ("", "None") else bank, args.new_tokens)
-    from benchmarks.rounds import commit_label
-
     commit = commit_label()   # at the start: the code the children run
     rows = []
     for case in args.cases.split(","):

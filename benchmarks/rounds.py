@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.provenance import git_state
 from harness.results import atomic_write_bytes
-from harness.rotation import rotated  # re-exported: the benchmarks import it from here
+from harness.rotation import rotated
 
 
 def wall_seconds(fn: Callable[[], object]) -> Callable[[], float]:

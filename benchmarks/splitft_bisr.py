@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=2000, help="first character of the passage")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--cuts", default="1:100,2:300", help="k:steps, comma-separated")
-    ap.add_argument("--backward", default="-2:10:30:100", help="BiSR(b): m:steps:steps..., m < 0 counts from the top")
+    ap.add_argument("--backward", default="-2:10:30:100", help="BiSR(b): m:steps:steps..., m < 0 counts from the top (then write --backward=-2:30)")
     ap.add_argument("--backward-lr", default="0.09,1.0", help="BiSR(b)'s learning rates, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -60,8 +60,7 @@ def main() -> None:
 
     print(f"{args.model}: {len(truth)} tokens; next-token top-1 of the label guesses "
           f"{100.0 * sum(int(a == b) for a, b in zip(truth[1:], labels)) / len(labels):.1f}%")
-    for lr in map(float, args.backward_lr.split(",")):
-        backward(model, ids, truth[1:], args.backward, lr, score)
+    backward(model, ids, truth[1:], args.backward, [float(x) for x in args.backward_lr.split(",")], score)
     for cut in filter(None, args.cuts.split(",")):
         k, steps = map(int, cut.split(":"))
         part = Partition(model, k, k + 1)
@@ -80,8 +79,9 @@ def main() -> None:
                       f"({time.perf_counter() - started:.0f}s)", flush=True)
 
 
-def backward(model, ids: torch.Tensor, labels: list[int], spec: str, lr: float, score) -> None:
-    """BiSR(b) at cut m: the gradient the client would send up for this passage, matched for steps."""
+def backward(model, ids: torch.Tensor, labels: list[int], spec: str, lrs: list[float], score) -> None:
+    """BiSR(b) at cut m: the gradient the client would send up for this passage, matched for each number of
+    steps at each learning rate."""
     if not spec:
         return
     m, *steps = map(int, spec.split(":"))
@@ -93,11 +93,12 @@ def backward(model, ids: torch.Tensor, labels: list[int], spec: str, lr: float, 
         s_b = part.body(s_a, ctx)
     s = s_b.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(token_ce(part.tail(s, part.context(s)), ids).mean(), s)
-    for n in [0, *steps]:
-        started = time.perf_counter()
-        guess = match_labels(part, s_b, grad, ids.shape[1] - 1, steps=n, lr=lr, beta=0.85, temperature=1.2)[0]
-        print(f"m={m} BiSR(b) lr={lr} {n} steps: labels {score(guess, labels)} ({time.perf_counter() - started:.0f}s)",
-              flush=True)
+    for lr in lrs:
+        for n in [0, *steps]:
+            started = time.perf_counter()
+            guess = match_labels(part, s_b, grad, ids.shape[1] - 1, steps=n, lr=lr, beta=0.85, temperature=1.2)[0]
+            print(f"m={m} BiSR(b) lr={lr} {n} steps: labels {score(guess, labels)} "
+                  f"({time.perf_counter() - started:.0f}s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""benchmarks/rounds.py: the rotated rounds every benchmark times its arms in (never a timed assertion)."""
+"""benchmarks/rounds.py: the rotated rounds every benchmark times its arms in (never a timed assertion), and
+benchmarks/exact_product.py's report."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.rounds import median_range, round_ratios, rotated, run_rounds
+from benchmarks.rounds import median_range, round_ratios, run_rounds
+from harness.rotation import rotated
 
 
 def test_rounds_rotate_the_order_and_pair_times_by_round():

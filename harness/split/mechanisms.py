@@ -90,8 +90,9 @@ DIGIT_BASE_BITS = 8
 INT8_EXACT_WIDTH = (2**31 - 1) // (128 * 128)
 # The int8 kernel computes (input digits) x (weight digits) products, 6 for Slalom's q and SmolLM2's
 # weights, and combines as many output planes: it wins while the weights' bytes dominate (decode, a few
-# rows), the float64 GEMM wins once the arithmetic does (prefill). On the 2-core machine the two crossed
-# between 128 and 256 rows of SmolLM2's Gate/Up product; benchmarks/overhead.py shows the effect per phase.
+# rows), the float64 GEMM wins once the arithmetic does (prefill). benchmarks/exact_product.py times the two
+# side by side per row count (docs/benchmarks/exact_product_smollm2-135m.md: on the 2-core machine int8
+# is faster up to 15 rows of SmolLM2's Gate/Up product, even up to 128, slower from 192).
 INT8_MAX_ROWS = 128
 
 

@@ -182,16 +182,11 @@ def batches_md(table: TimingTable) -> str | None:
     if not rows or any(not r.batch_seconds for r in rows):
         return None
     ref = next((r for r in rows if r.configuration == "cpu"), rows[0])
-    n = len(ref.batch_seconds)
-    out = []
-    for r in rows:
-        cells = []
-        for b, seconds in enumerate(r.batch_seconds):
-            base = ref.batch_seconds[b] if b < n else None
-            cells.append(f"{seconds:.2f}" + (f" ({seconds / base:.2f}×)" if base and r is not ref else ""))
-        out.append([r.label(table.epsilon), *cells])
+    out = [[r.label(table.epsilon),
+            *[f"{s:.2f}" + ("" if r is ref or not base else f" ({s / base:.2f}×)")
+              for s, base in zip(r.batch_seconds, ref.batch_seconds)]] for r in rows]
     return (f"Per batch at {limit} tokens: seconds per prompt (÷ {ref.configuration} of the same batch):\n\n"
-            + md_table(["configuration", *[f"batch {b + 1}" for b in range(n)]], out))
+            + md_table(["configuration", *[f"batch {b + 1}" for b in range(len(ref.batch_seconds))]], out))
 
 
 def plot(table: TimingTable, path: Path) -> None:
