@@ -7,7 +7,8 @@ results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_
 (every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
 inversion (eia_token_f1, eia_top1), BiSR's backward attack on the gradients (bisr_b_token_f1, bisr_b_top1:
 labels) and its forward attack (bisr_token_f1, bisr_top1), each with its
-reference, positive control and verdict, and the run's `verdict` (the worst of them); for the DP
+reference, positive control and verdict, and the run's `verdict` (the worst of them); `grad_up`, the guard
+on the gradient sent up (`splitft.grad_up`, or null); for the DP
 baselines, ε(δ) composed over the run (dp_epsilon_example, dp_epsilon_row; `privacy_accounting` has the
 record). splitft_central is the centralised reference: utility only.
 
@@ -23,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
+from harness.splitft.config import grad_guard, guard_label   # torch-free
 from harness.results import RunContext
 from runners import common
 
@@ -95,11 +97,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "runtime": training.runtime,
         "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
                   "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled)},
+        "grad_up": grad_guard(section),   # the guard on the gradient sent up, or None
         "view_channels": list(view.channels()) if view is not None else [],
         "timings": timings,
         "metric_definitions": DEFINITIONS,
     }
-    results["tradeoff"] = _tradeoff(metrics, configuration)
+    results["tradeoff"] = _tradeoff(metrics, configuration, guard_label(results["grad_up"]))
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=_view_writer(cfg, view, ctx))
@@ -130,10 +133,11 @@ def _view_writer(cfg: DictConfig, view: Any, ctx: RunContext):
     return lambda: view.save(ctx.run_dir.path / "view.pt")
 
 
-def _tradeoff(m: dict[str, Any], configuration: str) -> dict[str, Any]:
+def _tradeoff(m: dict[str, Any], configuration: str, point: str | None) -> dict[str, Any]:
     """Leakage: the strongest attacker's token F1 (its reference as the floor); utility: held-out top-1."""
     utility = dict(utility_metric="heldout_top1", utility=m["heldout_top1"],
-                   utility_ci=(m["heldout_top1_ci_lo"], m["heldout_top1_ci_hi"]), reference="held-out next tokens")
+                   utility_ci=(m["heldout_top1_ci_lo"], m["heldout_top1_ci_hi"]), reference="held-out next tokens",
+                   point=point)
     a = m.get("strongest_attacker")
     if a is None:
         return common.tradeoff(**utility)
@@ -164,6 +168,8 @@ DEFINITIONS = {
     "bisr_token_f1": "multiset token F1 of BiSR's forward attack (BiSR(b)'s label guesses, or the label attack's "
                      "without it, shifted by one and refined by matching s'_A in cosine through A) against the "
                      "input tokens, macro over examples",
+    "grad_up": "results.json `grad_up`: the guard on ∂L/∂s'_B before it went up (per-token ℓ2 clip, then "
+               "N(0, (noise_multiplier·clip)²)), or null; BiSR(b) clips its predicted gradient the same way",
     "dp_epsilon_example": "smashed-data DP baselines: ε(δ = dp_delta) of one client's training block composed "
                           "over every time it went up in the run (privacy_accounting; harness/splitft/"
                           "accounting.py); dp_epsilon_row: the same for one clipped token row of s_A; "

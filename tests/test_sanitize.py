@@ -85,10 +85,16 @@ def test_stencil_is_the_nearest_token_other_than_the_original(distance):
     assert all(a != b for a, b in zip(seq, out))
 
 
-def test_nearest_with_a_large_vocabulary_matches_brute_force():
-    """Above SHORTLIST_MIN_VOCAB the search shortlists in bf16 and re-ranks in fp32: same answers."""
+@pytest.mark.parametrize("bf16", [True, False])
+def test_nearest_with_a_large_vocabulary_matches_brute_force(monkeypatch, bf16):
+    """Above SHORTLIST_MIN_VOCAB the search shortlists in bf16 where the CPU multiplies bf16 natively and
+    re-ranks in fp32, or scores in fp32 throughout: the same answers either way."""
+    from harness.sanitize import embeddings
+
+    monkeypatch.setattr(embeddings, "native_bf16", lambda: bf16)
     g = torch.Generator().manual_seed(1)
     t = Table(torch.randn(6000, 16, generator=g), torch.arange(6000))
+    assert (t._cand_bf16 is not None) == bf16
     q = torch.randn(50, 16, generator=g)
     got = t.nearest(q, 3, exclude=torch.arange(50))
     d = torch.cdist(q, t.vectors)

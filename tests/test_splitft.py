@@ -279,6 +279,11 @@ def test_assess_verdicts():
     (["splitft.lr=0"], "splitft.lr must be a finite number > 0, got 0.0"),
     (["splitft.lr=-1"], "splitft.lr must be a finite number > 0, got -1.0"),
     (["splitft.k=3", "splitft.m=2"], "splitft cut points must satisfy 1 <= k < m, got k=3, m=2"),
+    (["splitft.grad_up.noise_multiplier=1"], "splitft.grad_up.noise_multiplier > 0 needs splitft.grad_up.clip"),
+    (["splitft.grad_up.clip=0"], "splitft.grad_up.clip must be a finite number > 0, got 0.0"),
+    (["splitft.grad_up.clip=1e-5", "splitft.grad_up.noise_multiplier=-1"],
+     "splitft.grad_up.noise_multiplier must be a finite number >= 0, got -1.0"),
+    (["configuration=splitft_central", "splitft.grad_up.clip=1e-5"], "splitft_central never sends"),
     (["runner=attack"], "configuration=privpair belongs to the splitft system, which runner=attack does not run"),
 ])
 def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
@@ -337,11 +342,13 @@ def test_smoke_experiment_through_flower(tmp_path):
     assert m["heldout_ce"] < m["initial_heldout_ce"]                             # fine-tuning learned
     assert results["tradeoff"]["leakage"]["metric"].endswith("token_f1") and results["tradeoff"]["utility"]
     assert set(results["view_channels"]) >= {"smashed_up", "smashed_down", "grad_up", "grad_down", "client_weights"}
+    assert results["grad_up"] is None                                 # no guard on the gradient sent up
     from harness.adversary_view import AdversaryView
 
     view = AdversaryView.load(path.parent / "view.pt")
     assert view.meta["system"] == "splitft" and view.meta["privacy_parameter"] == {"name": "lambda", "value": 1.0}
     assert len(view.select(channel="client_weights")) == 2      # one recorded step per client
+    assert view.meta["splitft"]["grad_up"] is None
 
 
 def _run_data(configuration, epsilon, ce, label_f1, h, h_a):
@@ -362,14 +369,18 @@ def test_report_section_tables_and_plots(tmp_path):
     from runners.report.plotting import Figures
     from runners.report.runs import Run
 
+    guarded = {**_run_data("splitft_none", None, 3.1, 20.0, 0, 0), "grad_up": {"clip": 1e-4, "noise_multiplier": 0.3}}
     runs = [Run(tmp_path / "b", "b", "ok", _run_data("privpair", 1.0, 3.2, 12.0, 0.5, 4.0)),
+            Run(tmp_path / "g", "g", "ok", guarded),
             Run(tmp_path / "a", "a", "ok", _run_data("splitft_none", None, 3.0, 40.0, 1e-9, 1e-9)),
             Run(tmp_path / "c", "c", "ok", {**_run_data("splitft_none", None, 3.0, 40.0, 0, 0), "model": "other"})]
     groups = section.groups(runs)
-    assert [len(g.runs) for g in groups] == [2, 1]
+    assert [len(g.runs) for g in groups] == [3, 1]
     md = "\n".join(section.markdown(groups[:1], Figures(tmp_path)))
     lines = [line for line in md.splitlines() if line.startswith("| splitft_none") or line.startswith("| privpair")]
-    assert lines[0].startswith("| splitft_none |") and lines[1].startswith("| privpair λ=1 |")   # paper order
+    assert lines[0].startswith("| splitft_none |") and lines[2].startswith("| privpair λ=1 |")   # paper order
+    assert lines[1].startswith("| splitft_none + ∇clip 0.0001 z=0.3 |")   # the guarded run after the plain one
+    lines = [lines[0], lines[2]]
     assert "12.00 [10.00, 14.00] (10.00)" in lines[1] and "3.200 [3.100, 3.300]" in lines[1]
     assert sorted(p.name.split("_")[1] for p in tmp_path.glob("report_*.png")) == ["splitft", "splitft"]
     assert "privpair λ=1" in "\n".join(section.summary(groups))
@@ -380,8 +391,9 @@ def test_report_section_tables_and_plots(tmp_path):
     assert "| privpair λ=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
 
 
-def _undefended_view(ids):
-    """One recorded, undefended split step of the tiny model (k=1, m=3) as the server's view."""
+def _undefended_view(ids, guard=None):
+    """One recorded, undefended split step of the tiny model (k=1, m=3) as the server's view; `guard`:
+    (clip, noise multiplier) of a GradientGuard on the gradient sent up."""
     from harness.adversary_view import AdversaryView, Exposure
     from harness.splitft.step import CLIENT_WEIGHTS
 
@@ -392,10 +404,13 @@ def _undefended_view(ids):
     opt = torch.optim.AdamW([dict(model.named_parameters())[n] for n in names], lr=1e-2)
     record = Recorder(step=5)
     record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(model, names))   # as client.py: before the step
-    split_step(part, defences.Defence(), ids, opt, record=record)
+    published = None if guard is None else {"clip": guard[0], "noise_multiplier": guard[1]}
+    guarded = None if guard is None else defences.GradientGuard(*guard, torch.Generator().manual_seed(3))
+    split_step(part, defences.Defence(), ids, opt, record=record, guard=guarded)
     view = AdversaryView([Exposure(e["op"], e["layer"], e["step"], tuple(e["tensor"].shape), e["tensor"], e["channel"])
                           for e in record.exposures],
-                         {"splitft": {"k": 1, "m": 3, "lora": {"enabled": False}, "weight_layout": names}})
+                         {"splitft": {"k": 1, "m": 3, "lora": {"enabled": False}, "weight_layout": names,
+                                      "grad_up": published}})
     return view, model_cfg, model, names, record
 
 
@@ -463,6 +478,47 @@ def test_bisr_backward_reads_the_labels_from_the_gradient_the_client_sends_up(id
     assert scores["bisr_b_token_f1"] > 90.0 and scores["bisr_b_verdict"] == "leak"
     control = undefended_gradients(copy, {5: {"ids": ids, "s_b": record.truth[0]["s_b"]}})
     torch.testing.assert_close(control.select(channel=GRAD_UP)[0].tensor, view.select(channel=GRAD_UP)[0].tensor)
+
+
+def test_gradient_guard_clips_every_token_row_and_adds_noise_in_proportion():
+    g = torch.randn(4, 9, 16) * torch.logspace(-3, 1, 9).view(1, 9, 1)
+    assert defences.GradientGuard(None, 0.0, torch.Generator())(g) is g
+    clipped = defences.GradientGuard(0.05, 0.0, torch.Generator())(g)
+    norms = clipped.norm(dim=-1)
+    assert float(norms.max()) <= 0.05 * (1 + 1e-5)
+    short = g.norm(dim=-1) < 0.05
+    assert short.any() and torch.equal(clipped[short], g[short])          # short rows go up as they are
+    cos = torch.nn.functional.cosine_similarity(clipped, g, dim=-1)
+    torch.testing.assert_close(cos, torch.ones_like(cos))                  # directions kept
+    noisy = defences.GradientGuard(0.05, 2.0, torch.Generator().manual_seed(0))(torch.zeros(64, 64, 16))
+    assert abs(float(noisy.std()) - 0.1) < 0.005                           # σ = z·c
+
+
+def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
+    """With the guard's clip alone (far below every row's norm, so each row is rescaled) BiSR(b), which
+    clips its prediction the same way, still reads the labels; with noise 30 times the clip per entry it
+    reads no more than its start, the server's own decoding. The recorded gradient is the guarded one."""
+    from attacks.splitft.bisr_backward import bisr_backward
+    from attacks.splitft.label import infer_labels
+    from attacks.splitft.white_box import ServerCopy
+    from harness.splitft.step import GRAD_UP
+
+    labels = [ids[r, 1:].tolist() for r in range(3)]
+    settings = {"steps": BISR_B_STEPS, "lr": 1.0, "beta": 0.85, "temperature": 1.2, "max_examples": 3}
+
+    def f1(guesses):
+        return assess("bisr_b", [labels[r] for _, r, _ in guesses], [g for *_, g in guesses],
+                      [labels[r] for _, r, _ in guesses], [g for *_, g in guesses], 1.0, 5.0)["bisr_b_token_f1"]
+
+    plain_view, *_ = _undefended_view(ids)
+    norms = plain_view.select(channel=GRAD_UP)[0].tensor.norm(dim=-1)
+    clip = 0.01 * float(norms[norms > 0].min())   # the last position's row is 0: no label reads it
+    view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 0.0))
+    assert float(view.select(channel=GRAD_UP)[0].tensor.norm(dim=-1).max()) <= clip * (1 + 1e-5)
+    assert f1(bisr_backward(ServerCopy(view, model_cfg), **settings)) > 90.0
+    view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 30.0))
+    copy = ServerCopy(view, model_cfg)
+    assert f1(bisr_backward(copy, **settings)) <= f1(infer_labels(copy)) + 10.0
 
 
 def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(ids):

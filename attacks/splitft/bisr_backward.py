@@ -18,6 +18,13 @@ labels, ∂ℓ(f_C(s'_B), Y)/∂s'_B, matches g; each position's guess is argmax
 - The start: Z = f_C(s'_B) / temperature, the server's own decoding (attacks/splitft/label.py), in place
   of the SIP inverter's logits, which we do not train. Y then starts at the model's prediction, where
   the predicted gradient is (nearly) zero; what moves it is the part of g the prediction does not explain.
+- Against the guard on `grad_up` (harness/splitft/defences.GradientGuard: a per-token clip at c, then
+  Gaussian noise), which the protocol publishes, each row that arrives at norm c is first scaled back up to
+  the norm of the gradient the model's own next-token guesses would give. A clipped row keeps only the
+  direction of J_Cᵀ(p − Y); with V ≫ d many dense small changes of Y share it, and matching at norm c finds
+  one of them, not the label (0% on the tiny model at c = 1% of the rows' norms), while the one-hot label
+  is the only distribution that also has the unclipped norm. The noise it cannot undo, and the L2 term is
+  then its likelihood.
 - Against PrivPair the gradient was taken at the client's ŝ_B = W2(s'_B, δ_A) and W2 never leaves the
   client, so the server differentiates f_C at s'_B: a mismatch the defence's design relies on.
 
@@ -41,10 +48,26 @@ def _smashed_down(view: AdversaryView) -> dict[int, torch.Tensor]:
     return {e.step: e.tensor for e in view.select(channel=SMASHED_DOWN)}
 
 
+def unclipped(grad: torch.Tensor, guard: dict[str, float], s_b: torch.Tensor, log_p: torch.Tensor,
+              n_tokens: int) -> torch.Tensor:
+    """`grad` with every row the guard clipped scaled by m/c, m the norm that row has when the labels are
+    the model's own argmax guesses (module docstring); `log_p` was computed from `s_b`. Without noise a
+    clipped row is one at norm c; with noise, one whose m exceeds c. The noise is scaled with the row."""
+    clip = float(guard["clip"])
+    guess = -log_p.gather(-1, log_p.argmax(-1, keepdim=True)).sum() / n_tokens
+    (own,) = torch.autograd.grad(guess, s_b, retain_graph=True)
+    own = own.norm(dim=-1, keepdim=True).detach()
+    if guard["noise_multiplier"] > 0:
+        clipped = own > clip
+    else:
+        clipped = grad.norm(dim=-1, keepdim=True) >= clip * (1 - 1e-4)
+    return torch.where(clipped, grad * (own / clip), grad)
+
+
 def match_labels(part: Any, s_b: torch.Tensor, grad: torch.Tensor, n_tokens: int, *, steps: int, lr: float,
-                 beta: float, temperature: float) -> list[list[int]]:
+                 beta: float, temperature: float, guard: dict[str, float] | None = None) -> list[list[int]]:
     """Label guesses (rows, T − 1) for the rows of s'_B `s_b` whose intercepted gradient is `grad`; the
-    loss they came from was a mean over `n_tokens` label positions."""
+    loss they came from was a mean over `n_tokens` label positions; `guard`: the view's `grad_up` meta."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     s = s_b.detach().clone().requires_grad_(True)
@@ -53,9 +76,11 @@ def match_labels(part: Any, s_b: torch.Tensor, grad: torch.Tensor, n_tokens: int
     with sdpa_kernel(SDPBackend.MATH):
         logits = part.tail(s, part.context(s))[:, :-1]
     z = (logits.detach() / temperature).clone().requires_grad_(True)
+    log_p = F.log_softmax(logits, dim=-1)
+    if guard:
+        grad = unclipped(grad, guard, s, log_p, n_tokens)
     scale = grad.pow(2).mean().sqrt().clamp_min(torch.finfo(grad.dtype).tiny)
     target = grad / scale
-    log_p = F.log_softmax(logits, dim=-1)
     optimiser = torch.optim.AdamW([z], lr=lr, eps=1e-6, weight_decay=0.01)
     for _ in range(steps):
         optimiser.zero_grad()
@@ -73,6 +98,7 @@ def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, tempe
     """(step, row, label guesses for positions 0..T-2) for up to `max_examples` rows of the recorded
     gradients, in the view's order (the order BiSR(f) reads s'_A in)."""
     down = _smashed_down(copy.view)
+    guard = copy.view.meta["splitft"].get("grad_up")
     out: list[tuple[int, int, list[int]]] = []
     for exposure in copy.view.select(channel=GRAD_UP):
         if len(out) >= max_examples:
@@ -81,7 +107,7 @@ def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, tempe
         rows = min(grad.shape[0], max_examples - len(out))
         n_tokens = grad.shape[0] * (grad.shape[1] - 1)
         guesses = match_labels(copy.at(exposure.step), down[exposure.step][:rows], grad[:rows], n_tokens,
-                               steps=steps, lr=lr, beta=beta, temperature=temperature)
+                               steps=steps, lr=lr, beta=beta, temperature=temperature, guard=guard)
         out += [(exposure.step, row, ids) for row, ids in enumerate(guesses)]
     return out
 
@@ -89,7 +115,7 @@ def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, tempe
 def undefended_gradients(copy: ServerCopy, truth: dict[int, dict[str, Any]]) -> AdversaryView:
     """`copy`'s view (already holding the undefended s_B, attacks/splitft/suite.plain_view) with each
     `grad_up` replaced by ∂ℓ/∂s_B of the undefended s_B under the true labels and the step's weights:
-    what the client would have sent without a defence (the positive control's input)."""
+    what the client would have sent without a defence or guard (the positive control's input)."""
     exposures = []
     for e in copy.view.exposures:
         if e.channel == GRAD_UP:
@@ -100,4 +126,5 @@ def undefended_gradients(copy: ServerCopy, truth: dict[int, dict[str, Any]]) -> 
                 (g,) = torch.autograd.grad(loss, s)
             e = Exposure(e.op, e.layer, e.step, e.shape, g.detach(), e.channel)
         exposures.append(e)
-    return AdversaryView(exposures, copy.view.meta)
+    meta = {**copy.view.meta, "splitft": {**copy.view.meta["splitft"], "grad_up": None}}
+    return AdversaryView(exposures, meta)

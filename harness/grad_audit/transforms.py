@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.splitft.defences import clip_and_noise
+
 
 def clip_positions(x: torch.Tensor, c: float) -> torch.Tensor:
     """Every vector along the last axis scaled to norm at most c (unchanged where it is already shorter)."""
@@ -81,8 +83,5 @@ def assemble_frame(real: torch.Tensor, decoys: torch.Tensor, generator: torch.Ge
 
 def mitigate(grad: torch.Tensor, clip: float, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
     """The returned gradient clipped per position vector to `clip` plus N(0, (noise_multiplier·clip)²) on
-    every entry, decoy rows included (module docstring)."""
-    out = clip_positions(grad, clip)
-    if noise_multiplier > 0:
-        out = out + noise_multiplier * clip * torch.randn(grad.shape, generator=generator)
-    return out
+    every entry, decoy rows included (module docstring): split fine-tuning's guard on `grad_up`."""
+    return clip_and_noise(grad, clip, noise_multiplier, generator)

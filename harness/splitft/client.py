@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from harness.splitft import trainable
-from harness.splitft.defences import make_defence
+from harness.splitft.defences import GradientGuard, make_defence
 from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
 
 # round metric: the most times any one block of the client went up so far; FedAvg takes its max over
@@ -92,6 +92,9 @@ class ClientTrainer:
         defence = make_defence(r.configuration, r.epsilon, s)
         defence.setup(self.part, align[: int(s.privpair.align_batch_size)], generator)
         defence.load_state(adapters)
+        # the guard's noise from its own stream, so a guarded run draws the same batches as an unguarded one
+        noise = torch.Generator().manual_seed(int(r.seed) * 1_000_003 + client * 10_007 + rnd + 7_919)
+        guard = GradientGuard(s.grad_up.clip, s.grad_up.noise_multiplier, noise)
         blocks = torch.tensor(r.clients[client], dtype=torch.long)
         sends = torch.zeros(blocks.shape[0], dtype=torch.long) if sends is None else sends.clone()
         optimizer = self.optimizer()
@@ -112,7 +115,7 @@ class ClientTrainer:
                 # (the strong threat model), i.e. the weights that computed what crosses in this step.
                 record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(self.model, self.names))
             out = split_step(self.part, defence, blocks[rows], optimizer, record=record,
-                             measure=local == int(s.local_steps) - 1)
+                             measure=local == int(s.local_steps) - 1, guard=guard)
             sends += torch.bincount(rows, minlength=blocks.shape[0])   # a row drawn twice went up twice
             steps_done += 1
             losses.append(out["loss"])

@@ -6,7 +6,7 @@ Torch-free: harness/schema.py imports it to type the section and calls `check` f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
@@ -69,6 +69,12 @@ class SplitFtPrivPairConfig:
 class SplitFtDpConfig:
     delta: float = MISSING                  # the Gaussian mechanism's δ
     clip_norm: Optional[float] = MISSING    # per-token clip of s_A; null: calibrated on D_align (public)
+
+
+@dataclass
+class SplitFtGradUpConfig:
+    clip: Optional[float] = MISSING         # per-token ℓ2 clip of ∂L/∂s'_B; null: no guard
+    noise_multiplier: float = MISSING       # N(0, (noise_multiplier·clip)² I) after the clip
 
 
 @dataclass
@@ -145,6 +151,7 @@ class SplitFtConfig:
     data: SplitFtDataConfig = MISSING
     privpair: SplitFtPrivPairConfig = MISSING
     dp: SplitFtDpConfig = MISSING
+    grad_up: SplitFtGradUpConfig = MISSING
     nopeek: SplitFtNoPeekConfig = MISSING
     record: SplitFtRecordConfig = MISSING
     attack: SplitFtAttackConfig = MISSING
@@ -197,6 +204,15 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"splitft.dp.delta must lie in (0, 1), got {s.dp.delta}")
     if s.dp.clip_norm is not None:
         check_positive("splitft.dp.clip_norm", s.dp.clip_norm)
+    if s.grad_up.clip is not None:
+        if cfg.configuration.name == "splitft_central":
+            raise UserError("splitft.grad_up guards a gradient that splitft_central never sends; "
+                            "drop it or pick a split configuration")
+        check_positive("splitft.grad_up.clip", s.grad_up.clip)
+    check_at_least("splitft.grad_up.noise_multiplier", s.grad_up.noise_multiplier, 0)
+    if s.grad_up.noise_multiplier > 0 and s.grad_up.clip is None:
+        raise UserError("splitft.grad_up.noise_multiplier > 0 needs splitft.grad_up.clip "
+                        "(the noise is a multiple of it)")
     check_at_least("splitft.nopeek.max_tokens", s.nopeek.max_tokens, 2)
     check_at_least("splitft.record.last_rounds", s.record.last_rounds, 1)
     check_at_least("splitft.record.steps_per_round", s.record.steps_per_round, 1)
@@ -233,3 +249,19 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least("splitft.attack.inverter.max_examples", v.max_examples, 2)
         if s.data.n_align < 2:
             raise UserError("splitft.attack.inverter needs splitft.data.n_align >= 2 public blocks to train on")
+
+
+def grad_guard(section: Any) -> dict[str, float] | None:
+    """The guard on `grad_up` as the protocol publishes it (the server knows the mechanism, not the noise
+    drawn), or None without one; `section`: the resolved `splitft` section."""
+    g = section["grad_up"]
+    if g["clip"] is None:
+        return None
+    return {"clip": float(g["clip"]), "noise_multiplier": float(g["noise_multiplier"])}
+
+
+def guard_label(guard: dict[str, float] | None) -> str | None:
+    """That guard in a row or point label ("∇clip 1e-05 z=1"), None without one."""
+    if not guard:
+        return None
+    return f"∇clip {guard['clip']:.3g} z={guard['noise_multiplier']:.3g}"

@@ -20,6 +20,13 @@ Mechanisms and their knob (the run's `epsilon`, harness/configurations.py):
 - NoPeek (knob α; Vepakomma et al. 2020): loss + α·dCor(e, s_A), the distance correlation between the
   token embeddings and the smashed token vectors, over at most `max_tokens` token rows of the batch.
 - PrivPair (knob λ, the coupling weight): harness/splitft/privpair.py.
+
+None of these touches the gradient the client sends up at cut m (∂L/∂s'_B, `grad_up`), from which BiSR(b)
+reads the labels (attacks/splitft/bisr_backward.py). `GradientGuard` is the one guard on that channel, and it
+goes on top of any defence above (`splitft.grad_up`): every token vector of the gradient clipped to ℓ2 norm
+c, plus N(0, (z·c)² I), paper 004's mitigation of its own returned gradient. It carries no DP claim: one
+label moves every earlier position's gradient row through C's attention, so the per-row clip bounds no
+per-label sensitivity.
 """
 from __future__ import annotations
 
@@ -66,6 +73,27 @@ def clip_rows(x: torch.Tensor, bound: float, p: int) -> torch.Tensor:
     """Each last-axis vector scaled down to ℓp norm at most `bound`."""
     norms = x.norm(p=p, dim=-1, keepdim=True)
     return x * torch.clamp(bound / norms.clamp_min(1e-12), max=1.0)
+
+
+def clip_and_noise(x: torch.Tensor, clip: float, noise_multiplier: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Every last-axis vector clipped to ℓ2 norm `clip`, plus N(0, (noise_multiplier·clip)²) on every entry."""
+    out = clip_rows(x, clip, 2)
+    if noise_multiplier > 0:
+        out = out + noise_multiplier * clip * torch.randn(x.shape, generator=generator, dtype=x.dtype)
+    return out
+
+
+class GradientGuard:
+    """The clip-and-noise guard on `grad_up` (module docstring); `clip` None: the gradient goes up as it is."""
+
+    def __init__(self, clip: float | None, noise_multiplier: float, generator: torch.Generator) -> None:
+        self.clip, self.noise_multiplier, self.generator = clip, float(noise_multiplier), generator
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.clip is None:
+            return grad
+        return clip_and_noise(grad, float(self.clip), self.noise_multiplier, self.generator)
 
 
 def gaussian_sigma(clip: float, epsilon: float, delta: float) -> float:

@@ -13,6 +13,7 @@ import torch
 from harness import adversary_view, configurations
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.client import ClientTrainer, Recipe
+from harness.splitft.config import grad_guard
 from harness.splitft.evaluate import heldout_scores, summarise
 
 CENTRAL = "splitft_central"
@@ -91,6 +92,7 @@ def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> Adversa
     meta = adversary_view.view_meta(cfg, system=configurations.SPLITFT,
                                     epsilon=cfg.epsilon)
     meta["splitft"] = {"k": int(section["k"]), "m": int(section["m"]), "lora": section["lora"],
+                       "grad_up": grad_guard(section),
                        "weight_layout": list(training.weight_layout),
                        "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}
                                  for e in training.exposures}}

@@ -3,7 +3,7 @@ every tensor that crosses the two cuts, in the order the protocol sends it.
 
     client  e = embed(x) (→ dχ noise) ; s_A = A(e) ; s'_A = send(s_A)          ──s'_A──▶ server  [smashed_up]
     server  s'_B = B(s'_A)                                                     ◀──s'_B── client  [smashed_down]
-    client  ŝ_B = recover(s'_B, s_A, s'_A) ; L = ℓ(C(ŝ_B), y) ; backward to C and ∂L/∂s'_B
+    client  ŝ_B = recover(s'_B, s_A, s'_A) ; L = ℓ(C(ŝ_B), y) ; backward to C and ∂L/∂s'_B (→ guard)
                                                                                ──∂L/∂s'_B──▶ server [grad_up]
     server  backward through the frozen B: ∂L/∂s'_A                            ◀──∂L/∂s'_A── client [grad_down]
     client  backward through send() and A (+ the regulariser's gradient); optimiser step on A and C
@@ -17,6 +17,7 @@ not send cannot reach B, and B's output reaches C only as the leaf the client re
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,9 +51,12 @@ class Recorder:
 
 
 def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.optim.Optimizer, *,
-               record: Recorder | None = None, measure: bool = False) -> dict[str, float]:
+               record: Recorder | None = None, measure: bool = False,
+               guard: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
     """One step on a batch of token blocks `ids` (batch, seq); returns the loss and, with `measure`,
-    H = E‖ŝ_B − s_B‖² and H_A = E‖s'_A − s_A‖² (per token vector, mean over tokens; s_B = B(s_A) plain)."""
+    H = E‖ŝ_B − s_B‖² and H_A = E‖s'_A − s_A‖² (per token vector, mean over tokens; s_B = B(s_A) plain).
+    `guard` (harness/splitft/defences.GradientGuard) changes ∂L/∂s'_B before it goes up; A then trains on
+    what the server's backward makes of the guarded gradient."""
     plain = None
     if record is not None or (measure and defence.obfuscates):
         with torch.no_grad():   # the undefended crossings of the same batch and weights: the positive controls
@@ -69,7 +73,7 @@ def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.opti
     loss = token_ce(part.tail(s_b_hat, ctx), ids).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()                                         # C, and ∂L/∂s'_B at cut m
-    grad_m = down.grad
+    grad_m = down.grad if guard is None else guard(down.grad)
     s_b_srv.backward(grad_m)                                # the server's backward through frozen B
     grad_k = up.grad
     reg = defence.regulariser(e, s_a)
