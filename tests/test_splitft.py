@@ -496,8 +496,9 @@ def test_gradient_guard_clips_every_token_row_and_adds_noise_in_proportion():
 
 def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     """With the guard's clip alone (far below every row's norm, so each row is rescaled) BiSR(b), which
-    clips its prediction the same way, still reads the labels; with noise 30 times the clip per entry it
-    reads no more than its start, the server's own decoding. The recorded gradient is the guarded one."""
+    scales the clipped rows back to the norm of the model's own guesses, still reads the labels; with noise
+    30 times the clip per entry it reads no more than its start, the server's own decoding. The recorded
+    gradient is the guarded one."""
     from attacks.splitft.bisr_backward import bisr_backward
     from attacks.splitft.label import infer_labels
     from attacks.splitft.white_box import ServerCopy
