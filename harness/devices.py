@@ -19,13 +19,18 @@ def detect_tee_kind() -> str:
     """
     if Path("/dev/tdx_guest").exists() or Path("/dev/tdx-guest").exists():
         return "tdx"
+    return "tdx" if "tdx_guest" in cpu_flags() else "emulated"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux's /proc/cpuinfo lists them (empty where it cannot be read)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and "tdx_guest" in line.split():
-                return "tdx"
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return "emulated"
+    return frozenset()
 
 
 @dataclass(frozen=True)

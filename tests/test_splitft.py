@@ -496,12 +496,14 @@ def test_gradient_guard_clips_every_token_row_and_adds_noise_in_proportion():
 
 def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     """With the guard's clip alone (far below every row's norm, so each row is rescaled) BiSR(b), which
-    scales the clipped rows back to the norm of the model's own guesses, still reads the labels; with noise
+    scales the clipped rows back to the norm of the model's own guesses, still reads the labels, and
+    without that rescaling it does not; with noise
     30 times the clip per entry it reads no more than its start, the server's own decoding. The recorded
     gradient is the guarded one."""
     from attacks.splitft.bisr_backward import bisr_backward
     from attacks.splitft.label import infer_labels
     from attacks.splitft.white_box import ServerCopy
+    from harness.adversary_view import AdversaryView
     from harness.splitft.step import GRAD_UP
 
     labels = [ids[r, 1:].tolist() for r in range(3)]
@@ -517,6 +519,9 @@ def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 0.0))
     assert float(view.select(channel=GRAD_UP)[0].tensor.norm(dim=-1).max()) <= clip * (1 + 1e-5)
     assert f1(bisr_backward(ServerCopy(view, model_cfg), **settings)) > 90.0
+    # the same clipped gradient matched as it is (the guard left out of the meta): the rescaling is what reads it
+    blind = AdversaryView(view.exposures, {**view.meta, "splitft": {**view.meta["splitft"], "grad_up": None}})
+    assert f1(bisr_backward(ServerCopy(blind, model_cfg), **settings)) < 30.0
     view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 30.0))
     copy = ServerCopy(view, model_cfg)
     assert f1(bisr_backward(copy, **settings)) <= f1(infer_labels(copy)) + 10.0

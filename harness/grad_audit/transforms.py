@@ -23,13 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.splitft.defences import clip_and_noise
+from harness.splitft.defences import clip_and_noise, clip_rows
 
 
 def clip_positions(x: torch.Tensor, c: float) -> torch.Tensor:
     """Every vector along the last axis scaled to norm at most c (unchanged where it is already shorter)."""
-    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x * torch.clamp(c / norms.clamp_min(1e-30), max=1.0)
+    return clip_rows(x, c, 2)
 
 
 def random_rotation(dim: int, generator: torch.Generator) -> torch.Tensor:

@@ -8,7 +8,6 @@ matches a regex; a token outside V (the paper's out-of-vocabulary case) is left 
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,20 +15,16 @@ from typing import Any
 
 import torch
 
+from harness.devices import cpu_flags
 from harness.errors import UserError
 
 EUCLIDEAN, COSINE = "euclidean", "cosine"
 SHORTLIST_MIN_VOCAB, SHORTLIST_EXTRA = 4096, 32
 
 
-@functools.cache
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (Linux's cpuinfo flags avx512_bf16 or amx_bf16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """Whether this CPU multiplies bf16 natively (cpuinfo flags avx512_bf16 or amx_bf16)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @dataclass
