@@ -21,6 +21,28 @@ import harness.schema  # noqa: F401  (registers the schema and the sb.* resolver
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+MAX_WORKERS = 4     # pytest-xdist workers under `-n auto` (pyproject addopts): each holds models of its own
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core, at most MAX_WORKERS (more only multiplies the models in memory)."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def _share_cores_among_workers() -> None:
+    """Under xdist, each worker's torch (and every subprocess a test starts) gets its share of the cores,
+    so that n workers do not run n × cores threads on the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return
+    import torch
+
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+_share_cores_among_workers()
 
 
 def group_options(group: str) -> list[str]:
