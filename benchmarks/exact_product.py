@@ -21,11 +21,13 @@ from omegaconf import OmegaConf
 
 from benchmarks.rounds import commit_label, emit, median_range, run_rounds, wall_seconds
 from harness.split.mechanisms import (
+    INT8_DOT_FLAGS,
     INT8_MAX_ROWS,
     ExactProduct,
     IntegerWeights,
     Slalom,
     exact_matmul_mod,
+    native_int8_dot,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,14 +58,16 @@ def main() -> None:
     slalom = Slalom()
     weights_q = slalom.quantised_weights(op_weights(args.model, args.op))
     int8 = IntegerWeights(weights_q)
-    product = ExactProduct(weights_q, slalom.modulus, torch.device("cpu"))
+    product = ExactProduct(weights_q, slalom.modulus, torch.device("cpu"), int8=False)   # its float64 side
     floats, chunk = product.float64, product.chunk
     generator = torch.Generator().manual_seed(0)
     lines = [f"# Slalom's exact kernels: int8 digit GEMMs against float64 ({args.model}, layer 0 {args.op})", "",
              (f"commit {commit}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
               f"{args.threads} threads, {args.rounds} rotated rounds per row count; weights "
               f"{sum(w.shape[0] for w in weights_q)}×{weights_q[0].shape[1]}, {int8.n_digits} weight digits; "
-              f"ExactProduct takes int8 up to INT8_MAX_ROWS = {INT8_MAX_ROWS} rows."), "",
+              f"ExactProduct takes int8 up to INT8_MAX_ROWS = {INT8_MAX_ROWS} rows where the CPU has int8 dot "
+              f"products ({', '.join(sorted(INT8_DOT_FLAGS))}): "
+              f"{'yes' if native_int8_dot() else 'no, so float64 serves every call'} here."), "",
              "Command: `python -m benchmarks.exact_product " + " ".join(
                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None) + "`", "",
              "| rows | int8 ms | float64 ms | int8 / float64 (median, min–max) | same integers |",

@@ -233,7 +233,8 @@ def test_int8_digit_kernel_gives_the_exact_integer_product():
         assert weights.n_digits == digits_needed(int(w.abs().max()))
         x = torch.randint(-(1 << 30), 1 << 30, (6, 70), generator=g)
         assert torch.equal(weights.matmul(x), x @ w.T)
-        product = ExactProduct([w[:4].double(), w[4:].double()], SLALOM_MODULUS, torch.device("cpu"))
+        product = ExactProduct([w[:4].double(), w[4:].double()], SLALOM_MODULUS, torch.device("cpu"), int8=True)
+        assert product.int8 is not None   # the int8 kernel is tested whatever this CPU would choose
         for rows in (3, INT8_MAX_ROWS + 5):
             r = torch.randint(0, SLALOM_MODULUS, (rows, 70), generator=g)
             want = torch.remainder(r @ w.T, SLALOM_MODULUS)
@@ -244,6 +245,19 @@ def test_int8_digit_kernel_gives_the_exact_integer_product():
         int8_digits(torch.tensor([128]), 1)
     with pytest.raises(ValueError):
         IntegerWeights([torch.zeros(2, INT8_EXACT_WIDTH + 1)])
+
+
+def test_the_int8_kernel_is_chosen_only_where_the_cpu_has_int8_dot_products(monkeypatch):
+    """Without VNNI or AMX int8 (an AVX2-only CPU, where torch._int_mm is 7-70x slower than float64)
+    ExactProduct uses float64 for every call; with them, int8 up to INT8_MAX_ROWS rows."""
+    from harness import devices
+
+    w = [torch.randint(-100, 101, (4, 16), generator=torch.Generator().manual_seed(0)).double()]
+    for flags, expected in ((frozenset({"avx2", "fma"}), False), (frozenset({"avx2", "avx512_vnni"}), True),
+                            (frozenset({"amx_int8"}), True)):
+        monkeypatch.setattr(devices, "cpu_flags", lambda flags=flags: flags)
+        assert (ExactProduct(w, SLALOM_MODULUS, torch.device("cpu")).int8 is not None) == expected
+    assert ExactProduct(w, SLALOM_MODULUS, torch.device("cpu"), int8=False).int8 is None
 
 
 def test_exact_matmul_mod_is_exact_even_when_split_over_chunks():

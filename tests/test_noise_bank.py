@@ -70,7 +70,7 @@ def test_slalom_pieces_are_bit_identical_to_one_whole_draw():
     quantised = [torch.randint(-300, 300, (24, 40), generator=g).double()]
     matmul = lambda x, w: exact_matmul_mod(x, w, SLALOM_MODULUS, 1 << 20)  # noqa: E731
     total = sum(REQUESTS)
-    product = ExactProduct(quantised, SLALOM_MODULUS, torch.device("cpu"))   # pieces of 32 rows: int8 kernels
+    product = ExactProduct(quantised, SLALOM_MODULUS, torch.device("cpu"), int8=True)   # pieces of 32 rows: int8
     bank = NoiseBank("o[1]", slalom_chunk_maker(quantised, product), seed=2, capacity_rows=32)
     bank.ensure(total)
     masks, corrections = _serve_all(bank, REQUESTS, top_up_between=True)

@@ -94,6 +94,17 @@ INT8_EXACT_WIDTH = (2**31 - 1) // (128 * 128)
 # side by side per row count (docs/benchmarks/exact_product_smollm2-135m.md: on the 2-core machine int8
 # is faster up to 15 rows of SmolLM2's Gate/Up product, even up to 128, slower from 192).
 INT8_MAX_ROWS = 128
+# Without int8 dot-product instructions torch._int_mm has no fast kernel: on an AVX2-only EPYC it is 7×
+# slower than float64 at 1 row and 70× at 128 to 2,250 rows, one thread (benchmarks/exact_product.py,
+# docs/benchmarks/exact_product_smollm2-135m_avx2.md). There float64 serves every call.
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def native_int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (cpuinfo flags avx512_vnni, avx_vnni or amx_int8)."""
+    from harness.devices import cpu_flags
+
+    return bool(INT8_DOT_FLAGS & cpu_flags())
 
 
 def digits_needed(max_abs: int) -> int:
@@ -158,14 +169,18 @@ class ExactProduct:
     """(x @ W_qᵀ) mod q per member for one op's quantised weights, by the faster of two exact kernels for
     the number of rows (INT8_MAX_ROWS): int8 digit GEMMs, or the float64 GEMM split over the input
     dimension. Both return the same integers; where int8 GEMMs are not available (torch._int_mm on this
-    device), or the weights are too wide for them, float64 serves every call."""
+    device) or not fast (`int8` None: the CPU's int8 dot-product instructions decide, native_int8_dot), or
+    the weights are too wide for them, float64 serves every call. `int8` True or False forces the choice
+    (tests, benchmarks)."""
 
-    def __init__(self, weights_q: list[torch.Tensor], modulus: int, device: torch.device) -> None:
+    def __init__(self, weights_q: list[torch.Tensor], modulus: int, device: torch.device,
+                 int8: bool | None = None) -> None:
         self.modulus, self.device = modulus, device
         self.float64 = [w.to(device) for w in weights_q]
         self.chunk = exact_chunk(max(w.abs().max().item() for w in weights_q), modulus)
         self.int8 = None
-        if device.type == "cpu" and hasattr(torch, "_int_mm") and weights_q[0].shape[1] <= INT8_EXACT_WIDTH:
+        wanted = native_int8_dot() if int8 is None else int8
+        if wanted and device.type == "cpu" and hasattr(torch, "_int_mm") and weights_q[0].shape[1] <= INT8_EXACT_WIDTH:
             self.int8 = IntegerWeights(weights_q)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
