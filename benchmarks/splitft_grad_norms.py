@@ -4,7 +4,7 @@ on the gradient sent up"). The step is the runner's (harness/splitft/step.split_
 model, LoRA as `experiment=splitft` sets it, one batch of `--batch` × `--tokens` tokens from the start of
 `--text`. The last position's row is left out: no label reads it, so it is exactly 0.
 
-    python -m benchmarks.splitft_grad_norms --model smollm2-135m --text ../shared/data/wikitext2/wiki.test.raw
+    python -m benchmarks.splitft_grad_norms --model smollm2-135m --k 2 --m 28 --text ../shared/data/wikitext2/wiki.test.raw
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-llama-4l")
     ap.add_argument("--text", default=str(ROOT / "attacks" / "data" / "builtin_corpus.txt"))
-    ap.add_argument("--k", type=int, default=2)
-    ap.add_argument("--m", type=int, default=28)
+    ap.add_argument("--k", type=int, default=1)    # the cuts of conf/splitft/default.yaml; experiment=splitft
+    ap.add_argument("--m", type=int, default=2)    # on SmolLM2 cuts at 2 and 28
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()

@@ -1,5 +1,5 @@
 """benchmarks/rounds.py: the rotated rounds every benchmark times its arms in (never a timed assertion), and
-benchmarks/exact_product.py's report."""
+benchmarks/exact_product.py's report, benchmarks/splitft_grad_norms.py's line."""
 from __future__ import annotations
 
 import pytest
@@ -53,3 +53,19 @@ def test_exact_product_benchmark_reports_every_row_count_and_that_both_kernels_a
     rows = [line for line in text.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
     assert len(rows) == 2 and all(line.endswith("| yes |") for line in rows)
     assert "INT8_MAX_ROWS" in text and "--model tiny-llama-4l" in text
+
+
+def test_grad_norms_benchmark_leaves_out_the_last_position_and_orders_its_quantiles(monkeypatch, capsys):
+    """benchmarks/splitft_grad_norms.py on the tiny model: every row it reports has a non-zero norm (the
+    last position's row, which no label reads, is exactly 0 and left out) and the quantiles are ordered."""
+    import re
+    import sys
+
+    from benchmarks import splitft_grad_norms
+
+    monkeypatch.setattr(sys, "argv", ["splitft_grad_norms", "--model", "tiny-llama-4l", "--batch", "2", "--tokens", "8"])
+    splitft_grad_norms.main()
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("tiny-llama-4l k=1 m=2 batch 2x8: rows of dL/ds'_B"), line
+    values = [float(v) for v in re.findall(r"(?:min|10%|median|90%|max) ([0-9.e+-]+)", line)]
+    assert len(values) == 5 and 0 < values[0] and values == sorted(values), line

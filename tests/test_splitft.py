@@ -476,7 +476,7 @@ def test_bisr_backward_reads_the_labels_from_the_gradient_the_client_sends_up(id
     assert f1(start)["bisr_b_token_f1"] < 30.0
     scores = f1(bisr_backward(copy, steps=BISR_B_STEPS, **settings))
     assert scores["bisr_b_token_f1"] > 90.0 and scores["bisr_b_verdict"] == "leak"
-    control = undefended_gradients(copy, {5: {"ids": ids, "s_b": record.truth[0]["s_b"]}})
+    control = undefended_gradients(view, copy, {5: {"ids": ids, "s_b": record.truth[0]["s_b"]}}, max_examples=3)
     torch.testing.assert_close(control.select(channel=GRAD_UP)[0].tensor, view.select(channel=GRAD_UP)[0].tensor)
 
 
@@ -498,8 +498,9 @@ def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     """With the guard's clip alone (far below every row's norm, so each row is rescaled) BiSR(b), which
     scales the clipped rows back to the norm of the model's own guesses, still reads the labels, and
     without that rescaling it does not; with noise
-    30 times the clip per entry it reads no more than its start, the server's own decoding. The recorded
-    gradient is the guarded one."""
+    30 times the clip per entry it reads no more than its start, the server's own decoding, and its MAP
+    loss (the default) keeps it at that start, where the plain match of the noise may fall below it. The
+    recorded gradient is the guarded one."""
     from attacks.splitft.bisr_backward import bisr_backward
     from attacks.splitft.label import infer_labels
     from attacks.splitft.white_box import ServerCopy
@@ -524,7 +525,9 @@ def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     assert f1(bisr_backward(ServerCopy(blind, model_cfg), **settings)) < 30.0
     view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 30.0))
     copy = ServerCopy(view, model_cfg)
-    assert f1(bisr_backward(copy, **settings)) <= f1(infer_labels(copy)) + 10.0
+    start = f1(infer_labels(copy))
+    assert f1(bisr_backward(copy, prior=False, **settings)) <= start + 10.0
+    assert start - 2.0 <= f1(bisr_backward(copy, **settings)) <= start + 10.0
 
 
 def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(ids):

@@ -34,7 +34,11 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     """Flat metrics (label_*, eia_*, bisr_*, inverter_*, verdict) and one sample row per attacked example.
     `public`: token blocks the server knows (D_align), the learned inverter's training data."""
     attacked = ServerCopy(view, model_cfg, cache_dir)
-    control = ServerCopy(plain_view(view, truth), model_cfg, cache_dir)
+    b = settings.bisr
+    control_view = plain_view(view, truth)
+    if b.enabled and int(b.backward_steps) > 0:   # the control's gradients: the undefended ones
+        control_view = undefended_gradients(control_view, attacked, truth, int(b.max_examples))
+    control = ServerCopy(control_view, model_cfg, cache_dir)
     margin, positive = float(settings.gate_margin_pp), float(settings.positive_margin_pp)
     e = settings.eia
 
@@ -50,16 +54,13 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     attackers = ["label", "eia"]
     bisr_guess: list = []
     bisr_b_guess: list = []
-    b = settings.bisr
     if b.enabled:
         prior, prior_plain = label_guess, label_plain
         if int(b.backward_steps) > 0:
-            control.view = undefended_gradients(control, truth)   # the control's gradients: the undefended ones
-
             def backward(copy):
                 return bisr_backward(copy, steps=int(b.backward_steps), lr=float(b.backward_lr),
                                      beta=float(b.backward_beta), temperature=float(b.backward_temperature),
-                                     max_examples=int(b.max_examples))
+                                     max_examples=int(b.max_examples), prior=bool(b.backward_prior))
 
             bisr_b_guess, bisr_b_plain = backward(attacked), backward(control)
             attackers.append("bisr_b")

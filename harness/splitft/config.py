@@ -107,6 +107,7 @@ class SplitFtBisrConfig:
     backward_lr: float = MISSING
     backward_beta: float = MISSING          # the gradient distance: β·L2² + (1 − β)·L1
     backward_temperature: float = MISSING   # the soft labels start at softmax(f_C(s'_B) / temperature)
+    backward_prior: bool = MISSING          # under grad_up noise: MAP (likelihood + the decoding's prior)
 
 
 @dataclass
