@@ -69,3 +69,19 @@ def test_grad_norms_benchmark_leaves_out_the_last_position_and_orders_its_quanti
     assert line.startswith("tiny-llama-4l k=1 m=2 batch 2x8: rows of dL/ds'_B"), line
     values = [float(v) for v in re.findall(r"(?:min|10%|median|90%|max) ([0-9.e+-]+)", line)]
     assert len(values) == 5 and 0 < values[0] and values == sorted(values), line
+
+
+def test_bisr_guard_benchmark_prints_a_row_per_setting_and_reads_the_clipped_gradient(monkeypatch, capsys):
+    """benchmarks/splitft_bisr.py --guard on the tiny model: one table row per f:z; with the clip alone
+    BiSR(b) (both losses: they differ only under noise) reads the labels the decoding does not."""
+    import sys
+
+    from benchmarks import splitft_bisr
+
+    monkeypatch.setattr(sys, "argv", ["splitft_bisr", "--model", "tiny-llama-4l", "--tokens", "24", "--cuts=",
+                                      "--backward=", "--guard", "0.15:0,0.15:1"])
+    splitft_bisr.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.15 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "1"]
+    start, map_f1, plain_f1 = (float(cell.split()[0]) for cell in rows[0].split("|")[3:6])
+    assert map_f1 == plain_f1 > 90.0 > start + 30.0

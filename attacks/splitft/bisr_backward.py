@@ -30,7 +30,7 @@ labels, ∂ℓ(f_C(s'_B), Y)/∂s'_B, matches g; each position's guess is argmax
   own decoding, −Σ_t Σ_v Y_tv log p_C(v | s'_B)_t, both in nats. Matching the noise alone pulls the guesses
   off that prior: on SmolLM2 at z = 1 the plain match read 10 % token F1 where its own start read 34 %
   (docs/results/splitft_grad_guard). With the prior, the gradient moves a guess only as far as its
-  likelihood outweighs the decoding, so a noisy channel cannot make the attack worse than its start.
+  likelihood outweighs the decoding, so heavy noise leaves the guesses at the decoding, not below it.
   `prior=False` is the authors' plain distance under noise too (the alternative).
 - Against PrivPair the gradient was taken at the client's ŝ_B = W2(s'_B, δ_A) and W2 never leaves the
   client, so the server differentiates f_C at s'_B: a mismatch the defence's design relies on.

@@ -94,8 +94,8 @@ INT8_EXACT_WIDTH = (2**31 - 1) // (128 * 128)
 # side by side per row count (docs/benchmarks/exact_product_smollm2-135m.md: on the 2-core machine int8
 # is faster up to 15 rows of SmolLM2's Gate/Up product, even up to 128, slower from 192).
 INT8_MAX_ROWS = 128
-# Without int8 dot-product instructions torch._int_mm has no fast kernel: on an AVX2-only EPYC it is 7×
-# slower than float64 at 1 row and 70× at 128 to 2,250 rows, one thread (benchmarks/exact_product.py,
+# Without int8 dot-product instructions torch._int_mm has no fast kernel: on an AVX2-only EPYC it is 6×
+# slower than float64 at 1 row and 68–83× at 128 to 2,250 rows, one thread (benchmarks/exact_product.py,
 # docs/benchmarks/exact_product_smollm2-135m_avx2.md). There float64 serves every call.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
