@@ -125,6 +125,7 @@ def main() -> None:
         return peak_memory_child(args)
 
     load_before = os.getloadavg()
+    commit = commit_label()   # at the start: the code the rounds run, not what was committed meanwhile
     loaded, batch, prompts = load(args.model, args.batch, args.prompts)
     pad = loaded.tokenizer.pad_token_id
     engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads) for c in BENCHMARKED}
@@ -181,7 +182,7 @@ def main() -> None:
         f"{args.new_tokens} new tokens each, greedy. Device side: {description['accelerator']}; TEE: "
         f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s)). torch "
         f"{torch.__version__}, python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, splitbench "
-        f"commit {commit_label()}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
+        f"commit {commit}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
         "",
         f"## Ratios (median over {args.rounds} rotated rounds, min–max)",
         "",
