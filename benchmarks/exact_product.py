@@ -36,9 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def op_weights(model_name: str, op: str) -> list[torch.Tensor]:
     from harness.models import load_model
 
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml"))
-    cfg.pop("defaults", None)
-    mlp = load_model(cfg).model.model.layers[0].mlp
+    mlp = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml")).model.model.layers[0].mlp
     linears = [mlp.gate_proj, mlp.up_proj] if op == "gate_up" else [mlp.down_proj]
     return [lin.weight.detach() for lin in linears]
 

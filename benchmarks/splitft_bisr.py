@@ -50,9 +50,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="noise draws per --guard setting (passages stay the same)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
-    cfg.pop("defaults", None)
-    loaded = load_model(cfg)
+    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
     model = loaded.model
     for p in model.parameters():
         p.requires_grad_(False)
@@ -109,6 +107,8 @@ def guarded(model, ids: torch.Tensor, labels: list[int], spec: str, m: int, seed
     norms = grad[0, :-1].norm(dim=-1)   # the last position's row is 0: no label reads it
     median = float(norms.median())
     n = ids.shape[1] - 1
+    # 0 steps: the decoding's argmax, whatever arrived (the label attack's guesses)
+    start = token_prf(labels, match_labels(part, s_b, grad, n, steps=0, lr=1.0, beta=0.85, temperature=1.2)[0])[2]
     print(f"m={part.m} guard: row norms of dL/ds'_B median {median:.3g} (min {float(norms.min()):.3g}, "
           f"max {float(norms.max()):.3g}); BiSR(b) 30 steps lr 1.0, {seeds} noise draw(s)")
     print("| clip c / median | z | label attack F1 % | BiSR(b) MAP F1 % | BiSR(b) plain F1 % |")
@@ -116,11 +116,11 @@ def guarded(model, ids: torch.Tensor, labels: list[int], spec: str, m: int, seed
     for item in spec.split(","):
         fraction, z = map(float, item.split(":"))
         guard = {"clip": fraction * median, "noise_multiplier": z}
-        scores: dict[str, list[float]] = {"start": [], "map": [], "plain": []}
+        scores: dict[str, list[float]] = {"start": [start], "map": [], "plain": []}
         for seed in range(seeds):
             sent = GradientGuard(guard["clip"], z, torch.Generator().manual_seed(seed))(grad)
-            for name, steps, prior in (("start", 0, True), ("map", 30, True), ("plain", 30, False)):
-                guess = match_labels(part, s_b, sent, n, steps=steps, lr=1.0, beta=0.85, temperature=1.2,
+            for name, prior in (("map", True), ("plain", False)):
+                guess = match_labels(part, s_b, sent, n, steps=30, lr=1.0, beta=0.85, temperature=1.2,
                                      guard=guard, prior=prior)[0]
                 scores[name].append(token_prf(labels, guess)[2])
         cells = [f"{sum(v) / len(v):.1f} ({min(v):.1f}–{max(v):.1f})" for v in scores.values()]

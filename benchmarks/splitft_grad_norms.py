@@ -30,9 +30,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
-    cfg.pop("defaults", None)
-    loaded = load_model(cfg)
+    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
     lora = OmegaConf.load(ROOT / "conf" / "splitft" / "default.yaml").lora
     lora.enabled = True
     part, names = trainable.make_trainable(loaded.model, args.k, args.m, lora)

@@ -43,9 +43,7 @@ def main() -> None:
     from harness.splitft.privpair import PrivPair, token_ce
     from harness.splitft.step import split_step
 
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
-    cfg.pop("defaults", None)
-    model = load_model(cfg).model
+    model = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml")).model
     model.train()
     part, names = trainable.make_trainable(model, args.k, args.m, None)
     params = dict(model.named_parameters())

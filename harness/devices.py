@@ -2,6 +2,7 @@
 untrusted accelerator."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,10 @@ def detect_tee_kind() -> str:
     return "tdx" if "tdx_guest" in cpu_flags() else "emulated"
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux's /proc/cpuinfo lists them (empty where it cannot be read)."""
+    """The CPU's feature flags as Linux's /proc/cpuinfo lists them (empty where it cannot be read); read
+    once per process (ExactProduct asks for every op of every engine)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -31,6 +34,11 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_has_any(*flags: str) -> bool:
+    """Whether the CPU lists any of these feature flags (e.g. the instructions a fast kernel needs)."""
+    return bool(set(flags) & cpu_flags())
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,15 @@ CONF = REPO / "conf"
 MAX_WORKERS = 4     # pytest-xdist workers under `-n auto` (pyproject addopts): each holds models of its own
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity on Linux; the machine's count elsewhere)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core, at most MAX_WORKERS (more only multiplies the models in memory)."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    return max(1, min(_cores(), MAX_WORKERS))
 
 
 def _share_cores_among_workers() -> None:
@@ -37,7 +43,7 @@ def _share_cores_among_workers() -> None:
         return
     import torch
 
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    threads = max(1, _cores() // workers)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 

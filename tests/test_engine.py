@@ -248,7 +248,7 @@ def test_int8_digit_kernel_gives_the_exact_integer_product():
 
 
 def test_the_int8_kernel_is_chosen_only_where_the_cpu_has_int8_dot_products(monkeypatch):
-    """Without VNNI or AMX int8 (an AVX2-only CPU, where torch._int_mm is 7-70x slower than float64)
+    """Without VNNI or AMX int8 (an AVX2-only CPU, where torch._int_mm is 6-83x slower than float64)
     ExactProduct uses float64 for every call; with them, int8 up to INT8_MAX_ROWS rows."""
     from harness import devices
 
@@ -489,6 +489,7 @@ def test_tee_kind_is_never_claimed_without_evidence(monkeypatch):
     from harness import devices
 
     monkeypatch.setattr(devices.Path, "exists", lambda self: False)
+    monkeypatch.setattr(devices, "cpu_flags", devices.cpu_flags.__wrapped__)   # cpuinfo read at every call
     monkeypatch.setattr(devices.Path, "read_text", lambda self: "flags\t: fpu sse2 avx\n")
     assert devices.detect_tee_kind() == "emulated"
     monkeypatch.setattr(devices.Path, "read_text", lambda self: "flags\t: fpu tdx_guest sse2\n")

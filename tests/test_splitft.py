@@ -497,11 +497,10 @@ def test_gradient_guard_clips_every_token_row_and_adds_noise_in_proportion():
 def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     """With the guard's clip alone (far below every row's norm, so each row is rescaled) BiSR(b), which
     scales the clipped rows back to the norm of the model's own guesses, still reads the labels, and
-    without that rescaling it does not; with noise
-    30 times the clip per entry it reads no more than its start, the server's own decoding, and its MAP
-    loss (the default) keeps it at that start, where the plain match of the noise may fall below it. The
-    recorded gradient is the guarded one."""
-    from attacks.splitft.bisr_backward import bisr_backward
+    without that rescaling it does not; with noise 30 times the clip per entry it reads no more than its
+    start, the server's own decoding, and its MAP loss (the default) keeps it at that start, where the
+    plain match of the noise may fall below it. The recorded gradient is the guarded one."""
+    from attacks.splitft.bisr_backward import bisr_backward, unguarded
     from attacks.splitft.label import infer_labels
     from attacks.splitft.white_box import ServerCopy
     from harness.adversary_view import AdversaryView
@@ -521,7 +520,7 @@ def test_bisr_backward_sees_through_the_clip_but_not_through_the_noise(ids):
     assert float(view.select(channel=GRAD_UP)[0].tensor.norm(dim=-1).max()) <= clip * (1 + 1e-5)
     assert f1(bisr_backward(ServerCopy(view, model_cfg), **settings)) > 90.0
     # the same clipped gradient matched as it is (the guard left out of the meta): the rescaling is what reads it
-    blind = AdversaryView(view.exposures, {**view.meta, "splitft": {**view.meta["splitft"], "grad_up": None}})
+    blind = AdversaryView(view.exposures, unguarded(view.meta))
     assert f1(bisr_backward(ServerCopy(blind, model_cfg), **settings)) < 30.0
     view, model_cfg, *_ = _undefended_view(ids, guard=(clip, 30.0))
     copy = ServerCopy(view, model_cfg)

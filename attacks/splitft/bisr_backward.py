@@ -93,8 +93,9 @@ def match_labels(part: Any, s_b: torch.Tensor, grad: torch.Tensor, n_tokens: int
         grad, factor = unclipped(grad, guard, s, log_p, n_tokens)
         if prior and guard["noise_multiplier"] > 0:
             sigma = float(guard["noise_multiplier"]) * float(guard["clip"]) * factor   # per row, (rows, T, 1)
-    scale = grad.pow(2).mean().sqrt().clamp_min(torch.finfo(grad.dtype).tiny)
-    target = grad / scale
+    if sigma is None:
+        scale = grad.pow(2).mean().sqrt().clamp_min(torch.finfo(grad.dtype).tiny)
+        target = grad / scale
     optimiser = torch.optim.AdamW([z], lr=lr, eps=1e-6, weight_decay=0.01)
     for _ in range(steps):
         optimiser.zero_grad()
@@ -148,5 +149,9 @@ def undefended_gradients(view: AdversaryView, copy: ServerCopy, truth: dict[int,
                 (g,) = torch.autograd.grad(loss, s)
             e = Exposure(e.op, e.layer, e.step, e.shape, g.detach(), e.channel)
         exposures.append(e)
-    meta = {**view.meta, "splitft": {**view.meta["splitft"], "grad_up": None}}
-    return AdversaryView(exposures, meta)
+    return AdversaryView(exposures, unguarded(view.meta))
+
+
+def unguarded(meta: dict[str, Any]) -> dict[str, Any]:
+    """A view meta that publishes no guard on `grad_up` (BiSR(b) then matches the gradient as it is)."""
+    return {**meta, "splitft": {**meta["splitft"], "grad_up": None}}

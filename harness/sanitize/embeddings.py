@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.devices import cpu_flags
+from harness.devices import cpu_has_any
 from harness.errors import UserError
 
 EUCLIDEAN, COSINE = "euclidean", "cosine"
@@ -24,7 +24,7 @@ SHORTLIST_MIN_VOCAB, SHORTLIST_EXTRA = 4096, 32
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (cpuinfo flags avx512_bf16 or amx_bf16)."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return cpu_has_any("avx512_bf16", "amx_bf16")
 
 
 @dataclass

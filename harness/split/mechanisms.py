@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from harness.devices import cpu_has_any
 from harness.errors import UserError
 
 SLALOM_MODULUS = 2**23 + 2**21 + 7  # 10,485,767, Slalom's prime
@@ -102,9 +103,7 @@ INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 def native_int8_dot() -> bool:
     """Whether this CPU has int8 dot-product instructions (cpuinfo flags avx512_vnni, avx_vnni or amx_int8)."""
-    from harness.devices import cpu_flags
-
-    return bool(INT8_DOT_FLAGS & cpu_flags())
+    return cpu_has_any(*INT8_DOT_FLAGS)
 
 
 def digits_needed(max_abs: int) -> int:
