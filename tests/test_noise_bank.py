@@ -36,7 +36,7 @@ def _weights(seed: int = 0) -> list[torch.Tensor]:
 def _serve_all(bank: NoiseBank, requests: list[int], top_up_between: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     masks, corrections = [], []
     for n in requests:
-        m, cs = bank.take(n, refill_size=1)
+        m, cs = bank.take(n, refill_size=1).joined()
         masks.append(m.clone())
         corrections.append([c.clone() for c in cs])
         if top_up_between:
@@ -163,3 +163,17 @@ def test_bank_bytes_must_be_positive(tmp_path):
     assert res.returncode == 2 and len(res.stderr_lines) == 1
     assert res.stderr_lines[0] == "splitbench: error: engine.bank_bytes must be >= 1 (bytes) or null, got 0"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))
+
+
+def test_a_request_spanning_pieces_is_served_as_views_of_them_not_a_copy():
+    weights = _weights()
+    bank = NoiseBank("gate_up[0]", gaussian_chunk_maker(weights), seed=3, capacity_rows=PIECE_ROWS)
+    bank.ensure(100)
+    bank.take(5, refill_size=1)
+    served = bank.take(60, refill_size=1)      # 11 ready rows of the first piece, the rest made for it
+    assert [lo for lo, _, _ in served.parts] == [0, 11]
+    assert all(m._base is not None and all(c._base is not None for c in cs) for _, m, cs in served.parts)
+    g = torch.Generator().manual_seed(stream_seed(3, "gate_up[0]", 0))
+    whole = torch.randn(100, 40, generator=g, dtype=torch.float32)
+    masks, corrections = served.joined()
+    assert torch.equal(masks, whole[5:65]) and torch.equal(corrections[1], whole[5:65] @ weights[1].T)

@@ -397,17 +397,33 @@ class Gaussian:
         ctx = op.ctx
         rows = x.shape[:-1]
         n = math.prod(rows)
-        masks, corrections = op.take(n)
+        parts = op.take(n).parts
         with ctx.clock.time("masking"):
             sigma = self._sigma(op, x)
-            exposed = torch.addcmul(x, sigma, masks.view(*rows, -1))
+            if len(parts) == 1:
+                exposed = torch.addcmul(x, sigma, parts[0][1].view(*rows, -1))
+            else:
+                # A request spanning bank pieces (the prefill's): mask each piece's rows where they stand.
+                sigma_rows = sigma.expand(*rows, 1).reshape(n, 1)
+                flat = x.reshape(n, -1)
+                exposed = torch.empty_like(flat)
+                for lo, masks, _ in parts:
+                    hi = lo + masks.shape[0]
+                    torch.addcmul(flat[lo:hi], sigma_rows[lo:hi], masks, out=exposed[lo:hi])
+                exposed = exposed.view(*rows, -1)
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
             ys = [F.linear(sent, w, b) for w, b in op.device_params]
         ys = ctx.boundary.receive(ys)
         with ctx.clock.time("masking"):
             # The answers are fresh tensors owned by the TEE now: unmask in place, fused.
-            return [y.addcmul_(sigma, c.view(*rows, -1), value=-1.0) for y, c in zip(ys, corrections)]
+            if len(parts) == 1:
+                return [y.addcmul_(sigma, c.view(*rows, -1), value=-1.0) for y, c in zip(ys, parts[0][2])]
+            for lo, masks, corrections in parts:
+                hi = lo + masks.shape[0]
+                for y, c in zip(ys, corrections):
+                    y.view(n, -1)[lo:hi].addcmul_(sigma_rows[lo:hi], c, value=-1.0)
+            return ys
 
 
 class Slalom:
@@ -486,8 +502,9 @@ class Slalom:
         ctx, q = op.ctx, self.modulus
         rows = x.shape[:-1]
         n = math.prod(rows)
-        masks, corrections = op.take(n)
+        served = op.take(n)
         with ctx.clock.time("masking"):
+            masks, corrections = served.joined()   # a copy only when the request spans pieces (TEE work)
             # Real positions of this call (the engine's ctx.valid: prefill rows of left-padded prompts).
             valid = ctx.valid
             real = valid.reshape(n).cpu() if valid is not None and tuple(valid.shape) == tuple(rows) else None

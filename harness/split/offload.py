@@ -46,9 +46,9 @@ class OffloadedOp:
 
     def take(self, n: int):
         before = self.bank.stats.refill_s
-        masks, corrections = self.bank.take(n, self.ctx.refill_size)
+        served = self.bank.take(n, self.ctx.refill_size)
         self.ctx.clock.totals["bank_refill"] += self.bank.stats.refill_s - before
-        return masks, corrections
+        return served
 
     def output_for(self, member: int, x: torch.Tensor) -> torch.Tensor:
         pending = self._pending
