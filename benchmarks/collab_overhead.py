@@ -20,8 +20,6 @@ from omegaconf import OmegaConf
 
 from benchmarks.rounds import emit
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,11 +34,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    from benchmarks.models import load_named_model
     from harness.collab import benchmarks, engine, prompts
     from harness.collab.defences import CoVeil, Defence
-    from harness.models import load_model
 
-    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    loaded = load_named_model(args.model)
     tok, vocab = loaded.tokenizer, len(loaded.tokenizer)
     bench = benchmarks.load_benchmark(OmegaConf.create(dict(name="builtin", path=None, hub_id=None,
                                                             n_examples=args.examples, max_context_words=None,

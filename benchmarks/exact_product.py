@@ -17,7 +17,6 @@ import platform
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from benchmarks.rounds import commit_label, emit, median_range, run_rounds, wall_seconds
 from harness.split.mechanisms import (
@@ -30,13 +29,11 @@ from harness.split.mechanisms import (
     native_int8_dot,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def op_weights(model_name: str, op: str) -> list[torch.Tensor]:
-    from harness.models import load_model
+    from benchmarks.models import load_named_model
 
-    mlp = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml")).model.model.layers[0].mlp
+    mlp = load_named_model(model_name).model.model.layers[0].mlp
     linears = [mlp.gate_proj, mlp.up_proj] if op == "gate_up" else [mlp.down_proj]
     return [lin.weight.detach() for lin in linears]
 

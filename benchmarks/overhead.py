@@ -53,10 +53,10 @@ PROMPT_SETS = {
 
 
 def load(model_name: str, batch: int, prompt_set: str = "shortest"):
-    from harness.models import load_model
+    from benchmarks.models import load_named_model
     from harness.workloads import load_workload
 
-    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml"))
+    loaded = load_named_model(model_name)
     workload_cfg = OmegaConf.load(ROOT / "conf" / "workload" / "builtin.yaml")
     if prompt_set == "shortest":
         workload_cfg.n_prompts = None

@@ -36,11 +36,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from harness.models import load_model
+    from benchmarks.models import load_named_model
     from harness.sanitize import sanitizer
     from harness.workloads import load_workload
 
-    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    loaded = load_named_model(args.model)
     wl = OmegaConf.load(ROOT / "conf" / "workload" / "builtin.yaml")
     wl.n_prompts = None
     prompts = load_workload(wl, loaded.tokenizer, seed=0).prompts

@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from attacks.splitft.bisr import initial_embeddings, reconstruct
 from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.eia import invert
-from harness.models import load_model
+from benchmarks.models import load_named_model
 from harness.splitft.defences import GradientGuard
 from harness.splitft.partition import Partition
 from harness.splitft.privpair import token_ce
@@ -50,7 +49,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="noise draws per --guard setting (passages stay the same)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    loaded = load_named_model(args.model)
     model = loaded.model
     for p in model.parameters():
         p.requires_grad_(False)

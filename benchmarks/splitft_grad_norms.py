@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from harness.models import load_model
+from benchmarks.models import load_named_model
 from harness.splitft import defences, trainable
 from harness.splitft.step import GRAD_UP, Recorder, split_step
 
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
-    loaded = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml"))
+    loaded = load_named_model(args.model)
     lora = OmegaConf.load(ROOT / "conf" / "splitft" / "default.yaml").lora
     lora.enabled = True
     part, names = trainable.make_trainable(loaded.model, args.k, args.m, lora)

@@ -37,13 +37,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from harness.models import load_model
+    from benchmarks.models import load_named_model
     from harness.splitft import trainable
     from harness.splitft.defences import Defence
     from harness.splitft.privpair import PrivPair, token_ce
     from harness.splitft.step import split_step
 
-    model = load_model(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml")).model
+    model = load_named_model(args.model).model
     model.train()
     part, names = trainable.make_trainable(model, args.k, args.m, None)
     params = dict(model.named_parameters())

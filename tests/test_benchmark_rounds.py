@@ -85,3 +85,14 @@ def test_bisr_guard_benchmark_prints_a_row_per_setting_and_reads_the_clipped_gra
     assert [r.split("|")[2].strip() for r in rows] == ["0", "1"]
     start, map_f1, plain_f1 = (float(cell.split()[0]) for cell in rows[0].split("|")[3:6])
     assert map_f1 == plain_f1 > 90.0 > start + 30.0
+
+
+def test_a_benchmark_given_an_unknown_model_exits_with_one_line_and_code_2(capsys):
+    from benchmarks.models import load_named_model
+
+    with pytest.raises(SystemExit) as stopped:
+        load_named_model("no-such-model")
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("benchmarks: error: unknown model 'no-such-model'")
+    assert "smollm2-135m" in err[0] and "tiny-llama" in err[0]    # the names conf/model has
