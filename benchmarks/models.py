@@ -1,22 +1,19 @@
-"""Models by the names `model=` takes: a benchmark's --model NAME loads conf/model/NAME.yaml, the entry the
-CLI composes, so a benchmark and a run of the same name load the same weights."""
+"""Models by the names `model=` takes, for the benchmarks' --model NAME: harness.models.model_entry's file,
+so a benchmark and a run of the same name load the same weights; an unknown name ends the benchmark with
+one line and exit code 2, as the CLI does."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from omegaconf import OmegaConf
-
-MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
+from harness.errors import UserError
 
 
 def load_named_model(name: str):
-    """harness.models.load_model on conf/model/<name>.yaml; an unknown name exits with one line, code 2."""
-    from harness.models import load_model
+    from harness.models import load_model, model_entry
 
-    path = MODELS / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in MODELS.glob("*.yaml")))
-        print(f"benchmarks: error: unknown model {name!r}; conf/model has: {known}", file=sys.stderr)
-        raise SystemExit(2)
-    return load_model(OmegaConf.load(path))
+    try:
+        entry = model_entry(name)
+    except UserError as err:
+        print(f"benchmarks: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return load_model(entry)

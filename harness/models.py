@@ -68,6 +68,23 @@ _GEMMA3_TEXT_KEYS = {
 }
 
 
+# The model entries `model=<name>` composes; scripts outside Hydra (runners/sensitivity.py, benchmarks/)
+# load the same files by name through model_entry.
+MODEL_ENTRIES = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+
+def model_entry(name: str) -> Any:
+    """conf/model/<name>.yaml, the entry `model=<name>` composes; an unknown name is a UserError that lists
+    the known ones."""
+    from omegaconf import OmegaConf
+
+    path = MODEL_ENTRIES / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in MODEL_ENTRIES.glob("*.yaml")))
+        raise UserError(f"unknown model {name!r}; conf/model has: {known}")
+    return OmegaConf.load(path)
+
+
 @dataclass
 class LoadedModel:
     """A loaded causal LM: float32, eval mode, on the CPU; tokenizer with a pad token and left padding."""

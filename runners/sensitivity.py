@@ -8,11 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from harness.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def render(model_name: str, source: str, rows: list) -> str:
@@ -45,13 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
-        from harness.models import load_model
+        from harness.models import load_model, model_entry
         from harness.split.sensitivity import sensitivity_table
 
-        path = ROOT / "conf" / "model" / f"{args.model}.yaml"
-        if not path.exists():
-            raise UserError(f"unknown model {args.model!r}: no {path.relative_to(ROOT)}")
-        loaded = load_model(OmegaConf.load(path))
+        loaded = load_model(model_entry(args.model))
         text = render(args.model, loaded.source, sensitivity_table(loaded.model, ("qkv", "o", "gate_up", "lm_head")))
     except UserError as err:
         print(f"splitbench: error: {err}", file=sys.stderr)

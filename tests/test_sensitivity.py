@@ -167,3 +167,12 @@ def test_attention_output_bound_is_reached_and_never_exceeded_for_o(name):
     for rule, (low, high) in enumerate(REACHED[name]):
         reached = [f[rule] for f in fractions]
         assert low <= min(reached) and max(reached) <= high, (("paper", "per_head")[rule], min(reached), max(reached))
+
+
+def test_the_sensitivity_runner_given_an_unknown_model_exits_with_one_line_and_code_2(capsys):
+    from runners.sensitivity import main
+
+    assert main(["--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("splitbench: error: unknown model 'no-such-model'; conf/model has:")
+    assert "smollm2-135m" in err[0]

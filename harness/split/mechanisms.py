@@ -401,15 +401,16 @@ class Gaussian:
         with ctx.clock.time("masking"):
             sigma = self._sigma(op, x)
             if len(parts) == 1:
-                exposed = torch.addcmul(x, sigma, parts[0][1].view(*rows, -1))
+                (_, masks, corrections), = parts
+                exposed = torch.addcmul(x, sigma, masks.view(*rows, -1))
             else:
                 # A request spanning bank pieces (the prefill's): mask each piece's rows where they stand.
+                spans = [(slice(lo, lo + m.shape[0]), m, cs) for lo, m, cs in parts]
                 sigma_rows = sigma.expand(*rows, 1).reshape(n, 1)
                 flat = x.reshape(n, -1)
                 exposed = torch.empty_like(flat)
-                for lo, masks, _ in parts:
-                    hi = lo + masks.shape[0]
-                    torch.addcmul(flat[lo:hi], sigma_rows[lo:hi], masks, out=exposed[lo:hi])
+                for span, m, _ in spans:
+                    torch.addcmul(flat[span], sigma_rows[span], m, out=exposed[span])
                 exposed = exposed.view(*rows, -1)
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
@@ -418,11 +419,11 @@ class Gaussian:
         with ctx.clock.time("masking"):
             # The answers are fresh tensors owned by the TEE now: unmask in place, fused.
             if len(parts) == 1:
-                return [y.addcmul_(sigma, c.view(*rows, -1), value=-1.0) for y, c in zip(ys, parts[0][2])]
-            for lo, masks, corrections in parts:
-                hi = lo + masks.shape[0]
-                for y, c in zip(ys, corrections):
-                    y.view(n, -1)[lo:hi].addcmul_(sigma_rows[lo:hi], c, value=-1.0)
+                return [y.addcmul_(sigma, c.view(*rows, -1), value=-1.0) for y, c in zip(ys, corrections)]
+            flat_ys = [y.view(n, -1) for y in ys]
+            for span, _, cs in spans:
+                for y, c in zip(flat_ys, cs):
+                    y[span].addcmul_(sigma_rows[span], c, value=-1.0)
             return ys
 
 
