@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.bank_memory import peak_rss_mib
 from benchmarks.rounds import commit_label, emit, median_range, run_rounds
+from harness.split.mechanisms import INT8_MAX_ROWS, native_int8_dot
 
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
@@ -180,7 +181,8 @@ def main() -> None:
         f"Batch of {args.batch} prompts ({PROMPT_SETS[args.prompts]}: {min(text_tokens)}–{max(text_tokens)} text "
         f"tokens, {statistics.mean(len(b) for b in batch):.0f} on average with the chat template), "
         f"{args.new_tokens} new tokens each, greedy. Device side: {description['accelerator']}; TEE: "
-        f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s)). torch "
+        f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s); Slalom's "
+        f"exact products {'int8 digit GEMMs up to ' + str(INT8_MAX_ROWS) + ' rows, float64 beyond' if native_int8_dot() else 'float64 only, no int8 dot-product instructions'}). torch "
         f"{torch.__version__}, python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, splitbench "
         f"commit {commit}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
         "",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
 
@@ -23,20 +22,32 @@ class Stopwatch:
         self.cuda = any(d.type == "cuda" for d in devices)
         self.totals: dict[str, float] = defaultdict(float)
 
-    @contextmanager
-    def time(self, category: str):
-        if self.cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.totals[category] += time.perf_counter() - start
+    def time(self, category: str) -> "_Timing":
+        return _Timing(self, category)
 
     def reset(self) -> None:
         self.totals.clear()
+
+
+class _Timing:
+    """One timed span. A slotted object, not a @contextmanager generator: masking times two spans per
+    offloaded call, about 5,700 calls per SmolLM2 decode of 64 tokens, and the generator's setup was a
+    visible share of masking's cost (0.98 µs against 0.28 µs a span here)."""
+
+    __slots__ = ("watch", "category", "start")
+
+    def __init__(self, watch: Stopwatch, category: str) -> None:
+        self.watch, self.category = watch, category
+
+    def __enter__(self) -> None:
+        if self.watch.cuda:
+            torch.cuda.synchronize()
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.watch.cuda:
+            torch.cuda.synchronize()
+        self.watch.totals[self.category] += time.perf_counter() - self.start
 
 
 class Boundary:
