@@ -100,7 +100,7 @@ def phases(timings: dict, prefill: dict) -> dict[str, dict[str, float]]:
 def decode_bytes_per_step(engine_t3, engine_ep1, batch: int) -> tuple[float, float]:
     """(weight bytes a decode step reads, the bank bytes ep1 adds to it): every linear weight once
     (fp32), against one mask and its corrections per offloaded op and prompt (noise_bank.row_bytes).
-    Decoding a small batch on a CPU is bound by memory traffic, so their ratio is the floor of ep1/t3."""
+    Where decoding a small batch is bound by memory traffic, their ratio is the floor of ep1/t3."""
     from harness.split.noise_bank import row_bytes
 
     weights = sum(m.weight.numel() * m.weight.element_size() for m in engine_t3.model.modules()
@@ -214,11 +214,14 @@ def main() -> None:
             lines.append(f"| {c} | {phase} | " + " | ".join(f"{excess(c, phase, k):+.3f}" for k in COMPONENTS)
                          + f" | {excess(c, phase, 'online'):+.3f} |")
     weights, bank = decode_bytes_per_step(engines["t3"], engines["ep1"], len(batch))
+    projection_s = sum(median("t3", "decode", k) for k in ("attention_proj", "ffn_proj", "down_proj", "lm_head"))
     lines += ["", f"A decode step reads every linear weight once, {weights / 2**20:.0f} MiB in fp32; ep1 adds "
                   f"{bank / 2**20:.1f} MiB of masks and corrections for the {len(batch)} prompts "
-                  f"({100 * bank / weights:.1f} %). Decoding a small batch on a CPU is bound by memory traffic, "
-                  f"so about {1 + bank / weights:.3f} is the floor of ep1/t3 in the decode here, before any "
-                  "arithmetic."]
+                  f"({100 * bank / weights:.1f} %). Where a decode is bound by memory traffic, about "
+                  f"{1 + bank / weights:.3f} is the floor of ep1/t3 before any arithmetic; t3's decode read its "
+                  f"weights at {weights * (args.new_tokens - 1) / projection_s / 1e9:.1f} GB/s here (the weight "
+                  "bytes of its decode steps over the median seconds of its projections), which says how near that "
+                  "bound this machine's decode was."]
     generated = len(batch) * args.new_tokens
     lines += ["", "## Throughput, bank and memory", "",
               "| configuration | tokens/s, online | tokens/s, with refills | bank precompute before the generation (s) "
