@@ -10,14 +10,11 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from scipy.optimize import brentq
 from scipy.stats import norm
 
 from harness import accounting
 from harness.accounting import composed_mu, dp_epsilon, exposure_count, privacy_summary
-
-from .conftest import CONF
 
 
 def test_exposure_count_hand_computed():
@@ -47,10 +44,10 @@ def test_exposure_count_matches_the_engine(position):
     """Change token `position` of a 7-token prompt; every exposure row that changes must be counted, and in
     the prefill the count is exact. Decode steps: the count is an upper bound (the layer-0 QKV row of a
     step changes only if the generated token does), every other decode row changes."""
-    from harness.models import load_model
+    from harness.models import load_model, model_entry
     from harness.split.engine import EngineSettings, SplitEngine
 
-    loaded = load_model(OmegaConf.load(CONF / "model" / "tiny-llama.yaml"))
+    loaded = load_model(model_entry("tiny-llama"))
     a = [1500, 2301, 887, 4096, 77, 905, 3120]
     b = list(a)
     b[position] = 12345

@@ -317,10 +317,10 @@ def test_likelihood_option_scoring_by_hand():
 
 @pytest.fixture(scope="module")
 def pair():
-    from harness.models import load_model
+    from harness.models import load_model, model_entry
 
-    edge = load_model(OmegaConf.load(CONF / "model" / "tiny-llama.yaml"))
-    cloud = load_model(OmegaConf.load(CONF / "model" / "tiny-llama-tied.yaml"))
+    edge = load_model(model_entry("tiny-llama"))
+    cloud = load_model(model_entry("tiny-llama-tied"))
     return edge, cloud
 
 

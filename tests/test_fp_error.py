@@ -10,23 +10,22 @@ from fractions import Fraction
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from harness.models import load_model
+from harness.models import load_model, model_entry
 from harness.numerics import bound, kernels, precisions, reference, study, summary
 from harness.numerics.controlled_error import ErrorRescaler, rescale_to_mae
 from harness.numerics.study import member_names
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.sensitivity import down_sensitivity
 
-from .conftest import CONF, compose_config, run_cli_in_process
+from .conftest import compose_config, run_cli_in_process
 
 NARROW = ("fp32", "bf16", "fp16")
 
 
 @functools.lru_cache(maxsize=None)
 def model(name: str):
-    return load_model(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    return load_model(model_entry(name))
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -199,13 +199,13 @@ def test_only_the_text_tokens_of_a_templated_prompt_change(tiny_sanitizer):
 def tiny_sanitizer():
     from omegaconf import OmegaConf
 
-    from harness.models import load_model
+    from harness.models import load_model, model_entry
     from harness.sanitize import sanitizer
     from harness.workloads import load_workload
 
     from .conftest import CONF
 
-    loaded = load_model(OmegaConf.load(CONF / "model" / "tiny-llama.yaml"))
+    loaded = load_model(model_entry("tiny-llama"))
     wl = OmegaConf.load(CONF / "workload" / "builtin.yaml")
     wl.n_prompts = 2
     workload = load_workload(wl, loaded.tokenizer, 0)

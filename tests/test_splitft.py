@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks.splitft.cell import assess
-from harness.models import load_model
+from harness.models import load_model, model_entry
 from harness.splitft import defences, trainable
 from harness.splitft.data import dirichlet_split, iid_split
 from harness.splitft.privpair import PrivPair, token_ce
@@ -43,7 +43,7 @@ def _one_thread():
 
 
 def _model(name: str = "tiny-llama-4l"):
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    cfg = OmegaConf.to_container(model_entry(name))
     cfg.pop("defaults", None)
     return load_model(cfg).model
 
@@ -211,7 +211,7 @@ def test_dp_accounting_composes_gaussian_and_laplace_over_sends():
 def test_client_counts_every_send_of_every_block_across_rounds():
     from harness.splitft.client import MAX_SENDS, ClientTrainer, Recipe
 
-    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
     model_cfg.pop("defaults")
     section = OmegaConf.to_container(OmegaConf.merge(SECTION, {"k": 1, "m": 3, "local_steps": 2, "batch_size": 4,
                                                                "record": {"last_rounds": 0}}))
@@ -397,7 +397,7 @@ def _undefended_view(ids, guard=None):
     from harness.adversary_view import AdversaryView, Exposure
     from harness.splitft.step import CLIENT_WEIGHTS
 
-    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
     model_cfg.pop("defaults")
     model = load_model(model_cfg).model
     part, names = trainable.make_trainable(model, 1, 3, None)
@@ -598,7 +598,7 @@ def test_deployment_runtime_on_loopback(tmp_path):
     from harness.splitft.data import load_split_data
     from harness.splitft.deployment import write_recipe
 
-    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-llama-4l.yaml"))
+    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
     model_cfg.pop("defaults")
     smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft
     section = OmegaConf.to_container(OmegaConf.merge(SECTION, smoke), resolve=True)

@@ -6,14 +6,12 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.errors import UserError
-from harness.models import load_model
+from harness.models import load_model, model_entry
 from harness.splitft.partition import Partition
-
-from .conftest import CONF
 
 
 def _model(name: str):
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    cfg = OmegaConf.to_container(model_entry(name))
     cfg.pop("defaults", None)
     return load_model(cfg).model.eval()
 

@@ -214,6 +214,7 @@ class NoiseBank:
         return served
 
     def _take_slow(self, n: int, refill_size: int) -> Served:
+        """Every other request: extend the supply if short, materialise what is missing, release served pieces."""
         if self.remaining < n:
             if self.on_exhaustion == "error":
                 raise UserError(
