@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from benchmarks.bank_memory import peak_rss_mib
 from benchmarks.rounds import commit_label, emit, median_range, run_rounds
 from harness.split.mechanisms import INT8_MAX_ROWS, native_int8_dot
+from harness.split.offload import CATEGORY
 
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
@@ -170,6 +171,8 @@ def main() -> None:
 
     text_tokens = [p.n_text_tokens for p in prompts]
     description = engines["t3"].describe()
+    slalom_kernel = (f"int8 digit GEMMs up to {INT8_MAX_ROWS} rows, float64 beyond" if native_int8_dot()
+                     else "float64 only, no int8 dot-product instructions")
     command = (f"python -m benchmarks.overhead --model {args.model} --batch {args.batch} --prompts {args.prompts} "
                f"--new-tokens {args.new_tokens} --epsilon {args.epsilon} --rounds {args.rounds}"
                + (f" --threads {args.threads}" if args.threads else "") + (" --no-memory" if args.no_memory else ""))
@@ -182,7 +185,7 @@ def main() -> None:
         f"tokens, {statistics.mean(len(b) for b in batch):.0f} on average with the chat template), "
         f"{args.new_tokens} new tokens each, greedy. Device side: {description['accelerator']}; TEE: "
         f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s); Slalom's "
-        f"exact products {'int8 digit GEMMs up to ' + str(INT8_MAX_ROWS) + ' rows, float64 beyond' if native_int8_dot() else 'float64 only, no int8 dot-product instructions'}). torch "
+        f"exact products: {slalom_kernel}). torch "
         f"{torch.__version__}, python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, splitbench "
         f"commit {commit}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
         "",
@@ -214,7 +217,7 @@ def main() -> None:
             lines.append(f"| {c} | {phase} | " + " | ".join(f"{excess(c, phase, k):+.3f}" for k in COMPONENTS)
                          + f" | {excess(c, phase, 'online'):+.3f} |")
     weights, bank = decode_bytes_per_step(engines["t3"], engines["ep1"], len(batch))
-    projection_s = sum(median("t3", "decode", k) for k in ("attention_proj", "ffn_proj", "down_proj", "lm_head"))
+    projection_s = sum(median("t3", "decode", k) for k in set(CATEGORY.values()))
     lines += ["", f"A decode step reads every linear weight once, {weights / 2**20:.0f} MiB in fp32; ep1 adds "
                   f"{bank / 2**20:.1f} MiB of masks and corrections for the {len(batch)} prompts "
                   f"({100 * bank / weights:.1f} %). Where a decode is bound by memory traffic, about "

@@ -42,10 +42,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _model(name: str = "tiny-llama-4l"):
+def _model_cfg(name: str = "tiny-llama-4l") -> dict:
+    """conf/model/<name>.yaml as a plain dict without Hydra's defaults list, as recipes and clients take it."""
     cfg = OmegaConf.to_container(model_entry(name))
     cfg.pop("defaults", None)
-    return load_model(cfg).model
+    return cfg
+
+
+def _model(name: str = "tiny-llama-4l"):
+    return load_model(model_entry(name)).model
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +216,7 @@ def test_dp_accounting_composes_gaussian_and_laplace_over_sends():
 def test_client_counts_every_send_of_every_block_across_rounds():
     from harness.splitft.client import MAX_SENDS, ClientTrainer, Recipe
 
-    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
-    model_cfg.pop("defaults")
+    model_cfg = _model_cfg()
     section = OmegaConf.to_container(OmegaConf.merge(SECTION, {"k": 1, "m": 3, "local_steps": 2, "batch_size": 4,
                                                                "record": {"last_rounds": 0}}))
     blocks = torch.randint(0, 500, (5, 8), generator=torch.Generator().manual_seed(1)).tolist()
@@ -397,8 +401,7 @@ def _undefended_view(ids, guard=None):
     from harness.adversary_view import AdversaryView, Exposure
     from harness.splitft.step import CLIENT_WEIGHTS
 
-    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
-    model_cfg.pop("defaults")
+    model_cfg = _model_cfg()
     model = load_model(model_cfg).model
     part, names = trainable.make_trainable(model, 1, 3, None)
     opt = torch.optim.AdamW([dict(model.named_parameters())[n] for n in names], lr=1e-2)
@@ -598,8 +601,7 @@ def test_deployment_runtime_on_loopback(tmp_path):
     from harness.splitft.data import load_split_data
     from harness.splitft.deployment import write_recipe
 
-    model_cfg = OmegaConf.to_container(model_entry("tiny-llama-4l"))
-    model_cfg.pop("defaults")
+    model_cfg = _model_cfg()
     smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft
     section = OmegaConf.to_container(OmegaConf.merge(SECTION, smoke), resolve=True)
     data = load_split_data(OmegaConf.create(section["data"]), load_model(model_cfg).tokenizer, 2, 0)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from harness.errors import UserError
 from harness.models import load_model, model_entry
@@ -11,9 +10,7 @@ from harness.splitft.partition import Partition
 
 
 def _model(name: str):
-    cfg = OmegaConf.to_container(model_entry(name))
-    cfg.pop("defaults", None)
-    return load_model(cfg).model.eval()
+    return load_model(model_entry(name)).model.eval()
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-llama-tied"])

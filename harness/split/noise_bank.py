@@ -196,25 +196,16 @@ class NoiseBank:
     def take(self, n: int, refill_size: int) -> Served:
         """Serve the next n entries; entries not yet materialised are made now (timed as TEE work); on
         exhaustion of the supply refill (a new segment) or stop, as configured."""
-        if self._ready and self._ready[0][0].shape[0] - self._cursor > n:
-            # The decode's case, one call per offloaded op and step: the rows lie inside the oldest piece
-            # and leave some of it unserved, so none of the supply, refill or release work below applies.
-            masks, corrections, _ = self._ready[0]
-            lo = self._cursor
-            hi = self._cursor = lo + n
-            self._ready_rows -= n
-            if masks.shape[0] - hi < 2 * PIECE_ROWS:
-                self._compact_head()
-            served = Served(((0, masks[lo:hi], [c[lo:hi] for c in corrections]),))
-        else:
-            served = self._take_slow(n, refill_size)
+        if self._ready_rows < n:   # the decode's requests almost never get here: they lie in ready rows
+            self._make_ready(n, refill_size)
+        served = self._serve(n)
         self.ledger.append((self._served, self._served + n))
         self._served += n
         self.stats.entries_used += n
         return served
 
-    def _take_slow(self, n: int, refill_size: int) -> Served:
-        """Every other request: extend the supply if short, materialise what is missing, release served pieces."""
+    def _make_ready(self, n: int, refill_size: int) -> None:
+        """Materialise rows until n are ready, extending the supply first if it holds fewer than n."""
         if self.remaining < n:
             if self.on_exhaustion == "error":
                 raise UserError(
@@ -223,14 +214,12 @@ class NoiseBank:
                 )
             self.plan(max(refill_size, n - self.remaining))
             self.stats.refills += 1
-        if self._ready_rows < n:
-            start = time.perf_counter()
-            while self._ready_rows < n:
-                self._materialise(n - self._ready_rows)
-            elapsed = time.perf_counter() - start
-            self.stats.precompute_s += elapsed
-            self.stats.refill_s += elapsed
-        return self._serve(n)
+        start = time.perf_counter()
+        while self._ready_rows < n:
+            self._materialise(n - self._ready_rows)
+        elapsed = time.perf_counter() - start
+        self.stats.precompute_s += elapsed
+        self.stats.refill_s += elapsed
 
     def _compact_head(self) -> None:
         """A piece made for one large request (the prefill's) is rounded up to PIECE_ROWS rows, so a few of
