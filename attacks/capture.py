@@ -1,7 +1,7 @@
 """Capture what the accelerator sees: run prompts through the split engine with `record_view` and turn the
 adversary view into per-prompt exposure sequences (paper §7.4.1).
 
-The victim side (`capture`) drives a SplitEngine under a configuration (t3, ep1 at ε, epn) exactly as a
+The victim side (`capture`) drives a SplitEngine under a configuration (t3, ep1 at ε, epn, slalom) exactly as a
 deployment would; the attacker side (`features_from_view`) reads nothing but the `masked_input` channel
 of the recorded AdversaryView (harness/adversary_view.py) and the prompt lengths.
 
@@ -44,9 +44,12 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "composite": ("qkv", "o", "gate_up"),
     "lm_head": ("lm_head",),
 }
-# The masks the attacks model: none (`plain`, what crosses is the op input itself) and Gaussian noise.
+# What the learned attacks read: the op input itself (`plain`), Gaussian-masked inputs, and Slalom's blinded
+# residues mod q (attacked as numbers, float32: a measurement of what its one-time pad leaves, not a model of
+# it). The Bayes attacker models the first two only (attacks/suite.attack_cell).
 ATTACKABLE = tuple(n for n in configurations.names(split=True)
-                   if configurations.get(n).mechanism in ("plain", "gaussian"))   # t3, ep1, epn
+                   if configurations.get(n).mechanism in ("plain", "gaussian", "slalom"))   # t3, ep1, epn, slalom
+BAYES_MODELLED = tuple(n for n in ATTACKABLE if configurations.get(n).mechanism in ("plain", "gaussian"))
 UNMASKED = next(n for n in ATTACKABLE if configurations.get(n).mechanism == "plain")  # t3: the noise-free attacks
 
 
@@ -62,6 +65,8 @@ class CaptureSpec:
     offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
     sigma_scale: float = 1.0
     sensitivity_rule: str = "paper"
+    slalom_frac_bits: int = 8
+    slalom_scaling: str = "per_token"
     max_new_tokens: int = 1
     batch_size: int = 8
 
@@ -157,7 +162,8 @@ def make_engine(model: nn.Module, spec: CaptureSpec) -> tuple[SplitEngine, tuple
         offload = tuple(op for op in spec.offload if op != "lm_head")
     settings = EngineSettings(configuration=spec.configuration, epsilon=spec.epsilon, offload=tuple(offload),
                               seed=spec.seed, record_view=True, sigma_scale=spec.sigma_scale,
-                              sensitivity_rule=spec.sensitivity_rule)
+                              sensitivity_rule=spec.sensitivity_rule, slalom_frac_bits=spec.slalom_frac_bits,
+                              slalom_scaling=spec.slalom_scaling)
     return SplitEngine(victim, settings), ops
 
 

@@ -64,6 +64,12 @@ class Store:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _fits_half(features: Sequence[torch.Tensor]) -> bool:
+    """Whether every exposure value is finite in float16 (|x| ≤ 65,504)."""
+    limit = torch.finfo(torch.float16).max
+    return all(float(f.abs().max()) <= limit for f in features if f.numel())
+
+
 @dataclass
 class Pipeline:
     """What one attack run shares: models, prompts, corpus, settings, and the cache."""
@@ -79,6 +85,8 @@ class Pipeline:
     offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
     sigma_scale: float = 1.0
     sensitivity_rule: str = "paper"
+    slalom_frac_bits: int = 8            # Slalom's fixed point and scaling (engine.slalom_*): they change its residues
+    slalom_scaling: str = "per_token"
     capture_batch_size: int = 8
     capture_max_new_tokens: int = 1
     code: str = ""
@@ -110,7 +118,8 @@ class Pipeline:
                            epsilon=configurations.effective_epsilon(configuration, epsilon),
                            seed=base + SEED_OFFSETS[role], component=component, layer=layer,
                            offload=tuple(self.offload), sigma_scale=self.sigma_scale,
-                           sensitivity_rule=self.sensitivity_rule, max_new_tokens=self.capture_max_new_tokens,
+                           sensitivity_rule=self.sensitivity_rule, slalom_frac_bits=self.slalom_frac_bits,
+                           slalom_scaling=self.slalom_scaling, max_new_tokens=self.capture_max_new_tokens,
                            batch_size=self.capture_batch_size)
 
     def _key(self, kind: str, **parts: Any) -> str:
@@ -221,11 +230,13 @@ class Pipeline:
             tr = self._corpus_capture(configuration, epsilon, component, layer, "train")
             va = self._corpus_capture(configuration, epsilon, component, layer, "val")
             half = max(1, settings.window // 2)
-            # Training features in float16 (halves memory; the projection standardises them in float32).
+            # Training features in float16 where they fit (halves memory; the projection standardises them in
+            # float32); Slalom's residues mod q reach 10^7, past float16's 65,504, and stay float32.
+            dtype = torch.float16 if _fits_half(tr.features + va.features) else torch.float32
             train_ex = make_examples(tr.features, self.corpus.train, per_position, settings.window,
-                                     settings.max_target_tokens, phases=(0, half), dtype=torch.float16)
+                                     settings.max_target_tokens, phases=(0, half), dtype=dtype)
             val_ex = make_examples(va.features, self.corpus.val, per_position, settings.window,
-                                   settings.max_target_tokens, dtype=torch.float16)
+                                   settings.max_target_tokens, dtype=dtype)
             d_in = int(tr.features[0].shape[1])
             del tr, va      # the float16 examples are all training needs
             if shuffled:

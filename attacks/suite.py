@@ -2,7 +2,7 @@
 controls that make it mean something, the Bayes-optimal token attacker, and what results.json reports.
 
 Settings (`attack.setting`): `noise_free` attacks the unmasked inputs of the `plain` configuration (t3)
-with an attacker trained on them; `noise_oblivious` attacks masked inputs (ep1, epn) with that same
+with an attacker trained on them; `noise_oblivious` attacks masked inputs (ep1, epn, slalom) with that same
 noise-free attacker; `noise_aware` with one trained on masked captures of the same configuration and ε.
 Controls (attacks/controls.py): the component's noise-free attacker on t3 (positive) and that attacker
 trained on shuffled pairs, on t3 (negative). Everything expensive is cached by attacks/pipeline.py.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attacks import controls
-from attacks.capture import ATTACKABLE, UNMASKED, Capture, check_component
+from attacks.capture import ATTACKABLE, BAYES_MODELLED, UNMASKED, Capture, check_component
 from attacks.corpus import load_corpus
 from attacks.inversion import TrainSettings
 from attacks.pipeline import Pipeline, Store
@@ -31,7 +31,7 @@ def _either(names: Sequence[str], word: str) -> str:
 
 
 def check_setting(configuration: str, setting: str) -> None:
-    """noise_free attacks unmasked inputs (t3); the other settings attack masked ones (ep1, epn)."""
+    """noise_free attacks unmasked inputs (t3); the other settings attack masked ones (ep1, epn, slalom)."""
     if configuration not in ATTACKABLE:
         raise UserError(f"the attack runner handles configurations {_either(ATTACKABLE, 'and')}, "
                         f"got {configuration!r}")
@@ -84,6 +84,7 @@ def pipeline(victim: Any, decoder: Any, prompts: list[list[int]], attack: Mappin
                     corpus_record={**attack["corpus"], "provenance": corpus.source, "seed": seed},
                     store=Store(cache_dir), seed=seed, train_settings=settings, offload=tuple(engine["offload"]),
                     sigma_scale=float(engine["sigma_scale"]), sensitivity_rule=engine["sensitivity_rule"],
+                    slalom_frac_bits=int(engine["slalom_frac_bits"]), slalom_scaling=str(engine["slalom_scaling"]),
                     capture_batch_size=attack["capture"]["batch_size"],
                     capture_max_new_tokens=attack["capture"]["max_new_tokens"],
                     code=provenance.source_digest(dirs=("harness", "metrics", "attacks")), log=log,
@@ -176,6 +177,9 @@ class Cell:
         if f1.hi < self.floor - self.margin:
             notes.append(f"the learned attacker scores below the chance floor ({f1.mean:.2f} against "
                          f"{self.floor:.2f}): it failed, which says nothing about the masks (inconclusive)")
+        if self.configuration not in BAYES_MODELLED:
+            notes.append(f"the Bayes attacker models no mask or a Gaussian one, not {self.configuration}'s: it was not "
+                         "run, so the verdict is the learned attacker's alone")
         if self.bayes_metrics and not self.bayes_metrics["bayes_positive_control_pass"]:
             notes.append("the Bayes attacker's positive control (t3) failed: its verdict cannot be at_chance")
         return notes
@@ -185,7 +189,8 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
                 semantic_model: Any = None) -> Cell:
     """Run the cell `attack` (the plain attack config section: setting, component, layer, bayes, controls)
     names under `configuration` at ε: the attack, both controls, the verdict, and the Bayes attacker on
-    layer-0 QKV when it is enabled and QKV is offloaded."""
+    layer-0 QKV when it is enabled, QKV is offloaded and it models the configuration's mask (none or Gaussian,
+    BAYES_MODELLED: Slalom's residues are read by the learned attackers only)."""
     setting, component, layer = attack["setting"], attack["component"], attack["layer"]
     prompts = pipe.eval_prompts
     check_component(component, layer, pipe.offload, len(pipe.victim.model.model.layers))
@@ -220,7 +225,7 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
     # The Bayes-optimal token attacker on layer-0 QKV, and its positive control: the same attacker on t3.
     b = attack["bayes"]
     bayes_out, bayes_metrics = None, {}
-    if b["enabled"] and "qkv" in pipe.offload:
+    if b["enabled"] and "qkv" in pipe.offload and configuration in BAYES_MODELLED:
         run_bayes = lambda conf, eps, ks: pipe.bayes(conf, eps, ks, b["top_k"], b["prior"],  # noqa: E731
                                                      b["rows_per_chunk"], b["vocab_per_chunk"])
         bayes_out = run_bayes(configuration, epsilon, list(b["k"]))

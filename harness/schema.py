@@ -244,7 +244,7 @@ class AttackControlsConfig:
 class AttackConfig:
     """The prompt-reconstruction attack (runner attack, paper §7.4 Table 6; attacks/)."""
 
-    setting: str = MISSING                # noise_free (t3) | noise_oblivious | noise_aware (ep1, epn)
+    setting: str = MISSING                # noise_free (t3) | noise_oblivious | noise_aware (ep1, epn, slalom)
     component: str = MISSING              # qkv | o | gate_up | composite | lm_head
     layer: int = MISSING
     decoder: Optional[ModelConfig] = MISSING  # a conf/model entry (+model@attack.decoder=NAME); null = the victim

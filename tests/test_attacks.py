@@ -226,6 +226,22 @@ def test_evidence_head_reads_each_exposure_where_the_frozen_lm_cannot(pipe):
         ev_inv.generate([Example(torch.zeros(1, 64), [1, 2, 3])])
 
 
+def test_slalom_residues_are_attacked_as_numbers_and_read_nothing(pipe):
+    """Slalom's blinded residues mod q reach 10^7, past float16: the noise-aware attacker trains on them in
+    float32 (finite losses; in float16 they overflowed to NaN) and, the pad being uniform, reads no more
+    than the floor."""
+    from harness.split.mechanisms import SLALOM_MODULUS
+
+    cap = pipe.eval_capture("slalom", None, "qkv", 0)
+    values = torch.cat(cap.features)
+    assert values.min() >= 0 and values.max() < SLALOM_MODULUS and values.max() > 65_504
+    quick = replace(pipe, train_settings=replace(SETTINGS, max_steps=20, eval_every=10))
+    inv, rec = quick.attacker("slalom", None, "qkv", 0)
+    assert math.isfinite(rec["training"]["best_val_loss"]), rec["training"]
+    _, f1 = _f1(quick, inv, rec, configuration="slalom")
+    assert f1.lo <= controls.floor(pipe.eval_prompts) + 1.0, f1
+
+
 @pytest.mark.slow   # the default suite checks the same control: test_attack_smoke_cli's negative_control_pass
 def test_shuffled_control_sits_at_the_floor(pipe):
     floor = controls.floor(pipe.eval_prompts)
@@ -643,7 +659,7 @@ def test_check_decoder_compares_the_whole_vocabulary():
     (["configuration=t3"], "noise_free"),
     (["attack.setting=noise_free"], "configuration=t3"),
     (["attack.train.mode=lora"], "attack.train.mode"),
-    (["configuration=slalom"], "t3, ep1 and epn"),
+    (["configuration=cpu"], "t3, ep1, epn and slalom"),
 ])
 def test_attack_user_errors(tmp_path, override, expected):
     res = run_cli_in_process(["experiment=attack_smoke", *override], tmp_path / "out", tmp_path / "cache")
