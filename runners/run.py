@@ -41,7 +41,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
-from runners.registry import RUNNERS, Runner, load_runner, runner_systems
+from runners.registry import Runner, load_runner, runner_systems
 
 PROG = "splitbench"
 # An absolute config dir, computed from this file: works from a source checkout (`python -m runners.run`),

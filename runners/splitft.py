@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
-from harness.splitft.config import grad_guard, guard_label   # torch-free
+from harness.splitft.config import grad_guard, variant_label   # torch-free
 from harness.results import RunContext
 from runners import common
 
@@ -96,13 +96,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "initial": training.initial,
         "runtime": training.runtime,
         "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
-                  "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled)},
+                  "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled), "train_head": bool(s.train_head)},
         "grad_up": grad_guard(section),   # the guard on the gradient sent up, or None
         "view_channels": list(view.channels()) if view is not None else [],
         "timings": timings,
         "metric_definitions": DEFINITIONS,
     }
-    results["tradeoff"] = _tradeoff(metrics, configuration, guard_label(results["grad_up"]))
+    results["tradeoff"] = _tradeoff(metrics, configuration, variant_label(results["grad_up"], bool(s.train_head)))
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=_view_writer(cfg, view, ctx))

@@ -15,8 +15,8 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
 from runners import attack, controlled_error, fidelity, fp_error, timing
-from runners.registry import runner_systems
-from runners.run import RUNNERS, render_error
+from runners.registry import RUNNERS, runner_systems
+from runners.run import render_error
 
 from .conftest import compose_config, group_options
 

@@ -288,6 +288,8 @@ def test_assess_verdicts():
     (["splitft.grad_up.clip=1e-5", "splitft.grad_up.noise_multiplier=-1"],
      "splitft.grad_up.noise_multiplier must be a finite number >= 0, got -1.0"),
     (["configuration=splitft_central", "splitft.grad_up.clip=1e-5"], "splitft_central never sends"),
+    (["splitft.train_head=false", "splitft.grad_up.clip=1e-5"], "never sent with splitft.train_head=false"),
+    (["configuration=nopeek", "splitft.train_head=false"], "nopeek regularises A"),
     (["runner=attack"], "configuration=privpair belongs to the splitft system, which runner=attack does not run"),
 ])
 def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
@@ -395,26 +397,70 @@ def test_report_section_tables_and_plots(tmp_path):
     assert "| privpair λ=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
 
 
-def _undefended_view(ids, guard=None):
+def _undefended_view(ids, guard=None, train_head=True):
     """One recorded, undefended split step of the tiny model (k=1, m=3) as the server's view; `guard`:
-    (clip, noise multiplier) of a GradientGuard on the gradient sent up."""
+    (clip, noise multiplier) of a GradientGuard on the gradient sent up; `train_head` false: A frozen."""
     from harness.adversary_view import AdversaryView, Exposure
     from harness.splitft.step import CLIENT_WEIGHTS
 
     model_cfg = _model_cfg()
     model = load_model(model_cfg).model
-    part, names = trainable.make_trainable(model, 1, 3, None)
+    part, names = trainable.make_trainable(model, 1, 3, None, train_head)
     opt = torch.optim.AdamW([dict(model.named_parameters())[n] for n in names], lr=1e-2)
     record = Recorder(step=5)
     record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(model, names))   # as client.py: before the step
     published = None if guard is None else {"clip": guard[0], "noise_multiplier": guard[1]}
     guarded = None if guard is None else defences.GradientGuard(*guard, torch.Generator().manual_seed(3))
-    split_step(part, defences.Defence(), ids, opt, record=record, guard=guarded)
+    split_step(part, defences.Defence(), ids, opt, record=record, guard=guarded, send_gradient=train_head)
     view = AdversaryView([Exposure(e["op"], e["layer"], e["step"], tuple(e["tensor"].shape), e["tensor"], e["channel"])
                           for e in record.exposures],
                          {"splitft": {"k": 1, "m": 3, "lora": {"enabled": False}, "weight_layout": names,
-                                      "grad_up": published}})
+                                      "train_head": train_head, "grad_up": published}})
     return view, model_cfg, model, names, record
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-4l", "tiny-llama-tied"])
+def test_with_a_frozen_only_c_trains_and_no_gradient_goes_up(name, ids):
+    """splitft.train_head=false: A (and a tied LM head, which is A's embedding) keeps its weights, C's
+    gradients are those of a plain backward, and only the smashed data cross."""
+    k, m = (1, 3) if name == "tiny-llama-4l" else (1, 2)
+    model, plain_model = _model(name), _model(name)
+    part, names = trainable.make_trainable(model, k, m, None, train_head=False)
+    trained_both = trainable.make_trainable(_model(name), k, m, None)[1]
+    head = {n for n, p in model.named_parameters()
+            if any(p is q for mod in part.head_modules() for q in mod.parameters())}
+    assert names and not head & set(names) and set(names) < set(trained_both)
+    assert any("layers.0." in n for n in trained_both) and not any("layers.0." in n for n in names)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=0.1)
+    record = Recorder()
+    split_step(part, defences.Defence(), ids, opt, record=record, send_gradient=False)
+    assert {e["channel"] for e in record.exposures} == {SMASHED_UP, SMASHED_DOWN}
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in head)
+    assert all(not torch.equal(before[n], after[n]) for n in names)
+    plain = trainable.make_trainable(plain_model, k, m, None)[0]
+    s_a, ctx = plain.head(ids)
+    token_ce(plain.tail(plain.body(s_a, ctx), ctx), ids).mean().backward()
+    plain_params = dict(plain_model.named_parameters())
+    for n in names:   # SGD: the step is -lr times the gradient a plain backward gives C
+        torch.testing.assert_close(before[n] - after[n], 0.1 * plain_params[n].grad, rtol=1e-4, atol=1e-7)
+
+
+def test_with_a_frozen_the_server_runs_every_attack_but_bisr_backward(ids):
+    """A view with no gradient sent up: BiSR(b) has nothing to read and is not run; the label attack, the
+    EIA and BiSR's forward attack (from the label attack's guesses) still are, through the frozen A."""
+    from attacks.splitft.suite import run_attacks
+
+    view, model_cfg, _, _, record = _undefended_view(ids, train_head=False)
+    assert not view.select(channel=GRAD_UP)
+    settings = OmegaConf.merge(SECTION.attack, {"eia": {"steps": 5, "max_examples": 3},
+                                                "bisr": {"steps": 5, "max_examples": 3}})
+    metrics, rows = run_attacks(view, {t["step"]: t for t in record.truth}, model_cfg, None, settings)
+    assert not any(k.startswith("bisr_b_") for k in metrics)
+    assert {"label_token_f1", "eia_token_f1", "bisr_token_f1"} <= set(metrics)
+    assert metrics["strongest_attacker"] in ("label", "eia", "bisr")
+    assert {r["attacker"] for r in rows} == {"label", "eia", "bisr"}
 
 
 def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head(ids):

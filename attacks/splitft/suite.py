@@ -17,7 +17,7 @@ from attacks.splitft.eia import eia
 from attacks.splitft.label import infer_labels
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
-from harness.splitft.step import SMASHED_DOWN, SMASHED_UP
+from harness.splitft.step import GRAD_UP, SMASHED_DOWN, SMASHED_UP
 
 
 def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> AdversaryView:
@@ -35,8 +35,10 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     `public`: token blocks the server knows (D_align), the learned inverter's training data."""
     attacked = ServerCopy(view, model_cfg, cache_dir)
     b = settings.bisr
+    # BiSR(b) reads the gradient sent up at cut m; with A frozen (splitft.train_head=false) none was sent.
+    backward_on = b.enabled and int(b.backward_steps) > 0 and bool(view.select(channel=GRAD_UP))
     control_view = plain_view(view, truth)
-    if b.enabled and int(b.backward_steps) > 0:   # the control's gradients: the undefended ones
+    if backward_on:   # the control's gradients: the undefended ones
         control_view = undefended_gradients(control_view, attacked, truth, int(b.max_examples))
     control = ServerCopy(control_view, model_cfg, cache_dir)
     margin, positive = float(settings.gate_margin_pp), float(settings.positive_margin_pp)
@@ -56,7 +58,7 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     bisr_b_guess: list = []
     if b.enabled:
         prior, prior_plain = label_guess, label_plain
-        if int(b.backward_steps) > 0:
+        if backward_on:
             def backward(copy):
                 return bisr_backward(copy, steps=int(b.backward_steps), lr=float(b.backward_lr),
                                      beta=float(b.backward_beta), temperature=float(b.backward_temperature),

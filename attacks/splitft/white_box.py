@@ -21,7 +21,8 @@ class ServerCopy:
         meta = view.meta["splitft"]
         self.view = view
         self.model = load_model(model_cfg, cache_dir=cache_dir).model
-        self.part, self.names = trainable.make_trainable(self.model, int(meta["k"]), int(meta["m"]), meta["lora"])
+        self.part, self.names = trainable.make_trainable(self.model, int(meta["k"]), int(meta["m"]), meta["lora"],
+                                                         bool(meta.get("train_head", True)))
         if self.names != list(meta["weight_layout"]):
             raise ValueError("the attacker's copy lays the client weights out differently from the view's meta")
         for p in self.model.parameters():

@@ -70,7 +70,7 @@ class ClientTrainer:
         self.loaded = load_model(recipe.model, cache_dir=recipe.cache_dir)
         self.model = self.loaded.model
         self.part, self.names = trainable.make_trainable(self.model, int(self.section.k), int(self.section.m),
-                                                         self.section.lora)
+                                                         self.section.lora, bool(self.section.train_head))
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         return trainable.state(self.model, self.names)
@@ -115,7 +115,8 @@ class ClientTrainer:
                 # (the strong threat model), i.e. the weights that computed what crosses in this step.
                 record.add(CLIENT_WEIGHTS, "theta_a_c", None, trainable.flat(self.model, self.names))
             out = split_step(self.part, defence, blocks[rows], optimizer, record=record,
-                             measure=local == int(s.local_steps) - 1, guard=guard)
+                             measure=local == int(s.local_steps) - 1, guard=guard,
+                             send_gradient=bool(s.train_head))
             sends += torch.bincount(rows, minlength=blocks.shape[0])   # a row drawn twice went up twice
             steps_done += 1
             losses.append(out["loss"])

@@ -145,6 +145,7 @@ class SplitFtConfig:
     batch_size: int = MISSING
     lr: float = MISSING
     optimizer: str = MISSING
+    train_head: bool = MISSING              # false: A stays pretrained, only C trains, no gradient goes up
     threads: Optional[int] = MISSING
     ray_cpus: Optional[int] = MISSING
     save_view: bool = MISSING               # write the adversary view (view.pt) beside the results
@@ -205,6 +206,13 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"splitft.dp.delta must lie in (0, 1), got {s.dp.delta}")
     if s.dp.clip_norm is not None:
         check_positive("splitft.dp.clip_norm", s.dp.clip_norm)
+    if not s.train_head:
+        if s.grad_up.clip is not None:
+            raise UserError("splitft.grad_up guards a gradient that is never sent with splitft.train_head=false "
+                            "(A frozen: nothing goes back up); drop one of them")
+        if cfg.configuration.name == "nopeek":
+            raise UserError("nopeek regularises A, which splitft.train_head=false freezes; "
+                            "use splitft.train_head=true or another configuration")
     if s.grad_up.clip is not None:
         if cfg.configuration.name == "splitft_central":
             raise UserError("splitft.grad_up guards a gradient that splitft_central never sends; "
@@ -266,3 +274,11 @@ def guard_label(guard: dict[str, float] | None) -> str | None:
     if not guard:
         return None
     return f"∇clip {guard['clip']:.3g} z={guard['noise_multiplier']:.3g}"
+
+
+def variant_label(guard: dict[str, float] | None, train_head: bool = True) -> str | None:
+    """What sets a run apart beyond its configuration and strength, for row and point labels: a frozen A
+    ("A frozen") and the guard on `grad_up`; None for neither. Runs from before `train_head` existed
+    trained A."""
+    parts = ([] if train_head else ["A frozen"]) + ([guard_label(guard)] if guard else [])
+    return " · ".join(parts) or None

@@ -92,6 +92,7 @@ def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> Adversa
     meta = adversary_view.view_meta(cfg, system=configurations.SPLITFT,
                                     epsilon=cfg.epsilon)
     meta["splitft"] = {"k": int(section["k"]), "m": int(section["m"]), "lora": section["lora"],
+                       "train_head": bool(section["train_head"]),
                        "grad_up": grad_guard(section),
                        "weight_layout": list(training.weight_layout),
                        "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}

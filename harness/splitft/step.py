@@ -52,11 +52,14 @@ class Recorder:
 
 def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.optim.Optimizer, *,
                record: Recorder | None = None, measure: bool = False,
-               guard: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+               guard: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               send_gradient: bool = True) -> dict[str, float]:
     """One step on a batch of token blocks `ids` (batch, seq); returns the loss and, with `measure`,
     H = E‖ŝ_B − s_B‖² and H_A = E‖s'_A − s_A‖² (per token vector, mean over tokens; s_B = B(s_A) plain).
     `guard` (harness/splitft/defences.GradientGuard) changes ∂L/∂s'_B before it goes up; A then trains on
-    what the server's backward makes of the guarded gradient."""
+    what the server's backward makes of the guarded gradient. `send_gradient` false (A frozen,
+    `splitft.train_head=false`): nothing goes back up; only C (and PrivPair's adapters, in their bursts)
+    train."""
     plain = None
     if record is not None or (measure and defence.obfuscates):
         with torch.no_grad():   # the undefended crossings of the same batch and weights: the positive controls
@@ -73,14 +76,18 @@ def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.opti
     loss = token_ce(part.tail(s_b_hat, ctx), ids).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()                                         # C, and ∂L/∂s'_B at cut m
-    grad_m = down.grad if guard is None else guard(down.grad)
-    s_b_srv.backward(grad_m)                                # the server's backward through frozen B
-    grad_k = up.grad
     reg = defence.regulariser(e, s_a)
-    if reg is None:
-        s_a_sent.backward(grad_k)
-    else:
-        torch.autograd.backward([s_a_sent, reg], [grad_k, torch.ones_like(reg)])
+    grad_m = grad_k = None
+    if send_gradient:
+        grad_m = down.grad if guard is None else guard(down.grad)
+        s_b_srv.backward(grad_m)                            # the server's backward through frozen B
+        grad_k = up.grad
+        if reg is None:
+            s_a_sent.backward(grad_k)
+        else:
+            torch.autograd.backward([s_a_sent, reg], [grad_k, torch.ones_like(reg)])
+    elif reg is not None:   # config.validate refuses NoPeek with A frozen: its regulariser acts on A
+        raise ValueError("a regulariser on A needs A to train (send_gradient=True)")
     optimizer.step()
     out = {"loss": float(loss.detach()), "regulariser": float(reg.detach()) if reg is not None else 0.0}
     if measure:
@@ -91,7 +98,8 @@ def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.opti
     if record is not None:
         record.add(SMASHED_UP, "s_a", part.k, up)
         record.add(SMASHED_DOWN, "s_b", part.m, down)
-        record.add(GRAD_UP, "grad_s_b", part.m, grad_m)
-        record.add(GRAD_DOWN, "grad_s_a", part.k, grad_k)
+        if send_gradient:
+            record.add(GRAD_UP, "grad_s_b", part.m, grad_m)
+            record.add(GRAD_DOWN, "grad_s_a", part.k, grad_k)
         record.truth.append({"step": record.step, "ids": ids.detach().clone(), "s_a": plain[0], "s_b": plain[1]})
     return out

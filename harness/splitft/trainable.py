@@ -5,7 +5,8 @@ what the attacker loads into its own copy of the model.
 Full fine-tuning trains every parameter of A and C (a tied LM head is A's input embedding, so it is one
 parameter). With `lora.enabled`, peft's `inject_adapter_in_model` adds LoRA adapters in place (the
 module tree, and so `Partition`, is unchanged) to the `target_modules` of A's and C's decoder blocks only,
-and only the adapters train. Either way B is frozen.
+and only the adapters train. Either way B is frozen. With `train_head` false A is frozen too (and a tied
+LM head with it: its weight is A's embedding), so only C's own parameters or adapters train.
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from torch import nn
 from harness.splitft.partition import Partition
 
 
-def make_trainable(model: nn.Module, k: int, m: int, lora: Any) -> tuple[Partition, list[str]]:
-    """The partition of `model` with B frozen and the names of the parameters the clients train, sorted."""
+def make_trainable(model: nn.Module, k: int, m: int, lora: Any,
+                   train_head: bool = True) -> tuple[Partition, list[str]]:
+    """The partition of `model` with B (and, unless `train_head`, A) frozen and the names of the
+    parameters the clients train, sorted."""
     part = Partition(model, k, m)
     if lora is not None and lora.get("enabled"):
         from peft import LoraConfig, inject_adapter_in_model
 
-        layers = [*range(0, k), *range(m, part.n_layers)]
+        layers = [*(range(0, k) if train_head else ()), *range(m, part.n_layers)]
         config = LoraConfig(r=int(lora["r"]), lora_alpha=float(lora["alpha"]),
                             target_modules=list(lora["target_modules"]), layers_to_transform=layers or None,
                             lora_dropout=0.0, bias="none")
@@ -41,6 +44,8 @@ def make_trainable(model: nn.Module, k: int, m: int, lora: Any) -> tuple[Partiti
         return part, names
     part.freeze_body()
     owned = {id(p) for module in part.head_modules() + part.tail_modules() for p in module.parameters()}
+    if not train_head:
+        owned -= {id(p) for module in part.head_modules() for p in module.parameters()}
     names = sorted(n for n, p in model.named_parameters() if id(p) in owned)
     for n, p in model.named_parameters():
         p.requires_grad_(n in names)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.splitft.config import guard_label
+from harness.splitft.config import variant_label
 from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
@@ -50,13 +50,18 @@ class SplitFtGroup:
 
 def _label(run: Run) -> str:
     label = configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
-    guard = guard_label(run.data.get("grad_up"))
-    return f"{label} + {guard}" if guard else label
+    extra = variant_label(run.data.get("grad_up"), _train_head(run))
+    return f"{label} + {extra}" if extra else label
+
+
+def _train_head(run: Run) -> bool:
+    return bool((run.data.get("split") or {}).get("train_head", True))   # runs from before the option trained A
 
 
 def _order(run: Run) -> tuple:
     guard = run.data.get("grad_up") or {}
-    return (*run_order(ORDER, run.data), bool(guard), guard.get("clip", 0.0), guard.get("noise_multiplier", 0.0))
+    return (*run_order(ORDER, run.data), not _train_head(run), bool(guard), guard.get("clip", 0.0),
+            guard.get("noise_multiplier", 0.0))
 
 
 def groups(runs: Sequence[Run]) -> list[SplitFtGroup]:
