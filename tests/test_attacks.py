@@ -143,8 +143,9 @@ def test_capture_refuses_what_is_not_exposed(tied, prompts):
     spec = CaptureSpec("ep1", 1.0, 0, "composite", offload=("qkv", "lm_head"))
     with pytest.raises(UserError, match="kept in the TEE"):
         capture(tied.model, prompts[:1], spec, pad_token_id=2)
+    # A configuration that offloads nothing exposes nothing to capture.
     with pytest.raises(UserError, match="configurations"):
-        capture(tied.model, prompts[:1], CaptureSpec("slalom", None, 0, "qkv"), pad_token_id=2)
+        capture(tied.model, prompts[:1], CaptureSpec("tdx", None, 0, "qkv"), pad_token_id=2)
 
 
 # ---------------------------------------------------------------------------------------------------

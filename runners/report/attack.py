@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attacks import controls
+from harness import configurations
 from runners.report.format import (ci, configuration_label, file_slug, fmt_ci, fmt_eps, gaussian, md_table, num,
                                    rank, tagged)
 from runners.report.plotting import Figures, pyplot, save_axes
@@ -336,6 +337,10 @@ def bayes_md(group: AttackGroup) -> str | None:
     return md_table(headers, rows)
 
 
+# Why a configuration has no per-token ε: no mask at all, or a mask that is not DP noise.
+_NO_EPSILON = {"plain": "— (no noise)", "slalom": "— (one-time pad mod q, not DP noise)"}
+
+
 def accounting_md(group: AttackGroup) -> str | None:
     headers = ["configuration", "ε per token (nominal)", "exposures one token reaches", "composed μ-GDP",
                "composed (ε, δ)-DP", "new tokens"]
@@ -345,8 +350,9 @@ def accounting_md(group: AttackGroup) -> str | None:
         acc = r.data.get("accounting") or {}
         mu, eps = num(m.get("gdp_mu_composed")), num(m.get("dp_epsilon_composed"))
         delta = num(m.get("dp_delta"))
-        rows.append([r.privacy_label(), fmt_eps(m.get("epsilon_nominal")) if m.get("epsilon_nominal") is not None
-                     else "— (no noise)", m.get("gdp_exposures_composed") or "—",
+        nominal = (fmt_eps(m.get("epsilon_nominal")) if m.get("epsilon_nominal") is not None
+                   else _NO_EPSILON.get(configurations.get(str(r.data.get("configuration"))).mechanism, "—"))
+        rows.append([r.privacy_label(), nominal, m.get("gdp_exposures_composed") or "—",
                      "—" if mu is None else f"{mu:.4g}",
                      "—" if eps is None else f"({eps:.4g}, {delta:g})", acc.get("max_new_tokens", "—")])
     return md_table(headers, rows)
