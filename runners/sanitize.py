@@ -73,16 +73,28 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
     clock["attacks"] = time.perf_counter()
     noisy_docs = {name: tasks.sanitize_docs(d, name, sanitize, tokenizer, cfg.seed) for name, d in docs.items()}
-    acc = tasks.accuracy(model, tokenizer, noisy_docs, int(section.eval_batch_size))
+    scored = tasks.accuracy(model, tokenizer, noisy_docs, int(section.eval_batch_size))
     clean = _unsanitized_accuracy(cfg, inputs, docs)
     clock["accuracy"] = time.perf_counter()
     metrics = dict(attacks.metrics)
+    skilled = []   # the tasks on which the unsanitised model beats the constant answer (labels are not sanitised)
     for name in docs:
-        metrics.update(mean_ci(acc[name], bounds=(0, 100)).flat(f"accuracy_{name}"))
-        metrics.update(mean_ci(clean[name], bounds=(0, 100)).flat(f"accuracy_unsanitized_{name}"))
-    pooled = mean_ci([a for name in docs for a in acc[name]], bounds=(0, 100))
+        metrics.update(mean_ci(scored[name].acc, bounds=(0, 100)).flat(f"accuracy_{name}"))
+        reference = mean_ci(clean[name], bounds=(0, 100))
+        metrics.update(reference.flat(f"accuracy_unsanitized_{name}"))
+        metrics[f"accuracy_floor_{name}"] = floor = scored[name].constant_floor
+        metrics[f"accuracy_skill_{name}"] = skill = reference.lo is not None and reference.lo > floor
+        skilled += [name] if skill else []
+    pooled = mean_ci([a for name in docs for a in scored[name].acc], bounds=(0, 100))
     metrics.update(pooled.flat("accuracy"))
     metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))
+    # The chart's utility: pooled over the tasks with skill only, where any has it (a task at its constant floor
+    # would pull every sanitiser towards the same number and hide the cost); the reference says which.
+    utility = mean_ci([a for name in skilled for a in scored[name].acc], bounds=(0, 100)) if skilled else pooled
+    if skilled:
+        metrics.update(utility.flat("accuracy_skilled"))
+    utility_tasks = (f"tasks above their constant-answer floor: {', '.join(skilled)}" if skilled
+                     else "no task above its constant-answer floor: this accuracy cannot show a cost")
     best = attacks.strongest
     entry = configurations.get(configuration)
     results = {
@@ -100,9 +112,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "metric_definitions": _definitions(int(section.attack.top_k)),
         "tradeoff": common.tradeoff(
             leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
-            leakage_floor=best.reference, utility_metric="accuracy", utility=pooled.mean,
-            utility_ci=(pooled.lo, pooled.hi),
-            reference=f"lm-eval gold labels; unsanitized {metrics['accuracy_unsanitized']:.1f}",
+            leakage_floor=best.reference, utility_metric="accuracy", utility=utility.mean,
+            utility_ci=(utility.lo, utility.hi), reference=f"lm-eval gold labels; {utility_tasks}",
             point=point_label(cfg.sanitize, cfg.configuration.name)),
         "timings": {k: round(clock[k] - clock[p], 3) for p, k in zip(list(clock), list(clock)[1:])},
         "notes": [],
@@ -138,7 +149,8 @@ def _unsanitized_accuracy(cfg: DictConfig, inputs: common.Inputs, docs: dict[str
     hit = cache.get(key)
     if hit is not None:
         return hit["accuracy"]
-    acc = tasks.accuracy(loaded.model, loaded.tokenizer, docs, int(cfg.sanitize.eval_batch_size))
+    acc = {name: scored.acc for name, scored in tasks.accuracy(loaded.model, loaded.tokenizer, docs,
+                                                                int(cfg.sanitize.eval_batch_size)).items()}
     cache.put(key, {"accuracy": acc})
     return acc
 
@@ -162,6 +174,12 @@ def _definitions(k: int) -> dict[str, str]:
         "unchanged_rate": "% of text positions the sanitiser left unchanged",
         "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, t 95% CI",
         "accuracy": "acc pooled over the examples of every task",
+        "accuracy_floor_<task>": "the accuracy of the best answer that ignores the input (always the most frequent "
+                                 "gold target of these examples), %",
+        "accuracy_skill_<task>": "whether the unsanitised accuracy's lower 95% bound is above that floor: without "
+                                 "skill, sanitising the inputs cannot lower the accuracy measurably",
+        "accuracy_skilled": "acc pooled over the tasks with skill (absent when none has it); the privacy–utility "
+                            "chart's utility, or `accuracy` when no task has skill",
         "accuracy_unsanitized[_<task>]": "the same model and template on the unsanitised inputs",
     }
 

@@ -16,6 +16,7 @@ from harness.errors import UserError
 from harness.sanitize import mechanisms as M
 from harness.sanitize.embeddings import Table
 from harness.sanitize.mechanisms import Settings
+from harness.sanitize.tasks import MINI_SST2, Scored
 
 from .conftest import compose_config, run_cli_in_process
 
@@ -364,12 +365,20 @@ def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expecte
     assert not any(p.is_file() for p in out.rglob("*"))
 
 
+def test_constant_floor_is_the_most_frequent_gold_answers_share():
+    assert Scored([100.0, 0.0, 0.0, 100.0], ["1", "0", "1", "1"]).constant_floor == 75.0
+    assert Scored([0.0] * 4, ["A", "B", "C", "D"]).constant_floor == 25.0
+    assert Scored([], []).constant_floor == 0.0
+
+
 def test_smoke_sweep_runs_every_mechanism(tmp_path):
     out = tmp_path / "out"
     res = run_cli_in_process(["experiment=sanitize_smoke"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     runs = {p.parent.parent.parent.name: p.parent for p in out.rglob("results.json")}
     assert sorted(runs) == ["custext_plus", "dx_noise", "dx_stencil", "stencil"]
+    labels = Counter(json.loads(line)["label"] for line in MINI_SST2.read_text().splitlines() if line.strip())
+    mini_floor = 100.0 * max(labels.values()) / sum(labels.values())
     for name, run in runs.items():
         r = json.loads((run / "results.json").read_text())
         m = r["metrics"]
@@ -378,6 +387,12 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
             assert key in m, key
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
         assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
+        # The constant-answer floor is the majority label's share of the shipped SST-2 file; a random model has
+        # no skill above it, and the chart's utility then says so.
+        assert m["accuracy_floor_sst2"] == pytest.approx(mini_floor)
+        assert m["accuracy_skill_sst2"] == (m["accuracy_unsanitized_sst2_ci_lo"] > mini_floor)
+        if not m["accuracy_skill_sst2"]:
+            assert "accuracy_skilled" not in m and "no task above" in r["tradeoff"]["utility"]["reference"]
         assert (name == "stencil") == (r["epsilon"] is None)
         assert ("window_top1" in m) == (name in ("stencil", "dx_stencil"))
         assert "decoder_top1" in m and r["attack_training"]["decoder"]["steps"] == 10
@@ -398,6 +413,8 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     section = text.split("## Token sanitisers (paper 001, Figs. 2–4)")[1].split("\n## ")[0]
     assert sum(line.startswith(f"| {n} |") for line in section.splitlines() for n in runs) == 4
+    assert f"floor {mini_floor:.1f}" in section
+    assert ("*no skill*" in section) == (not m["accuracy_skill_sst2"])
     assert list((tmp_path / "report").glob("report_sanitize_*.png"))
 
 

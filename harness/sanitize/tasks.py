@@ -159,9 +159,25 @@ def task_config(name: str, data_file: Path, cache_dir: Path) -> dict[str, Any]:
             "test_split": "test"}
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One task's zero-shot result: lm-eval's per-example `acc` (0 or 100, in doc order) and gold targets."""
+    acc: list[float]
+    targets: list[str]
+
+    @property
+    def constant_floor(self) -> float:
+        """The accuracy of the best answer that ignores the input (always the most frequent gold target), in %:
+        a model whose accuracy does not clear it shows no skill on the task, so sanitising the inputs cannot
+        lower its accuracy measurably and the task says nothing about a sanitiser's cost."""
+        if not self.targets:
+            return 0.0
+        return 100.0 * max(self.targets.count(t) for t in set(self.targets)) / len(self.targets)
+
+
 def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, Any]]], batch_size: int
-             ) -> dict[str, list[float]]:
-    """Per task, lm-eval's per-example `acc` (0/1, in doc order), zero-shot."""
+             ) -> dict[str, Scored]:
+    """Per task, lm-eval's per-example `acc` and gold target, zero-shot."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -180,5 +196,5 @@ def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, 
     out = {}
     for name in docs_by_task:
         rows = sorted(res["samples"][f"splitbench_{name}"], key=lambda r: r["doc_id"])
-        out[name] = [100.0 * float(r["acc"]) for r in rows]
+        out[name] = Scored([100.0 * float(r["acc"]) for r in rows], [str(r["target"]) for r in rows])
     return out

@@ -104,8 +104,23 @@ def table_md(table: SanitizeTable) -> str:
                      _cell(m, "learned_top1"), _cell(m, "decoder_top1"),
                      f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
                      _cell(m, "unchanged_rate"), m.get("verdict")])
-    clean = [f"{t}: {_cell(table.runs[0].metrics, f'accuracy_unsanitized_{t}')}" for t in table.tasks]
-    return md_table(heads, rows) + f"\n\nUnsanitised accuracy ({table.runs[0].data.get('model')}): {'; '.join(clean)}."
+    first = table.runs[0].metrics
+    clean = [f"{t}: {_cell(first, f'accuracy_unsanitized_{t}')}" + _floor_note(first, t) for t in table.tasks]
+    text = md_table(heads, rows) + f"\n\nUnsanitised accuracy ({table.runs[0].data.get('model')}): {'; '.join(clean)}."
+    if any(first.get(f"accuracy_skill_{t}") is False for t in table.tasks):
+        text += (" A task marked *no skill* is one where the unsanitised model's interval does not clear the "
+                 "constant-answer floor (always the most frequent gold answer): there sanitising cannot lower "
+                 "the accuracy measurably, so its column says nothing about a mechanism's cost, and the "
+                 "privacy–utility chart pools accuracy over the other tasks only.")
+    return text
+
+
+def _floor_note(m: dict, task: str) -> str:
+    """' (floor 30.0, no skill)' after a task's unsanitised accuracy; '' for runs made before floors existed."""
+    floor = num(m.get(f"accuracy_floor_{task}"))
+    if floor is None:
+        return ""
+    return f" (floor {floor:.1f}{', *no skill*' if m.get(f'accuracy_skill_{task}') is False else ''})"
 
 
 def _plot(task: str):
@@ -125,6 +140,9 @@ def _plot(task: str):
         clean = num(table.runs[0].metrics.get(f"accuracy_unsanitized_{task}"))
         if clean is not None:
             ax.axhline(clean, color="grey", ls="--", lw=1, label="unsanitised")
+        floor = num(table.runs[0].metrics.get(f"accuracy_floor_{task}"))
+        if floor is not None:
+            ax.axhline(floor, color="grey", ls=":", lw=1, label="constant answer (no skill)")
         ax.set_xlabel("Pr@5 (% of tokens whose original is among the 5 nearest neighbours)")
         ax.set_ylabel(f"{task} accuracy (%)")
         save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)

@@ -151,9 +151,18 @@ def plot(chart: Chart, path: Path) -> None:
         ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=2, label=system, alpha=0.9)
         for x, y, p in zip(xs, ys, pts):
             ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=f"C{i}")
+            # The attacker's no-signal floor at the same height: leakage metrics differ in what nothing scores
+            # (a token F1 of unrelated text is 15-25%), so the distance to the floor is what was read.
+            floor = num(p.leakage.get("floor"))
+            if floor is not None:
+                ax.plot([floor, x], [y, y], ls=":", lw=0.8, color=f"C{i}", alpha=0.7)
+                ax.plot([floor], [y], marker="|", ms=8, color=f"C{i}", alpha=0.7)
+    if any(num(p.leakage.get("floor")) is not None for p in chart.points if chart.complete(p)):
+        ax.plot([], [], ls=":", marker="|", color="grey", label="attacker's no-signal floor")
+    ax.set_xlim(left=0)
     ax.set_xlabel("leakage: strongest attacker's score (%)")
     ax.set_ylabel(f"utility kept: {chart.metric} (%)")
-    save_axes(fig, ax, path, chart.title, legend_loc="lower left")
+    save_axes(fig, ax, path, chart.title, legend_loc="best")
 
 
 def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:
