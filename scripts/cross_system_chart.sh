@@ -25,16 +25,17 @@ done
 run() { echo "==> splitbench $*"; splitbench "$@" || status=2; }   # one failed sweep does not stop the rest
 status=0
 
-# Every runner reads the same 30 Dolly records: 100–250 tokens, the first 30 of the seeded selection.
+# Every runner reads the same 30 Dolly records: a seeded sample of those of 100–250 tokens (harness/workloads.py).
 prompts=(model=smollm2-135m workload=dolly "workload.path=$dolly" workload.n_prompts=30
          workload.min_tokens=100 workload.max_tokens=250 "paths.output_dir=$out")
 
 # Leakage of the sanitisers: Pr@5, the mechanism-aware Bayes attacker, the window and ridge inverters on the
 # sanitised prompts (the learned decoder is off: on corpora this small it did not beat the ridge inverter,
-# docs/sanitize.md), and lm-eval accuracy on 40 sanitised examples of each task (paper 001's Fig. 2 axes).
+# docs/sanitize.md), and lm-eval accuracy on 200 sanitised examples of each task, paper 001's Fig. 2 axes
+# (40 leave ±16 pp intervals, too wide to tell a 135M model's accuracy from a task's constant-answer floor).
 sanitize=(experiment=sanitize "${prompts[@]}" "sanitize.tasks=[sst2,qnli,mmlu,commonsense_qa]"
           "sanitize.task_paths.sst2=$sst2" "sanitize.task_paths.qnli=$qnli" "sanitize.task_paths.mmlu=$mmlu"
-          "sanitize.task_paths.commonsense_qa=$csqa" sanitize.task_limit=40
+          "sanitize.task_paths.commonsense_qa=$csqa" sanitize.task_limit=200
           sanitize.attack.bayes_candidates=16 sanitize.attack.bayes_samples=32 sanitize.attack.decoder_steps=0)
 run -m "${sanitize[@]}" configuration=stencil
 run -m "${sanitize[@]}" configuration=dx_stencil epsilon=150
