@@ -6,10 +6,10 @@
 #   bash scripts/cross_system_chart.sh [OUT] [REPORT]    # defaults: outputs/cross_system, no committed report
 #   bash scripts/cross_system_chart.sh outputs/cross_system docs/results/cross_system   # the committed one
 #
-# Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default ../shared/data; offline machines cannot
-# reach the hub). Reruns skip finished runs, so an interrupted script resumes where it stopped. About 80
-# minutes on a 2-core CPU machine. What it runs, and why each part is cut down, is in docs/systems.md
-# ("One chart for every mechanism").
+# Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default
+# ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
+# resumes where it stopped. About an hour on a 2-core CPU machine. The result and its reading:
+# docs/results/cross_system/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
