@@ -238,7 +238,7 @@ class Pipeline:
             val_ex = make_examples(va.features, self.corpus.val, per_position, settings.window,
                                    settings.max_target_tokens, dtype=dtype)
             d_in = int(tr.features[0].shape[1])
-            del tr, va      # the float16 examples are all training needs
+            del tr, va      # the examples are all training needs
             if shuffled:
                 train_ex = shuffle_pairs(train_ex, self.seed)
                 val_ex = shuffle_pairs(val_ex, self.seed + 1)

@@ -142,7 +142,7 @@ def _plot(task: str):
             ax.axhline(clean, color="grey", ls="--", lw=1, label="unsanitised")
         floor = num(table.runs[0].metrics.get(f"accuracy_floor_{task}"))
         if floor is not None:
-            ax.axhline(floor, color="grey", ls=":", lw=1, label="constant answer (no skill)")
+            ax.axhline(floor, color="grey", ls=":", lw=1, label="constant-answer floor")
         ax.set_xlabel("Pr@5 (% of tokens whose original is among the 5 nearest neighbours)")
         ax.set_ylabel(f"{task} accuracy (%)")
         save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)

@@ -1,0 +1,19 @@
+"""scripts/cross_system_chart.sh: the runs behind the committed cross-system chart need local data; without
+it the script stops before running anything, with one line and exit code 2."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_missing_data_is_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "DATA": str(tmp_path / "nowhere")}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "cross_system_chart.sh"), str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dolly_prompts.jsonl not found" in lines[0] and "DATA=" in lines[0]
+    assert not (tmp_path / "out").exists() and not res.stdout
