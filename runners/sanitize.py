@@ -84,7 +84,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics.update(reference.flat(f"accuracy_unsanitized_{name}"))
         metrics[f"accuracy_floor_{name}"] = floor = scored[name].constant_floor
         metrics[f"accuracy_skill_{name}"] = skill = reference.lo is not None and reference.lo > floor
-        skilled += [name] if skill else []
+        if skill:
+            skilled.append(name)
     pooled = mean_ci([a for name in docs for a in scored[name].acc], bounds=(0, 100))
     metrics.update(pooled.flat("accuracy"))
     metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))

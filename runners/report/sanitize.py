@@ -116,7 +116,7 @@ def table_md(table: SanitizeTable) -> str:
 
 
 def _floor_note(m: dict, task: str) -> str:
-    """' (floor 30.0, no skill)' after a task's unsanitised accuracy; '' for runs made before floors existed."""
+    """' (floor 30.0, *no skill*)' after a task's unsanitised accuracy; '' for runs made before floors existed."""
     floor = num(m.get(f"accuracy_floor_{task}"))
     if floor is None:
         return ""
