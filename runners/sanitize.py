@@ -91,11 +91,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))
     # The chart's utility: pooled over the tasks with skill only, where any has it (a task at its constant floor
     # would pull every sanitiser towards the same number and hide the cost); the reference says which.
-    utility = mean_ci([a for name in skilled for a in scored[name].acc], bounds=(0, 100)) if skilled else pooled
     if skilled:
+        utility = mean_ci([a for name in skilled for a in scored[name].acc], bounds=(0, 100))
         metrics.update(utility.flat("accuracy_skilled"))
-    utility_tasks = (f"tasks above their constant-answer floor: {', '.join(skilled)}" if skilled
-                     else "no task above its constant-answer floor: this accuracy cannot show a cost")
+        utility_tasks = f"tasks above their constant-answer floor: {', '.join(skilled)}"
+    else:
+        utility, utility_tasks = pooled, "no task above its constant-answer floor: this accuracy cannot show a cost"
     best = attacks.strongest
     entry = configurations.get(configuration)
     results = {

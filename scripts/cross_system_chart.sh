@@ -8,8 +8,8 @@
 #
 # Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default
 # ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
-# resumes where it stopped. About an hour on a 2-core CPU machine. The result and its reading:
-# docs/results/cross_system/README.md.
+# resumes where it stopped. About an hour on a 2-core CPU machine (the committed report's run dates). The
+# result and its reading: docs/results/cross_system/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,6 +29,11 @@ status=0
 prompts=(model=smollm2-135m workload=dolly "workload.path=$dolly" workload.n_prompts=30
          workload.min_tokens=100 workload.max_tokens=250 "paths.output_dir=$out")
 
+# The sanitiser points, each measured twice below (leakage and accuracy, then fidelity): one list, so that
+# the two halves of every point join on the chart.
+sanitisers=("configuration=stencil" "configuration=dx_stencil epsilon=150" "configuration=dx_noise epsilon=25,50"
+            "configuration=custext_plus epsilon=2")
+
 # Leakage of the sanitisers: Pr@5, the mechanism-aware Bayes attacker, the window and ridge inverters on the
 # sanitised prompts (the learned decoder is off: on corpora this small it did not beat the ridge inverter,
 # docs/sanitize.md), and lm-eval accuracy on 200 sanitised examples of each task, paper 001's Fig. 2 axes
@@ -37,19 +42,13 @@ sanitize=(experiment=sanitize "${prompts[@]}" "sanitize.tasks=[sst2,qnli,mmlu,co
           "sanitize.task_paths.sst2=$sst2" "sanitize.task_paths.qnli=$qnli" "sanitize.task_paths.mmlu=$mmlu"
           "sanitize.task_paths.commonsense_qa=$csqa" sanitize.task_limit=200
           sanitize.attack.bayes_candidates=16 sanitize.attack.bayes_samples=32 sanitize.attack.decoder_steps=0)
-run -m "${sanitize[@]}" configuration=stencil
-run -m "${sanitize[@]}" configuration=dx_stencil epsilon=150
-run -m "${sanitize[@]}" configuration=dx_noise epsilon=25,50
-run -m "${sanitize[@]}" configuration=custext_plus epsilon=2
+for point in "${sanitisers[@]}"; do run -m "${sanitize[@]}" $point; done   # $point splits into overrides
 
 # Utility: 64 greedy tokens per prompt against the cpu baseline (Table 2's protocol, shorter generations).
 fidelity=(experiment=fidelity "${prompts[@]}" generation.max_new_tokens=64)
 run -m "${fidelity[@]}" configuration=t3,epn,slalom
 run -m "${fidelity[@]}" configuration=ep1 epsilon=1,100,1000
-run -m "${fidelity[@]}" configuration=stencil
-run -m "${fidelity[@]}" configuration=dx_stencil epsilon=150
-run -m "${fidelity[@]}" configuration=dx_noise epsilon=25,50
-run -m "${fidelity[@]}" configuration=custext_plus epsilon=2
+for point in "${sanitisers[@]}"; do run -m "${fidelity[@]}" $point; done
 
 # Leakage of SpliTEE's masks: Table 6's reduced protocol (layer-0 QKV, 4 minutes per learned attacker; the
 # Bayes attacker for t3, ep1 and epn). t3 first: its noise-free attacker and controls are reused by the rest.
@@ -59,9 +58,5 @@ run -m "${attack[@]}" configuration=t3 attack.setting=noise_free
 run -m "${attack[@]}" configuration=ep1 epsilon=1,100,1000 attack.setting=noise_aware
 run -m "${attack[@]}" configuration=epn,slalom attack.setting=noise_aware
 
-if [[ -n $report ]]; then
-    splitbench-report "$out" --out "$report"
-else
-    splitbench-report "$out"
-fi
+splitbench-report "$out" ${report:+--out "$report"}
 exit $status

@@ -391,8 +391,12 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         # no skill above it, and the chart's utility then says so.
         assert m["accuracy_floor_sst2"] == pytest.approx(mini_floor)
         assert m["accuracy_skill_sst2"] == (m["accuracy_unsanitized_sst2_ci_lo"] > mini_floor)
-        if not m["accuracy_skill_sst2"]:
-            assert "accuracy_skilled" not in m and "no task above" in r["tradeoff"]["utility"]["reference"]
+        skilled = m["accuracy_skill_sst2"]
+        assert ("accuracy_skilled" in m) == skilled
+        assert ("tasks above their constant-answer floor: sst2" if skilled else "no task above") \
+            in r["tradeoff"]["utility"]["reference"]
+        if skilled:
+            assert r["tradeoff"]["utility"]["value"] == m["accuracy_skilled"] == m["accuracy_sst2"]
         assert (name == "stencil") == (r["epsilon"] is None)
         assert ("window_top1" in m) == (name in ("stencil", "dx_stencil"))
         assert "decoder_top1" in m and r["attack_training"]["decoder"]["steps"] == 10

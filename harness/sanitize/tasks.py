@@ -20,6 +20,7 @@ import csv
 import json
 import random
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +173,7 @@ class Scored:
         lower its accuracy measurably and the task says nothing about a sanitiser's cost."""
         if not self.targets:
             return 0.0
-        return 100.0 * max(self.targets.count(t) for t in set(self.targets)) / len(self.targets)
+        return 100.0 * Counter(self.targets).most_common(1)[0][1] / len(self.targets)
 
 
 def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, Any]]], batch_size: int

@@ -140,6 +140,7 @@ def plot(chart: Chart, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
     systems = list(dict.fromkeys(p.system for p in chart.points if chart.complete(p)))
+    any_floor = False
     for i, system in enumerate(systems):
         pts = [p for p in chart.points if chart.complete(p) and p.system == system]
         xs = [num(p.leakage["value"]) for p in pts]
@@ -155,9 +156,10 @@ def plot(chart: Chart, path: Path) -> None:
             # (a token F1 of unrelated text is 15-25%), so the distance to the floor is what was read.
             floor = num(p.leakage.get("floor"))
             if floor is not None:
+                any_floor = True
                 ax.plot([floor, x], [y, y], ls=":", lw=0.8, color=f"C{i}", alpha=0.7)
                 ax.plot([floor], [y], marker="|", ms=8, color=f"C{i}", alpha=0.7)
-    if any(num(p.leakage.get("floor")) is not None for p in chart.points if chart.complete(p)):
+    if any_floor:
         ax.plot([], [], ls=":", marker="|", color="grey", label="attacker's no-signal floor")
     ax.set_xlim(left=0)
     ax.set_xlabel("leakage: strongest attacker's score (%)")
