@@ -9,6 +9,7 @@ opening (harness/collab/protocol.option_loglik computes the scores; `best_option
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 
@@ -40,3 +41,12 @@ def best_option(scores: dict[str, float]) -> str | None:
 def scored_correct(scores: dict[str, float], answer: str) -> float:
     """100.0 when likelihood option scoring picks the answer, else 0.0."""
     return 100.0 if best_option(scores) == answer else 0.0
+
+
+def constant_answer_floor(answers: Sequence[str]) -> float:
+    """The accuracy (%) of the best answer that ignores the input: always the most frequent gold answer. A
+    system whose accuracy does not clear it shows no skill, so a defence cannot lower its accuracy measurably
+    and the benchmark says nothing about the defence's cost."""
+    if not answers:
+        return 0.0
+    return 100.0 * Counter(answers).most_common(1)[0][1] / len(answers)

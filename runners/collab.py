@@ -53,7 +53,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.collab.defences import make_defence
     from harness.models import load_model
     from harness.collab import edge_baselines
-    from metrics.answers import option_correct, scored_correct
+    from metrics.answers import constant_answer_floor, option_correct, scored_correct
     from metrics.evidence_recall import Vocabulary, tokenise_evidence
     from metrics.intervals import mean_ci
     from metrics.text import rouge_l
@@ -157,6 +157,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         per = [rouge_l(e.reference, t) for t, e in zip(signals.texts, examples)]
         cloud_per = [rouge_l(e.reference, t) for t, e in zip(floor.texts, examples)]
     util, cloud_util = mean_ci(per, bounds=(0.0, 100.0)), mean_ci(cloud_per, bounds=(0.0, 100.0))
+    # Accuracy that does not clear the constant answer's (always the most frequent gold option) shows no skill:
+    # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
+    accuracy_floor = constant_answer_floor([e.answer for e in examples]) if utility_metric == "accuracy" else None
 
     curves_out = leak.summarise(curves, floor_curves, ks)
     v = leak.verdict(informed, floor_curves, pos, neg, k_rep, float(c.controls.gate_margin_pp),
@@ -176,6 +179,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                     if k in curves_out})
     metrics.update(util.flat(utility_metric))
     metrics[f"cloud_only_{utility_metric}"] = cloud_util.mean
+    if accuracy_floor is not None:
+        metrics["accuracy_floor"] = accuracy_floor
+        metrics["accuracy_skill"] = util.lo is not None and util.lo > accuracy_floor
     metrics.update({k: v[k] for k in ("verdict", "positive_control_pass", "negative_control_pass")})
     steps = signals.step_seconds
     metrics["seconds_per_step"] = statistics.fmean(steps) if steps else None
@@ -201,7 +207,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "accuracy": util.mean if utility_metric == "accuracy" else None,
         "accuracy_ci": [util.lo, util.hi] if utility_metric == "accuracy" else None,
         "utility": {"metric": utility_metric, "value": util.mean, "ci": [util.lo, util.hi],
-                    "cloud_only": cloud_util.mean},
+                    "cloud_only": cloud_util.mean, "constant_answer_floor": accuracy_floor},
         "controls": v,
         "verdict": v["verdict"],
         "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}",
@@ -221,6 +227,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                **{f"floor_{m}_at_{k_rep}": floor_curves.rows[i][m][k_rep] for m in leak.METRICS}}
         if curves.inversion:
             row.update(curves.inversion[i], inversion_text=curves.inversion_text[i])
+        if bench.has_options:
+            row["gold"] = e.answer
         if option_scores is not None:
             row["option_loglik"] = option_scores[i]
         samples.append(row)
@@ -251,6 +259,8 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "accuracy": ("% of examples whose gold option has the highest log-likelihood as the answer's opening under "
                      "the step's decoding distribution (protocol.option_loglik)" if c.option_scoring == "likelihood"
                      else "% of examples whose generation states the gold option first (metrics/answers.py)"),
+        "accuracy_floor": "the constant-answer floor: % of examples whose gold option is the most frequent one "
+                          "(metrics.answers.constant_answer_floor); accuracy_skill: the accuracy's lower bound clears it",
         "informed_*": "the informed attacker: the signal's exposure sets united with the cloud's own no-signal "
                       "top-K (the floor's sets); its excess over the floor is what the signal adds (>= 0)",
         "verdict": f"attacks/controls.classify on the informed attacker's excess Token-ER@{c.metrics.report_k} "
@@ -273,7 +283,9 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(f"  inversion ROUGE-1 recall {m['inversion_rouge1_recall']:.2f} (floor "
                      f"{m['floor_inversion_rouge1_recall']:.2f})")
     u = results["utility"]
-    lines.append(f"  {u['metric']} {u['value']:.1f} [{u['ci'][0]:.1f}, {u['ci'][1]:.1f}] (cloud alone {u['cloud_only']:.1f})")
+    floor = u.get("constant_answer_floor")
+    lines.append(f"  {u['metric']} {u['value']:.1f} [{u['ci'][0]:.1f}, {u['ci'][1]:.1f}] (cloud alone {u['cloud_only']:.1f}"
+                 + (f"; constant-answer floor {floor:.1f}" if floor is not None else "") + ")")
     lines.append(f"  verdict: {results['verdict']} (positive control {'pass' if m['positive_control_pass'] else 'fail'}, "
                  f"negative control {'pass' if m['negative_control_pass'] else 'fail'})")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from attacks import collab_decodeleak as leak
 from harness.collab import benchmarks, engine, prompts
 from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, fuse, renyi_divergence
-from metrics.answers import option_correct, stated_option
+from metrics.answers import constant_answer_floor, option_correct, stated_option
 from metrics.evidence_recall import Vocabulary, first_rank, recall_curves, tokenise_evidence
 
 from .conftest import CONF, run_cli_in_process
@@ -503,6 +503,12 @@ def test_stated_option():
     assert option_correct("Yes, because", ("yes", "no", "maybe"), "yes") == 100.0
 
 
+def test_constant_answer_floor_is_the_most_frequent_gold_answers_share():
+    assert constant_answer_floor(["yes", "no", "yes", "maybe"]) == 50.0
+    assert constant_answer_floor(["yes", "no", "maybe"]) == pytest.approx(100 / 3)
+    assert constant_answer_floor([]) == 0.0
+
+
 def test_verdict_rule_on_constructed_curves():
     def curves(values):
         return leak.Curves([{"token_er": {10: v}} for v in values])
@@ -605,6 +611,8 @@ def test_collab_smoke_experiment(tmp_path):
         assert set(r["token_er_at_k"]) == {"1", "5", "20"}
         assert r["verdict"] in ("leak", "at_chance", "inconclusive") and "smoke" in r["tags"]
         assert r["tradeoff"]["leakage"]["floor"] == r["floor_token_er_at_k"]["20"]
+        gold = [json.loads(line)["gold"] for line in (run / "samples.jsonl").read_text().splitlines()]
+        assert r["utility"]["constant_answer_floor"] == r["metrics"]["accuracy_floor"] == constant_answer_floor(gold)
         from harness.adversary_view import AdversaryView
 
         view = AdversaryView.load(run / "view.pt")
@@ -619,6 +627,7 @@ def test_collab_smoke_experiment(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Cloud-edge collaborative decoding (paper 003)" in text
     assert "cloud-side fusion" in text and "edge-side fusion" in text and "Matched utility" in text
+    assert "constant-answer floor" in text
     assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 4
 
 

@@ -20,7 +20,6 @@ import csv
 import json
 import random
 import tempfile
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 
 from harness.errors import UserError
+from metrics.answers import constant_answer_floor
 
 MINI_SST2 = Path(__file__).resolve().parents[1] / "data" / "sst2_mini.jsonl"
 
@@ -168,12 +168,8 @@ class Scored:
 
     @property
     def constant_floor(self) -> float:
-        """The accuracy of the best answer that ignores the input (always the most frequent gold target), in %:
-        a model whose accuracy does not clear it shows no skill on the task, so sanitising the inputs cannot
-        lower its accuracy measurably and the task says nothing about a sanitiser's cost."""
-        if not self.targets:
-            return 0.0
-        return 100.0 * Counter(self.targets).most_common(1)[0][1] / len(self.targets)
+        """The constant-answer floor of this task (metrics.answers.constant_answer_floor), in %."""
+        return constant_answer_floor(self.targets)
 
 
 def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, Any]]], batch_size: int

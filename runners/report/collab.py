@@ -96,7 +96,12 @@ def table_md(group: CollabGroup) -> list[str]:
         row.append(_cell(d, "informed_excess_token_er_at_k", k) if "informed_excess_token_er_at_k" in d else "—")
         row.append(d.get("verdict"))
         rows.append(row)
-    return [md_table(head, rows)]
+    u = group.runs[0].data["utility"]
+    note = f"The cloud alone: {u['metric']} {u['cloud_only']:.1f}"
+    if u.get("constant_answer_floor") is not None:
+        note += (f"; the constant-answer floor (always the most frequent gold option) {u['constant_answer_floor']:.1f}: "
+                 "accuracy at or below it shows no skill, and a defence cannot lower it measurably")
+    return [md_table(head, rows), "", note + "."]
 
 
 def matched_md(group: CollabGroup) -> list[str]:
@@ -143,6 +148,9 @@ def plot_tradeoff(group: CollabGroup, png: Path) -> None:
         ax.plot([r.data["token_er_at_k"][k] for r in runs], [r.data["utility"]["value"] for r in runs],
                 marker="*" if name == "collab_none" else "o", ms=9 if name == "collab_none" else 4, label=name)
     ax.axvline(group.runs[0].data["floor_token_er_at_k"][k], color="k", ls="--", label="floor")
+    constant = group.runs[0].data["utility"].get("constant_answer_floor")
+    if constant is not None:
+        ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
     ax.set_xlabel(f"Token-ER@{k} (%)")
     ax.set_ylabel(group.runs[0].data["utility"]["metric"])
     save_axes(fig, ax, png, group.title)
