@@ -196,6 +196,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "parameter_name": configurations.get(name).parameter_name,
         "fusion": c.fusion,
         "alpha": float(c.alpha),
+        "candidates": int(c.candidates) if name == "coveil" else None,
         "cloud_model": cloud.name,
         "cloud_model_source": cloud.source,
         "evidence_tokenisation": "leading_space" if c.evidence.leading_space else "bare",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -648,3 +649,18 @@ def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
         rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         assert all(set(row["option_loglik"]) == {"yes", "no", "maybe"} for row in rows)
     assert seen == {"collab_custext", "collab_ldp_sampler", "collab_invisibleink"}
+
+
+def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
+    from runners.report import collab as report
+    from runners.report.runs import Run
+
+    def run(name, eps, **extra):
+        return Run(Path("."), name, "ok", {"configuration": name, "epsilon": eps, "alpha": 0.3, **extra})
+
+    paper, edge_alone, small_pool = run("coveil", 1.0, candidates=100), run("collab_none", None, alpha=0.0), \
+        run("coveil", 1.0, candidates=10)
+    group = report.CollabGroup(("m", "m", "b", 3, "cloud", ()), [paper, edge_alone, small_pool])
+    assert report._defence_points(group) == [paper]
+    assert report._label(edge_alone) == "collab_none α=0" and report._label(small_pool).endswith("|C|=10")
+    assert report._label(paper) == report._label(run("coveil", 1.0))   # no suffix in the paper's setting

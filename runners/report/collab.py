@@ -5,6 +5,8 @@ only in defence and parameter, so they share the floor and the controls.
 - a DecodeLeak table (paper Table 1 and Tables A3/A4): utility, Token-ER / ROUGE1-ER / Span-ER / AUC at
   the headline K with floor and excess, inversion ROUGE-1 recall, verdict;
 - a matched-utility table: each defence's Token-ER@K at the utility closest to CoVeil's best point;
+- runs outside the paper's setting (α ≠ 0.3, e.g. the edge alone at α = 0 for Table A2; a CoVeil pool
+  |C| ≠ 100 for Table A1) are table rows labelled with the difference, not curve points;
 - two plots: Token-ER against K for every run with the floor (Figure 3), and Token-ER@K against
   utility per defence (Figures 4-5).
 """
@@ -55,8 +57,27 @@ class CollabGroup:
         return str(self.runs[0].data["controls"]["verdict_k"])
 
 
+PAPER_ALPHA, PAPER_CANDIDATES = 0.3, 100   # the paper's fusion weight and CoVeil pool (conf/collab/default.yaml)
+
+
+def _ablation(run: Run) -> list[str]:
+    """What sets a run apart from the paper's setting (Table A1's pool size, Table A2's edge alone at α = 0)."""
+    d, out = run.data, []
+    if d.get("alpha") is not None and float(d["alpha"]) != PAPER_ALPHA:
+        out.append(f"α={float(d['alpha']):g}")
+    if d.get("candidates") is not None and int(d["candidates"]) != PAPER_CANDIDATES:
+        out.append(f"|C|={int(d['candidates'])}")
+    return out
+
+
 def _label(run: Run) -> str:
-    return configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
+    base = configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
+    return " ".join([base, *_ablation(run)])
+
+
+def _defence_points(group: CollabGroup) -> list[Run]:
+    """The runs in the paper's setting: the points of the trade-off curves and the matched-utility table."""
+    return [r for r in group.runs if not _ablation(r)]
 
 
 def _order(run: Run) -> tuple:
@@ -107,14 +128,15 @@ def table_md(group: CollabGroup) -> list[str]:
 def matched_md(group: CollabGroup) -> list[str]:
     """Each defence's Token-ER@K at the utility nearest to CoVeil's highest-utility point."""
     k = group.k
-    coveil = [r for r in group.runs if r.data["configuration"] == "coveil"]
+    points = _defence_points(group)
+    coveil = [r for r in points if r.data["configuration"] == "coveil"]
     if not coveil:
         return []
     target = max(coveil, key=lambda r: (r.data["utility"]["value"], -r.data["token_er_at_k"][k]))
     u0 = target.data["utility"]["value"]
     rows = []
-    for name in dict.fromkeys(r.data["configuration"] for r in group.runs):
-        runs = [r for r in group.runs if r.data["configuration"] == name]
+    for name in dict.fromkeys(r.data["configuration"] for r in points):
+        runs = [r for r in points if r.data["configuration"] == name]
         best = min(runs, key=lambda r: (abs(r.data["utility"]["value"] - u0), r.data["token_er_at_k"][k]))
         rows.append([_label(best), f"{best.data['utility']['value']:.1f}", _cell(best.data, "token_er_at_k", k),
                      _cell(best.data, "excess_token_er_at_k", k)])
@@ -143,8 +165,9 @@ def plot_tradeoff(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     k = group.k
-    for name in dict.fromkeys(r.data["configuration"] for r in group.runs):
-        runs = [r for r in group.runs if r.data["configuration"] == name]
+    points = _defence_points(group)
+    for name in dict.fromkeys(r.data["configuration"] for r in points):
+        runs = [r for r in points if r.data["configuration"] == name]
         ax.plot([r.data["token_er_at_k"][k] for r in runs], [r.data["utility"]["value"] for r in runs],
                 marker="*" if name == "collab_none" else "o", ms=9 if name == "collab_none" else 4, label=name)
     ax.axvline(group.runs[0].data["floor_token_er_at_k"][k], color="k", ls="--", label="floor")
