@@ -629,7 +629,7 @@ def test_collab_smoke_experiment(tmp_path):
     assert "## Cloud-edge collaborative decoding (paper 003)" in text
     assert "cloud-side fusion" in text and "edge-side fusion" in text and "Matched utility" in text
     assert "constant-answer floor" in text
-    assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 4
+    assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 6    # Figure 3, 4 and 5 per mode
 
 
 @pytest.mark.slow
@@ -660,7 +660,11 @@ def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
 
     paper, edge_alone, small_pool = run("coveil", 1.0, candidates=100), run("collab_none", None, alpha=0.0), \
         run("coveil", 1.0, candidates=10)
-    group = report.CollabGroup(("m", "m", "b", 3, "cloud", ()), [paper, edge_alone, small_pool])
-    assert report._defence_points(group) == [paper]
-    assert report._label(edge_alone) == "collab_none α=0" and report._label(small_pool).endswith("|C|=10")
-    assert report._label(paper) == report._label(run("coveil", 1.0))   # no suffix in the paper's setting
+    other = run("coveil", 4.0, candidates=100)
+    group = report.CollabGroup(("m", "m", "b", 3, "cloud", ()), [paper, edge_alone, small_pool, other])
+    setting = report._setting(group.runs)
+    assert setting == {"alpha": 0.3, "candidates": 100}          # the most common values
+    assert report._defence_points(group) == [paper, other]
+    assert report._label(edge_alone, setting) == "collab_none α=0"
+    assert report._label(small_pool, setting).endswith("|C|=10")
+    assert report._label(paper, setting) == report._label(paper)   # no suffix in the main setting

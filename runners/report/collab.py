@@ -5,13 +5,14 @@ only in defence and parameter, so they share the floor and the controls.
 - a DecodeLeak table (paper Table 1 and Tables A3/A4): utility, Token-ER / ROUGE1-ER / Span-ER / AUC at
   the headline K with floor and excess, inversion ROUGE-1 recall, verdict;
 - a matched-utility table: each defence's Token-ER@K at the utility closest to CoVeil's best point;
-- runs outside the paper's setting (α ≠ 0.3, e.g. the edge alone at α = 0 for Table A2; a CoVeil pool
-  |C| ≠ 100 for Table A1) are table rows labelled with the difference, not curve points;
-- two plots: Token-ER against K for every run with the floor (Figure 3), and Token-ER@K against
-  utility per defence (Figures 4-5).
+- runs outside the group's main setting (its most common α and CoVeil pool |C|: the edge alone at α = 0
+  for Table A2, other pool sizes for Table A1) are table rows labelled with the difference, not curve points;
+- three plots: Token-ER against K for every run with the floor (Figure 3), Token-ER@K against utility
+  per defence (Figure 4), and the inversion's ROUGE-1 recall against utility (Figure 5) where it ran.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,27 +58,34 @@ class CollabGroup:
         return str(self.runs[0].data["controls"]["verdict_k"])
 
 
-PAPER_ALPHA, PAPER_CANDIDATES = 0.3, 100   # the paper's fusion weight and CoVeil pool (conf/collab/default.yaml)
+def _setting(runs: Sequence[Run]) -> dict[str, Any]:
+    """The group's main setting: the most common fusion weight α and CoVeil pool size |C| among its runs."""
+    def common(key: str) -> Any:
+        values = [r.data.get(key) for r in runs if r.data.get(key) is not None]
+        return Counter(values).most_common(1)[0][0] if values else None
+    return {"alpha": common("alpha"), "candidates": common("candidates")}
 
 
-def _ablation(run: Run) -> list[str]:
-    """What sets a run apart from the paper's setting (Table A1's pool size, Table A2's edge alone at α = 0)."""
+def _ablation(run: Run, setting: dict[str, Any]) -> list[str]:
+    """What sets a run apart from its group's main setting (Table A2's edge alone at α = 0, Table A1's pool
+    sizes): such runs are table rows, not points of the trade-off curves."""
     d, out = run.data, []
-    if d.get("alpha") is not None and float(d["alpha"]) != PAPER_ALPHA:
+    if d.get("alpha") is not None and d["alpha"] != setting["alpha"]:
         out.append(f"α={float(d['alpha']):g}")
-    if d.get("candidates") is not None and int(d["candidates"]) != PAPER_CANDIDATES:
+    if d.get("candidates") is not None and d["candidates"] != setting["candidates"]:
         out.append(f"|C|={int(d['candidates'])}")
     return out
 
 
-def _label(run: Run) -> str:
+def _label(run: Run, setting: dict[str, Any] | None = None) -> str:
     base = configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
-    return " ".join([base, *_ablation(run)])
+    return " ".join([base, *_ablation(run, setting)]) if setting else base
 
 
 def _defence_points(group: CollabGroup) -> list[Run]:
-    """The runs in the paper's setting: the points of the trade-off curves and the matched-utility table."""
-    return [r for r in group.runs if not _ablation(r)]
+    """The runs in the group's main setting: the points of the trade-off curves and the matched-utility table."""
+    setting = _setting(group.runs)
+    return [r for r in group.runs if not _ablation(r, setting)]
 
 
 def _order(run: Run) -> tuple:
@@ -106,10 +114,11 @@ def table_md(group: CollabGroup) -> list[str]:
         head += [f"{label}@{k}", "floor", "excess"]
     head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "verdict"]
     rows = []
+    setting = _setting(group.runs)
     for run in group.runs:
         d = run.data
         u = d["utility"]
-        row = [_label(run), fmt_ci(u["value"], *u["ci"], 1)]
+        row = [_label(run, setting), fmt_ci(u["value"], *u["ci"], 1)]
         for m, _ in METRICS:
             row += [_cell(d, f"{m}_at_k", k), f"{num(d[f'floor_{m}_at_k'][k]):.1f}", _cell(d, f"excess_{m}_at_k", k)]
         inv = d.get("inversion_rouge1_recall")
@@ -148,10 +157,11 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     floor_done = False
+    setting = _setting(group.runs)
     for run in group.runs:
         d = run.data
         ks = [int(x) for x in d["token_er_at_k"]]
-        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run))
+        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run, setting))
         if not floor_done:
             ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
             floor_done = True
@@ -161,22 +171,38 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     save_axes(fig, ax, png, group.title)
 
 
-def plot_tradeoff(group: CollabGroup, png: Path) -> None:
+def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> None:
+    """Leakage against utility per defence: Token-ER@K (Figure 4) or, with `inversion`, the cloud's
+    reconstruction's ROUGE-1 recall (Figure 5); the no-signal floor dashed, the constant answer dotted."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     k = group.k
+
+    def leak(d: dict[str, Any]) -> float:
+        return d["inversion_rouge1_recall"] if inversion else d["token_er_at_k"][k]
+
     points = _defence_points(group)
     for name in dict.fromkeys(r.data["configuration"] for r in points):
         runs = [r for r in points if r.data["configuration"] == name]
-        ax.plot([r.data["token_er_at_k"][k] for r in runs], [r.data["utility"]["value"] for r in runs],
+        ax.plot([leak(r.data) for r in runs], [r.data["utility"]["value"] for r in runs],
                 marker="*" if name == "collab_none" else "o", ms=9 if name == "collab_none" else 4, label=name)
-    ax.axvline(group.runs[0].data["floor_token_er_at_k"][k], color="k", ls="--", label="floor")
-    constant = group.runs[0].data["utility"].get("constant_answer_floor")
+    d0 = group.runs[0].data
+    ax.axvline(d0["floor_inversion_rouge1_recall"] if inversion else d0["floor_token_er_at_k"][k], color="k", ls="--",
+               label="floor")
+    constant = d0["utility"].get("constant_answer_floor")
     if constant is not None:
         ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
-    ax.set_xlabel(f"Token-ER@{k} (%)")
-    ax.set_ylabel(group.runs[0].data["utility"]["metric"])
+    ax.set_xlabel("inversion ROUGE-1 recall (%)" if inversion else f"Token-ER@{k} (%)")
+    ax.set_ylabel(d0["utility"]["metric"])
     save_axes(fig, ax, png, group.title)
+
+
+def plot_inversion_tradeoff(group: CollabGroup, png: Path) -> None:
+    plot_tradeoff(group, png, inversion=True)
+
+
+def _has_inversion(group: CollabGroup) -> bool:
+    return all(r.data.get("inversion_rouge1_recall") is not None for r in group.runs)
 
 
 def markdown(items: Sequence[CollabGroup], figure: Figures) -> list[str]:
@@ -186,7 +212,9 @@ def markdown(items: Sequence[CollabGroup], figure: Figures) -> list[str]:
         matched = matched_md(g)
         lines += [*matched, ""] if matched else []
         lines += figure("collab_curves", i, g, plot_curves, "Token-ER against K")
-        lines += figure("collab_tradeoff", i, g, plot_tradeoff, "privacy-utility")
+        lines += figure("collab_tradeoff", i, g, plot_tradeoff, "privacy-utility (evidence recall)")
+        if _has_inversion(g):
+            lines += figure("collab_inversion", i, g, plot_inversion_tradeoff, "privacy-utility (inversion)")
     return lines
 
 
