@@ -6,7 +6,8 @@ results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_
 95% intervals over blocks, and the pretrained model's initial_heldout_ce), H and H_A of the last round
 (every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
 inversion (eia_token_f1, eia_top1), BiSR's backward attack on the gradients (bisr_b_token_f1, bisr_b_top1:
-labels) and its forward attack (bisr_token_f1, bisr_top1), each with its
+labels), its forward attack (bisr_token_f1, bisr_top1) and the label set read from the clients' weight
+updates (weights_label_token_f1 with precision and recall, or weights_label_skipped: why not), each with its
 reference, positive control and verdict, and the run's `verdict` (the worst of them); `grad_up`, the guard
 on the gradient sent up (`splitft.grad_up`, or null); for the DP
 baselines, ε(δ) composed over the run (dp_epsilon_example, dp_epsilon_row; `privacy_accounting` has the
@@ -168,6 +169,14 @@ DEFINITIONS = {
     "bisr_token_f1": "multiset token F1 of BiSR's forward attack (BiSR(b)'s label guesses, or the label attack's "
                      "without it, shifted by one and refined by matching s'_A in cosine through A) against the "
                      "input tokens, macro over examples",
+    "weights_label_token_f1": "token F1 of the label set read from a client's weight update between two "
+                              "consecutive recorded steps of one round (LM head rows anti-aligned with the "
+                              "median row; attacks/splitft/weights_label.py) against the distinct label tokens "
+                              "of the first step's batch, macro over step pairs (set F1: guess and truth hold "
+                              "distinct tokens); _token_precision/_token_recall likewise; reference: the larger of "
+                              "another pair's guess (_exposure_free_) and as many of the public blocks' most "
+                              "frequent tokens (_prior_); weights_label_skipped: why it did not run (a frozen head, "
+                              "fewer than 2 pairs), else null",
     "grad_up": "results.json `grad_up`: the guard on ∂L/∂s'_B before it went up (per-token ℓ2 clip, then "
                "N(0, (noise_multiplier·clip)²)), or null; BiSR(b) clips its predicted gradient the same way",
     "dp_epsilon_example": "smashed-data DP baselines: ε(δ = dp_delta) of one client's training block composed "

@@ -340,8 +340,14 @@ def test_smoke_experiment_through_flower(tmp_path):
     (path,) = list(out.rglob("results.json"))
     results = json.loads(path.read_text())
     m = results["metrics"]
-    for key in ("heldout_ce", "label_top1", "label_token_f1", "eia_token_f1", "H", "H_A", "verdict"):
+    for key in ("heldout_ce", "label_top1", "label_token_f1", "eia_token_f1", "weights_label_token_f1",
+                "weights_label_reference_token_f1", "weights_label_prior_token_f1", "H", "H_A", "verdict"):
         assert m[key] is not None, key
+    # the weights attacker: 2 clients × 2 pairs of consecutive steps in the recorded round, not skipped
+    assert m["weights_label_skipped"] is None and m["weights_label_n_examples"] == 4
+    assert m["weights_label_token_f1_ci_lo"] > m["weights_label_reference_token_f1"] + 20.0
+    assert m["weights_label_verdict"] == "leak" and m["verdict"] == "leak"
+    assert "weights_label_top1" not in m and m["strongest_attacker"] != "weights_label"
     assert m["verdict"] in ("leak", "at_chance", "inconclusive")
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(r["H_A"] > 0 and "heldout_ce" in r for r in results["rounds"])   # PrivPair obfuscates
@@ -353,7 +359,8 @@ def test_smoke_experiment_through_flower(tmp_path):
 
     view = AdversaryView.load(path.parent / "view.pt")
     assert view.meta["system"] == "splitft" and view.meta["privacy_parameter"] == {"name": "lambda", "value": 1.0}
-    assert len(view.select(channel="client_weights")) == 2      # one recorded step per client
+    assert len(view.select(channel="client_weights")) == 6      # three recorded steps per client
+    assert view.meta["splitft"]["optimizer"] == "adamw"
     assert view.meta["splitft"]["grad_up"] is None
 
 
@@ -458,6 +465,9 @@ def test_with_a_frozen_the_server_runs_every_attack_but_bisr_backward(ids):
                                                 "bisr": {"steps": 5, "max_examples": 3}})
     metrics, rows = run_attacks(view, {t["step"]: t for t in record.truth}, model_cfg, None, settings)
     assert not any(k.startswith("bisr_b_") for k in metrics)
+    # one recorded step: no update to read; the weights attacker says why instead of scoring
+    assert "consecutive recorded steps" in metrics["weights_label_skipped"]
+    assert not any(k.startswith("weights_label_") and k != "weights_label_skipped" for k in metrics)
     assert {"label_token_f1", "eia_token_f1", "bisr_token_f1"} <= set(metrics)
     assert metrics["strongest_attacker"] in ("label", "eia", "bisr")
     assert {r["attacker"] for r in rows} == {"label", "eia", "bisr"}

@@ -17,6 +17,14 @@ of a recorded step):
   pairs must score at most its own reference + margin;
 - verdict: `controls.classify` of the F1 interval against r with margin m; the run's verdict is the worst
   over the attackers run (`controls.worst`).
+
+A set attacker (`kind="set"`: the weights attacker, attacks/splitft/weights_label.py, guesses the distinct
+label tokens of a whole step) is scored the same way on sorted lists of distinct tokens, where the multiset
+F1 is the set F1; it has no positions, so no top-1, and reports token precision and recall beside F1.
+Its `prior_guesses` are a second exposure-free guess per example (the most frequent public tokens, as many
+as it guessed): their mean F1 is reported (`<name>_prior_token_f1`) and the reference is the larger of the
+two, so the verdict asks for more than what the vocabulary's frequencies give (the exposure-free reference
+alone is `<name>_exposure_free_token_f1` then).
 """
 from __future__ import annotations
 
@@ -33,21 +41,45 @@ def _top1(ref: Sequence[int], hyp: Sequence[int]) -> float:
     return 100.0 * sum(int(a == b) for a, b in zip(ref, hyp)) / n
 
 
+def _mean_f1(refs: list[list[int]], guesses: list[list[int]]) -> float:
+    return sum(token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, guesses)) / len(refs)
+
+
 def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_refs: list[list[int]],
            plain_guesses: list[list[int]], margin_pp: float, positive_margin_pp: float,
-           negative_guesses: list[list[int]] | None = None) -> dict[str, Any]:
+           negative_guesses: list[list[int]] | None = None, kind: str = "sequence",
+           prior_guesses: list[list[int]] | None = None,
+           plain_prior_guesses: list[list[int]] | None = None) -> dict[str, Any]:
     """The flat metrics of one attacker, prefixed `name`: token F1 and top-1 with intervals, reference,
     chance floor, controls and verdict. `negative_guesses`: a trained attacker's guesses for `refs` after
     training on shuffled pairs (its negative control: upper bound ≤ their own reference + margin); without
-    them the control holds by construction (an untrained attacker)."""
+    them the control holds by construction (an untrained attacker). `kind="set"`: distinct-token guesses
+    (module docstring), with `prior_guesses` / `plain_prior_guesses` for `guesses` / `plain_guesses`."""
     if len(refs) < 2:
         raise ValueError(f"{name}: need at least 2 recorded examples, got {len(refs)}")
-    f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, guesses)], bounds=(0, 100))
-    top1 = mean_ci([_top1(r, g) for r, g in zip(refs, guesses)], bounds=(0, 100))
+    if kind not in ("sequence", "set"):
+        raise ValueError(f"{name}: kind must be 'sequence' or 'set', got {kind!r}")
+    if kind == "set" and any(len(set(x)) != len(x) for x in [*refs, *guesses, *plain_refs, *plain_guesses]):
+        raise ValueError(f"{name}: a set attacker's truths and guesses must hold distinct tokens")
+    prf = [token_prf(r, g, mode=controls.PRF_MODE) for r, g in zip(refs, guesses)]
+    f1 = mean_ci([f for *_, f in prf], bounds=(0, 100))
     reference = controls.exposure_free_f1(refs, guesses)
     plain_f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(plain_refs, plain_guesses)],
                        bounds=(0, 100))
     plain_reference = controls.exposure_free_f1(plain_refs, plain_guesses)
+    extra: dict[str, Any] = {}
+    if kind == "sequence":
+        extra = mean_ci([_top1(r, g) for r, g in zip(refs, guesses)], bounds=(0, 100)).flat(f"{name}_top1")
+    else:
+        extra = {**mean_ci([p for p, _, _ in prf], bounds=(0, 100)).flat(f"{name}_token_precision"),
+                 **mean_ci([r for _, r, _ in prf], bounds=(0, 100)).flat(f"{name}_token_recall"),
+                 f"{name}_exposure_free_token_f1": reference}
+    if prior_guesses is not None:
+        prior = _mean_f1(refs, prior_guesses)
+        reference = max(reference, prior)
+        extra[f"{name}_prior_token_f1"] = prior
+    if plain_prior_guesses is not None:
+        plain_reference = max(plain_reference, _mean_f1(plain_refs, plain_prior_guesses))
     positive = controls.positive_control(plain_f1, plain_reference, positive_margin_pp)
     negative: dict[str, Any] = {}
     negative_passed = True
@@ -60,7 +92,7 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
                     f"{name}_negative_control_reference": neg_reference}
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive.passed,
                                 negative_passed=negative_passed)
-    return {**f1.flat(f"{name}_token_f1"), **top1.flat(f"{name}_top1"),
+    return {**f1.flat(f"{name}_token_f1"), **extra,
             f"{name}_reference_token_f1": reference, f"{name}_chance_floor_token_f1": controls.floor(refs),
             **plain_f1.flat(f"{name}_positive_control_token_f1"),
             f"{name}_positive_control_reference": plain_reference,

@@ -1,15 +1,22 @@
 """The server's attacks on one split-FL run: label inference, the EIA inversion, BiSR (`attack.bisr.enabled`:
 its backward attack on the gradients, BiSR(b), then its forward attack started from BiSR(b)'s label
-guesses, or the label attack's when BiSR(b) is off) and the learned inverter trained on public blocks
+guesses, or the label attack's when BiSR(b) is off), the label set read from the weight update
+(`client_weights`; skipped with its reason, `weights_label_skipped`, where the head does not train or no
+two consecutive steps of a client are recorded) and the learned inverter trained on public blocks
 (`attack.inverter.enabled`) on the adversary view, each repeated on the undefended crossings of
 the same steps (the positive control), scored against the evaluator's truth (attacks/splitft/cell.py).
 Only the view (and the public blocks) reach the attackers; the truth reaches the scoring and the control
-views."""
+views.
+
+`strongest_attacker` (the trade-off's leakage) is chosen among the per-example attackers only: the weights
+attacker guesses one set of distinct tokens per step, not an example's sequence, so its F1 is on another
+scale; it enters the run's `verdict` like the others."""
 from __future__ import annotations
 
 from typing import Any
 
 from attacks import controls
+from attacks.splitft import weights_label
 from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
 from attacks.splitft.cell import assess
@@ -31,8 +38,9 @@ def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> Adversa
 def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg: dict[str, Any],
                 cache_dir: str | None, settings: Any,
                 public: list[list[int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Flat metrics (label_*, eia_*, bisr_*, inverter_*, verdict) and one sample row per attacked example.
-    `public`: token blocks the server knows (D_align), the learned inverter's training data."""
+    """Flat metrics (label_*, eia_*, bisr_*, weights_label_*, inverter_*, verdict) and one sample row per
+    attacked example. `public`: token blocks the server knows (D_align), the learned inverter's training
+    data and the weights attacker's frequency prior."""
     attacked = ServerCopy(view, model_cfg, cache_dir)
     b = settings.bisr
     # BiSR(b) reads the gradient sent up at cut m; with A frozen (splitft.train_head=false) none was sent.
@@ -105,8 +113,24 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         metrics.update(assess("inverter", inputs(inv_guess), [g for *_, g in inv_guess], inputs(inv_plain),
                               [g for *_, g in inv_plain], margin, positive, negative_guesses=negative))
         attackers.append("inverter")
-    metrics["verdict"] = controls.worst([metrics[f"{a}_verdict"] for a in attackers])
     strongest = max(attackers, key=lambda a: metrics[f"{a}_token_f1"] - metrics[f"{a}_reference_token_f1"])
+    wl_guess: list = []
+    metrics["weights_label_skipped"] = weights_label.why_not(attacked)
+    if metrics["weights_label_skipped"] is None:
+        wl_guess = weights_label.infer_label_sets(attacked)
+        wl_plain = weights_label.infer_label_sets(attacked, weights_label.undefended_updates(attacked, truth))
+        sets = [weights_label.label_set(truth[s]["ids"]) for s, _ in wl_guess]
+
+        def prior(guesses):
+            return [weights_label.frequency_prior(public or [], len(g)) for _, g in guesses]
+
+        metrics.update(assess("weights_label", sets, [g for _, g in wl_guess], sets, [g for _, g in wl_plain],
+                              margin, positive, kind="set", prior_guesses=prior(wl_guess),
+                              plain_prior_guesses=prior(wl_plain)))
+        metrics["weights_label_n_predicted"] = sum(len(g) for _, g in wl_guess) / len(wl_guess)
+        metrics["weights_label_n_labels"] = sum(len(t) for t in sets) / len(sets)
+        attackers.append("weights_label")
+    metrics["verdict"] = controls.worst([metrics[f"{a}_verdict"] for a in attackers])
     metrics["strongest_attacker"] = strongest
     rows = [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
             for name, guesses in (("label", label_guess), ("bisr_b", bisr_b_guess))
@@ -114,4 +138,6 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     rows += [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
              for name, guesses in (("eia", eia_guess), ("bisr", bisr_guess), ("inverter", inv_guess))
              for (s, r, g), t in zip(guesses, inputs(guesses))]
+    rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g,   # a step's batch, no row
+              "truth_ids": weights_label.label_set(truth[s]["ids"])} for s, g in wl_guess]
     return metrics, rows

@@ -50,6 +50,13 @@ class RoundOutput:
     sends: torch.Tensor | None = None   # per block of the client: times its s_A went up so far (DP accounting)
 
 
+def make_optimizer(name: str, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    """The clients' optimizer, `splitft.optimizer` (sgd | adamw, torch's defaults otherwise: AdamW's
+    weight decay 0.01); the weights attacker's positive control takes one step of the same
+    (attacks/splitft/weights_label.py)."""
+    return torch.optim.SGD(params, lr=lr) if name == "sgd" else torch.optim.AdamW(params, lr=lr)
+
+
 def step_id(rnd: int, client: int, local_step: int, n_clients: int, local_steps: int) -> int:
     """A global index of one client's local step: rounds, then clients, then steps."""
     return ((rnd - 1) * n_clients + client) * local_steps + local_step
@@ -77,9 +84,7 @@ class ClientTrainer:
 
     def optimizer(self) -> torch.optim.Optimizer:
         params = dict(self.model.named_parameters())
-        chosen = [params[n] for n in self.names]
-        lr = float(self.section.lr)
-        return torch.optim.SGD(chosen, lr=lr) if self.section.optimizer == "sgd" else torch.optim.AdamW(chosen, lr=lr)
+        return make_optimizer(str(self.section.optimizer), [params[n] for n in self.names], float(self.section.lr))
 
     def run_round(self, client: int, rnd: int, global_state: dict[str, torch.Tensor],
                   adapters: dict[str, torch.Tensor], steps_done: int,

@@ -94,6 +94,7 @@ def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> Adversa
     meta["splitft"] = {"k": int(section["k"]), "m": int(section["m"]), "lora": section["lora"],
                        "train_head": bool(section["train_head"]),
                        "grad_up": grad_guard(section),
+                       "optimizer": str(section["optimizer"]), "lr": float(section["lr"]),
                        "weight_layout": list(training.weight_layout),
                        "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}
                                  for e in training.exposures}}
