@@ -396,6 +396,7 @@ def test_report_section_tables_and_plots(tmp_path):
     lines = [lines[0], lines[2]]
     assert "12.00 [10.00, 14.00] (10.00)" in lines[1] and "3.200 [3.100, 3.300]" in lines[1]
     assert sorted(p.name.split("_")[1] for p in tmp_path.glob("report_*.png")) == ["splitft", "splitft"]
+    assert "weight-update label set F1 % (ref)" in md
     assert "privpair λ=1" in "\n".join(section.summary(groups))
     assert "DP accounting" not in md                          # no DP baseline in the group: no table
     runs[0].data["privacy_accounting"] = {"delta": 1e-5, "epsilon_step": 10.0, "max_sends": 5, "sends_bound": 24,

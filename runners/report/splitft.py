@@ -89,12 +89,13 @@ def utility_leakage_md(group: SplitFtGroup) -> str:
     headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 %",
                "label token F1 % (ref)", "BiSR(b) label token F1 % (ref)", "EIA token F1 % (ref)",
                "BiSR(f) token F1 % (ref)",
-               "inverter token F1 % (ref)", "verdict"]
+               "inverter token F1 % (ref)", "weight-update label set F1 % (ref)", "verdict"]
     rows = []
     for run in group.runs:
         m = run.data.get("metrics") or {}
         attacks = [f"{_ci(m, f'{a}_token_f1')} ({fmt_auto(m.get(f'{a}_reference_token_f1'))})"
-                   if m.get(f"{a}_token_f1") is not None else "—" for a in ("label", "bisr_b", "eia", "bisr", "inverter")]
+                   if m.get(f"{a}_token_f1") is not None else "—" for a in ("label", "bisr_b", "eia", "bisr", "inverter",
+                                                                          "weights_label")]
         rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
                      _g(m.get("H")), _g(m.get("H_A")),
                      _ci(m, "label_top1") if m.get("label_top1") is not None else "—", *attacks,
