@@ -147,10 +147,13 @@ def matched_md(group: CollabGroup) -> list[str]:
     for name in dict.fromkeys(r.data["configuration"] for r in points):
         runs = [r for r in points if r.data["configuration"] == name]
         best = min(runs, key=lambda r: (abs(r.data["utility"]["value"] - u0), r.data["token_er_at_k"][k]))
+        informed = (_cell(best.data, "informed_excess_token_er_at_k", k)
+                    if "informed_excess_token_er_at_k" in best.data else "—")
         rows.append([_label(best), f"{best.data['utility']['value']:.1f}", _cell(best.data, "token_er_at_k", k),
-                     _cell(best.data, "excess_token_er_at_k", k)])
+                     _cell(best.data, "excess_token_er_at_k", k), informed])
     return [f"Matched utility: each defence's point nearest to CoVeil's {group.runs[0].data['utility']['metric']} "
-            f"{u0:.1f} ({_label(target)}):", "", md_table(["defence (point)", "utility", f"Token-ER@{k}", "excess"], rows)]
+            f"{u0:.1f} ({_label(target)}):", "",
+            md_table(["defence (point)", "utility", f"Token-ER@{k}", "excess", "informed excess"], rows)]
 
 
 def plot_curves(group: CollabGroup, png: Path) -> None:
