@@ -176,7 +176,8 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
 
 def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> None:
     """Leakage against utility per defence: Token-ER@K (Figure 4) or, with `inversion`, the cloud's
-    reconstruction's ROUGE-1 recall (Figure 5); the no-signal floor dashed, the constant answer dotted."""
+    reconstruction's ROUGE-1 recall (Figure 5); the no-signal floor dashed, the utility of the cloud alone
+    dash-dotted (a defence below it loses what collaborating gains), the constant answer dotted."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     k = group.k
@@ -192,6 +193,7 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
     d0 = group.runs[0].data
     ax.axvline(d0["floor_inversion_rouge1_recall"] if inversion else d0["floor_token_er_at_k"][k], color="k", ls="--",
                label="floor")
+    ax.axhline(d0["utility"]["cloud_only"], color="tab:brown", ls="-.", lw=1, label="cloud alone (utility)")
     constant = d0["utility"].get("constant_answer_floor")
     if constant is not None:
         ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
