@@ -668,3 +668,8 @@ def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
     assert report._label(edge_alone, setting) == "collab_none α=0"
     assert report._label(small_pool, setting).endswith("|C|=10")
     assert report._label(paper, setting) == report._label(paper)   # no suffix in the main setting
+    # A run from before results recorded the pool size: read from the resolved config in its provenance.
+    older = Run(Path("."), "o", "ok", {"configuration": "coveil", "epsilon": 1.0, "alpha": 0.3,
+                                       "provenance": {"config": {"collab": {"candidates": 1000}}}})
+    assert report._label(older, setting).endswith("|C|=1000")
+    assert report._knob(run("collab_none", None, candidates=10), "candidates") is None   # CoVeil's knob only

@@ -58,10 +58,21 @@ class CollabGroup:
         return str(self.runs[0].data["controls"]["verdict_k"])
 
 
+def _knob(run: Run, key: str) -> Any:
+    """α or CoVeil's pool size |C| of a run: results.json's field, else (runs from before results recorded
+    the pool size) the resolved config in its provenance; None where it does not apply."""
+    d = run.data
+    if key == "candidates" and d.get("configuration") != "coveil":
+        return None
+    if d.get(key) is not None:
+        return d[key]
+    return ((run.provenance.get("config") or {}).get("collab") or {}).get(key)
+
+
 def _setting(runs: Sequence[Run]) -> dict[str, Any]:
     """The group's main setting: the most common fusion weight α and CoVeil pool size |C| among its runs."""
     def common(key: str) -> Any:
-        values = [r.data.get(key) for r in runs if r.data.get(key) is not None]
+        values = [v for r in runs if (v := _knob(r, key)) is not None]
         return Counter(values).most_common(1)[0][0] if values else None
     return {"alpha": common("alpha"), "candidates": common("candidates")}
 
@@ -69,11 +80,12 @@ def _setting(runs: Sequence[Run]) -> dict[str, Any]:
 def _ablation(run: Run, setting: dict[str, Any]) -> list[str]:
     """What sets a run apart from its group's main setting (Table A2's edge alone at α = 0, Table A1's pool
     sizes): such runs are table rows, not points of the trade-off curves."""
-    d, out = run.data, []
-    if d.get("alpha") is not None and d["alpha"] != setting["alpha"]:
-        out.append(f"α={float(d['alpha']):g}")
-    if d.get("candidates") is not None and d["candidates"] != setting["candidates"]:
-        out.append(f"|C|={int(d['candidates'])}")
+    out = []
+    alpha, candidates = _knob(run, "alpha"), _knob(run, "candidates")
+    if alpha is not None and alpha != setting["alpha"]:
+        out.append(f"α={float(alpha):g}")
+    if candidates is not None and candidates != setting["candidates"]:
+        out.append(f"|C|={int(candidates)}")
     return out
 
 
