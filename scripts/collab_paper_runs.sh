@@ -11,8 +11,8 @@
 # cannot reach the hub). The two benchmarks run side by side, one torch thread each; each list is in priority
 # order (the undefended points and the positive controls first), reruns skip finished runs, and a failed run
 # does not stop the rest. Cut down to fit a 2-core machine (30 examples, 48 new tokens instead of 256, the
-# inversion shown 48 steps and writing 48 tokens; a sparse grid): about 4-5 CPU-minutes per run, 10 for the
-# first of each benchmark (it computes the shared controls). The result and its reading:
+# inversion shown 48 steps and writing 48 tokens; a sparse grid): 3.5-8 CPU-minutes per run, 9 for the
+# first of each benchmark (it computes the shared controls; docs/results/collab/README.md). The result and its reading:
 # docs/results/collab/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

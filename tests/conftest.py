@@ -56,6 +56,29 @@ def group_options(group: str) -> list[str]:
 
 
 @pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): on a
+    shared 2-core machine more threads only contend (10x slower for the split fine-tuning tests)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def model_cfg(name: str = "tiny-llama-4l") -> dict:
+    """conf/model/<name>.yaml as a plain dict without Hydra's defaults list, as recipes and clients take it."""
+    from omegaconf import OmegaConf
+
+    from harness.models import model_entry
+
+    cfg = OmegaConf.to_container(model_entry(name))
+    cfg.pop("defaults", None)
+    return cfg
+
+
+@pytest.fixture
 def hydra_conf() -> Iterator[None]:
     """An initialised Hydra (compose API) on conf/, cleared afterwards so tests never share state."""
     GlobalHydra.instance().clear()

@@ -662,12 +662,12 @@ def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
         run("coveil", 1.0, candidates=10)
     other = run("coveil", 4.0, candidates=100)
     group = report.CollabGroup(("m", "m", "b", 3, "cloud", ()), [paper, edge_alone, small_pool, other])
-    setting = report._setting(group.runs)
+    setting = group.setting
     assert setting == {"alpha": 0.3, "candidates": 100}          # the most common values
-    assert report._defence_points(group) == [paper, other]
+    assert group.points == [paper, other]
     assert report._label(edge_alone, setting) == "collab_none α=0"
     assert report._label(small_pool, setting).endswith("|C|=10")
-    assert report._label(paper, setting) == report._label(paper)   # no suffix in the main setting
+    assert report._label(paper, setting) == "coveil λ=1"           # no suffix in the main setting
     # A run from before results recorded the pool size: read from the resolved config in its provenance.
     older = Run(Path("."), "o", "ok", {"configuration": "coveil", "epsilon": 1.0, "alpha": 0.3,
                                        "provenance": {"config": {"collab": {"candidates": 1000}}}})

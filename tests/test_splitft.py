@@ -28,25 +28,13 @@ from harness.splitft.step import (
 )
 
 from .conftest import CONF, run_cli_in_process
+from .conftest import model_cfg as _model_cfg
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
 BISR_B_STEPS = 30
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core machine more threads only contend (10x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _model_cfg(name: str = "tiny-llama-4l") -> dict:
-    """conf/model/<name>.yaml as a plain dict without Hydra's defaults list, as recipes and clients take it."""
-    cfg = OmegaConf.to_container(model_entry(name))
-    cfg.pop("defaults", None)
-    return cfg
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _model(name: str = "tiny-llama-4l"):

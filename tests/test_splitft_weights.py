@@ -11,30 +11,19 @@ from attacks.splitft import weights_label
 from attacks.splitft.cell import assess
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
-from harness.models import load_model, model_entry
+from harness.models import load_model
 from harness.splitft import defences, trainable
 from harness.splitft.client import make_optimizer
 from harness.splitft.data import load_split_data
 from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
 
 from .conftest import CONF
+from .conftest import model_cfg as _model_cfg
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core machine more threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _model_cfg(name: str) -> dict:
-    cfg = OmegaConf.to_container(model_entry(name))
-    cfg.pop("defaults", None)
-    return cfg
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _f1(truth, guess) -> float:

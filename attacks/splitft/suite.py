@@ -115,6 +115,7 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         attackers.append("inverter")
     strongest = max(attackers, key=lambda a: metrics[f"{a}_token_f1"] - metrics[f"{a}_reference_token_f1"])
     wl_guess: list = []
+    sets: list[list[int]] = []   # the truth of each weights pair: step s's distinct label tokens
     metrics["weights_label_skipped"] = weights_label.why_not(attacked)
     if metrics["weights_label_skipped"] is None:
         wl_guess = weights_label.infer_label_sets(attacked)
@@ -138,6 +139,6 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     rows += [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
              for name, guesses in (("eia", eia_guess), ("bisr", bisr_guess), ("inverter", inv_guess))
              for (s, r, g), t in zip(guesses, inputs(guesses))]
-    rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g,   # a step's batch, no row
-              "truth_ids": weights_label.label_set(truth[s]["ids"])} for s, g in wl_guess]
+    rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g, "truth_ids": t}  # a batch, no row
+             for (s, g), t in zip(wl_guess, sets)]
     return metrics, rows

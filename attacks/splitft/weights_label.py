@@ -48,16 +48,15 @@ Where it does not apply, and what it cannot see (docs/splitft.md):
 - The truth of the pair (s, s+1) is the distinct label tokens of step s's batch. AdamW's moments carry the
   earlier steps of the round (the optimizer is fresh each round, harness/splitft/client.py): the first pair
   of a round is exactly the sign step above; later ones are a mix, m̂ of step j weighing step j−1's
-  gradient ≈ 47 % at j = 2, so earlier batches' labels enter the prediction and precision falls (on the
-  tiny model 100 % at the first pair, ≈ 70 % after; on SmolLM2-135M, a probe of 3 steps, 96.6 % then 70 %
-  and 61 %). SGD has no memory.
+  gradient ≈ 47 % at j = 2, so earlier batches' labels enter the prediction and precision falls
+  (tests/test_splitft_weights.py). SGD has no memory.
 - AdamW's decoupled decay −ηλW_v (λ = 0.01) is in Δ; it is ≈ 1 % of the sign step's size per entry and
   changes no sign except where |g_v| ≲ ε, so it is left in.
-- Float resolution: Δ_v is a difference of float32 weights. On a real model with SGD at a small step (SmolLM2-
-  135M, η = 1e-3) most entries of the bulk rows' update fall below half a unit in the last place of W and
-  the stored weights do not move: the median is 0, there is no anchor and nothing is predicted (F1 0, so
-  the verdict says inconclusive, not at_chance). The rows that did move are then mostly labels (their
-  norm ranks them at ~90 % F1 there): a magnitude attacker would read them, this one does not.
+- Float resolution: Δ_v is a difference of float32 weights. On a real model with SGD at a small step the
+  bulk rows' update can fall below half a unit in the last place of W and the stored weights do not move:
+  the median is 0, there is no anchor and nothing is predicted (F1 0, so the verdict says inconclusive,
+  not at_chance). The rows that did move are then mostly labels: a magnitude attacker would read them,
+  this one does not.
 - Defences act on the crossings, not on the labels, so none of the configurations changes what the update
   is a gradient of; PrivPair's ŝ_B, DP's or dχ's noise change the h_t it mixes (smashed-data DP at ε = 1
   lowered the smoke's F1 from 89 to 72, docs/splitft.md), not which rows are labels.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,15 @@ class CollabGroup:
     def k(self) -> str:
         return str(self.runs[0].data["controls"]["verdict_k"])
 
+    @cached_property
+    def setting(self) -> dict[str, Any]:
+        return _setting(self.runs)
+
+    @cached_property
+    def points(self) -> list[Run]:
+        """The runs in the group's main setting: the points of the trade-off curves and the matched table."""
+        return [r for r in self.runs if not _ablation(r, self.setting)]
+
 
 def _knob(run: Run, key: str) -> Any:
     """α or CoVeil's pool size |C| of a run: results.json's field, else (runs from before results recorded
@@ -89,15 +99,9 @@ def _ablation(run: Run, setting: dict[str, Any]) -> list[str]:
     return out
 
 
-def _label(run: Run, setting: dict[str, Any] | None = None) -> str:
+def _label(run: Run, setting: dict[str, Any]) -> str:
     base = configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
-    return " ".join([base, *_ablation(run, setting)]) if setting else base
-
-
-def _defence_points(group: CollabGroup) -> list[Run]:
-    """The runs in the group's main setting: the points of the trade-off curves and the matched-utility table."""
-    setting = _setting(group.runs)
-    return [r for r in group.runs if not _ablation(r, setting)]
+    return " ".join([base, *_ablation(run, setting)])
 
 
 def _order(run: Run) -> tuple:
@@ -126,11 +130,10 @@ def table_md(group: CollabGroup) -> list[str]:
         head += [f"{label}@{k}", "floor", "excess"]
     head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "verdict"]
     rows = []
-    setting = _setting(group.runs)
     for run in group.runs:
         d = run.data
         u = d["utility"]
-        row = [_label(run, setting), fmt_ci(u["value"], *u["ci"], 1)]
+        row = [_label(run, group.setting), fmt_ci(u["value"], *u["ci"], 1)]
         for m, _ in METRICS:
             row += [_cell(d, f"{m}_at_k", k), f"{num(d[f'floor_{m}_at_k'][k]):.1f}", _cell(d, f"excess_{m}_at_k", k)]
         inv = d.get("inversion_rouge1_recall")
@@ -149,7 +152,7 @@ def table_md(group: CollabGroup) -> list[str]:
 def matched_md(group: CollabGroup) -> list[str]:
     """Each defence's Token-ER@K at the utility nearest to CoVeil's highest-utility point."""
     k = group.k
-    points = _defence_points(group)
+    points = group.points
     coveil = [r for r in points if r.data["configuration"] == "coveil"]
     if not coveil:
         return []
@@ -161,10 +164,10 @@ def matched_md(group: CollabGroup) -> list[str]:
         best = min(runs, key=lambda r: (abs(r.data["utility"]["value"] - u0), r.data["token_er_at_k"][k]))
         informed = (_cell(best.data, "informed_excess_token_er_at_k", k)
                     if "informed_excess_token_er_at_k" in best.data else "—")
-        rows.append([_label(best), f"{best.data['utility']['value']:.1f}", _cell(best.data, "token_er_at_k", k),
+        rows.append([_label(best, group.setting), f"{best.data['utility']['value']:.1f}", _cell(best.data, "token_er_at_k", k),
                      _cell(best.data, "excess_token_er_at_k", k), informed])
     return [f"Matched utility: each defence's point nearest to CoVeil's {group.runs[0].data['utility']['metric']} "
-            f"{u0:.1f} ({_label(target)}):", "",
+            f"{u0:.1f} ({_label(target, group.setting)}):", "",
             md_table(["defence (point)", "utility", f"Token-ER@{k}", "excess", "informed excess"], rows)]
 
 
@@ -172,11 +175,10 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     floor_done = False
-    setting = _setting(group.runs)
     for run in group.runs:
         d = run.data
         ks = [int(x) for x in d["token_er_at_k"]]
-        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run, setting))
+        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run, group.setting))
         if not floor_done:
             ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
             floor_done = True
@@ -197,7 +199,7 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
     def leak(d: dict[str, Any]) -> float:
         return d["inversion_rouge1_recall"] if inversion else d["token_er_at_k"][k]
 
-    points = _defence_points(group)
+    points = group.points
     for name in dict.fromkeys(r.data["configuration"] for r in points):
         runs = [r for r in points if r.data["configuration"] == name]
         ax.plot([leak(r.data) for r in runs], [r.data["utility"]["value"] for r in runs],
@@ -241,7 +243,7 @@ def summary(items: Sequence[CollabGroup]) -> list[str]:
         k = g.k
         for run in g.runs:
             d = run.data
-            out.append(f"  collab {d['fusion']}-side {_label(run)}: Token-ER@{k} {d['token_er_at_k'][k]:.1f} "
+            out.append(f"  collab {d['fusion']}-side {_label(run, g.setting)}: Token-ER@{k} {d['token_er_at_k'][k]:.1f} "
                        f"(floor {d['floor_token_er_at_k'][k]:.1f}), {d['utility']['metric']} "
                        f"{d['utility']['value']:.1f}, {d['verdict']}")
     return out
