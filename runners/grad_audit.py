@@ -44,7 +44,7 @@ def settings(g: DictConfig, configuration: str):
     mitigation = ((float(g.mitigation.grad_clip), float(g.mitigation.noise_multiplier))
                   if configuration == "decoy_mitigated" else None)
     return TopologySettings(g.cut_after, g.resume_at, g.latent_dim, float(g.clip), float(g.noise_ratio),
-                            float(g.train.lr), mitigation)
+                            float(g.train.lr), mitigation, str(g.train.init))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -69,7 +69,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
     def train(seed: int, phase: str):
         return train_seed(loaded.model, blocks, topo, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
-                          decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}")
+                          decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}",
+                          init_blocks=g.train.init_blocks)
 
     l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
     proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)

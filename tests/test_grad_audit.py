@@ -162,6 +162,26 @@ def test_resume_past_the_models_layers_is_a_user_error(tiny):
         DecoyTrainer(tiny, TopologySettings(1, 5, 8, 1.0, 0.35, 1e-3), seed=0)
 
 
+def _reconstruction_error(model, init, ids):
+    trainer = DecoyTrainer(model, TopologySettings(1, 2, 8, 1.0, 0.0, 1e-3, None, init), seed=5)
+    if init == "least_squares":
+        trainer.warm_start(ids)
+    with torch.no_grad():
+        s_a = trainer.part.head(ids)[0]
+        rebuilt = trainer.up(trainer.local(s_a, trainer.gen))
+    return float(((rebuilt - s_a).norm(dim=-1) / s_a.norm(dim=-1)).mean()), trainer
+
+
+def test_least_squares_start_decodes_s_a_where_random_maps_do_not(tiny):
+    ids = torch.randint(0, 500, (64, 6), generator=torch.Generator().manual_seed(1))
+    random_error, _ = _reconstruction_error(tiny, "random", ids)
+    fitted_error, trainer = _reconstruction_error(tiny, "least_squares", ids)
+    assert random_error > 0.9 and fitted_error < 0.75 * random_error, (random_error, fitted_error)
+    # the bottleneck keeps unit-norm rows (Adam's lr then means the same thing), the scale sits in a buffer
+    norms = trainer.local.down.weight.norm(dim=1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-4) and float(trainer.local.input_scale) != 1.0
+
+
 def test_mitigation_removes_the_zero_support(tiny):
     view, truth = _frames(tiny, (0.01, 0.35))
     grads = partition.returned_gradients(view)

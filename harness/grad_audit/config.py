@@ -16,6 +16,7 @@ from harness.errors import UserError
 
 CORPUS_SOURCES = ("builtin", "text", "hub")
 PROBE_TARGETS = ("current", "next")
+TRAIN_INITS = ("random", "least_squares")
 PROBE_ARMS = ("forward", "gradient", "joint")
 
 
@@ -33,6 +34,8 @@ class GradAuditCorpusConfig:
 class GradAuditTrainConfig:
     frames: int = MISSING              # training steps; each step sends one frame (the audited record)
     lr: float = MISSING
+    init: str = MISSING                # random | least_squares: how the bottleneck and up-projection start
+    init_blocks: int = MISSING         # least_squares: training blocks the start is fitted on
     heldout_blocks: int = MISSING      # blocks kept out of training for the utility gate
     threads: Optional[int] = MISSING
 
@@ -112,6 +115,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if t.frames < 4:
         raise UserError(f"grad_audit.train.frames must be >= 4 (the probe trains and tests on disjoint frames), got {t.frames}")
     check_positive("grad_audit.train.lr", t.lr)
+    check_choice("grad_audit.train.init", t.init, TRAIN_INITS)
+    check_at_least("grad_audit.train.init_blocks", t.init_blocks, 1)
     check_at_least("grad_audit.train.heldout_blocks", t.heldout_blocks, 2)
     check_at_least("grad_audit.train.threads", t.threads, 1, nullable=True)
     m = g.mitigation

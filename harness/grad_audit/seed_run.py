@@ -30,9 +30,11 @@ def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 
 def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
-               real_rows: int, decoy_rows: int, meta: dict, desc: str) -> SeedRun:
+               real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int = 256) -> SeedRun:
     trainer = DecoyTrainer(model, settings, seed)
     data_gen = torch.Generator().manual_seed(10_000 + int(seed))
+    if settings.init == "least_squares":
+        trainer.warm_start(_pick(blocks.train, init_blocks, torch.Generator().manual_seed(20_000 + int(seed))))
     view, truth, losses = AdversaryView(meta={**meta, "seed": int(seed)}), FrameTruth(), []
     for i in progress(range(frames), desc=desc, unit="frame"):
         parity = i % 2

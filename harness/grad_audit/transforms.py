@@ -46,10 +46,13 @@ class LocalObfuscation(nn.Module):
         with torch.no_grad():
             self.down.weight.copy_(torch.randn(latent, hidden, generator=generator) / math.sqrt(hidden))
         self.register_buffer("rotation", random_rotation(latent, generator))
+        # a fixed scale of s_A before the bottleneck (1 unless DecoyTrainer.warm_start sets it), so that the
+        # bottleneck's weights stay of order one and Adam's steps of lr move them by the same relative amount
+        self.register_buffer("input_scale", torch.ones(()))
         self.clip, self.sigma = float(clip), float(noise_ratio) * float(clip)
 
     def forward(self, s_a: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
-        z = clip_positions(self.down(s_a) @ self.rotation.T, self.clip)
+        z = clip_positions(self.down(s_a * self.input_scale) @ self.rotation.T, self.clip)
         if self.sigma > 0:
             z = z + self.sigma * torch.randn(z.shape, generator=noise)
         return z

@@ -76,7 +76,9 @@ def _pp(value: Any) -> str:
 
 def _topo_label(run: Run) -> str:
     t = _topology(run)
-    return f"{t.get('cut_after')}→{t.get('resume_at')} ({t.get('delegated_layers')}) · D={t.get('latent_dim')}"
+    start = " · least-squares start" if t.get("init") == "least_squares" else ""   # older runs: random
+    return (f"{t.get('cut_after')}→{t.get('resume_at')} ({t.get('delegated_layers')}) · D={t.get('latent_dim')}"
+            f" · {t.get('frames')} frames{start}")
 
 
 def audit_md(group: AuditGroup) -> str:
@@ -92,7 +94,7 @@ def audit_md(group: AuditGroup) -> str:
             fmt_ci(*ci(m, "probe_effect_pp")) + f" ({m.get('probe_arm')})", _pp(m.get("probe_upper_bound_pp")),
             m.get("gate"), controls_, fmt_ci(*ci(m, "heldout_ce_increase"), digits=3), m.get("utility_gate"),
             f"**{m.get('verdict')}** (probe {m.get('probe_verdict')}, partition {m.get('partition_verdict')})"])
-    return md_table(["configuration", "cut a→b (delegated) · D", "scored seeds", "zero-support agreement (frames)",
+    return md_table(["configuration", "cut a→b (delegated) · D · training", "scored seeds", "zero-support agreement (frames)",
                      "norm rank vs chance %", "probe effect pp [95%] (arm)", "gate statistic pp", "gate",
                      "controls −/+", "held-out CE increase nats", "utility gate", "verdict"], rows,
                     align="llrrrrrlcrll")
