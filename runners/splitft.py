@@ -3,7 +3,8 @@ A | B | C around a frozen server-side B, FedAvg rounds on Flower's simulation ru
 (the configuration) at one strength (`epsilon`); then the server's attacks on what it saw.
 
 results.json `metrics`: the final model's held-out utility (heldout_ce, heldout_ppl, heldout_top1 with
-95% intervals over blocks, and the pretrained model's initial_heldout_ce), H and H_A of the last round
+95% intervals over blocks, the pretrained model's initial_heldout_ce, and heldout_ce_gain: what the
+fine-tuning removed, paired over the same blocks), H and H_A of the last round
 (every round under `rounds`), the label-inference attack (label_top1, label_token_f1) and the EIA
 inversion (eia_token_f1, eia_top1), BiSR's backward attack on the gradients (bisr_b_token_f1, bisr_b_top1:
 labels), its forward attack (bisr_token_f1, bisr_top1) and the label set read from the clients' weight
@@ -45,7 +46,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.splitft import experiment
     from harness.splitft.client import Recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.evaluate import summarise
+    from harness.splitft.evaluate import paired_drop, summarise
     from harness.splitft.partition import Partition
 
     s = cfg.splitft
@@ -64,7 +65,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         trained = time.perf_counter()
         metrics = {**summarise(training.final_scores),
                    "initial_heldout_ce": training.initial["heldout_ce"],
-                   "initial_heldout_top1": training.initial["heldout_top1"]}
+                   "initial_heldout_top1": training.initial["heldout_top1"],
+                   **paired_drop(training.initial_scores["ce"], training.final_scores["ce"], "heldout_ce_gain")}
         last = training.rounds[-1]
         metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
         accounting = _accounting(s, configuration, epsilon, last, loaded.model)
@@ -95,6 +97,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "privacy_accounting": accounting,
         "rounds": training.rounds,
         "initial": training.initial,
+        # per held-out block, so a report can pair two runs on the same blocks (runners/report/splitft.py)
+        "heldout_blocks_ce": {"initial": training.initial_scores["ce"], "final": training.final_scores["ce"]},
         "runtime": training.runtime,
         "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
                   "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled), "train_head": bool(s.train_head)},
@@ -150,6 +154,8 @@ def _tradeoff(m: dict[str, Any], configuration: str, point: str | None) -> dict[
 DEFINITIONS = {
     "heldout_ce": "mean over held-out blocks of the mean next-token cross-entropy (nats) of the final model "
                   "f = C∘B∘A (no adapters), t 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
+    "heldout_ce_gain": "mean over held-out blocks of the pretrained model's CE minus the final model's (nats), "
+                       "t 95% CI of that paired difference; per-block values under results.json heldout_blocks_ce",
     "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",

@@ -340,6 +340,10 @@ def test_smoke_experiment_through_flower(tmp_path):
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(r["H_A"] > 0 and "heldout_ce" in r for r in results["rounds"])   # PrivPair obfuscates
     assert m["heldout_ce"] < m["initial_heldout_ce"]                             # fine-tuning learned
+    blocks = results["heldout_blocks_ce"]                # per block, paired: the gain is the CE difference
+    assert len(blocks["initial"]) == len(blocks["final"]) == results["n_prompts"]
+    assert m["heldout_ce_gain"] == pytest.approx(m["initial_heldout_ce"] - m["heldout_ce"], abs=1e-6)
+    assert m["heldout_ce_gain_ci_lo"] <= m["heldout_ce_gain"] <= m["heldout_ce_gain_ci_hi"]
     assert results["tradeoff"]["leakage"]["metric"].endswith("token_f1") and results["tradeoff"]["utility"]
     assert set(results["view_channels"]) >= {"smashed_up", "smashed_down", "grad_up", "grad_down", "client_weights"}
     assert results["grad_up"] is None                                 # no guard on the gradient sent up
@@ -391,6 +395,36 @@ def test_report_section_tables_and_plots(tmp_path):
                                           "epsilon_row": 31.428, "epsilon_example": 257.57, "accountant": "rdp"}
     md = "\n".join(section.markdown(section.groups(runs)[:1], Figures(tmp_path)))
     assert "| privpair λ=1 | 1e-05 | 10 | 5 (24) | 31.4 | 258 | rdp |" in md
+
+
+def test_report_pairs_held_out_ce_over_the_same_blocks(tmp_path):
+    from runners.report import splitft as section
+    from runners.report.plotting import Figures
+    from runners.report.runs import Run
+
+    initial = [5.0, 3.0, 7.0, 4.0]
+
+    def run(name, configuration, epsilon, final, blocks=initial):
+        data = {**_run_data(configuration, epsilon, sum(final) / 4, 20.0, 0, 0),
+                "heldout_blocks_ce": {"initial": blocks, "final": final}}
+        return Run(tmp_path / name, name, "ok", data)
+
+    runs = [run("n", "splitft_none", None, [4.9, 2.9, 6.9, 3.9]),            # removed 0.1 nats on every block
+            run("c", "splitft_central", None, [4.8, 2.8, 6.8, 3.8]),
+            run("p", "privpair", 1.0, [5.0, 3.1, 7.0, 4.1]),
+            run("o", "nopeek", 1.0, [4.9, 2.9, 6.9, 3.9], blocks=[5.0, 3.0, 7.0, 4.5]),   # other blocks
+            Run(tmp_path / "old", "old", "ok", _run_data("embedding_dx", 1.0, 3.0, 20.0, 0, 0))]   # none recorded
+    md = "\n".join(section.markdown(section.groups(runs), Figures(tmp_path)))
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if "CE removed" not in line
+            and line.startswith("| ") and line.count("|") == 6}
+    # a constant difference has a zero-width interval: the spread between blocks (±2 nats) cancels
+    assert rows["splitft_none"] == "| splitft_none | 4 | 0.100 [0.100, 0.100] | — | 0.100 [0.100, 0.100] |"
+    # privpair − none per block: 0.1, 0.2, 0.1, 0.2 → 0.15 ± t(0.975, 3)·0.0577/2 = ± 0.092
+    assert rows["privpair λ=1"] == ("| privpair λ=1 | 4 | -0.050 [-0.142, 0.042] | 0.150 [0.058, 0.242] "
+                                    "| 0.250 [0.158, 0.342] |")
+    assert rows["nopeek α=1"].endswith("| — | — |")                         # not the same blocks: not paired
+    assert "embedding_dx" not in rows                                          # no blocks: not in this table
+    assert "CE − split, no defence's (nats; + = worse)" in md
 
 
 def _undefended_view(ids, guard=None, train_head=True):

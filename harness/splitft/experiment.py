@@ -29,6 +29,7 @@ class Training:
     exposures: list[dict[str, Any]] = field(default_factory=list)
     weight_layout: list[str] = field(default_factory=list)
     runtime: str = ""
+    initial_scores: dict[str, list[float]] = field(default_factory=dict)   # per held-out block, pretrained
 
 
 class ServerEvaluation:
@@ -45,8 +46,12 @@ class ServerEvaluation:
         return heldout_scores(self.trainer.model, self.blocks)
 
     def __call__(self, state: dict[str, torch.Tensor]) -> dict[str, float]:
-        s = summarise(self.scores(state))
-        return {k: float(s[k]) for k in ("heldout_ce", "heldout_ppl", "heldout_top1")}
+        return headline(self.scores(state))
+
+
+def headline(scores: dict[str, list[float]]) -> dict[str, float]:
+    s = summarise(scores)
+    return {k: float(s[k]) for k in ("heldout_ce", "heldout_ppl", "heldout_top1")}
 
 
 def train(recipe: Recipe) -> Training:
@@ -54,16 +59,19 @@ def train(recipe: Recipe) -> Training:
     reference: one party with every client's blocks, the whole model, no cut and no FedAvg."""
     evaluation = ServerEvaluation(recipe)
     start = evaluation.trainer.initial_state()
-    initial = evaluation(start)
+    initial_scores = evaluation.scores(start)
+    initial = headline(initial_scores)
     if recipe.configuration == CENTRAL:
-        return _central(recipe, evaluation, start, initial)
+        training = _central(recipe, evaluation, start, initial)
+        training.initial_scores = initial_scores
+        return training
     from harness.splitft.federation import simulate
 
     sink = simulate(recipe, start, evaluate=evaluation)
     rounds = [{"round": r, **sink.rounds.get(r, {}), **sink.evaluations.get(r, {})}
               for r in range(1, int(recipe.section["rounds"]) + 1)]
     return Training(rounds, initial, evaluation.scores(sink.final), sink.exposures, evaluation.trainer.names,
-                    "flwr simulation (ray backend)")
+                    "flwr simulation (ray backend)", initial_scores)
 
 
 def _central(recipe: Recipe, evaluation: ServerEvaluation, start: dict[str, torch.Tensor],

@@ -4,6 +4,8 @@ One group per model, data, cut and federation (runs in one group differ only in 
 - utility against leakage per defence and strength: held-out CE / perplexity / top-1 of the final model,
   H and H_A, the label attack, the EIA inversion, BiSR(f) and (when run) the learned inverter with their
   references and verdicts;
+- held-out CE paired over the same blocks: the gain over the pretrained model, and against split fine-tuning
+  without a defence and centralised fine-tuning (runs that recorded their blocks);
 - H and H_A per round of every run;
 - the DP baselines' ε(δ) composed over the run beside their per-step ε (when a group has one);
 - two plots: leakage (label token F1) against held-out CE, and H against H_A — the paper's claim is that
@@ -50,8 +52,13 @@ class SplitFtGroup:
 
 def _label(run: Run) -> str:
     label = configuration_label(str(run.data.get("configuration")), num(run.data.get("epsilon")), None, compact=True)
-    extra = variant_label(run.data.get("grad_up"), _train_head(run))
+    extra = _variant(run)
     return f"{label} + {extra}" if extra else label
+
+
+def _variant(run: Run) -> str:
+    """'' for the configuration as defined; else its grad_up guard or frozen A."""
+    return variant_label(run.data.get("grad_up"), _train_head(run))
 
 
 def _train_head(run: Run) -> bool:
@@ -101,6 +108,56 @@ def utility_leakage_md(group: SplitFtGroup) -> str:
                      _ci(m, "label_top1") if m.get("label_top1") is not None else "—", *attacks,
                      m.get("verdict") or "— (no server)"])
     return md_table(headers, rows)
+
+
+def _blocks(run: Run) -> dict[str, list[float]] | None:
+    blocks = run.data.get("heldout_blocks_ce")   # runs from before it was recorded have none
+    return blocks if isinstance(blocks, dict) and blocks.get("final") else None
+
+
+def _paired(a: list[float], b: list[float]) -> str:
+    """mean of a − b over blocks with its t interval; the same blocks scored by two models."""
+    from metrics.intervals import mean_ci
+
+    e = mean_ci([x - y for x, y in zip(a, b)])
+    return fmt_ci(e.mean, e.lo, e.hi, 3)
+
+
+def paired_utility_md(group: SplitFtGroup) -> str | None:
+    """Held-out CE differences paired over the same blocks (the between-block spread cancels): the gain of
+    fine-tuning over the pretrained model, and each run's CE against split fine-tuning without a defence and
+    against centralised fine-tuning. Runs are paired only when the pretrained model scored their blocks the
+    same (the same held-out blocks); None when no run recorded its blocks."""
+    runs = [r for r in group.runs if _blocks(r)]
+    if not runs:
+        return None
+
+    def reference(conf: str) -> Run | None:
+        return next((r for r in runs if r.data.get("configuration") == conf and not _variant(r)), None)
+
+    def same_blocks(a: Run, b: Run) -> bool:
+        x, y = _blocks(a)["initial"], _blocks(b)["initial"]
+        return len(x) == len(y) and all(abs(u - v) <= 1e-4 * max(1.0, abs(u)) for u, v in zip(x, y))
+
+    refs = [(name, reference(conf)) for name, conf in (("split, no defence", "splitft_none"),
+                                                        ("centralised", "splitft_central"))]
+    headers = ["defence", "blocks", "CE removed by fine-tuning (nats)",
+               *[f"CE − {name}'s (nats; + = worse)" for name, ref in refs if ref is not None]]
+    rows = []
+    for run in runs:
+        b = _blocks(run)
+        cells = [_label(run), str(len(b["final"])), _paired(b["initial"], b["final"])]
+        for _, ref in refs:
+            if ref is None:
+                continue
+            cells.append("—" if ref is run or not same_blocks(run, ref) else _paired(b["final"], _blocks(ref)["final"]))
+        rows.append(cells)
+    return md_table(headers, rows)
+
+
+PAIRED_NOTE = ("Held-out CE paired over the same blocks (mean [95% interval] of the per-block difference): the "
+               "spread between blocks cancels, so these tell a small change from zero where the CE column's "
+               "intervals over blocks cannot.")
 
 
 def rounds_md(group: SplitFtGroup) -> str:
@@ -179,8 +236,11 @@ def plot_h(group: SplitFtGroup, path: Path) -> None:
 def markdown(items: Sequence[SplitFtGroup], figure: Figures) -> list[str]:
     md = ["## Split federated fine-tuning (paper 002)", "", INTRO, ""]
     for i, group in enumerate(items, 1):
-        md += [f"### {group.title}", "", utility_leakage_md(group), "", "H, H_A and held-out CE per round:", "",
-               rounds_md(group), ""]
+        md += [f"### {group.title}", "", utility_leakage_md(group), ""]
+        paired = paired_utility_md(group)
+        if paired is not None:
+            md += [PAIRED_NOTE, "", paired, ""]
+        md += ["H, H_A and held-out CE per round:", "", rounds_md(group), ""]
         accounting = accounting_md(group)
         if accounting is not None:
             md += [ACCOUNTING_NOTE, "", accounting, ""]
