@@ -278,6 +278,7 @@ def test_assess_verdicts():
     (["configuration=splitft_central", "splitft.grad_up.clip=1e-5"], "splitft_central never sends"),
     (["splitft.train_head=false", "splitft.grad_up.clip=1e-5"], "never sent with splitft.train_head=false"),
     (["configuration=nopeek", "splitft.train_head=false"], "nopeek regularises A"),
+    (["splitft.attack.bisr.init=sip"], "needs splitft.attack.inverter.enabled=true"),
     (["runner=attack"], "configuration=privpair belongs to the splitft system, which runner=attack does not run"),
 ])
 def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
@@ -632,6 +633,36 @@ def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(id
     assert [r for _, r, _ in guesses] == [0, 1, 2] and scores["inverter_token_f1"] > 60.0
     assert scores["inverter_negative_control_pass"] and scores["inverter_negative_control_token_f1"] < 20.0
     assert scores["inverter_verdict"] == "leak"
+
+
+def test_bisr_starts_from_the_previous_stage_label_shifted_sip_in_place():
+    from attacks.splitft.bisr import initial_embeddings
+
+    vocab = torch.eye(6)
+    gen = torch.Generator().manual_seed(0)
+    label = initial_embeddings(vocab, (1, 4), "label", [[2, 3, 4]], gen).argmax(-1)
+    sip = initial_embeddings(vocab, (1, 4), "sip", [[2, 3, 4, 5]], gen).argmax(-1)
+    assert label[0, 1:].tolist() == [2, 3, 4]       # position t predicted token t+1
+    assert sip[0].tolist() == [2, 3, 4, 5]          # the inverter guessed the inputs themselves
+
+
+def test_suite_chains_the_inverter_into_bisr_forward(ids):
+    """init=sip: BiSR(f) starts from the learned inverter's guesses (BiSR's SIP stage) and, with no
+    optimisation step, returns exactly them."""
+    from attacks.splitft.suite import run_attacks
+
+    view, model_cfg, *_ = _undefended_view(ids)
+    (up,), (down,) = view.select(channel="smashed_up"), view.select(channel="smashed_down")
+    truth = {up.step: {"ids": ids, "s_a": up.tensor, "s_b": down.tensor}}   # undefended: what crossed
+    section = OmegaConf.load(CONF / "splitft" / "default.yaml").attack
+    section.eia.steps, section.eia.max_examples = 1, 2
+    section.bisr.update(steps=0, max_examples=2, init="sip", backward_steps=0)
+    section.inverter.update(enabled=True, max_steps=3, max_examples=2, negative_control=False)
+    public = torch.randint(0, 500, (8, ids.shape[1]), generator=torch.Generator().manual_seed(1)).tolist()
+    metrics, rows = run_attacks(view, truth, model_cfg, None, section, public=public)
+    inverter = {(r["step"], r["row"]): r["guess_ids"] for r in rows if r["attacker"] == "inverter"}
+    bisr = {(r["step"], r["row"]): r["guess_ids"] for r in rows if r["attacker"] == "bisr"}
+    assert len(bisr) == 2 and bisr == inverter and metrics["bisr_token_f1"] == metrics["inverter_token_f1"]
 
 
 APP_TOML = """[build-system]

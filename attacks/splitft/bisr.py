@@ -11,9 +11,11 @@ position's token as argmax_v ⟨x_t, E_v⟩. What we take, and what we changed:
 - The initial guess (`init`): `label` (default) uses the other direction of the same split, which BiSR's
   "auto-regressive" argument is about: the server's label inference argmax f_C(s'_B) predicts token t+1 at
   position t (attacks/splitft/label.py), so x_{t+1} starts at the embedding of that prediction and x_0,
-  which nothing predicts, at a random token's. `random`: random tokens (the code's fallback
-  without a prior stage); `mean`: the mean embedding everywhere (the EIA's start). BiSR's learned SIP
-  guess and BiSR(b) are not run here.
+  which nothing predicts, at a random token's. `sip`: BiSR's own first stage, a learned inverter's guess of
+  the input tokens (here the attack suite's inverter trained on public blocks, attacks/splitft/inverter.py;
+  position t starts at its guess for x_t). `random`: random tokens (the code's fallback without a prior
+  stage); `mean`: the mean embedding everywhere (the EIA's start). With BiSR(b) on, the suite passes its
+  labels in place of the label attack's (init=label).
 - The weights (`weights`): `client`, the client's A of that step (`client_weights`: the strong threat
   model of paper 002 §III); `pretrained`, the pretrained A (BiSR's semi-white-box setting: the
   "not-too-far" property makes the pretrained weights a good stand-in for the fine-tuned ones).
@@ -41,19 +43,20 @@ INITS, WEIGHTS = BISR_INITS, BISR_WEIGHTS
 def initial_embeddings(vocab: torch.Tensor, shape: tuple[int, int], init: str,
                        labels: Sequence[Sequence[int]] | None, generator: torch.Generator) -> torch.Tensor:
     """(rows, seq, d) starting points: the label guesses shifted by one (x_0, which nothing predicts, a
-    random token), random tokens, or the mean embedding (a poor start for a cosine loss: every position
+    random token), the inverter's input guesses in place (sip), random tokens, or the mean embedding (a poor start for a cosine loss: every position
     starts at the same point; on the tiny test model it recovered 33% of tokens in 60 steps where random
     starts recovered all, probe 2026-12-01)."""
     rows, seq = shape
     if init == "mean":
         return vocab.mean(0).expand(rows, seq, -1).clone()
     x = vocab[torch.randint(0, vocab.shape[0], (rows, seq), generator=generator)].clone()
-    if init == "label":
+    if init in ("label", "sip"):
         if labels is None:
-            raise ValueError("BiSR init=label needs the label attack's guesses")
+            raise ValueError(f"BiSR init={init} needs the previous stage's guesses")
+        shift = 1 if init == "label" else 0       # label: position t predicted token t+1
         for r, guess in enumerate(labels):
-            ids = torch.as_tensor(list(guess)[: seq - 1], dtype=torch.long)
-            x[r, 1: 1 + len(ids)] = vocab[ids]    # position t predicted token t+1
+            ids = torch.as_tensor(list(guess)[: seq - shift], dtype=torch.long)
+            x[r, shift: shift + len(ids)] = vocab[ids]
     return x
 
 
@@ -76,7 +79,8 @@ def bisr_forward(copy: ServerCopy, labels: Mapping[tuple[int, int], Sequence[int
                  lr: float, max_examples: int, init: str = "label", weights: str = "client",
                  seed: int = 0) -> list[tuple[int, int, list[int]]]:
     """(step, row, recovered input ids) for up to `max_examples` rows of the recorded s'_A; `labels` maps
-    (step, row) to the label attack's guesses for that row (init=label)."""
+    (step, row) to the previous stage's guesses for that row: next-token labels (init=label) or input
+    tokens (init=sip)."""
     if init not in INITS or weights not in WEIGHTS:
         raise ValueError(f"BiSR: init must be one of {INITS} and weights one of {WEIGHTS}, got {init!r}, {weights!r}")
     generator = torch.Generator().manual_seed(seed)
@@ -87,7 +91,8 @@ def bisr_forward(copy: ServerCopy, labels: Mapping[tuple[int, int], Sequence[int
             break
         target = exposure.tensor[: max_examples - len(out)]
         part = copy.at(exposure.step if weights == "client" else PRETRAINED)
-        guesses = [labels[(exposure.step, r)] for r in range(target.shape[0])] if init == "label" else None
+        guesses = ([labels[(exposure.step, r)] for r in range(target.shape[0])] if init in ("label", "sip")
+                   else None)
         start = initial_embeddings(vocab, tuple(target.shape[:2]), init, guesses, generator)
         for row, ids in enumerate(reconstruct(part, target, start, vocab, steps, lr)):
             out.append((exposure.step, row, ids))

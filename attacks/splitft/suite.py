@@ -62,6 +62,19 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     eia_guess = eia(attacked, int(e.steps), float(e.lr), int(e.max_examples))
     eia_plain = eia(control, int(e.steps), float(e.lr), int(e.max_examples))
     attackers = ["label", "eia"]
+    inv_guess: list = []
+    v = settings.inverter
+    if v.enabled:
+        from attacks.splitft import inverter
+
+        train_settings = inverter.settings_from(v, int(attacked.view.select(channel=SMASHED_UP)[0].tensor.shape[1]))
+        learned = inverter.trained(attacked, public or [], train_settings)
+        inv_guess = inverter.read(learned, attacked, int(v.max_examples))
+        inv_plain = inverter.read(learned, control, int(v.max_examples))
+        negative = None
+        if v.negative_control:
+            shuffled = inverter.trained(attacked, public or [], train_settings, shuffled=True)
+            negative = [g for *_, g in inverter.read(shuffled, attacked, int(v.max_examples))]
     bisr_guess: list = []
     bisr_b_guess: list = []
     if b.enabled:
@@ -77,6 +90,9 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
             # BiSR's chain: the forward stage starts from the backward stage's labels where it has them
             prior = [*label_guess, *bisr_b_guess]
             prior_plain = [*label_plain, *bisr_b_plain]
+
+        if str(b.init) == "sip":   # BiSR's first stage: the learned inverter's guess of the inputs
+            prior, prior_plain = inv_guess, inv_plain
 
         def bisr(copy, guesses):
             return bisr_forward(copy, {(s, r): g for s, r, g in guesses}, steps=int(b.steps), lr=float(b.lr),
@@ -97,19 +113,7 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     if bisr_guess:
         metrics.update(assess("bisr", inputs(bisr_guess), [g for *_, g in bisr_guess], inputs(bisr_plain),
                               [g for *_, g in bisr_plain], margin, positive))
-    inv_guess: list = []
-    v = settings.inverter
-    if v.enabled:
-        from attacks.splitft import inverter
-
-        train_settings = inverter.settings_from(v, int(attacked.view.select(channel=SMASHED_UP)[0].tensor.shape[1]))
-        learned = inverter.trained(attacked, public or [], train_settings)
-        inv_guess = inverter.read(learned, attacked, int(v.max_examples))
-        inv_plain = inverter.read(learned, control, int(v.max_examples))
-        negative = None
-        if v.negative_control:
-            shuffled = inverter.trained(attacked, public or [], train_settings, shuffled=True)
-            negative = [g for *_, g in inverter.read(shuffled, attacked, int(v.max_examples))]
+    if inv_guess:
         metrics.update(assess("inverter", inputs(inv_guess), [g for *_, g in inv_guess], inputs(inv_plain),
                               [g for *_, g in inv_plain], margin, positive, negative_guesses=negative))
         attackers.append("inverter")

@@ -19,7 +19,7 @@ OPTIMIZERS = ("adamw", "sgd")
 PRIVACY_TERMS = ("capped_ce", "entropy")       # harness/splitft/privpair.py
 W2_LOSSES = ("mse", "mse_task")
 COUPLINGS = ("relative", "absolute")
-BISR_INITS = ("label", "random", "mean")       # attacks/splitft/bisr.py
+BISR_INITS = ("label", "sip", "random", "mean")       # attacks/splitft/bisr.py
 BISR_WEIGHTS = ("client", "pretrained")
 INVERTER_MODES = ("projection", "body", "full")  # attacks/inversion.py MODES, LAYOUTS, HEADS (torch-free copy)
 INVERTER_LAYOUTS = ("prefix", "aligned")
@@ -240,6 +240,9 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least("splitft.attack.bisr.max_examples", a.bisr.max_examples, 2)
         check_choice("splitft.attack.bisr.init", a.bisr.init, BISR_INITS)
         check_choice("splitft.attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
+        if a.bisr.init == "sip" and not (a.inverter.enabled and a.inverter.max_examples >= a.bisr.max_examples):
+            raise UserError("splitft.attack.bisr.init=sip starts BiSR(f) from the learned inverter's guesses: it needs "
+                            "splitft.attack.inverter.enabled=true and inverter.max_examples >= bisr.max_examples")
         check_at_least("splitft.attack.bisr.backward_steps", a.bisr.backward_steps, 0)
         if a.bisr.backward_steps:
             check_positive("splitft.attack.bisr.backward_lr", a.bisr.backward_lr)
