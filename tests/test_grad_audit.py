@@ -322,6 +322,11 @@ def test_report_section_shows_the_mitigation_cost():
     [group] = section.groups(runs)
     assert [r.data["configuration"] for r in group.runs] == ["decoy_trainer", "decoy_mitigated"]
     md = "\n".join(section.markdown([group], figure=None))
-    assert "10/10 → 0/10" in md and "+0.050" in md          # the cost: 3.25 − 3.20 nats
+    assert "10/10 → 0/10" in md and "+0.050 (each run's own seeds)" in md   # the cost: 3.25 − 3.20 nats
+    # with per-seed records, the cost is paired over the seeds both ran (52 and 53 here), not the means
+    runs[0].data["seeds"] = [{"seed": 51, "ce_split": 9.0}, {"seed": 52, "ce_split": 3.5}, {"seed": 53, "ce_split": 3.7}]
+    runs[1].data["seeds"] = [{"seed": 52, "ce_split": 3.2}, {"seed": 53, "ce_split": 3.3}, {"seed": 54, "ce_split": 0.1}]
+    md = "\n".join(section.markdown(section.groups(runs), figure=None))
+    assert "+0.350 (seeds 52, 53)" in md
     assert "1.000 (10/10)" in md and "+2.50 → +0.10" in md
     assert len(section.summary([group])) == 3

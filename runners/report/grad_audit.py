@@ -111,17 +111,33 @@ def mitigation_md(group: AuditGroup) -> str | None:
         if not set(ORDER) <= set(pair):
             continue
         a, b = pair["decoy_trainer"], pair["decoy_mitigated"]
-        cost = (num(b.metrics.get("heldout_ce_split")) or 0) - (num(a.metrics.get("heldout_ce_split")) or 0)
+        cost, shared = _mitigation_cost(a, b)
         mit = b.data.get("mitigation") or {}
         rows.append([_topo_label(a), f"{mit.get('grad_clip')} / {mit.get('noise_multiplier')}",
                      f"{a.metrics.get('zero_support_frames_identified')}/{a.metrics.get('frames_scored')} → "
                      f"{b.metrics.get('zero_support_frames_identified')}/{b.metrics.get('frames_scored')}",
                      f"{_pp(a.metrics.get('probe_effect_pp'))} → {_pp(b.metrics.get('probe_effect_pp'))}",
-                     f"{cost:+.3f}"])
+                     f"{cost:+.3f} ({shared})"])
     if not rows:
         return None
     return md_table(["topology", "gradient clip / noise multiplier", "frames identified", "probe effect pp",
-                     "cost (held-out CE, nats)"], rows)
+                     "cost (held-out CE, nats; over)"], rows)
+
+
+def _mitigation_cost(trainer: Run, mitigated: Run) -> tuple[float, str]:
+    """Held-out CE of the mitigated pipeline minus the trainer's, over the scored seeds both ran (a seed
+    fixes the secrets and the data order, so the difference is paired); over each run's own seeds when they
+    share none."""
+    def by_seed(run: Run) -> dict[int, float]:
+        return {int(s["seed"]): float(s["ce_split"]) for s in run.data.get("seeds") or [] if "ce_split" in s}
+
+    a, b = by_seed(trainer), by_seed(mitigated)
+    shared = sorted(set(a) & set(b))
+    if shared:
+        return sum(b[s] - a[s] for s in shared) / len(shared), f"seeds {', '.join(map(str, shared))}"
+    cost = (num(mitigated.metrics.get("heldout_ce_split")) or 0) - (num(trainer.metrics.get("heldout_ce_split")) or 0)
+    return cost, "each run's own seeds"
+
 
 
 def arms_md(group: AuditGroup) -> str:
@@ -138,7 +154,8 @@ def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
         mit = mitigation_md(group)
         if mit:
             md += ["The mitigation (per-row clip of the returned gradient plus proportional Gaussian noise on "
-                   "every row), against the trainer as audited at the same topology and seeds:", "", mit, ""]
+                   "every row), against the trainer as audited at the same topology; the cost is paired over the "
+                   "scored seeds both ran:", "", mit, ""]
         md += ["The probe per arm (what the cloud sees: the forward payload, the returned gradient, both):", "",
                arms_md(group), ""]
     return md
