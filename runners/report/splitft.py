@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.splitft.config import variant_label
+from metrics.intervals import mean_ci
 from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
@@ -117,8 +118,6 @@ def _blocks(run: Run) -> dict[str, list[float]] | None:
 
 def _paired(a: list[float], b: list[float]) -> str:
     """mean of a − b over blocks with its t interval; the same blocks scored by two models."""
-    from metrics.intervals import mean_ci
-
     e = mean_ci([x - y for x, y in zip(a, b)])
     return fmt_ci(e.mean, e.lo, e.hi, 3)
 
