@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Paper 002's utility with a longer schedule (issue 12): 4 clients, 4 rounds x 6 local steps of batch 4 x 32
 # tokens (24 steps per client, 6x the first reduced run), 128 training blocks, 32 held-out blocks, on
-# WikiText-2 and on Dolly responses; every defence at one to three strengths on WikiText-2 (Laplace DP not
-# repeated), the undefended, centralised and PrivPair points on Dolly; one PrivPair run with BiSR's SIP stage (the learned inverter
-# as BiSR(f)'s start). Runs are tagged long_train. About 5 minutes per run here, two side by side.
+# WikiText-2 and on Dolly responses: on WikiText-2 no defence, centralised, PrivPair at λ = 0.1 and 1,
+# Gaussian smashed-data DP at ε = 100 and 1000 and NoPeek; on Dolly no defence, centralised and PrivPair at
+# λ = 1; one PrivPair run with BiSR's SIP stage (the learned inverter as BiSR(f)'s start, tagged sip). Runs
+# are tagged long_train. About 5 minutes per run here (25 for the SIP run), two side by side.
 #
 #   bash scripts/splitft_long_runs.sh [OUT] [REPORT]   # defaults: outputs/splitft_long, no committed report
 #   bash scripts/splitft_long_runs.sh outputs/splitft_long docs/results/splitft_long   # the committed one
@@ -27,8 +28,9 @@ sip="splitft.attack.inverter.enabled=true splitft.attack.bisr.init=sip tags=[lon
 
 first=(
     "configuration=smashed_dp_gaussian epsilon=100"
-    "configuration=embedding_dx epsilon=3000"
-    "configuration=privpair epsilon=10"
+    "configuration=privpair epsilon=0.1"
+    "configuration=smashed_dp_gaussian epsilon=1000"
+    "configuration=nopeek epsilon=1"
 )
 second=(
     "configuration=splitft_none"
@@ -38,9 +40,6 @@ second=(
     "$dolly configuration=splitft_central"
     "$dolly configuration=privpair epsilon=1"
     "configuration=privpair epsilon=1 $sip"
-    "configuration=privpair epsilon=0.1"
-    "configuration=smashed_dp_gaussian epsilon=1000"
-    "configuration=nopeek epsilon=1"
 )
 
 stream() {   # one list of runs in order
