@@ -43,9 +43,9 @@ INITS, WEIGHTS = BISR_INITS, BISR_WEIGHTS
 def initial_embeddings(vocab: torch.Tensor, shape: tuple[int, int], init: str,
                        labels: Sequence[Sequence[int]] | None, generator: torch.Generator) -> torch.Tensor:
     """(rows, seq, d) starting points: the label guesses shifted by one (x_0, which nothing predicts, a
-    random token), the inverter's input guesses in place (sip), random tokens, or the mean embedding (a poor start for a cosine loss: every position
-    starts at the same point; on the tiny test model it recovered 33% of tokens in 60 steps where random
-    starts recovered all, probe 2026-12-01)."""
+    random token), the inverter's input guesses in place (sip), random tokens, or the mean embedding (a
+    poor start for a cosine loss: every position starts at the same point; on the tiny test model it
+    recovered 33% of tokens in 60 steps where random starts recovered all, probe 2026-12-01)."""
     rows, seq = shape
     if init == "mean":
         return vocab.mean(0).expand(rows, seq, -1).clone()

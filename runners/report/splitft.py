@@ -149,7 +149,8 @@ def paired_utility_md(group: SplitFtGroup) -> str | None:
         for _, ref in refs:
             if ref is None:
                 continue
-            cells.append("—" if ref is run or not same_blocks(run, ref) else _paired(b["final"], _blocks(ref)["final"]))
+            paired = ref is not run and same_blocks(run, ref)
+            cells.append(_paired(b["final"], _blocks(ref)["final"]) if paired else "—")
         rows.append(cells)
     return md_table(headers, rows)
 
