@@ -71,6 +71,14 @@ def mean_ci(
     return Estimate(m, lo, hi, n)
 
 
+def paired_difference_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """mean_ci of a[i] − b[i]: the same units (prompts, blocks) scored twice, so the spread between units
+    cancels and a small difference can be told from zero where the two intervals overlap."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_difference_ci needs the same units: {len(a)} vs {len(b)}")
+    return mean_ci([x - y for x, y in zip(a, b)], confidence)
+
+
 def bootstrap_ci(
     values: Sequence[Any] | np.ndarray,
     stat_fn: Callable[[np.ndarray], float],

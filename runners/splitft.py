@@ -46,7 +46,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.splitft import experiment
     from harness.splitft.client import Recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.evaluate import paired_drop, summarise
+    from harness.splitft.evaluate import summarise
+    from metrics.intervals import paired_difference_ci
     from harness.splitft.partition import Partition
 
     s = cfg.splitft
@@ -66,7 +67,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics = {**summarise(training.final_scores),
                    "initial_heldout_ce": training.initial["heldout_ce"],
                    "initial_heldout_top1": training.initial["heldout_top1"],
-                   **paired_drop(training.initial_scores["ce"], training.final_scores["ce"], "heldout_ce_gain")}
+                   # nats the fine-tuning removed, paired over the same blocks
+                   **paired_difference_ci(training.initial_scores["ce"], training.final_scores["ce"]).flat(
+                       "heldout_ce_gain")}
         last = training.rounds[-1]
         metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
         accounting = _accounting(s, configuration, epsilon, last, loaded.model)

@@ -3,7 +3,7 @@
 # D = 64 through the paper's seed protocol (explore 42-47, replicate 48-50, test 51-53), the mitigation on
 # the test seeds, and the depth / width study (4, 6, 8, 12 delegated layers at D = 64; 12 at D = 96, 128) on
 # one seed per phase. experiment=grad_audit_2core: rows of 8 tokens, 64 frames per seed from the
-# least-squares start (docs/grad_audit.md). About 3 CPU-minutes per seed, two runs side by side.
+# least-squares start (docs/grad_audit.md). Two runs side by side, one torch thread each.
 #
 #   bash scripts/grad_audit_runs.sh [OUT] [REPORT]   # defaults: outputs/grad_audit, no committed report
 #   bash scripts/grad_audit_runs.sh outputs/grad_audit docs/results/grad_audit   # the committed one

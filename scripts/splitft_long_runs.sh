@@ -4,7 +4,7 @@
 # WikiText-2 and on Dolly responses: on WikiText-2 no defence, centralised, PrivPair at λ = 0.1 and 1,
 # Gaussian smashed-data DP at ε = 100 and 1000 and NoPeek; on Dolly no defence, centralised and PrivPair at
 # λ = 1; one PrivPair run with BiSR's SIP stage (the learned inverter as BiSR(f)'s start, tagged sip). Runs
-# are tagged long_train. About 5 minutes per run here (25 for the SIP run), two side by side.
+# are tagged long_train. Two runs side by side; each run's time is in its results.json (`timings`).
 #
 #   bash scripts/splitft_long_runs.sh [OUT] [REPORT]   # defaults: outputs/splitft_long, no committed report
 #   bash scripts/splitft_long_runs.sh outputs/splitft_long docs/results/splitft_long   # the committed one

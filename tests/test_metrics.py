@@ -11,7 +11,7 @@ import sacrebleu
 from scipy import stats
 
 from harness.errors import UserError
-from metrics.intervals import Estimate, bootstrap_ci, mean_ci
+from metrics.intervals import Estimate, bootstrap_ci, mean_ci, paired_difference_ci
 from metrics.privacy import chance_floor, corpus_token_prf, token_prf
 from metrics.semantic import assemble_split_zip, load_semantic_model, semantic_similarity
 from metrics.text import (
@@ -67,6 +67,15 @@ def test_mean_ci_bounds_clip_a_percentage_interval():
     assert raw.hi > 100.0  # the unclipped t interval leaves the metric's range
     clipped = mean_ci([100.0, 100.0, 0.0], bounds=(0.0, 100.0))
     assert (clipped.mean, clipped.lo, clipped.hi) == (raw.mean, 0.0, 100.0)
+
+
+def test_paired_difference_cancels_the_spread_between_units():
+    a, b = [5.0, 3.0, 7.0, 4.0], [4.9, 2.9, 6.9, 3.9]
+    paired = paired_difference_ci(a, b)
+    assert paired.mean == pytest.approx(0.1) and paired.hi - paired.lo < 1e-9   # a constant difference
+    assert mean_ci(a).lo < mean_ci(b).hi                                         # unpaired: overlapping
+    with pytest.raises(ValueError, match="same units"):
+        paired_difference_ci(a, b[:3])
 
 
 def test_bootstrap_ci_is_seeded_and_close_to_t_for_a_mean():

@@ -399,6 +399,7 @@ def test_report_section_tables_and_plots(tmp_path):
 
 
 def test_report_pairs_held_out_ce_over_the_same_blocks(tmp_path):
+    from metrics.intervals import paired_difference_ci
     from runners.report import splitft as section
     from runners.report.plotting import Figures
     from runners.report.runs import Run
@@ -408,6 +409,7 @@ def test_report_pairs_held_out_ce_over_the_same_blocks(tmp_path):
     def run(name, configuration, epsilon, final, blocks=initial):
         data = {**_run_data(configuration, epsilon, sum(final) / 4, 20.0, 0, 0),
                 "heldout_blocks_ce": {"initial": blocks, "final": final}}
+        data["metrics"].update(paired_difference_ci(blocks, final).flat("heldout_ce_gain"))   # as runners/splitft.py
         return Run(tmp_path / name, name, "ok", data)
 
     runs = [run("n", "splitft_none", None, [4.9, 2.9, 6.9, 3.9]),            # removed 0.1 nats on every block

@@ -30,7 +30,7 @@ def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 
 def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
-               real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int = 256) -> SeedRun:
+               real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int) -> SeedRun:
     trainer = DecoyTrainer(model, settings, seed)
     data_gen = torch.Generator().manual_seed(10_000 + int(seed))
     if settings.init == "least_squares":

@@ -32,11 +32,3 @@ def summarise(scores: dict[str, list[float]]) -> dict[str, float]:
     return {**ce.flat("heldout_ce"), "heldout_ppl": math.exp(ce.mean), "heldout_ppl_ci_lo": math.exp(ce.lo),
             "heldout_ppl_ci_hi": math.exp(ce.hi), **top1.flat("heldout_top1")}
 
-
-def paired_drop(before: list[float], after: list[float], name: str) -> dict[str, float]:
-    """`name`: the mean over blocks of before − after (nats of CE a change removed), with the 95% interval of
-    that paired difference: the same blocks scored twice, so the between-block spread (about ±0.5 nats on 16
-    WikiText-2 blocks) cancels and a small gain from fine-tuning can be told from zero."""
-    if len(before) != len(after):
-        raise ValueError(f"paired_drop needs the same blocks: {len(before)} vs {len(after)}")
-    return mean_ci([b - a for b, a in zip(before, after)]).flat(name)

@@ -24,12 +24,16 @@ class Training:
     """What a run's training produced."""
 
     rounds: list[dict[str, Any]]                 # per round: H, H_A, train loss, held-out CE, ...
-    initial: dict[str, float]                    # the pretrained model's held-out scores
+    initial_scores: dict[str, list[float]]       # per held-out block, of the pretrained model
     final_scores: dict[str, list[float]]         # per held-out block, of the final model
     exposures: list[dict[str, Any]] = field(default_factory=list)
     weight_layout: list[str] = field(default_factory=list)
     runtime: str = ""
-    initial_scores: dict[str, list[float]] = field(default_factory=dict)   # per held-out block, pretrained
+
+    @property
+    def initial(self) -> dict[str, float]:
+        """The pretrained model's held-out scores."""
+        return headline(self.initial_scores)
 
 
 class ServerEvaluation:
@@ -59,23 +63,20 @@ def train(recipe: Recipe) -> Training:
     reference: one party with every client's blocks, the whole model, no cut and no FedAvg."""
     evaluation = ServerEvaluation(recipe)
     start = evaluation.trainer.initial_state()
-    initial_scores = evaluation.scores(start)
-    initial = headline(initial_scores)
+    initial = evaluation.scores(start)
     if recipe.configuration == CENTRAL:
-        training = _central(recipe, evaluation, start, initial)
-        training.initial_scores = initial_scores
-        return training
+        return _central(recipe, evaluation, start, initial)
     from harness.splitft.federation import simulate
 
     sink = simulate(recipe, start, evaluate=evaluation)
     rounds = [{"round": r, **sink.rounds.get(r, {}), **sink.evaluations.get(r, {})}
               for r in range(1, int(recipe.section["rounds"]) + 1)]
     return Training(rounds, initial, evaluation.scores(sink.final), sink.exposures, evaluation.trainer.names,
-                    "flwr simulation (ray backend)", initial_scores)
+                    "flwr simulation (ray backend)")
 
 
 def _central(recipe: Recipe, evaluation: ServerEvaluation, start: dict[str, torch.Tensor],
-             initial: dict[str, float]) -> Training:
+             initial: dict[str, list[float]]) -> Training:
     """Rounds of the same length and the same examples per round as the federation (batch N× larger)."""
     from harness.progress import progress
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.splitft.config import variant_label
-from metrics.intervals import mean_ci
+from metrics.intervals import paired_difference_ci
 from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
@@ -118,7 +118,7 @@ def _blocks(run: Run) -> dict[str, list[float]] | None:
 
 def _paired(a: list[float], b: list[float]) -> str:
     """mean of a − b over blocks with its t interval; the same blocks scored by two models."""
-    e = mean_ci([x - y for x, y in zip(a, b)])
+    e = paired_difference_ci(a, b)
     return fmt_ci(e.mean, e.lo, e.hi, 3)
 
 
@@ -145,7 +145,7 @@ def paired_utility_md(group: SplitFtGroup) -> str | None:
     rows = []
     for run in runs:
         b = _blocks(run)
-        cells = [_label(run), str(len(b["final"])), _paired(b["initial"], b["final"])]
+        cells = [_label(run), str(len(b["final"])), _ci(run.data.get("metrics") or {}, "heldout_ce_gain", 3)]
         for _, ref in refs:
             if ref is None:
                 continue
