@@ -16,7 +16,8 @@ from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.mechanisms import (INT8_EXACT_WIDTH, INT8_MAX_ROWS, SLALOM_MODULUS, SLALOM_SCALINGS, ExactProduct,
                                       IntegerWeights, centre, centred_difference, digits_needed, exact_matmul_mod, exact_wraps, int8_digits,
-                                      input_norms, quantise, row_bounds, row_shifts, worst_case_products)
+                                      input_norms, quantise, row_bounds, row_shifts, safe_norm_limits,
+                                      worst_case_products)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -313,6 +314,37 @@ def test_slalom_wrap_bounds_are_sound_and_the_exact_count_matches_brute_force():
     # The fewest bits: one bit more would leave the bound unsafe wherever a row was shifted at all.
     assert ((shift == 0) | (row_bounds(inf, norm2, 9 - shift, d, l1, l2) > limit)).all()
     assert (shift == 0).sum() > 20 and shift.max() >= 8
+
+
+def test_slalom_norm_limits_call_a_row_safe_exactly_when_the_full_bounds_do():
+    """quantise_input's shortcut (two norms against safe_norm_limits) against row_bounds on input_norms: the
+    limits are the largest float32 norms each bound alone keeps within (q−1)/2, and on rows at, just over
+    and far from them the two decisions agree row by row."""
+    g = torch.Generator().manual_seed(4)
+    d = 96
+    w_q = torch.randint(-40, 41, (50, d), generator=g).double()
+    l1, l2 = w_q.abs().sum(-1).max().item(), torch.linalg.vector_norm(w_q, dim=-1).max().item()
+    limit = SLALOM_MODULUS // 2
+    for bits in (8, 3):
+        by_inf, by_l2 = safe_norm_limits(bits, d, l1, l2, SLALOM_MODULUS, torch.float32)
+        up = lambda v: torch.nextafter(torch.tensor(v), torch.tensor(math.inf)).item()  # noqa: E731
+        one = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+        grow = 1.0 + d * torch.finfo(torch.float32).eps
+        assert row_bounds(one(by_inf), one(math.inf), bits, d, l1, math.inf).item() <= limit
+        assert row_bounds(one(up(by_inf)), one(math.inf), bits, d, l1, math.inf).item() > limit
+        assert row_bounds(one(math.inf), one(by_l2) * grow, bits, d, math.inf, l2).item() <= limit
+        assert row_bounds(one(math.inf), one(up(by_l2)) * grow, bits, d, math.inf, l2).item() > limit
+        # Rows whose largest entry sits at, just above, or well around the ∞-norm limit, with the rest
+        # spread so that the 2-norm crosses its own limit too.
+        rows = torch.randn(400, d, generator=g) * torch.logspace(-3, 1, 400)[:, None] * by_inf
+        rows[:, 0] = torch.tensor([by_inf, up(by_inf)] * 200)
+        rows[:, 1:] = rows[:, 1:].clamp(-by_inf, by_inf)
+        inf, norm2 = input_norms(rows)
+        full = row_bounds(inf, norm2, bits, d, l1, l2) <= limit
+        short = ((torch.linalg.vector_norm(rows, math.inf, dim=-1) <= by_inf)
+                 | (torch.linalg.vector_norm(rows, dim=-1) <= by_l2))
+        assert torch.equal(full, short), bits
+        assert 0 < int(full.sum()) < len(rows)
 
 
 def test_slalom_per_token_rescales_only_rows_that_could_wrap_and_recovers_them_exactly():

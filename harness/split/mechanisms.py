@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -200,12 +200,15 @@ def centre(z: torch.Tensor, modulus: int) -> torch.Tensor:
     return torch.where(z > modulus // 2, z - modulus, z)
 
 
-def centred_difference(y: torch.Tensor, c: torch.Tensor, modulus: int) -> torch.Tensor:
+def centred_difference(y: torch.Tensor, c: torch.Tensor, modulus: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """(y − c) mod q as its representative in (−q/2, q/2], for residues y, c in [0, q): y − c lies in
-    (−q, q), so two comparisons replace the integer division of a remainder on the prefill's large outputs."""
-    z = y - c
-    z = torch.where(z > modulus // 2, z - modulus, z)
-    return torch.where(z < -(modulus // 2), z + modulus, z)
+    (−q, q), so two sign tests replace the integer division of a remainder on the prefill's large outputs:
+    an arithmetic shift by 31 is −1 for a negative int32 and 0 otherwise, and adds or takes q in one pass.
+    `out`: where to write it (a view of a larger result), else a new tensor."""
+    half = modulus // 2
+    z = y - c if out is None else torch.sub(y, c, out=out)
+    z.sub_(z >> 31, alpha=modulus)                   # [0, q): + q where negative
+    return z.add_((half - z) >> 31, alpha=modulus)   # (−q/2, q/2]: − q above q/2
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,6 +231,45 @@ def row_bounds(inf: torch.Tensor, l2: torch.Tensor, bits, d: int, row_l1: float,
     No output of a row whose bound is ≤ (q−1)/2 can wrap: the products are integers."""
     scale = torch.exp2(bits.double()) if isinstance(bits, torch.Tensor) else 2.0**bits
     return torch.minimum((inf * scale + 0.5) * row_l1, (l2 * scale + math.sqrt(d) / 2) * (row_l2 * (1.0 + L2_SLACK)))
+
+
+def safe_norm_limits(bits: int, d: int, row_l1: float, row_l2: float, modulus: int,
+                     dtype: torch.dtype) -> tuple[float, float]:
+    """(largest ‖x‖∞, largest ‖x‖₂), as values of `dtype` (what torch's norms of an input in that dtype
+    return), at which Hölder's bound alone, or Cauchy–Schwarz's alone, stays ≤ (q−1)/2 at `bits` input
+    bits, evaluated exactly as input_norms and row_bounds evaluate it (−inf: no norm is safe by that
+    bound). Both bounds only grow with the norm, float rounding included, so a row with either norm at
+    most its limit is a row row_bounds calls safe: two norms and two comparisons decide "every row is
+    safe" as the full bounds would, at a third of their operations (Slalom.quantise_input)."""
+    limit = modulus // 2
+    grow = 1.0 + d * torch.finfo(dtype).eps          # input_norms's rounding-up of ‖x‖₂
+    no = torch.tensor([math.inf], dtype=torch.float64)
+
+    def holder(v: torch.Tensor) -> float:
+        return row_bounds(v.double().view(1), no, bits, d, row_l1, math.inf).item()
+
+    def cauchy(v: torch.Tensor) -> float:
+        return row_bounds(no, v.double().view(1) * grow, bits, d, math.inf, row_l2).item()
+
+    def largest(bound, estimate: float) -> float:
+        if not math.isfinite(estimate):
+            return math.inf
+        v = torch.tensor(max(estimate, 0.0), dtype=dtype)
+        down, up = torch.tensor(-math.inf, dtype=dtype), torch.tensor(math.inf, dtype=dtype)
+        while bound(v) > limit:
+            if v.item() == 0.0:
+                return -math.inf
+            v = torch.nextafter(v, down)
+        while True:
+            above = torch.nextafter(v, up)
+            if not math.isfinite(above.item()) or bound(above) > limit:
+                return v.item()
+            v = above
+
+    scale = 2.0**bits
+    by_inf = (limit / row_l1 - 0.5) / scale if row_l1 > 0 else math.inf
+    by_l2 = (limit / (row_l2 * (1.0 + L2_SLACK)) - math.sqrt(d) / 2) / scale / grow if row_l2 > 0 else math.inf
+    return largest(holder, by_inf), largest(cauchy, by_l2)
 
 
 def exact_wraps(x_q: torch.Tensor, weights_q: list[torch.Tensor], row_l1: float, modulus: int) -> int:
@@ -337,6 +379,13 @@ class SlalomOpState:
     rows_rescaled: int = 0  # per_token: rows given fewer input bits than frac_bits
     min_in_bits: int | None = None    # the fewest input bits any row got
     check_s: float = 0.0    # TEE seconds on bounds, rescaling and exact checks (inside `masking`)
+    _limits: dict = field(default_factory=dict, repr=False)   # safe_norm_limits per (in_bits, dtype, d, q)
+
+    def norm_limits(self, dtype: torch.dtype, d: int, modulus: int) -> tuple[float, float]:
+        key = (self.in_bits, dtype, d, modulus)
+        if key not in self._limits:
+            self._limits[key] = safe_norm_limits(self.in_bits, d, self.row_l1, self.row_l2, modulus, dtype)
+        return self._limits[key]
 
     def reset(self) -> None:
         self.rows = self.elements = self.wraps = self.rows_checked = self.rows_rescaled = 0
@@ -472,22 +521,26 @@ class Slalom:
         state, q, (n, d) = op.slalom, self.modulus, x.shape
         start = time.perf_counter()
         bits: torch.Tensor | int = state.in_bits
-        inf, l2 = input_norms(x)
-        unsafe = row_bounds(inf, l2, bits, d, state.row_l1, state.row_l2) > q // 2
-        if self.scaling == "per_token" and bool(unsafe.any()):
-            shift = torch.zeros(n, dtype=torch.int64)
-            shift[unsafe] = row_shifts(inf[unsafe], l2[unsafe], bits, d, state.row_l1, state.row_l2, q)
-            bits = (state.in_bits - shift)[:, None]
-            unsafe = row_bounds(inf, l2, bits[:, 0], d, state.row_l1, state.row_l2) > q // 2  # only at MAX_SHIFT
-            state.rows_rescaled += int(((shift > 0) if real is None else (shift > 0) & real).sum())
+        limit_inf, limit_l2 = state.norm_limits(x.dtype, d, q)
+        unsafe = None   # the usual call: every row safe at in_bits, decided from two norms (safe_norm_limits)
+        if not bool(((torch.linalg.vector_norm(x, math.inf, dim=-1) <= limit_inf)
+                     | (torch.linalg.vector_norm(x, dim=-1) <= limit_l2)).all()):
+            inf, l2 = input_norms(x)
+            unsafe = row_bounds(inf, l2, bits, d, state.row_l1, state.row_l2) > q // 2
+            if self.scaling == "per_token" and bool(unsafe.any()):
+                shift = torch.zeros(n, dtype=torch.int64)
+                shift[unsafe] = row_shifts(inf[unsafe], l2[unsafe], bits, d, state.row_l1, state.row_l2, q)
+                bits = (state.in_bits - shift)[:, None]
+                unsafe = row_bounds(inf, l2, bits[:, 0], d, state.row_l1, state.row_l2) > q // 2  # at MAX_SHIFT
+                state.rows_rescaled += int(((shift > 0) if real is None else (shift > 0) & real).sum())
         checked = time.perf_counter()
         # x·2^b and its rounding are exact in float (b per row: a power of two per row); the integers fit int32.
         scale = torch.exp2(bits.to(x.dtype)) if isinstance(bits, torch.Tensor) else float(2.0**bits)
         x_q = torch.round(x * scale).to(torch.int32)
         resumed = time.perf_counter()
-        if real is not None:
+        if unsafe is not None and real is not None:
             unsafe = unsafe & real
-        if bool(unsafe.any()):
+        if unsafe is not None and bool(unsafe.any()):
             state.rows_checked += int(unsafe.sum())
             state.wraps += exact_wraps(x_q[unsafe], op.tee_quantised, state.row_l1, q)
         counted = n if real is None else int(real.sum())
@@ -503,14 +556,21 @@ class Slalom:
         ctx, q = op.ctx, self.modulus
         rows = x.shape[:-1]
         n = math.prod(rows)
-        served = op.take(n)
+        parts = op.take(n).parts
         with ctx.clock.time("masking"):
-            masks, corrections = served.joined()   # a copy only when the request spans pieces (TEE work)
             # Real positions of this call (the engine's ctx.valid: prefill rows of left-padded prompts).
             valid = ctx.valid
             real = valid.reshape(n).cpu() if valid is not None and tuple(valid.shape) == tuple(rows) else None
             x_q, bits = self.quantise_input(op, x.reshape(n, x.shape[-1]), real)
-            exposed = torch.remainder(x_q + masks, q).view(*rows, -1)
+            if len(parts) == 1:
+                exposed = torch.remainder(x_q + parts[0][1], q)
+            else:
+                # A request spanning bank pieces (the prefill's): mask, and below unmask, each piece's rows
+                # where they stand, rather than copy the pieces' masks and corrections into one tensor.
+                exposed = torch.empty_like(x_q)
+                for lo, m, _ in parts:
+                    torch.remainder(x_q[lo:lo + m.shape[0]] + m, q, out=exposed[lo:lo + m.shape[0]])
+            exposed = exposed.view(*rows, -1)
         sent = ctx.boundary.send(op.name, op.layer, exposed)
         with ctx.clock.time(op.category):
             ys = op.device_product(sent.reshape(-1, sent.shape[-1]))
@@ -522,8 +582,15 @@ class Slalom:
             else:
                 scale = 2.0 ** (-(bits + op.slalom.weight_bits))
             outs = []
-            for y, c, (_, b) in zip(ys, corrections, op.tee_params):
-                z = centred_difference(y, c, q).to(x.dtype).mul_(scale).view(*rows, -1)
+            for member, (y, (_, b)) in enumerate(zip(ys, op.tee_params)):
+                if len(parts) == 1:
+                    z = centred_difference(y, parts[0][2][member], q)
+                else:
+                    z = torch.empty_like(y)
+                    for lo, _, cs in parts:
+                        span = slice(lo, lo + cs[member].shape[0])
+                        centred_difference(y[span], cs[member], q, out=z[span])
+                z = z.to(x.dtype).mul_(scale).view(*rows, -1)
                 outs.append(z.add_(b) if b is not None else z)
             return outs
 
