@@ -16,8 +16,8 @@ from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.mechanisms import (INT8_EXACT_WIDTH, INT8_MAX_ROWS, SLALOM_MODULUS, SLALOM_SCALINGS, ExactProduct,
                                       IntegerWeights, centre, centred_difference, digits_needed, exact_matmul_mod, exact_wraps, int8_digits,
-                                      input_norms, quantise, row_bounds, row_shifts, safe_norm_limits,
-                                      worst_case_products)
+                                      input_norms, norms_past_limits, quantise, row_bounds, row_shifts,
+                                      safe_norm_limits, worst_case_products)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -345,6 +345,8 @@ def test_slalom_norm_limits_call_a_row_safe_exactly_when_the_full_bounds_do():
                  | (torch.linalg.vector_norm(rows, dim=-1) <= by_l2))
         assert torch.equal(full, short), bits
         assert 0 < int(full.sum()) < len(rows)
+        assert norms_past_limits(rows[full], by_inf, by_l2) is None      # the call-level shortcut
+        assert norms_past_limits(rows, by_inf, by_l2) is not None
 
 
 def test_slalom_per_token_rescales_only_rows_that_could_wrap_and_recovers_them_exactly():

@@ -216,12 +216,14 @@ def centred_difference(y: torch.Tensor, c: torch.Tensor, modulus: int, out: torc
 # ---------------------------------------------------------------------------------------------------
 
 def input_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of x ([n, d] float): ‖x‖∞ (exact) and ‖x‖₂ rounded up, both float64. A float sum of d
-    squares errs by less than d·u relative (u = eps/2), and the square root halves that: d·eps covers it."""
-    lo, hi = torch.aminmax(x, dim=-1)
-    inf = torch.maximum(hi, -lo).double()
-    l2 = torch.linalg.vector_norm(x, dim=-1).double() * (1.0 + x.shape[-1] * torch.finfo(x.dtype).eps)
-    return inf, l2
+    """Per row of x ([n, d] float): ‖x‖∞ (exact) and ‖x‖₂ rounded up, both float64."""
+    return widened_norms(torch.linalg.vector_norm(x, math.inf, dim=-1), torch.linalg.vector_norm(x, dim=-1), x.shape[-1])
+
+
+def widened_norms(norm_inf: torch.Tensor, norm_2: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_norms from torch's row norms of x in x's dtype: ‖x‖∞ is exact; a float sum of d squares errs by
+    less than d·u relative (u = eps/2), and the square root halves that, so ‖x‖₂·(1 + d·eps) bounds it."""
+    return norm_inf.double(), norm_2.double() * (1.0 + d * torch.finfo(norm_2.dtype).eps)
 
 
 def row_bounds(inf: torch.Tensor, l2: torch.Tensor, bits, d: int, row_l1: float, row_l2: float) -> torch.Tensor:
@@ -270,6 +272,20 @@ def safe_norm_limits(bits: int, d: int, row_l1: float, row_l2: float, modulus: i
     by_inf = (limit / row_l1 - 0.5) / scale if row_l1 > 0 else math.inf
     by_l2 = (limit / (row_l2 * (1.0 + L2_SLACK)) - math.sqrt(d) / 2) / scale / grow if row_l2 > 0 else math.inf
     return largest(holder, by_inf), largest(cauchy, by_l2)
+
+
+def norms_past_limits(x: torch.Tensor, limit_inf: float, limit_l2: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """None when every row of x ([n, d]) is safe by either bound alone, its ‖x‖₂ or ‖x‖∞ within the op's
+    limit (safe_norm_limits); else both row norms, for the full bounds. ‖x‖₂ first: Cauchy–Schwarz is the
+    tighter bound on rows without outliers, so ‖x‖∞ is computed only when some row needs it."""
+    norm_2 = torch.linalg.vector_norm(x, dim=-1)
+    safe = norm_2 <= limit_l2
+    if bool(safe.all()):
+        return None
+    norm_inf = torch.linalg.vector_norm(x, math.inf, dim=-1)
+    if bool((safe | (norm_inf <= limit_inf)).all()):
+        return None
+    return norm_inf, norm_2
 
 
 def exact_wraps(x_q: torch.Tensor, weights_q: list[torch.Tensor], row_l1: float, modulus: int) -> int:
@@ -521,18 +537,20 @@ class Slalom:
         state, q, (n, d) = op.slalom, self.modulus, x.shape
         start = time.perf_counter()
         bits: torch.Tensor | int = state.in_bits
-        limit_inf, limit_l2 = state.norm_limits(x.dtype, d, q)
-        unsafe = None   # the usual call: every row safe at in_bits, decided from two norms (safe_norm_limits)
-        if not bool(((torch.linalg.vector_norm(x, math.inf, dim=-1) <= limit_inf)
-                     | (torch.linalg.vector_norm(x, dim=-1) <= limit_l2)).all()):
-            inf, l2 = input_norms(x)
+        unsafe = None   # None: no row can wrap
+        norms = norms_past_limits(x, *state.norm_limits(x.dtype, d, q))
+        if norms is not None:
+            inf, l2 = widened_norms(*norms, d)
             unsafe = row_bounds(inf, l2, bits, d, state.row_l1, state.row_l2) > q // 2
             if self.scaling == "per_token" and bool(unsafe.any()):
                 shift = torch.zeros(n, dtype=torch.int64)
                 shift[unsafe] = row_shifts(inf[unsafe], l2[unsafe], bits, d, state.row_l1, state.row_l2, q)
                 bits = (state.in_bits - shift)[:, None]
-                unsafe = row_bounds(inf, l2, bits[:, 0], d, state.row_l1, state.row_l2) > q // 2  # at MAX_SHIFT
                 state.rows_rescaled += int(((shift > 0) if real is None else (shift > 0) & real).sum())
+                # row_shifts made every row safe but those it had to stop at MAX_SHIFT.
+                capped = shift >= MAX_SHIFT
+                unsafe = ((row_bounds(inf, l2, bits[:, 0], d, state.row_l1, state.row_l2) > q // 2) & capped
+                          if bool(capped.any()) else None)
         checked = time.perf_counter()
         # x·2^b and its rounding are exact in float (b per row: a power of two per row); the integers fit int32.
         scale = torch.exp2(bits.to(x.dtype)) if isinstance(bits, torch.Tensor) else float(2.0**bits)
