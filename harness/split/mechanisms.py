@@ -241,8 +241,8 @@ def safe_norm_limits(bits: int, d: int, row_l1: float, row_l2: float, modulus: i
     return), at which Hölder's bound alone, or Cauchy–Schwarz's alone, stays ≤ (q−1)/2 at `bits` input
     bits, evaluated exactly as input_norms and row_bounds evaluate it (−inf: no norm is safe by that
     bound). Both bounds only grow with the norm, float rounding included, so a row with either norm at
-    most its limit is a row row_bounds calls safe: two norms and two comparisons decide "every row is
-    safe" as the full bounds would, at a third of their operations (Slalom.quantise_input)."""
+    most its limit is a row row_bounds calls safe, and a row past both limits is one it calls unsafe:
+    norms_past_limits decides "every row is safe" as the full bounds would, at a third of their operations."""
     limit = modulus // 2
     grow = 1.0 + d * torch.finfo(dtype).eps          # input_norms's rounding-up of ‖x‖₂
     no = torch.tensor([math.inf], dtype=torch.float64)
