@@ -47,8 +47,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.splitft.client import Recipe
     from harness.splitft.data import load_split_data
     from harness.splitft.evaluate import summarise
-    from metrics.intervals import paired_difference_ci
     from harness.splitft.partition import Partition
+    from metrics.intervals import paired_difference_ci
 
     s = cfg.splitft
     configuration = cfg.configuration.name

@@ -16,10 +16,15 @@ from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.mechanisms import (INT8_EXACT_WIDTH, INT8_MAX_ROWS, SLALOM_MODULUS, SLALOM_SCALINGS, ExactProduct,
                                       IntegerWeights, centre, centred_difference, digits_needed, exact_matmul_mod, exact_wraps, int8_digits,
-                                      input_norms, norms_past_limits, quantise, row_bounds, row_shifts,
-                                      safe_norm_limits, worst_case_products)
+                                      norms_past_limits, quantise, row_bounds, row_shifts, safe_norm_limits,
+                                      widened_norms, worst_case_products)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+
+def input_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 row norms the Slalom check bounds with, from x as quantise_input computes them."""
+    return widened_norms(torch.linalg.vector_norm(x, math.inf, dim=-1), torch.linalg.vector_norm(x, dim=-1), x.shape[-1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -317,7 +322,7 @@ def test_slalom_wrap_bounds_are_sound_and_the_exact_count_matches_brute_force():
 
 
 def test_slalom_norm_limits_call_a_row_safe_exactly_when_the_full_bounds_do():
-    """quantise_input's shortcut (two norms against safe_norm_limits) against row_bounds on input_norms: the
+    """quantise_input's shortcut (two norms against safe_norm_limits) against row_bounds on the widened norms: the
     limits are the largest float32 norms each bound alone keeps within (q−1)/2, and on rows at, just over
     and far from them the two decisions agree row by row."""
     g = torch.Generator().manual_seed(4)

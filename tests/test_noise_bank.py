@@ -33,10 +33,18 @@ def _weights(seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(72, 40, generator=g), torch.randn(24, 40, generator=g)]
 
 
+def _joined(served) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A request's (masks, [corrections]) as single tensors, its pieces concatenated (the mechanisms work on
+    the pieces where they lie; the tests compare whole requests)."""
+    parts = served.parts
+    return (torch.cat([m for _, m, _ in parts]),
+            [torch.cat([cs[i] for _, _, cs in parts]) for i in range(len(parts[0][2]))])
+
+
 def _serve_all(bank: NoiseBank, requests: list[int], top_up_between: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     masks, corrections = [], []
     for n in requests:
-        m, cs = bank.take(n, refill_size=1).joined()
+        m, cs = _joined(bank.take(n, refill_size=1))
         masks.append(m.clone())
         corrections.append([c.clone() for c in cs])
         if top_up_between:
@@ -175,5 +183,5 @@ def test_a_request_spanning_pieces_is_served_as_views_of_them_not_a_copy():
     assert all(m._base is not None and all(c._base is not None for c in cs) for _, m, cs in served.parts)
     g = torch.Generator().manual_seed(stream_seed(3, "gate_up[0]", 0))
     whole = torch.randn(100, 40, generator=g, dtype=torch.float32)
-    masks, corrections = served.joined()
+    masks, corrections = _joined(served)
     assert torch.equal(masks, whole[5:65]) and torch.equal(corrections[1], whole[5:65] @ weights[1].T)

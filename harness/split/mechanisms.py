@@ -215,14 +215,10 @@ def centred_difference(y: torch.Tensor, c: torch.Tensor, modulus: int, out: torc
 # Slalom's wrap-around: bounds, exact count, scaling
 # ---------------------------------------------------------------------------------------------------
 
-def input_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of x ([n, d] float): ‖x‖∞ (exact) and ‖x‖₂ rounded up, both float64."""
-    return widened_norms(torch.linalg.vector_norm(x, math.inf, dim=-1), torch.linalg.vector_norm(x, dim=-1), x.shape[-1])
-
-
 def widened_norms(norm_inf: torch.Tensor, norm_2: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_norms from torch's row norms of x in x's dtype: ‖x‖∞ is exact; a float sum of d squares errs by
-    less than d·u relative (u = eps/2), and the square root halves that, so ‖x‖₂·(1 + d·eps) bounds it."""
+    """Per row of x ([n, d] float), from torch's row norms of x in x's dtype: ‖x‖∞ (exact) and ‖x‖₂ rounded
+    up, both float64. A float sum of d squares errs by less than d·u relative (u = eps/2), and the square root
+    halves that, so ‖x‖₂·(1 + d·eps) bounds it."""
     return norm_inf.double(), norm_2.double() * (1.0 + d * torch.finfo(norm_2.dtype).eps)
 
 
@@ -239,12 +235,12 @@ def safe_norm_limits(bits: int, d: int, row_l1: float, row_l2: float, modulus: i
                      dtype: torch.dtype) -> tuple[float, float]:
     """(largest ‖x‖∞, largest ‖x‖₂), as values of `dtype` (what torch's norms of an input in that dtype
     return), at which Hölder's bound alone, or Cauchy–Schwarz's alone, stays ≤ (q−1)/2 at `bits` input
-    bits, evaluated exactly as input_norms and row_bounds evaluate it (−inf: no norm is safe by that
+    bits, evaluated exactly as widened_norms and row_bounds evaluate it (−inf: no norm is safe by that
     bound). Both bounds only grow with the norm, float rounding included, so a row with either norm at
     most its limit is a row row_bounds calls safe, and a row past both limits is one it calls unsafe:
     norms_past_limits decides "every row is safe" as the full bounds would, at a third of their operations."""
     limit = modulus // 2
-    grow = 1.0 + d * torch.finfo(dtype).eps          # input_norms's rounding-up of ‖x‖₂
+    grow = 1.0 + d * torch.finfo(dtype).eps          # widened_norms's rounding-up of ‖x‖₂
     no = torch.tensor([math.inf], dtype=torch.float64)
 
     def holder(v: torch.Tensor) -> float:

@@ -76,13 +76,6 @@ class Served:
 
     parts: tuple[tuple[int, torch.Tensor, list[torch.Tensor]], ...]
 
-    def joined(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """(masks, [corrections]) as single tensors: views when one piece holds them all, else a copy."""
-        if len(self.parts) == 1:
-            return self.parts[0][1], self.parts[0][2]
-        return (torch.cat([m for _, m, _ in self.parts]),
-                [torch.cat([cs[i] for _, _, cs in self.parts]) for i in range(len(self.parts[0][2]))])
-
 
 @dataclass
 class _Segment:
