@@ -25,6 +25,7 @@ import hashlib
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -539,32 +540,18 @@ def _check_engine(engine: DictConfig) -> None:
     check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
 
 
-# Keys that label or route a run but never change what it computes: left out of the config hash.
-NON_SEMANTIC_KEYS = ("logger", "paths", "tags", "experiment_name", "rerun")
-# Config sections read by one runner only (section → runner): left out of every other runner's hash, so
-# adding a runner and its section never turns another runner's finished runs stale.
-RUNNER_SECTIONS: dict[str, tuple[str, ...]] = {
-    "timing": ("timing",), "fp_error": ("fp_error",), "controlled_error": ("controlled_error",),
-    "attack": ("attack",), "restore": ("restore",),
-    # A runner that reads a section for some configurations only (fidelity runs sanitisers) drops it from
-    # its hash for the others, so adding a system leaves SpliTEE's finished runs valid.
-    "sanitize": ("sanitize", "fidelity"), "splitft": ("splitft",), "collab": ("collab",),
-    "grad_audit": ("grad_audit",),
-}
 # The other systems' sections and the modules that type and check them.
 SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
                    "grad_audit": grad_audit_config}
 
 
-def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any) -> dict[str, Any]:
-    """The resolved config without NON_SEMANTIC_KEYS, other runners' sections (RUNNER_SECTIONS) and
-    `drop`, with `replace` applied: what the config hash of a run is computed over (runners drop what they
-    ignore and normalise ε)."""
+def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dict[str, Any]:
+    """The resolved config's `keys` (an allow-list: the keys the run reads, runners/identity.py), with
+    `replace` applied: what the config hash of a run is computed over (runners normalise ε, keep the part
+    of a section they read). A key the run does not read, a section added later included, never enters."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
-    foreign = {section for section, owners in RUNNER_SECTIONS.items() if resolved.get("runner") not in owners}
-    out = {k: v for k, v in resolved.items()
-           if k not in NON_SEMANTIC_KEYS and k not in drop and k not in foreign and k != "hydra"}
+    out = {k: resolved[k] for k in keys}
     out.update(replace)
     return out
 

@@ -26,15 +26,14 @@ from omegaconf import DictConfig
 from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What changes a collab result: not the SpliTEE sections or the workload; the parameter normalised."""
-    return schema.semantic_config(cfg, drop=("baseline", "engine", "workload", "generation", "mask_seeds", "epn_n"),
-                                  epsilon=parameter(cfg))
+    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=parameter(cfg))
 
 
 def parameter(cfg: DictConfig) -> float | None:

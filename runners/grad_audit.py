@@ -21,13 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 EXPERIMENT = "grad_audit"
-# What the audit never reads: SpliTEE's generation, engine, baseline and workload, and the run's `seed`
-# (the seeds are grad_audit.seeds).
-_IGNORED = ("baseline", "engine", "generation", "workload", "epn_n", "mask_seeds", "semantic_model", "seed")
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -35,7 +32,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.grad_audit, resolve=True)
     if cfg.configuration.name != "decoy_mitigated":
         section.pop("mitigation")
-    return schema.semantic_config(cfg, drop=_IGNORED, epsilon=None, grad_audit=section)
+    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=None, grad_audit=section)
 
 
 def settings(g: DictConfig, configuration: str):

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import schema
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
-from runners import common
+from runners import common, identity
 
 # Which samples.jsonl field holds each attacker's reconstruction (attacks/suite.py `samples`).
 RECONSTRUCTION_FIELDS = {"learned": "output_ids", "bayes": "bayes_output_ids"}
@@ -45,9 +45,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
             source_hash = read_json(source / RESULTS).get("config_hash")
         except (OSError, ValueError):
             source_hash = None
-    return schema.semantic_config(cfg, drop=("baseline", "configuration", "epsilon", "workload", "generation",
-                                             "epn_n", "mask_seeds", "engine"),
-                                  source_config_hash=source_hash)
+    return schema.semantic_config(cfg, identity.keys(cfg), source_config_hash=source_hash)
 
 
 def describe_skip(cfg: DictConfig) -> str | None:

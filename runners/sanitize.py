@@ -28,7 +28,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.sanitize.config import point_label
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1")
@@ -36,8 +36,7 @@ _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbour
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
-    return schema.semantic_config(cfg, drop=("baseline", "engine", "generation", "epn_n", "mask_seeds",
-                                             "semantic_model"),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
