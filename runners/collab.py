@@ -43,6 +43,14 @@ def parameter(cfg: DictConfig) -> float | None:
     return 0.0 if eps is not None and cfg.collab.parameter_zero else eps
 
 
+def _parameter_unit(cfg: DictConfig) -> str | None:
+    """What the parameter measures where the settings change it (InvisibleInk's accounting), else None (the
+    registry's unit)."""
+    if cfg.configuration.name == "collab_invisibleink" and cfg.collab.invisibleink.accounting == "token":
+        return "ε-DP per token (pure)"
+    return None
+
+
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
@@ -192,7 +200,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "system": configurations.COLLAB,
         "configuration": name,
         "epsilon": lam,
-        "parameter_name": configurations.get(name).parameter_name,
+        "privacy_parameter": configurations.privacy_parameter(name, lam, unit=_parameter_unit(cfg)),
         "fusion": c.fusion,
         "alpha": float(c.alpha),
         "candidates": int(c.candidates) if name == "coveil" else None,

@@ -89,6 +89,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                      "n_layers": int(loaded.model.config.num_hidden_layers)},
         "mitigation": None if topo.mitigation is None else {"grad_clip": topo.mitigation[0],
                                                             "noise_multiplier": topo.mitigation[1]},
+        # the mitigation's σ (grad_audit.mitigation.noise_multiplier), not the epsilon knob; None for the trainer
+        "privacy_parameter": configurations.privacy_parameter(
+            configuration, None if topo.mitigation is None else topo.mitigation[1]),
         "protocol_sha256": digest,
         "protocol_l2": l2,
         "exploration": exploration,

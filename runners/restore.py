@@ -157,6 +157,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "n_prompts": len(src_samples),
         "configuration": src.get("configuration"),
         "epsilon": src.get("epsilon"),
+        "privacy_parameter": src.get("privacy_parameter"),   # None (older runs): derived by common.finish
         "attack": {k: (src.get("attack") or {}).get(k) for k in ("setting", "component", "layer")},
         "source": {"run_dir": str(source), "config_hash": src.get("config_hash"),
                    "commit": ((src.get("provenance") or {}).get("code") or {}).get("commit")},

@@ -97,13 +97,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     else:
         utility, utility_tasks = pooled, "no task above its constant-answer floor: this accuracy cannot show a cost"
     best = attacks.strongest
-    entry = configurations.get(configuration)
     results = {
         **common.results_header(cfg, "sanitize", inputs, generation=False),
         "system": configurations.SANITIZE,
         "configuration": configuration,
         "epsilon": epsilon,
-        "privacy_parameter": {"name": entry.parameter_name, "value": epsilon},
+        "privacy_parameter": configurations.privacy_parameter(configuration, epsilon),
         "mechanism": asdict(sanitize.settings),
         "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
                      "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},

@@ -94,7 +94,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "n_prompts": len(data.heldout),
         "configuration": configuration,
         "epsilon": epsilon,
-        "parameter_name": configurations.get(configuration).parameter_name,
+        "privacy_parameter": configurations.privacy_parameter(configuration, epsilon),
         "metrics": metrics,
         "privacy_accounting": accounting,
         "rounds": training.rounds,

@@ -82,6 +82,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "max_new_tokens": limits,
         "mode": str(cfg.timing.mode),
         "epsilon": _epsilon(cfg),
+        # the privacy parameter of the timed configuration that uses the knob (none: all None)
+        "privacy_parameter": configurations.privacy_parameter(
+            next((c for c in cfg.timing.configurations if configurations.get(c).uses_epsilon), None), _epsilon(cfg)),
         "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
                     for r in table},
         "table": table,

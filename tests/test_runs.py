@@ -137,6 +137,7 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
         ("fidelity", "ep1", 1.0, "ok")
     assert results["model"] == "tiny-llama" and results["workload"] == "builtin" and results["n_prompts"] == 3
     assert results["tags"] == ["smoke"] and results["baseline"] in ("cpu", "gpu")
+    assert results["privacy_parameter"] == {"name": "epsilon", "value": 1.0, "unit": "ε-GDP per exposure"}
     metrics = results["metrics"]
     for name in ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"):
         assert 0.0 <= metrics[name] <= 100.0 and metrics[f"{name}_ci_lo"] <= metrics[name] <= metrics[f"{name}_ci_hi"]
