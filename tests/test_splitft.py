@@ -710,9 +710,8 @@ def test_deployment_runtime_on_loopback(tmp_path):
     import time
     from pathlib import Path
 
-    from harness.splitft.client import Recipe
+    from harness.splitft.client import Recipe, write_recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.deployment import write_recipe
 
     model_cfg = _model_cfg()
     smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft
