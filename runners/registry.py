@@ -74,8 +74,10 @@ _SPLITEE_READS = ("runner", "seed", "model", "configuration", "epsilon", "worklo
 READS: dict[str, tuple[str, ...]] = {
     # SpliTEE (paper 000); timing times the configurations of its own section, not the `configuration` group
     "fidelity": (*_SPLITEE_READS, "baseline", "sanitize"),
-    "timing": tuple(k for k in _SPLITEE_READS if k not in ("configuration", "semantic_model")) + ("timing",),
-    "fp_error": tuple(k for k in _SPLITEE_READS if k not in ("generation", "semantic_model")) + ("fp_error",),
+    "timing": ("runner", "seed", "model", "epsilon", "workload", "generation", "engine", "epn_n", "mask_seeds",
+               "timing"),
+    "fp_error": ("runner", "seed", "model", "configuration", "epsilon", "workload", "engine", "epn_n", "mask_seeds",
+                 "fp_error"),
     "controlled_error": (*_SPLITEE_READS, "controlled_error"),
     "attack": (*_SPLITEE_READS, "attack"),
     # restore: the source attack run fixed the configuration, workload and generation
