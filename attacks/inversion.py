@@ -62,23 +62,27 @@ HEADS = ("lm", "evidence")
 
 @dataclass
 class TrainSettings:
-    mode: str = "projection"
-    layout: str = "prefix"
-    head: str = "lm"                        # lm | evidence (position-wise components; see the module doc)
-    evidence_scale: float = 10.0            # evidence head: the starting scale s of the cosine logits
-    window: int = 32
-    batch_size: int = 8
-    lr: float = 1e-3
-    decoder_lr: float = 1e-4                # body / full: learning rate of the decoder's own weights
-    max_steps: int = 2000
-    max_minutes: float = 30.0
-    eval_every: int = 100
-    val_windows: int = 64
-    warmup_steps: int = 20
-    projection_hidden: int | None = None    # None: 2 × the decoder's hidden size
-    max_target_tokens: int = 256
-    gen_batch_size: int = 32
-    seed: int = 0
+    """How the inverter trains. No defaults: the SpliTEE attack's values are conf/config.yaml `attack.train`
+    (attacks/suite.py passes them); the other systems' inverters (attacks/sanitize/decoder.py,
+    attacks/splitft/inverter.py) state theirs."""
+
+    mode: str                             # projection | body | full
+    layout: str                           # prefix | aligned
+    head: str                             # lm | evidence (position-wise components; see the module doc)
+    evidence_scale: float                 # evidence head: the starting scale s of the cosine logits
+    window: int
+    batch_size: int
+    lr: float
+    decoder_lr: float                     # body / full: learning rate of the decoder's own weights
+    max_steps: int
+    max_minutes: float
+    eval_every: int
+    val_windows: int
+    warmup_steps: int
+    projection_hidden: int | None         # None: 2 × the decoder's hidden size
+    max_target_tokens: int
+    gen_batch_size: int
+    seed: int
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.errors import UserError
 
@@ -32,6 +33,8 @@ INVERSE_SQRT_N = "inverse_sqrt_n"  # ε = 1/√n for a prompt of n tokens; no kn
 # The knob is the mechanism's own privacy parameter, passed to it as it is (η of a dχ sanitiser, the ε of
 # CusText+, a defence's strength); no Gaussian masks are derived from it here.
 OWN_PARAMETER = "own_parameter"
+# The unit of a dχ-privacy parameter η: the mechanism's guarantee scales with η·d(x, x').
+DCHI = "dχ-privacy per unit of embedding distance"
 # Systems (results.json `system`, adversary-view meta `system`).
 SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT = "splitee", "sanitize", "splitft", "collab", "grad_audit"
 
@@ -43,8 +46,10 @@ class Configuration:
     split: bool = False               # linear ops offloaded through the Boundary to the accelerator
     mechanism: str | None = None      # harness/split/mechanisms.py: plain | gaussian | slalom (split only)
     epsilon_rule: str | None = None   # CONSTANT | INVERSE_SQRT_N: Gaussian masks whose σ follows ε
-    # The name the mechanism's own paper gives its privacy parameter (recorded beside `epsilon`).
+    # The name the mechanism's own paper gives its privacy parameter, and what its value measures (results.json
+    # `privacy_parameter`, beside `epsilon`: privacy_parameter below).
     parameter_name: str | None = None
+    parameter_unit: str | None = None
     system: str = SPLITEE
 
     @property
@@ -69,7 +74,8 @@ SPLITEE_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("gpu", ACCELERATOR),
     Configuration("tdx", TEE),
     Configuration("t3", TEE, split=True, mechanism="plain"),
-    Configuration("ep1", TEE, split=True, mechanism="gaussian", epsilon_rule=CONSTANT, parameter_name="epsilon"),
+    Configuration("ep1", TEE, split=True, mechanism="gaussian", epsilon_rule=CONSTANT, parameter_name="epsilon",
+                  parameter_unit="ε-GDP per exposure"),
     Configuration("epn", TEE, split=True, mechanism="gaussian", epsilon_rule=INVERSE_SQRT_N),
     Configuration("slalom", TEE, split=True, mechanism="slalom"),
 )
@@ -78,10 +84,12 @@ SPLITEE_CONFIGURATIONS: tuple[Configuration, ...] = (
 # is the mechanism's (harness/sanitize/mechanisms.py). Stencil is deterministic: no privacy parameter.
 SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("stencil", ACCELERATOR, system=SANITIZE),
-    Configuration("dx_noise", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SANITIZE),
-    Configuration("dx_stencil", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SANITIZE),
+    Configuration("dx_noise", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta",
+                  parameter_unit=DCHI, system=SANITIZE),
+    Configuration("dx_stencil", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta",
+                  parameter_unit=DCHI, system=SANITIZE),
     Configuration("custext_plus", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  system=SANITIZE),
+                  parameter_unit="ε-DP per token (exponential mechanism)", system=SANITIZE),
 )
 # Split federated fine-tuning and its defences (paper 002; harness/splitft/).
 # The knob of each defence is its own strength (harness/splitft/defences.py); splitft_central is the
@@ -89,32 +97,44 @@ SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = (
 SPLITFT_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("splitft_central", "clients", system=SPLITFT),
     Configuration("splitft_none", "clients", system=SPLITFT),
-    Configuration("privpair", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="lambda", system=SPLITFT),
+    Configuration("privpair", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="lambda",
+                  parameter_unit="coupling weight (no DP claim)", system=SPLITFT),
     Configuration("smashed_dp_gaussian", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  system=SPLITFT),
+                  parameter_unit="(ε, δ)-DP per token and exposure, δ = splitft.dp.delta", system=SPLITFT),
     Configuration("smashed_dp_laplace", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  system=SPLITFT),
-    Configuration("embedding_dx", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="eta", system=SPLITFT),
-    Configuration("nopeek", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="alpha", system=SPLITFT),
+                  parameter_unit="ε-DP per token and exposure", system=SPLITFT),
+    Configuration("embedding_dx", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="eta",
+                  parameter_unit=DCHI, system=SPLITFT),
+    Configuration("nopeek", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="alpha",
+                  parameter_unit="weight of the dCor loss (no DP claim)", system=SPLITFT),
 )
 # Cloud-edge collaborative decoding and its defences (paper 003; harness/collab/).
 COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("collab_none", "edge", system=COLLAB),
-    Configuration("coveil", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="lambda", system=COLLAB),
-    Configuration("collab_cogenesis", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="B", system=COLLAB),
-    Configuration("collab_dp_logit", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
-    Configuration("collab_dp_fusion", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
-    Configuration("collab_custext", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
-    Configuration("collab_ldp_sampler", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon", system=COLLAB),
+    Configuration("coveil", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="lambda",
+                  parameter_unit="penalty weight of the privacy term (no DP claim)", system=COLLAB),
+    Configuration("collab_cogenesis", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="B",
+                  parameter_unit="probabilities uploaded per step (no DP claim)", system=COLLAB),
+    Configuration("collab_dp_logit", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  parameter_unit="(ε, δ)-DP per step, δ = collab.dp_delta", system=COLLAB),
+    Configuration("collab_dp_fusion", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  parameter_unit="Rényi divergence bound per step, order collab.renyi_order", system=COLLAB),
+    Configuration("collab_custext", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  parameter_unit="ε-DP per token (exponential mechanism)", system=COLLAB),
+    Configuration("collab_ldp_sampler", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
+                  parameter_unit="ε-LDP per token", system=COLLAB),
+    # Its unit follows collab.invisibleink.accounting (runners/collab.py): this one is `sequence`'s.
     Configuration("collab_invisibleink", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  system=COLLAB),
+                  parameter_unit="(ε, δ)-DP per answer, δ = collab.dp_delta", system=COLLAB),
 )
 # The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
 GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = (
     # The trainer as audited: the returned gradient goes back as it is (exactly zero on the decoys).
     Configuration("decoy_trainer", "local", system=GRAD_AUDIT),
     # The mitigation: the returned gradient clipped per row and noised (grad_audit.mitigation, not ε).
-    Configuration("decoy_mitigated", "local", system=GRAD_AUDIT),
+    # Its σ is grad_audit.mitigation.noise_multiplier, not the `epsilon` knob (runners/grad_audit.py records it).
+    Configuration("decoy_mitigated", "local", parameter_name="sigma",
+                  parameter_unit="noise std per unit of the row clip (no DP claim)", system=GRAD_AUDIT),
 )
 
 REGISTRY: dict[str, Configuration] = {}
@@ -153,6 +173,18 @@ def parameter_label(name: str, epsilon: float | None) -> str:
         return ""
     parameter = get(name).parameter_name or "epsilon"
     return f"{SYMBOLS.get(parameter, parameter)}={value:g}"
+
+
+def privacy_parameter(name: str | None, value: float | None, *, unit: str | None = None) -> dict[str, Any]:
+    """results.json `privacy_parameter`: the configuration's privacy parameter by its own name (epsilon, eta,
+    lambda, B, alpha, sigma), the value the run used (`value`, as the runner recorded it: its `epsilon` for
+    the knob) and what that value measures (`unit`: the entry's, unless the run's settings change it). All
+    three None for a configuration without one (cpu, t3, epn's per-prompt ε, stencil) or no configuration."""
+    entry = REGISTRY.get(name) if name is not None else None
+    if entry is None or entry.parameter_name is None:
+        return {"name": None, "value": None, "unit": None}
+    return {"name": entry.parameter_name, "value": None if value is None else float(value),
+            "unit": unit or entry.parameter_unit}
 
 
 def effective_epsilon(name: str, epsilon: float | None) -> float | None:

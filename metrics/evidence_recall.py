@@ -7,7 +7,7 @@ e.g. a sparse upload) and the evidence spans E_priv = {P_1..P_M}.
   stripped and lower-cased, contains a letter or digit and is not a stopword. Each span is tokenised as it
   stands inside text, with a leading space (`leading_space=True`, the default), or bare; this choice alone
   moves Token-ER a lot (docs/collab.md), so it is an option and recorded.
-- W(·), content words: for text its words (harness.collab.benchmarks.words), lower-cased, stopwords
+- W(·), content words: for text its words (metrics/words.py), lower-cased, stopwords
   dropped; for E^K the decoded piece of every exposed id, stripped and lower-cased, when it is such a word.
 - E^K = ∪_t TopK(E_t). Every curve is computed from one `first_rank` map (id → its best rank over steps):
   id ∈ E^K ⇔ first_rank(id) < K.
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.collab.benchmarks import is_content_word, stopwords, words
+from metrics.words import is_content_word, stopwords, words
 
 INF = 1 << 62
 

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import accounting, configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 _TABLE_COLUMNS = ("id", "prompt", "output_text", "token_precision", "token_recall", "token_f1", "exact_match", "bleu",
                   "rouge_l", "semantic_similarity", "bayes_top1", "bayes_top5")
@@ -43,7 +43,7 @@ describe_skip = common.epsilon_ignored_note
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What changes an attack result: not the baseline or the timing study; ε normalised (only ep1 uses it)."""
-    return schema.semantic_config(cfg, drop=("baseline",),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 

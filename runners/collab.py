@@ -26,15 +26,14 @@ from omegaconf import DictConfig
 from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What changes a collab result: not the SpliTEE sections or the workload; the parameter normalised."""
-    return schema.semantic_config(cfg, drop=("baseline", "engine", "workload", "generation", "mask_seeds", "epn_n"),
-                                  epsilon=parameter(cfg))
+    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=parameter(cfg))
 
 
 def parameter(cfg: DictConfig) -> float | None:
@@ -42,6 +41,14 @@ def parameter(cfg: DictConfig) -> float | None:
     for the undefended point)."""
     eps = configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon)
     return 0.0 if eps is not None and cfg.collab.parameter_zero else eps
+
+
+def _parameter_unit(cfg: DictConfig) -> str | None:
+    """What the parameter measures where the settings change it (InvisibleInk's accounting), else None (the
+    registry's unit)."""
+    if cfg.configuration.name == "collab_invisibleink" and cfg.collab.invisibleink.accounting == "token":
+        return "ε-DP per token (pure)"
+    return None
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -193,7 +200,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "system": configurations.COLLAB,
         "configuration": name,
         "epsilon": lam,
-        "parameter_name": configurations.get(name).parameter_name,
+        "privacy_parameter": configurations.privacy_parameter(name, lam, unit=_parameter_unit(cfg)),
         "fusion": c.fusion,
         "alpha": float(c.alpha),
         "candidates": int(c.candidates) if name == "coveil" else None,

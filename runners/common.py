@@ -77,8 +77,9 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
            provenance_extra: dict[str, Any] | None = None, side_files: dict[str, Any] | None = None,
            before_done: Callable[[], None] | None = None, mirror_rows: Sequence[dict[str, Any]] | None = None,
            mirror_columns: Sequence[str] = ()) -> dict[str, Any]:
-    """The tail every runner shares: add tags, config hash, run name and provenance to `results` (which
-    starts with results_header), write side files, samples.jsonl, results.json and .done atomically
+    """The tail every runner shares: add the privacy parameter (harness.configurations.privacy_parameter of
+    its `configuration` and `epsilon`, unless the runner recorded its own), tags, config hash, run name and
+    provenance to `results` (which starts with results_header), write side files, samples.jsonl, results.json and .done atomically
     (ctx.run_dir.write_results), print `summary(results)`, then mirror to W&B (rows: `mirror_rows`, default
     the samples). Returns the full results."""
     from harness import provenance
@@ -86,6 +87,8 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
 
     results = {
         **results,
+        "privacy_parameter": results.get("privacy_parameter") or configurations.privacy_parameter(
+            results.get("configuration"), results.get("epsilon")),
         "tags": list(cfg.tags),
         "config_hash": ctx.config_hash,
         "run_dir": ctx.name,

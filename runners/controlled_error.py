@@ -23,13 +23,14 @@ from omegaconf import DictConfig
 
 from harness import configurations, schema
 from harness.results import RunContext
+from runners import identity
 from runners.common import (epsilon_ignored_note, finish, generate_batches, load_inputs, load_semantic, make_engine,
                             results_header, summary_head)
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the baseline (T3 is the reference), with ε normalised (where it is used)."""
-    return schema.semantic_config(cfg, drop=("baseline",),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 

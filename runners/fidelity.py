@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import accounting, configurations, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
 from metrics.replicates import pool as replicates_pool
+from runners import identity
 from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
                             load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
                             summary_head, test_side, tradeoff, workload_record)
@@ -33,10 +34,9 @@ NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """Everything but `timing`, with ε normalised: configurations that ignore it record None; the
-    `sanitize` section only for a sanitiser configuration."""
-    sanitiser = configurations.get(cfg.configuration.name).system == configurations.SANITIZE
-    return schema.semantic_config(cfg, drop=("timing",) + (() if sanitiser else ("sanitize",)),
+    """What it reads (runners/registry.py READS: the `sanitize` section only for a sanitiser configuration),
+    with ε normalised: configurations that ignore it record None."""
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
 from harness.results import RunContext
+from runners import identity
 from runners.common import (Inputs, epsilon_ignored_note, finish, load_inputs, results_header, summary_head,
                             workload_record)
 
@@ -40,7 +41,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     model play no part."""
     full = OmegaConf.to_container(cfg.engine, resolve=True)
     engine = {k: full[k] for k in ("offload", "sensitivity_rule", "sigma_scale")}
-    return schema.semantic_config(cfg, drop=("generation", "baseline", "semantic_model", "engine"),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon),
                                   engine=engine)
 

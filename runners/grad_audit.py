@@ -21,13 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 EXPERIMENT = "grad_audit"
-# What the audit never reads: SpliTEE's generation, engine, baseline and workload, and the run's `seed`
-# (the seeds are grad_audit.seeds).
-_IGNORED = ("baseline", "engine", "generation", "workload", "epn_n", "mask_seeds", "semantic_model", "seed")
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -35,7 +32,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.grad_audit, resolve=True)
     if cfg.configuration.name != "decoy_mitigated":
         section.pop("mitigation")
-    return schema.semantic_config(cfg, drop=_IGNORED, epsilon=None, grad_audit=section)
+    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=None, grad_audit=section)
 
 
 def settings(g: DictConfig, configuration: str):
@@ -92,6 +89,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                      "n_layers": int(loaded.model.config.num_hidden_layers)},
         "mitigation": None if topo.mitigation is None else {"grad_clip": topo.mitigation[0],
                                                             "noise_multiplier": topo.mitigation[1]},
+        # the mitigation's σ (grad_audit.mitigation.noise_multiplier), not the epsilon knob; None for the trainer
+        "privacy_parameter": configurations.privacy_parameter(
+            configuration, None if topo.mitigation is None else topo.mitigation[1]),
         "protocol_sha256": digest,
         "protocol_l2": l2,
         "exploration": exploration,

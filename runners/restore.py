@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import schema
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
-from runners import common
+from runners import common, identity
 
 # Which samples.jsonl field holds each attacker's reconstruction (attacks/suite.py `samples`).
 RECONSTRUCTION_FIELDS = {"learned": "output_ids", "bayes": "bayes_output_ids"}
@@ -45,9 +45,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
             source_hash = read_json(source / RESULTS).get("config_hash")
         except (OSError, ValueError):
             source_hash = None
-    return schema.semantic_config(cfg, drop=("baseline", "configuration", "epsilon", "workload", "generation",
-                                             "epn_n", "mask_seeds", "engine"),
-                                  source_config_hash=source_hash)
+    return schema.semantic_config(cfg, identity.keys(cfg), source_config_hash=source_hash)
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -159,6 +157,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "n_prompts": len(src_samples),
         "configuration": src.get("configuration"),
         "epsilon": src.get("epsilon"),
+        "privacy_parameter": src.get("privacy_parameter"),   # None (older runs): derived by common.finish
         "attack": {k: (src.get("attack") or {}).get(k) for k in ("setting", "component", "layer")},
         "source": {"run_dir": str(source), "config_hash": src.get("config_hash"),
                    "commit": ((src.get("provenance") or {}).get("code") or {}).get("commit")},

@@ -5,9 +5,11 @@
     splitbench experiment=timing 'timing.max_new_tokens=[50,100]'
     splitbench -m hydra/launcher=joblib ...          # local parallel sweep
 
-Every job goes through `run_job`: validate, lock its run directory, skip it if it is already complete,
-else hand it to the runner named by `cfg.runner` (runners/registry.py: the contract and the registry). Runners compose library code
-(harness/, metrics/) and write results through harness/results.py.
+Every job goes through `run_job`: validate, note the overrides its runner does not read (they change
+neither its directory nor its config hash: runners/identity.py), lock its run directory, skip it if it is
+already complete, else hand it to the runner named by `cfg.runner` (runners/registry.py: the contract and
+the registry). Runners compose library code (harness/, metrics/) and write results through
+harness/results.py.
 
 Errors. A mistake the user can make (bad override, unknown option, value out of range, missing model,
 no network) ends in exactly one line `splitbench: error: ...` on stderr and exit code 2; anything else
@@ -41,6 +43,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
+from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
 
 PROG = "splitbench"
@@ -70,6 +73,11 @@ def run_job(cfg: DictConfig) -> dict:
     name = _relative(run_dir.path, output_root)
     try:
         schema.validate(cfg, runner_systems())
+        unread = unread_overrides(hydra_cfg.overrides.task, hydra_cfg.job.config.override_dirname.exclude_keys,
+                                  cfg.runner, cfg.configuration.name)
+        if unread:
+            _say(f"note: runner {cfg.runner} does not read {', '.join(unread)}: left out of {name} and its "
+                 f"config hash", err=True)
         runner = load_runner(cfg.runner)
         semantic = runner.semantic_config(cfg)
         digest = config_hash(semantic)

@@ -28,7 +28,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.sanitize.config import point_label
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1")
@@ -36,8 +36,7 @@ _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbour
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
-    return schema.semantic_config(cfg, drop=("baseline", "engine", "generation", "epn_n", "mask_seeds",
-                                             "semantic_model"),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
@@ -98,13 +97,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     else:
         utility, utility_tasks = pooled, "no task above its constant-answer floor: this accuracy cannot show a cost"
     best = attacks.strongest
-    entry = configurations.get(configuration)
     results = {
         **common.results_header(cfg, "sanitize", inputs, generation=False),
         "system": configurations.SANITIZE,
         "configuration": configuration,
         "epsilon": epsilon,
-        "privacy_parameter": {"name": entry.parameter_name, "value": epsilon},
+        "privacy_parameter": configurations.privacy_parameter(configuration, epsilon),
         "mechanism": asdict(sanitize.settings),
         "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
                      "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},

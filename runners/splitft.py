@@ -28,15 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 from harness import configurations, schema
 from harness.splitft.config import grad_guard, variant_label   # torch-free
 from harness.results import RunContext
-from runners import common
+from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it)."""
-    return schema.semantic_config(cfg, drop=("baseline", "engine", "generation", "workload", "epn_n",
-                                             "mask_seeds", "semantic_model"),
+    return schema.semantic_config(cfg, identity.keys(cfg),
                                   epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
@@ -95,7 +94,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "n_prompts": len(data.heldout),
         "configuration": configuration,
         "epsilon": epsilon,
-        "parameter_name": configurations.get(configuration).parameter_name,
+        "privacy_parameter": configurations.privacy_parameter(configuration, epsilon),
         "metrics": metrics,
         "privacy_accounting": accounting,
         "rounds": training.rounds,

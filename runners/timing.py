@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from harness import configurations, schema
 from harness.results import RunContext
+from runners import identity
 from runners.common import BatchedGeneration, Inputs, finish, load_inputs, make_engine, overridden, results_header
 
 # Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
@@ -44,7 +45,7 @@ def _epsilon(cfg: DictConfig) -> float | None:
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The `configuration` group, baseline and semantic model play no part; ε only through the timed
     configurations that use it."""
-    return schema.semantic_config(cfg, drop=("configuration", "baseline", "semantic_model"), epsilon=_epsilon(cfg))
+    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=_epsilon(cfg))
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -81,6 +82,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "max_new_tokens": limits,
         "mode": str(cfg.timing.mode),
         "epsilon": _epsilon(cfg),
+        # the privacy parameter of the timed configuration that uses the knob (none: all None)
+        "privacy_parameter": configurations.privacy_parameter(
+            next((c for c in cfg.timing.configurations if configurations.get(c).uses_epsilon), None), _epsilon(cfg)),
         "metrics": {f"seconds_per_prompt_{r['configuration']}_{r['max_new_tokens']}": r["seconds_per_prompt"]
                     for r in table},
         "table": table,

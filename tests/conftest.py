@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import harness.schema  # noqa: F401  (registers the schema and the sb.* resolvers)
+import runners.identity  # noqa: F401  (registers sb.run_overrides, which names run directories)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

@@ -54,7 +54,9 @@ def prompts(tied):
 
 # max_minutes well above what 150 steps take: the step count, not a busy machine, must end training.
 SETTINGS = TrainSettings(mode="body", layout="aligned", window=8, batch_size=16, lr=3e-3, decoder_lr=3e-3,
-                         max_steps=150, max_minutes=10, eval_every=50, val_windows=32, max_target_tokens=64)
+                         max_steps=150, max_minutes=10, eval_every=50, val_windows=32, max_target_tokens=64,
+                         head="lm", evidence_scale=10.0, warmup_steps=20, projection_hidden=None, gen_batch_size=32,
+                         seed=0)
 
 
 @pytest.fixture(scope="module")

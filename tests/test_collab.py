@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks import collab_decodeleak as leak
+from harness import configurations
 from harness.collab import benchmarks, engine, prompts
 from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, fuse, renyi_divergence
 from metrics.answers import constant_answer_floor, option_correct, stated_option
@@ -645,7 +646,9 @@ def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
     for run in runs:
         r = json.loads((run / "results.json").read_text())
         seen.add(r["configuration"])
-        assert r["option_scoring"] == "likelihood" and r["parameter_name"] == "epsilon" and r["epsilon"] == 4.0
+        assert r["option_scoring"] == "likelihood" and r["epsilon"] == 4.0
+        assert r["privacy_parameter"] == {"name": "epsilon", "value": 4.0,
+                                          "unit": configurations.get(r["configuration"]).parameter_unit}
         rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         assert all(set(row["option_loglik"]) == {"yes", "no", "maybe"} for row in rows)
     assert seen == {"collab_custext", "collab_ldp_sampler", "collab_invisibleink"}

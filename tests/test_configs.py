@@ -14,8 +14,8 @@ from omegaconf import MISSING, OmegaConf
 from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
-from runners import attack, controlled_error, fidelity, fp_error, timing
-from runners.registry import RUNNERS, runner_systems
+from runners import attack, controlled_error, fidelity, fp_error, identity, timing
+from runners.registry import READS, RUNNERS, runner_systems
 from runners.run import render_error
 
 from .conftest import compose_config, group_options
@@ -227,6 +227,47 @@ def test_run_dir_layout(hydra_conf):
     assert _run_dir(base + ["experiment=smoke"]) == "out/smoke/tiny-llama/ep1/eps=1/default"
     assert _run_dir(base + ["experiment=timing", "configuration=epn"]) == "out/timing/smollm2-135m/all/eps=1/default"
     assert compose_config(base, hydra_node=True).hydra.sweep.dir == "out/fidelity"
+
+
+def test_run_dir_leaves_out_what_the_runner_does_not_read(hydra_conf):
+    """The last component names overrides of the keys the run reads only (runners/registry.py READS): another
+    system's parameter, or a section of the run's runner that its configuration does not use, moves nothing."""
+    base = ["paths.output_dir=out"]
+    assert _run_dir(base + ["collab.alpha=0.5", "grad_audit.latent_dim=3"]) == _run_dir(base)
+    assert _run_dir(base + ["collab.alpha=0.5", "seed=3"]) == _run_dir(base + ["seed=3"])
+    # fidelity reads `sanitize` for a sanitiser only.
+    assert _run_dir(base + ["sanitize.window=3"]) == _run_dir(base)
+    assert _run_dir(base + ["configuration=stencil", "sanitize.window=3"]) == \
+        "out/fidelity/smollm2-135m/stencil/eps=na/sanitize.window=3"
+    assert _run_dir(base + ["experiment=timing", "collab.alpha=1", "timing.mode=separate"]) == \
+        "out/timing/smollm2-135m/all/eps=1/timing.mode=separate"
+    # collab reads no workload; restore no generation settings (the source attack run fixed them).
+    assert _run_dir(base + ["experiment=collab_smoke", "workload=dolly", "collab.alpha=0.5"]).endswith("/collab.alpha=0.5")
+    assert _run_dir(base + ["experiment=restore_smoke", "generation.batch_size=2", "restore.batch_size=3"]).endswith(
+        "/from_attack/eps=na/restore.batch_size=3")
+    labels = compose_config([], hydra_node=True).hydra.job.config.override_dirname.exclude_keys
+    assert identity.unread_overrides(["experiment=smoke", "collab.alpha=0.5", "seed=1", "tags=[a]"], labels,
+                                     "fidelity", "ep1") == ["collab.alpha=0.5"]
+
+
+def test_identity_is_an_allow_list(hydra_conf):
+    """A run's config hash takes in only the keys its runner reads: a section added later (a new system) and
+    the sections of the systems it does not run leave every existing run's hash as it was."""
+    assert set(READS) == set(RUNNERS)
+    for experiment in EXPERIMENTS[1:]:
+        for extra in ([], ["configuration=stencil"]):
+            cfg = compose_config([f"experiment={experiment}", *extra])
+            if extra and cfg.runner != "fidelity":
+                continue
+            module = RUNNERS_MODULES[cfg.runner]
+            before = config_hash(module.semantic_config(cfg))
+            grown = OmegaConf.create(OmegaConf.to_container(cfg))  # untyped: it takes a key the schema lacks
+            grown.new_system = {"alpha": 0.5, "seeds": [1, 2]}
+            grown.new_knob = 3
+            for section in schema.SYSTEM_SECTIONS:
+                if section not in identity.keys(cfg):
+                    grown[section] = {"changed": True}
+            assert config_hash(module.semantic_config(grown)) == before, (experiment, extra)
 
 
 def test_semantic_hash(hydra_conf):

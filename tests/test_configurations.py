@@ -73,3 +73,21 @@ def test_no_copy_of_the_rule_outside_the_registry():
                 if _RULE_COPIES.search(line.split("#", 1)[0]):
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_privacy_parameter_record():
+    """results.json `privacy_parameter` (written by runners.common.finish): every configuration whose knob
+    changes what it computes names its parameter and the unit of its value; the others record None."""
+    record = configurations.privacy_parameter
+    for name, entry in configurations.REGISTRY.items():
+        assert set(record(name, 2.0)) == {"name", "value", "unit"}
+        if entry.uses_epsilon:
+            assert record(name, 2.0)["name"] == entry.parameter_name and record(name, 2.0)["value"] == 2.0, name
+            assert record(name, 2.0)["unit"], name
+        elif entry.parameter_name is None:
+            assert record(name, 2.0) == {"name": None, "value": None, "unit": None}, name
+    assert record("dx_noise", 150)["name"] == "eta" and record("coveil", 4)["name"] == "lambda"
+    assert record("decoy_mitigated", 0.35) == {"name": "sigma", "value": 0.35,
+                                               "unit": configurations.get("decoy_mitigated").parameter_unit}
+    assert record("collab_invisibleink", 4, unit="ε-DP per token (pure)")["unit"] == "ε-DP per token (pure)"
+    assert record(None, 1.0) == record("epn", 1.0) == {"name": None, "value": None, "unit": None}

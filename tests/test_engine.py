@@ -548,3 +548,25 @@ def test_gemma3_split_configurations_run_and_t3_matches_cpu():
     gains = {r["op"]: r["gain_l4"] for r in engine.sensitivity_table() if r["layer"] == 0}
     # Gemma stores the gain as 1 + w; the bound must use the effective gain (all ‖α‖₄ well above 0).
     assert min(gains.values()) > 1.0
+
+
+def test_settings_defaults_live_in_the_yaml(hydra_conf):
+    """Defaults are written in conf/ only. EngineSettings' are the composed `engine` section's and `seed` (read
+    from conf/config.yaml), so a capture or a test that names only what it changes runs the runners' engine;
+    TrainSettings has none (attacks/suite.py passes attack.train, which names every field but the run's seed)."""
+    import dataclasses
+
+    from attacks.inversion import TrainSettings
+
+    from .conftest import compose_config
+
+    cfg = compose_config([])
+    engine = {k: v for k, v in OmegaConf.to_container(cfg.engine).items() if k != "_target_"}
+    defaults = EngineSettings("t3")
+    assert {k: getattr(defaults, k) for k in engine} == {k: tuple(v) if isinstance(v, list) else v
+                                                         for k, v in engine.items()}
+    assert defaults.seed == cfg.seed and defaults.epsilon is None
+    assert {f.name for f in dataclasses.fields(EngineSettings)} == {*engine, "configuration", "epsilon", "seed"}
+    for f in dataclasses.fields(TrainSettings):
+        assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.name
+    assert {f.name for f in dataclasses.fields(TrainSettings)} == (set(cfg.attack.train) - {"threads"}) | {"seed"}

@@ -272,6 +272,7 @@ def test_smoke_experiment_through_the_cli(tmp_path):
         assert key in r and (key == "tradeoff" or key in r["metrics"] or key == "verdict")
     m = r["metrics"]
     assert r["system"] == "grad_audit" and r["configuration"] == "decoy_trainer" and r["epsilon"] is None
+    assert r["privacy_parameter"] == {"name": None, "value": None, "unit": None}   # the trainer has no knob
     assert m["zero_support_agreement"] == 1.0 and m["zero_support_frames_identified"] == m["frames_scored"] == 24
     assert m["partition_verdict"] == "leak" and m["verdict"] == "leak"
     assert m["gate"] in ("pass", "fail") and m["utility_gate"] in ("pass", "fail")
@@ -289,8 +290,11 @@ def test_mitigated_smoke_through_the_cli(tmp_path):
                              tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     [path] = list((tmp_path / "out").rglob("results.json"))
-    m = json.loads(path.read_text())["metrics"]
+    r = json.loads(path.read_text())
+    m = r["metrics"]
     assert m["zero_support_frames_identified"] == 0 and m["zero_support_agreement"] == pytest.approx(0.4)
+    assert (r["privacy_parameter"]["name"], r["privacy_parameter"]["value"]) == \
+        ("sigma", r["mitigation"]["noise_multiplier"])
 
 
 # --- the report section ---------------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
         ("fidelity", "ep1", 1.0, "ok")
     assert results["model"] == "tiny-llama" and results["workload"] == "builtin" and results["n_prompts"] == 3
     assert results["tags"] == ["smoke"] and results["baseline"] in ("cpu", "gpu")
+    assert results["privacy_parameter"] == {"name": "epsilon", "value": 1.0, "unit": "ε-GDP per exposure"}
     metrics = results["metrics"]
     for name in ("exact_match", "token_match_rate", "bleu", "rouge_l", "semantic_similarity"):
         assert 0.0 <= metrics[name] <= 100.0 and metrics[f"{name}_ci_lo"] <= metrics[name] <= metrics[f"{name}_ci_hi"]
@@ -158,6 +159,16 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
     again = run_cli_in_process(["experiment=smoke"], out, cache)
     assert again.returncode == 0 and "already complete" in again.stdout
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+    # Another system's parameter is not part of this run's identity: the same directory and config hash (so
+    # the finished run is skipped, not refused as stale), and one line on stderr says it was left out.
+    other = run_cli_in_process(["experiment=smoke", "collab.alpha=0.5"], out, cache)
+    assert other.returncode == 0, other.stderr
+    assert "skip smoke/tiny-llama/ep1/eps=1/default: already complete" in other.stdout
+    assert other.stderr_lines == ["splitbench: note: runner fidelity does not read collab.alpha=0.5: left out of "
+                                  "smoke/tiny-llama/ep1/eps=1/default and its config hash"]
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+    assert [d.name for d in (out / "smoke" / "tiny-llama" / "ep1" / "eps=1").iterdir()] == ["default"]
 
 
 def test_sweep_with_a_bad_job_and_a_stale_run(tmp_path):

@@ -383,6 +383,10 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         r = json.loads((run / "results.json").read_text())
         m = r["metrics"]
         assert r["status"] == "ok" and r["system"] == "sanitize" and r["tags"] == ["smoke"]
+        parameter = r["privacy_parameter"]   # Stencil has none; the others name theirs (eta, epsilon) and its unit
+        assert (parameter["name"], parameter["value"]) == ((None, None) if name == "stencil" else
+                                                           ({"custext_plus": "epsilon"}.get(name, "eta"), r["epsilon"]))
+        assert (parameter["unit"] is None) == (name == "stencil")
         for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict"):
             assert key in m, key
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100

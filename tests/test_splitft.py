@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks.splitft.cell import assess
+from harness import configurations
 from harness.models import load_model, model_entry
 from harness.splitft import defences, trainable
 from harness.splitft.data import dirichlet_split, iid_split
@@ -364,7 +365,7 @@ def _run_data(configuration, epsilon, ce, label_f1, h, h_a):
          "label_token_f1_ci_hi": label_f1 + 2, "label_reference_token_f1": 10.0, "eia_token_f1": 50.0,
          "eia_token_f1_ci_lo": 45.0, "eia_token_f1_ci_hi": 55.0, "eia_reference_token_f1": 9.0, "verdict": "leak"}
     return {"experiment": "splitft", "configuration": configuration, "epsilon": epsilon,
-            "parameter_name": "lambda" if epsilon else None, "model": "m", "workload": "splitft:builtin",
+            "privacy_parameter": configurations.privacy_parameter(configuration, epsilon), "model": "m", "workload": "splitft:builtin",
             "split": {"k": 1, "m": 3, "n_clients": 2, "lora": False}, "metrics": m, "tags": [],
             "rounds": [{"round": 1, "H": h, "H_A": h_a, "heldout_ce": ce + 0.5}, {"round": 2, "H": h, "H_A": h_a,
                                                                                   "heldout_ce": ce}]}
@@ -709,9 +710,8 @@ def test_deployment_runtime_on_loopback(tmp_path):
     import time
     from pathlib import Path
 
-    from harness.splitft.client import Recipe
+    from harness.splitft.client import Recipe, write_recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.deployment import write_recipe
 
     model_cfg = _model_cfg()
     smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft

@@ -58,7 +58,9 @@ class DecoderSettings:
                              window=self.window, batch_size=self.batch_size, lr=self.lr, max_steps=self.steps,
                              max_minutes=self.minutes,
                              eval_every=max(1, self.steps // 4), val_windows=32, warmup_steps=min(20, self.steps),
-                             max_target_tokens=self.window, seed=seed)
+                             max_target_tokens=self.window, seed=seed,
+                             # projection mode trains no decoder weights; a projection 2 × the decoder's width
+                             decoder_lr=1e-4, projection_hidden=None, gen_batch_size=32)
 
 
 def features(sequence: Sequence[int], table: Table, half: int = HALF_WINDOW) -> torch.Tensor:

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from metrics.words import WORD, is_content_word, stopwords, words
 
 BUILTIN_PATH = Path(__file__).resolve().parents[1] / "data" / "collab_builtin.jsonl"
 PUBMEDQA_OPTIONS = ("yes", "no", "maybe")
 DOLLY_CATEGORIES = ("closed_qa", "information_extraction")
 HUB_IDS = {"pubmedqa": ("qiaojin/PubMedQA", "pqa_labeled"), "dolly": ("databricks/databricks-dolly-15k", None)}
-_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
 
 
 @dataclass(frozen=True)
@@ -60,22 +60,6 @@ class Benchmark:
         return all(e.options for e in self.examples)
 
 
-def stopwords() -> frozenset[str]:
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-    return frozenset(ENGLISH_STOP_WORDS)
-
-
-def words(text: str) -> list[str]:
-    return _WORD.findall(text)
-
-
-def is_content_word(word: str, stop: frozenset[str] | None = None) -> bool:
-    w = word.lower().strip("'-")
-    stop = stopwords() if stop is None else stop
-    return bool(w) and w not in stop and (len(w) >= 2 or w.isdigit()) and any(ch.isalnum() for ch in w)
-
-
 def evidence_spans(context: str, support: str, query: str) -> tuple[str, ...]:
     """The automatic evidence rule (module docstring): maximal runs of context content words that the
     support text uses and the public query does not."""
@@ -90,7 +74,7 @@ def evidence_spans(context: str, support: str, query: str) -> tuple[str, ...]:
             spans.append(context[run[0].start():run[-1].end()])
             run.clear()
 
-    for m in _WORD.finditer(context):
+    for m in WORD.finditer(context):
         w = m.group(0)
         if is_content_word(w, stop) and w.lower() in support_words and w.lower() not in query_words:
             # A run continues only across whitespace: punctuation ends the span, as a phrase boundary.

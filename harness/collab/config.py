@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig
 
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
+from harness.group_schemas import check_model
 
 FUSION_MODES = ("cloud", "edge")
 BENCHMARKS = ("builtin", "pubmedqa", "dolly")
@@ -162,9 +163,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if name == "collab_cogenesis" and float(cfg.epsilon) != int(cfg.epsilon):
         raise UserError(f"configuration=collab_cogenesis takes its top-B as epsilon: a whole number >= 1, got {cfg.epsilon}")
     if c.cloud is not None:
-        from harness.schema import _check_model
-
-        _check_model("collab.cloud", c.cloud)
+        check_model("collab.cloud", c.cloud)
 
 
 def _check_baselines(c: DictConfig) -> None:

@@ -10,53 +10,16 @@ cloud sends p_L), both float64 probability vectors over the shared vocabulary.
 
 Parameters (the run's `epsilon` knob, harness/configurations.py): CoVeil's λ, CoGenesis's B, the ε of
 DP-Logit and DP-Fusion, and of the edge-side baselines CusText, LDP-Sampler and InvisibleInk
-(harness/collab/edge_baselines.py).
+(harness/collab/edge_baselines.py). The interface and the fusion rule they share are harness/collab/fusion.py.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass
-class Upload:
-    probs: torch.Tensor          # (V,) float64; 0 where nothing is uploaded
-    ids: torch.Tensor | None     # the uploaded ids (sparse uploads), None for a dense upload
-
-
-def fuse(p_L: torch.Tensor, p_S: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Eq. 3: p_fuse = α·p_L + (1−α)·p_S."""
-    return alpha * p_L + (1.0 - alpha) * p_S
-
-
-class Defence:
-    name = "collab_none"
-
-    def __init__(self, alpha: float):
-        self.alpha = alpha
-
-    def upload(self, p_S: torch.Tensor, p_L: torch.Tensor, rng: torch.Generator) -> Upload:
-        return Upload(p_S, None)
-
-    def select(self, p_S: torch.Tensor, p_L: torch.Tensor, rng: torch.Generator) -> int:
-        return int(torch.argmax(self.distribution(p_S, p_L, "edge", rng)))
-
-    def distribution(self, p_S: torch.Tensor, p_L: torch.Tensor, mode: str, rng: torch.Generator) -> torch.Tensor:
-        """The distribution the step's token is decoded from (likelihood option scoring reads it): cloud-side,
-        the cloud's fused α·p_L + (1−α)·upload, renormalised (it decodes the argmax); edge-side, what the
-        edge decodes from: p_fuse undefended, the sampling distribution of a randomised defence, and for a
-        deterministic selection rule (CoVeil) the point mass on the token it selects."""
-        if mode == "cloud":
-            p = fuse(p_L, self.upload(p_S, p_L, rng).probs, self.alpha)
-            return p / p.sum()
-        if type(self).select is Defence.select:
-            return fuse(p_L, p_S, self.alpha)
-        out = torch.zeros_like(p_S)
-        out[self.select(p_S, p_L, rng)] = 1.0
-        return out
+from harness.collab.fusion import Defence, Upload, fuse
 
 
 class CoVeil(Defence):

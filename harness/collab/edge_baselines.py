@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from harness.collab.defences import Defence, fuse
+from harness.collab.fusion import Defence, fuse
 
 
 class SampledDefence(Defence):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -26,26 +27,45 @@ from harness.split.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_byte
 from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
 from harness.split.sensitivity import as_dicts, sensitivity_table
 
-DEFAULT_BANK_BYTES = 512 * 2**20   # engine.bank_bytes (docs/noise_bank.md)
+CONF_PRIMARY = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"
 TIMING_COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill")
+
+
+def _conf_defaults() -> dict:
+    """conf/config.yaml as written (the primary config, before any experiment): the one place the engine's
+    defaults are written. EngineSettings' defaults are read from it, so the runners (which pass the composed
+    `engine` section whole) and the library's other callers (captures, tests, benchmarks: they name only
+    what they change) run the same engine."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(CONF_PRIMARY))
+    assert isinstance(node, dict)
+    return node
+
+
+_CONF = _conf_defaults()
+_ENGINE = _CONF["engine"]
 
 
 @dataclass
 class EngineSettings:
+    """What the engine runs. Every default is conf/config.yaml's (its `engine` section and `seed`; what each
+    key means is written there); `epsilon` None = no ε given (configurations that ignore it)."""
+
     configuration: str                    # a name in harness/configurations.py
     epsilon: float | None = None          # configurations that use ε (ep1); the registry derives the rest
-    offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
-    allow_cpu_fallback: bool = False      # 'gpu' without CUDA: error unless True
-    tee_threads: int | None = None
-    seed: int = 0
-    bank_on_exhaustion: str = "refill"    # or "error"
-    bank_capacity: int | None = None      # entries per op; None = sized for each generate() call
-    bank_bytes: int | None = DEFAULT_BANK_BYTES  # materialised entries held, all banks; None = unbounded
-    record_view: bool = False
-    slalom_frac_bits: int = 8
-    slalom_scaling: str = "per_token"   # or per_op | fixed (harness/split/mechanisms.py: wrap-around)
-    sigma_scale: float = 1.0              # multiplies every σ (0 makes EP1 compute T3's numbers exactly)
-    sensitivity_rule: str = "paper"       # or "per_head" (see harness.split.sensitivity)
+    offload: tuple[str, ...] = tuple(_ENGINE["offload"])
+    allow_cpu_fallback: bool = _ENGINE["allow_cpu_fallback"]   # 'gpu' without CUDA: error unless True
+    tee_threads: int | None = _ENGINE["tee_threads"]
+    seed: int = _CONF["seed"]
+    bank_on_exhaustion: str = _ENGINE["bank_on_exhaustion"]    # refill | error
+    bank_capacity: int | None = _ENGINE["bank_capacity"]       # entries per op; None = sized per generate() call
+    bank_bytes: int | None = _ENGINE["bank_bytes"]             # materialised entries held, all banks; None = unbounded
+    record_view: bool = _ENGINE["record_view"]
+    slalom_frac_bits: int = _ENGINE["slalom_frac_bits"]
+    slalom_scaling: str = _ENGINE["slalom_scaling"]            # per_token | per_op | fixed (mechanisms.py: wrap-around)
+    sigma_scale: float = _ENGINE["sigma_scale"]                # multiplies every σ (0: EP1 computes T3's numbers)
+    sensitivity_rule: str = _ENGINE["sensitivity_rule"]        # paper | per_head (harness.split.sensitivity)
 
     def validate(self) -> None:
         conf = configurations.get(self.configuration)  # UserError for an unknown name

@@ -7,13 +7,16 @@ simulation (Ray actors) and on a deployed SuperNode (docs/splitft.md "Deployment
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.splitft import trainable
-from harness.splitft.defences import GradientGuard, make_defence
+from harness.splitft import defences, trainable
+from harness.splitft.defences import GradientGuard
+from harness.splitft.privpair import PrivPair
 from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
 
 # round metric: the most times any one block of the client went up so far; FedAvg takes its max over
@@ -37,6 +40,34 @@ class Recipe:
     @property
     def n_clients(self) -> int:
         return len(self.clients)
+
+
+
+def write_recipe(recipe: Recipe, path: str | Path) -> None:
+    """The recipe file a deployed federation reads (harness/splitft/deployment.py)."""
+    torch.save(dataclasses.asdict(recipe), path)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    return Recipe(**torch.load(path, weights_only=False))
+
+
+def make_defence(configuration: str, epsilon: float | None, section: Any) -> defences.Defence:
+    """The defence of a splitft configuration at its strength (the run's effective epsilon). Here, beside its
+    one caller, rather than in defences.py: PrivPair (privpair.py) builds on defences.Defence."""
+    if configuration in ("splitft_none", "splitft_central"):
+        return defences.Defence()
+    if configuration == "privpair":
+        return PrivPair(coupling_weight=float(epsilon), settings=section.privpair)
+    if configuration == "smashed_dp_gaussian":
+        return defences.SmashedGaussian(float(epsilon), section.dp.clip_norm, section.dp.delta)
+    if configuration == "smashed_dp_laplace":
+        return defences.SmashedLaplace(float(epsilon), section.dp.clip_norm)
+    if configuration == "embedding_dx":
+        return defences.EmbeddingDx(float(epsilon))
+    if configuration == "nopeek":
+        return defences.NoPeek(float(epsilon), section.nopeek.max_tokens)
+    raise AssertionError(f"no splitft defence for configuration {configuration!r}")
 
 
 @dataclass

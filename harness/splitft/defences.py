@@ -206,22 +206,3 @@ class NoPeek(Defence):
             rows = torch.randperm(x.shape[0], generator=self.generator)[:self.max_tokens]
             x, z = x[rows], z[rows]
         return self.alpha * distance_correlation(x, z)
-
-
-def make_defence(configuration: str, epsilon: float | None, section: Any) -> Defence:
-    """The defence of a splitft configuration at its strength (the run's effective epsilon)."""
-    from harness.splitft.privpair import PrivPair
-
-    if configuration in ("splitft_none", "splitft_central"):
-        return Defence()
-    if configuration == "privpair":
-        return PrivPair(coupling_weight=float(epsilon), settings=section.privpair)
-    if configuration == "smashed_dp_gaussian":
-        return SmashedGaussian(float(epsilon), section.dp.clip_norm, section.dp.delta)
-    if configuration == "smashed_dp_laplace":
-        return SmashedLaplace(float(epsilon), section.dp.clip_norm)
-    if configuration == "embedding_dx":
-        return EmbeddingDx(float(epsilon))
-    if configuration == "nopeek":
-        return NoPeek(float(epsilon), section.nopeek.max_tokens)
-    raise AssertionError(f"no splitft defence for configuration {configuration!r}")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from harness.splitft.client import MAX_SENDS, Recipe, trainer_for
+from harness.splitft.client import MAX_SENDS, Recipe, load_recipe, trainer_for
 
 VIEW, VIEW_META = "view", "view-meta"
 
@@ -169,8 +169,6 @@ def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = N
 
 @functools.lru_cache(maxsize=1)
 def _recipe_at(path: str) -> Recipe:
-    from harness.splitft.deployment import load_recipe
-
     return load_recipe(path)
 
 

@@ -42,13 +42,11 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.results import SAMPLES
+from runners.report.fidelity_rows import FidelityGroup, FidelityRow
 from runners.report.format import num
-
-if TYPE_CHECKING:  # fidelity.py imports this module
-    from runners.report.fidelity import FidelityGroup, FidelityRow
 
 HEADING = "#### Example responses (paper Table 3)"
 REFERENCE = "epn"    # the paper's Table 3 configuration, preferred as the reference when it diverges

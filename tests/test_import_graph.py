@@ -1,0 +1,136 @@
+"""No import cycle among the product modules, counted on the static import graph.
+
+Every `import` and `from ... import` of harness/, runners/, attacks/ and metrics/ is an edge, a function-local
+one as much as a module-level one: a function-local import hides a cycle from Python's import order, not
+from the design (docs/architecture.md, "Layers"). An edge goes to the module an import names (`from
+harness import configurations`: harness.configurations; `from runners.report import main`: the package's
+__init__), not to the packages Python initialises on the way. Lazy imports of heavy libraries (torch,
+transformers) are not product modules and stay as they are.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .conftest import REPO
+
+PACKAGES = ("harness", "runners", "attacks", "metrics")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _module(name: str, modules: dict[str, Path]) -> set[str]:
+    """The product module `name` names: itself, or the longest product package or module it lies in (an
+    attribute of a module: `from harness.results import RunDir` names harness.results); none outside."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in modules:
+            return {".".join(parts[:i])}
+    return set()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module → the product modules it imports (anywhere in the file)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    edges |= _module(alias.name, modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:   # `from harness import configurations` imports a module
+                    edges |= _module(f"{base}.{alias.name}", modules)
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_in(component, graph) for component in sorted(components)]
+
+
+def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle through the component's first module (breadth-first inside the component)."""
+    start, inside = component[0], set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & inside):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start} in {component}")
+
+
+def test_the_graph_sees_function_local_imports_and_cycles():
+    """The checker itself: it finds a module-level and a function-local edge, and the cycle they close."""
+    graph = import_graph()
+    assert "harness.configurations" in graph["harness.schema"]       # module level: from harness import configurations
+    assert "harness.workloads" in graph["harness.schema"]            # function-local, in _check_input_files
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_product_modules():
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_metrics_import_no_system_library():
+    """metrics/ holds what any system can use: it imports no system's package (harness.collab, ...)."""
+    systems = ("harness.collab", "harness.sanitize", "harness.splitft", "harness.grad_audit", "harness.split")
+    graph = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("metrics")
+                       for t in targets if t.startswith(systems))
+    assert not offenders, offenders
