@@ -37,6 +37,7 @@ RUNNERS: dict[str, str] = {
     "fp_error": "runners.fp_error",
     "controlled_error": "runners.controlled_error",
     "attack": "runners.attack",
+    "sequential_attack": "runners.sequential_attack",
     "restore": "runners.restore",
     # sanitize (paper 001)
     "sanitize": "runners.sanitize",
