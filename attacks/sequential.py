@@ -274,6 +274,10 @@ class Prefix:
         return [(layer.keys, layer.values) for layer in self.cache.layers[:n_layers]]
 
 
+class _Enough(Exception):
+    """Raised by the hook of the last op input a stage needs, to end the forward there."""
+
+
 @torch.no_grad()
 def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor, upto: int, keys: Sequence[Key],
                      chunk: int) -> dict[Key, torch.Tensor]:
@@ -289,15 +293,23 @@ def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor,
     wanted = [k for k in keys if k[1] < upto]
     if not wanted:
         return {}
-    inner = truncated(model, upto).model
+    # The forward stops once the last wanted input is read: the rest of that layer (its MLP, when the last
+    # op is Gate/Up: three quarters of a layer-0 stage's work) reaches no exposure the stage scores.
+    last = max(wanted, key=lambda k: (k[1], OPS.index(k[0])))
+    inner = truncated(model, last[1] + 1).model
     layers = decoder_layers(model)
     store: dict[Key, list[torch.Tensor]] = {k: [] for k in wanted}
-    handles = []
-    for key in wanted:
-        module = layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0])
-        handles.append(module.register_forward_pre_hook(
-            lambda _m, args, key=key: store[key].append(args[0][0].float())))
-    kv = prefix.kv(upto)
+
+    def hook(key: Key):
+        def read(_module, args):
+            store[key].append(args[0][0].float())
+            if key == last:
+                raise _Enough
+        return read
+
+    handles = [layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0]).register_forward_pre_hook(hook(key))
+               for key in wanted]
+    kv = prefix.kv(last[1] + 1)
     p = len(prefix.tokens)
     dtype = model.get_input_embeddings().weight.dtype
     try:
@@ -307,8 +319,11 @@ def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor,
             allowed = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], dim=1)
             mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             cache = DynamicCache(ddp_cache_data=list(kv))   # a fresh cache object: the prefix's stays as it is
-            inner(input_ids=ids[None], position_ids=torch.full((1, n), p, dtype=torch.long),
-                  attention_mask=mask[None, None], cache=cache, use_cache=True)
+            try:
+                inner(input_ids=ids[None], position_ids=torch.full((1, n), p, dtype=torch.long),
+                      attention_mask=mask[None, None], cache=cache, use_cache=True)
+            except _Enough:
+                pass
     finally:
         for h in handles:
             h.remove()
