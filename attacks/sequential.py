@@ -639,3 +639,13 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "n_exposures_per_position": len(outcome.keys),
         "vocab": outcome.vocab,
     }
+
+
+def samples(outcome: Outcome, ids: Sequence) -> list[dict]:
+    """samples.jsonl rows: per prompt the attacked positions, the true tokens, the prior's and each scorer's
+    guesses, and `output_ids`, the recovery of the strongest attacker run (MAP where it ran)."""
+    main = MAP if MAP in outcome.scorers else LIKELIHOOD
+    return [{"id": pid, "positions": outcome.positions[i], "truth": outcome.truth[i],
+             "prior_guess": outcome.prior_guesses[i],
+             **{f"{PREFIX[name]}_guess": r.guesses[i] for name, r in outcome.scorers.items()},
+             "output_ids": outcome.scorers[main].guesses[i]} for i, pid in enumerate(ids)]

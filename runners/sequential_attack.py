@@ -67,11 +67,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                      log=lambda msg: print(f"splitbench: {msg}", file=sys.stderr, flush=True))
     metrics = sq.summarise(outcome, s, float(cfg.attack.controls.gate_margin_pp))
     section = sq.record(outcome, s, used)
-    samples = [{"id": p.id, "positions": pos, "truth": t, "prior_guess": pg,
-                **{f"{sq.PREFIX[n]}_guess": r.guesses[i] for n, r in outcome.scorers.items()},
-                "output_ids": outcome.scorers[sq.MAP if sq.MAP in outcome.scorers else sq.LIKELIHOOD].guesses[i]}
-               for i, (p, pos, t, pg) in enumerate(zip(inputs.workload.prompts, outcome.positions, outcome.truth,
-                                                        outcome.prior_guesses))]
+    samples = sq.samples(outcome, [p.id for p in inputs.workload.prompts])
     results = {
         **common.results_header(cfg, "sequential_attack", inputs, generation=False),
         "configuration": configuration,
