@@ -213,3 +213,36 @@ def repeat_leak_k(m: dict[str, Any]) -> int | None:
     ks = sorted(int(key[len(prefix):-len(suffix)]) for key in m
                 if key.startswith(prefix) and key.endswith(suffix) and key[len(prefix):-len(suffix)].isdigit())
     return next((k for k in ks if m[f"bayes_top1_k{k}_ci_lo"] > chance + margin), None)
+
+
+def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_forced: bool,
+                       pruning_recall: Sequence[float] | None, min_recall: float, reference: str
+                       ) -> tuple[str, str]:
+    """The verdict of a sequential attacker (attacks/sequential.py) and why, from the 95% interval
+    [lo, hi] (percentage points) of its paired top-1 difference against its `reference` on the same
+    positions (MAP: the prior alone; likelihood: the same attacker on a null view), with m = margin_pp:
+
+        leak          lo > m
+        at_chance     −m ≤ lo and hi ≤ m, the attacker teacher-forced (an upper bound of its family, so
+                      that its failure speaks for every prefix), and no pruning or every stage's pruning
+                      recall ≥ min_recall (the truth was still among the candidates when the masks decided)
+        inconclusive  everything else, with the reason: an interval past ±m, below the reference, a
+                      free-running attacker, a pruning stage that lost the truth too often.
+
+    A leak needs neither teacher forcing nor full recall: what was recovered was recovered."""
+    if lo_pp > margin_pp:
+        return LEAK, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies above +{margin_pp:g} pp"
+    reasons = []
+    if lo_pp < -margin_pp and hi_pp < -margin_pp:
+        reasons.append(f"below {reference}: [{lo_pp:.2f}, {hi_pp:.2f}] pp (the attacker failed, which says "
+                       "nothing about the masks)")
+    elif not (-margin_pp <= lo_pp and hi_pp <= margin_pp):
+        reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} is wider than ±{margin_pp:g} pp")
+    if not teacher_forced:
+        reasons.append("free-running mode cannot certify at_chance (teacher-forced is the family's upper bound)")
+    low = [r for r in (pruning_recall or ()) if r < min_recall]
+    if low:
+        reasons.append(f"pruning recall {min(low):.3f} < {min_recall:g}")
+    if reasons:
+        return INCONCLUSIVE, "; ".join(reasons)
+    return AT_CHANCE, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies within ±{margin_pp:g} pp"

@@ -192,6 +192,22 @@ class AttackControlsConfig:
 
 
 @dataclass
+class SequentialAttackConfig:
+    """The sequential all-exposure attacker (runner sequential_attack; attacks/sequential.py Settings)."""
+
+    mode: str = MISSING                   # teacher_forced | free_running
+    prior: str = MISSING                  # none (likelihood only) | model (also MAP with the model's prior)
+    layers: Optional[List[int]] = MISSING   # whose exposures are used; null = every layer
+    ops: List[str] = MISSING              # of qkv, o, gate_up
+    prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep] per stage; 0 = the layer-0 codebook; null = none
+    positions: str = MISSING              # text (after the public chat-template header) | all (from position 1)
+    max_positions: Optional[int] = MISSING
+    null_view: bool = MISSING             # also attack each prompt with another prompt's view (the reference)
+    chunk: int = MISSING                  # candidates per forward pass
+    min_pruning_recall: float = MISSING   # at_chance needs every stage's pruning recall at least this
+
+
+@dataclass
 class AttackConfig:
     """The prompt-reconstruction attack (runner attack, paper §7.4 Table 6; attacks/)."""
 
@@ -204,6 +220,7 @@ class AttackConfig:
     train: AttackTrainConfig = MISSING
     bayes: AttackBayesConfig = MISSING
     controls: AttackControlsConfig = MISSING
+    sequential: SequentialAttackConfig = MISSING
 
 
 @dataclass
@@ -441,6 +458,38 @@ def _check_attack(attack: DictConfig) -> None:
         check_at_least(f"attack.controls.{key}", attack.controls[key], 0)
     if attack.decoder is not None:
         check_model("attack.decoder", attack.decoder)
+    _check_sequential(attack.sequential)
+
+
+SEQUENTIAL_MODES = ("teacher_forced", "free_running")   # attacks/sequential.py
+SEQUENTIAL_PRIORS = ("none", "model")
+SEQUENTIAL_OPS = ("qkv", "o", "gate_up")
+SEQUENTIAL_POSITIONS = ("text", "all")
+
+
+def _check_sequential(seq: DictConfig) -> None:
+    """What attack.sequential can be told without the model (its layers against the model: run time)."""
+    check_choice("attack.sequential.mode", seq.mode, SEQUENTIAL_MODES)
+    check_choice("attack.sequential.prior", seq.prior, SEQUENTIAL_PRIORS)
+    check_choice("attack.sequential.positions", seq.positions, SEQUENTIAL_POSITIONS)
+    ops = list(seq.ops)
+    if not ops or any(op not in SEQUENTIAL_OPS for op in ops) or len(set(ops)) != len(ops):
+        raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(SEQUENTIAL_OPS)}, got {ops}")
+    layers = None if seq.layers is None else list(seq.layers)
+    if layers is not None and (not layers or min(layers) < 0 or len(set(layers)) != len(layers)):
+        raise UserError(f"attack.sequential.layers must be null (all) or distinct layers >= 0, got {layers}")
+    for stage in seq.prune or ():
+        if len(stage) != 2:
+            raise UserError(f"attack.sequential.prune: each stage is [layers_upto, keep], got {list(stage)}")
+        if stage[1] < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {stage[1]} candidates; a pruning width must "
+                            "be >= 1")
+        if stage[0] < 0:
+            raise UserError(f"attack.sequential.prune: stage depth {stage[0]} must be >= 0")
+    check_at_least("attack.sequential.max_positions", seq.max_positions, 1, nullable=True)
+    check_at_least("attack.sequential.chunk", seq.chunk, 1)
+    if not 0 < seq.min_pruning_recall <= 1:
+        raise UserError(f"attack.sequential.min_pruning_recall must lie in (0, 1], got {seq.min_pruning_recall}")
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")

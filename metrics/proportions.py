@@ -26,3 +26,50 @@ def wilson(k: int, n: int, alpha: float = 0.05, m: int = 1) -> tuple[float, floa
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_paired(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tuple[float, float, float]:
+    """The difference p₁ − p₂ of two proportions measured on the same n = a+b+c+d units, with Newcombe's
+    interval (Newcombe 1998, Stat. Med. 17:2635, method 10: Wilson score intervals of the two margins
+    combined with the φ correlation of the paired table, no continuity correction).
+
+    a: both successes, b: success in 1 only, c: success in 2 only, d: neither. p₁ = (a+b)/n, p₂ = (a+c)/n,
+    θ̂ = (b−c)/n; with (l_i, u_i) the Wilson intervals of p_i and φ = (ad − bc)/√((a+b)(c+d)(a+c)(b+d))
+    (0 when a margin is empty),
+
+        L = θ̂ − √((p₁−l₁)² − 2φ(p₁−l₁)(u₂−p₂) + (u₂−p₂)²),
+        U = θ̂ + √((p₂−l₂)² − 2φ(p₂−l₂)(u₁−p₁) + (u₁−p₁)²).
+
+    Returns (θ̂, L, U) as fractions."""
+    n = a + b + c + d
+    if min(a, b, c, d) < 0 or n < 1:
+        raise ValueError(f"need counts >= 0 with a positive total, got {(a, b, c, d)}")
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson(a + b, n, alpha)
+    l2, u2 = wilson(a + c, n, alpha)
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    phi = (a * d - b * c) / math.sqrt(margins) if margins > 0 else 0.0
+    theta = (b - c) / n
+    lo = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    hi = theta + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    return theta, max(-1.0, lo), min(1.0, hi)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: the discordant pairs b (success in 1 only) and c (in 2 only) under
+    H₀ are Binomial(b + c, ½); 1.0 without discordant pairs."""
+    if b < 0 or c < 0:
+        raise ValueError(f"need b, c >= 0, got {b}, {c}")
+    if b + c == 0:
+        return 1.0
+    return float(stats.binomtest(b, b + c, 0.5).pvalue)
+
+
+def paired_table(first: list[bool], second: list[bool]) -> tuple[int, int, int, int]:
+    """(a, b, c, d) of two outcomes on the same units: both, first only, second only, neither."""
+    if len(first) != len(second):
+        raise ValueError(f"paired outcomes need the same units: {len(first)} vs {len(second)}")
+    a = sum(1 for x, y in zip(first, second) if x and y)
+    b = sum(1 for x, y in zip(first, second) if x and not y)
+    c = sum(1 for x, y in zip(first, second) if y and not x)
+    return a, b, c, len(first) - a - b - c

@@ -42,9 +42,12 @@ describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """What changes an attack result: not the baseline or the timing study; ε normalised (only ep1 uses it)."""
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    """What changes an attack result: the keys the attack runner reads (runners/registry.py READS) less the
+    sequential attacker's subsection (runner sequential_attack reads it); ε normalised (only ep1 uses it)."""
+    out = schema.semantic_config(cfg, identity.keys(cfg),
+                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    out["attack"].pop("sequential", None)
+    return out
 
 
 def _plain(node: Any) -> Any:

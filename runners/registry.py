@@ -37,6 +37,7 @@ RUNNERS: dict[str, str] = {
     "fp_error": "runners.fp_error",
     "controlled_error": "runners.controlled_error",
     "attack": "runners.attack",
+    "sequential_attack": "runners.sequential_attack",
     "restore": "runners.restore",
     # sanitize (paper 001)
     "sanitize": "runners.sanitize",
@@ -80,6 +81,7 @@ READS: dict[str, tuple[str, ...]] = {
                  "fp_error"),
     "controlled_error": (*_SPLITEE_READS, "controlled_error"),
     "attack": (*_SPLITEE_READS, "attack"),
+    "sequential_attack": (*_SPLITEE_READS, "attack"),
     # restore: the source attack run fixed the configuration, workload and generation
     "restore": ("runner", "seed", "model", "semantic_model", "restore"),
     # sanitize (paper 001)

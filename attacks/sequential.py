@@ -1,0 +1,651 @@
+"""The sequential all-exposure attacker on SpliTEE's adversary view (issues 32 and 36; docs/sequential_attack.md).
+
+One prefill of a prompt of n tokens sends, at every layer ℓ, the inputs of QKV, O and Gate/Up of every
+position to the accelerator, each masked afresh: y_e = x_e + σ_e·η_e, e = (op, ℓ). The input x_e at
+position p is a function of the tokens 0..p alone (causal attention), and the model is public. So, position
+by position, the attacker computes with its own clear copy of the model what every exposure of position p
+would be for each candidate token v given the prefix, μ_e(v), and scores
+
+    likelihood:  L(v) = Σ_e log N(y_e; μ_e(v), σ_e²I) = −Σ_e ‖y_e − μ_e(v)‖² / (2σ_e²) + const
+    MAP:         L(v) + log P_model(v | prefix)          (the victim model's own next-token distribution)
+
+over every used exposure e of that position. With a known prefix, the likelihood's argmax is the
+maximum-likelihood token and the MAP's the Bayes-optimal guess under the model's prior (0-1 loss). σ_e =
+Δ_e·sigma_scale/ε is computed from the public weights and the configuration exactly as the engine does
+(`op_sigmas`; tests/test_sequential_attack.py checks equality with the engine's own σ). T3 sends inputs
+in the clear: σ_e = 1 there, so the score is −½ Σ‖y − μ‖²: exact matching, the nearest candidate.
+
+Prefix (`mode`): `teacher_forced` gives the true prefix (an upper bound for every attacker of this family);
+`free_running` uses the attacker's own recovery so far. The prefix's keys and values are computed once per
+position (a KV cache extended by one token a step) and shared by every candidate, so the cost of a
+position does not grow with the number of positions already attacked, beyond attention over the prefix.
+
+Staged pruning (`prune`: (layers_upto, keep) pairs). Stage `0` scores the whole vocabulary with the
+layer-0 QKV exposure alone, which needs no forward pass: its input is RMSNorm(E[v]), a codebook (as in
+attacks/bayes.py), plus the prior for MAP. A stage `k` > 0 runs the survivors through layers 0..k−1 and
+scores them with every used exposure of those layers. Each stage keeps its `keep` best by the score so
+far; after the last stage the survivors are scored with every used exposure and the best is the guess. A
+stage whose layers hold no used exposure (layers=[8] and a stage 0) is dropped: it would prune by nothing.
+No stages (null) scores the whole vocabulary with every used exposure. The pruning recall of a stage is the
+fraction of positions whose true token survived it: the only use of the truth besides scoring, so that a
+verdict can tell a pruning failure from a mask that held.
+
+Scorers. One attack runs several scorers at once: the likelihood and MAP attackers on the prompt's own view
+and, with `null_view`, the same two on the view of another prompt (the next one in the workload that covers
+the same positions), scored against this prompt's tokens: the attacker's own reference with no information
+about the prompt (controls.sequential_verdict). Each scorer prunes by its own score among its own survivors;
+with a shared prefix (teacher-forced) their candidates are forwarded together (the union), otherwise each
+scorer follows its own prefix.
+
+The prior-only floor (`prior_top1`): the model's top-1 next-token guess given the true prefix, no view, on
+the same positions.
+
+Positions: `positions=text` attacks the positions after the public chat-template header (the longest
+common prefix of the prompt and the template rendered around an empty message, `public_prefix_length`);
+`all` attacks every position from 1 (position 0 has no prefix: it is the template's or tokenizer's first
+marker in every chat workload, and is given). `max_positions` caps the count per prompt.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from harness import configurations
+from harness.adversary_view import MASKED_INPUT, AdversaryView
+from harness.errors import UserError
+from harness.split.architectures import OP_MEMBERS, decoder_layers
+
+OPS = ("qkv", "o", "gate_up")
+MODES = ("teacher_forced", "free_running")
+PRIORS = ("none", "model")
+POSITIONS = ("text", "all")
+LIKELIHOOD, MAP = "likelihood", "map"
+Key = tuple[str, int]   # (op, layer) of one exposure
+
+
+@dataclass(frozen=True)
+class Settings:
+    """attack.sequential (conf/config.yaml), typed by harness/schema.py SequentialAttackConfig."""
+
+    mode: str
+    prior: str                                   # none: the likelihood attacker; model: also MAP
+    layers: tuple[int, ...] | None               # None: every layer
+    ops: tuple[str, ...]
+    prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
+    positions: str
+    max_positions: int | None
+    null_view: bool
+    chunk: int                                   # candidates per forward pass
+    min_pruning_recall: float
+
+    @classmethod
+    def from_config(cls, node) -> Settings:
+        layers = node["layers"]
+        prune = node["prune"]
+        return cls(mode=str(node["mode"]), prior=str(node["prior"]),
+                   layers=None if layers is None else tuple(int(x) for x in layers),
+                   ops=tuple(str(o) for o in node["ops"]),
+                   prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
+                   positions=str(node["positions"]),
+                   max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
+                   null_view=bool(node["null_view"]), chunk=int(node["chunk"]),
+                   min_pruning_recall=float(node["min_pruning_recall"]))
+
+
+def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[int, ...]:
+    """The layers whose exposures are used; UserError (one line) for a layer outside the model, an op the
+    view cannot hold (not offloaded), a pruning width < 1, or a stage deeper than the model."""
+    for key, value, allowed in (("mode", settings.mode, MODES), ("prior", settings.prior, PRIORS),
+                                ("positions", settings.positions, POSITIONS)):
+        if value not in allowed:
+            raise UserError(f"attack.sequential.{key}={value!r} is not one of {', '.join(allowed)}")
+    if not settings.ops or any(op not in OPS for op in settings.ops) or len(set(settings.ops)) != len(settings.ops):
+        raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(OPS)}, got {list(settings.ops)}")
+    missing = [op for op in settings.ops if op not in offload]
+    if missing:
+        raise UserError(f"attack.sequential.ops needs {missing} offloaded, but engine.offload is {list(offload)}: "
+                        "an op kept in the TEE is not in the adversary view")
+    layers = tuple(range(n_layers)) if settings.layers is None else settings.layers
+    bad = [x for x in layers if not 0 <= x < n_layers]
+    if not layers or bad or len(set(layers)) != len(layers):
+        raise UserError(f"attack.sequential.layers={list(layers)} must be distinct layers in 0..{n_layers - 1} "
+                        "(null: all)")
+    for upto, keep in settings.prune or ():
+        if keep < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {keep} candidates; a pruning width must be >= 1")
+        if not 0 <= upto <= n_layers:
+            raise UserError(f"attack.sequential.prune: stage depth {upto} is outside 0..{n_layers} (the model has "
+                            f"{n_layers} layers)")
+    if settings.max_positions is not None and settings.max_positions < 1:
+        raise UserError(f"attack.sequential.max_positions must be >= 1 or null, got {settings.max_positions}")
+    if not 0 < settings.min_pruning_recall <= 1:
+        raise UserError(f"attack.sequential.min_pruning_recall must lie in (0, 1], got {settings.min_pruning_recall}")
+    if settings.chunk < 1:
+        raise UserError(f"attack.sequential.chunk must be >= 1, got {settings.chunk}")
+    return tuple(sorted(layers))
+
+
+def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[int, int]]:
+    """The effective pruning stages (depth, keep), each depth clamped to the deepest used layer + 1; a stage
+    that adds no used exposure to the one before (or has none) is dropped; the final full scoring is not a
+    stage."""
+    depth = max(layer for _, layer in keys) + 1
+    out: list[tuple[int, int]] = []
+    for upto, keep in settings.prune or ():
+        upto = min(upto, depth)
+        if not _covered(keys, upto):
+            continue
+        if out and _covered(keys, out[-1][0]) == _covered(keys, upto):
+            out[-1] = (out[-1][0], min(out[-1][1], keep))
+            continue
+        out.append((upto, min(keep, vocab)))
+    return out
+
+
+def _covered(keys: Sequence[Key], upto: int) -> tuple[Key, ...]:
+    return tuple(k for k in keys if k[1] < upto or (upto == 0 and k == ("qkv", 0)))
+
+
+def public_prefix_length(tokenizer, input_ids: Sequence[int], chat_template: bool) -> int:
+    """Tokens of the public chat-template header before the prompt's text: the longest common prefix of the
+    prompt and the template rendered around an empty message (at least 1; 1 without a template)."""
+    if not chat_template:
+        return 1
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True,
+                                             tokenize=False)
+    empty = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    n = 0
+    while n < min(len(empty), len(input_ids)) and empty[n] == input_ids[n]:
+        n += 1
+    return max(1, n)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The victim's side: one recorded view, and what the attacker reads of it
+# ---------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def record_view(model: nn.Module, prompts: Sequence[Sequence[int]], *, configuration: str, epsilon: float | None,
+                seed: int, offload: Sequence[str], sigma_scale: float, sensitivity_rule: str, pad_token_id: int,
+                batch_size: int, epsilon_lengths: Sequence[int] | None = None, meta: dict | None = None,
+                ) -> list[AdversaryView]:
+    """The prompts submitted once through the split engine under `configuration` (prefill only, no LM head),
+    one AdversaryView per batch: what the accelerator received."""
+    from harness.split.engine import EngineSettings, SplitEngine
+
+    settings = EngineSettings(configuration=configuration, epsilon=epsilon, seed=seed, record_view=True,
+                              offload=tuple(op for op in offload if op != "lm_head"), sigma_scale=sigma_scale,
+                              sensitivity_rule=sensitivity_rule)
+    engine = SplitEngine(model, settings)
+    views = []
+    for start in range(0, len(prompts), batch_size):
+        batch = [list(map(int, p)) for p in prompts[start:start + batch_size]]
+        engine.generate(batch, 1, pad_token_id=pad_token_id,
+                        epsilon_lengths=None if epsilon_lengths is None else list(epsilon_lengths[start:start + batch_size]))
+        views.append(AdversaryView(list(engine.view.exposures), dict(meta or {})))
+        engine.view.exposures.clear()
+    return views
+
+
+def prompt_rows(views: Sequence[AdversaryView], lengths: Sequence[int], batch_size: int,
+                keys: Sequence[Key]) -> list[dict[Key, torch.Tensor]]:
+    """Per prompt, the prefill exposure rows [len_r, d] of every used (op, layer), read from the views'
+    `masked_input` channel alone (left padding: row r holds prompt r in its last len_r positions). A view
+    without one of them is a UserError: the attacker was asked for a channel the run did not expose."""
+    out: list[dict[Key, torch.Tensor]] = []
+    for b, view in enumerate(views):
+        batch_lengths = lengths[b * batch_size:(b + 1) * batch_size]
+        rows: list[dict[Key, torch.Tensor]] = [{} for _ in batch_lengths]
+        for op, layer in keys:
+            found = view.select(op=op, layer=layer, step=0, channel=MASKED_INPUT)
+            if len(found) != 1:
+                raise UserError(f"the adversary view holds {len(found)} prefill exposures of {op}[{layer}] on the "
+                                f"{MASKED_INPUT} channel; the sequential attacker needs exactly one")
+            t = found[0].tensor
+            if t.dim() != 3 or t.shape[0] != len(batch_lengths) or t.shape[1] < max(batch_lengths):
+                raise ValueError(f"{op}[{layer}] exposure has shape {tuple(t.shape)} for lengths {list(batch_lengths)}")
+            width = t.shape[1]
+            for r, n in enumerate(batch_lengths):
+                rows[r][(op, layer)] = t[r, width - n:].float()
+        out.extend(rows)
+    return out
+
+
+def op_sigmas(model: nn.Module, configuration: str, epsilon: float | None, epsilon_lengths: Sequence[int],
+              keys: Sequence[Key], *, sigma_scale: float, sensitivity_rule: str) -> list[dict[Key, float]]:
+    """σ of every used exposure for every prompt, as the attacker computes it from public knowledge: Δ of
+    the op from the weights (harness.split.sensitivity) times the configuration's noise factor
+    sigma_scale/ε (harness.configurations.noise_factors), the engine's own product in float32. 1.0 where
+    nothing is masked with noise (t3, sigma_scale = 0): the score becomes exact matching."""
+    from harness.split.sensitivity import sensitivity_table
+
+    ops = tuple(dict.fromkeys(op for op, _ in keys))
+    delta = {(r.op, r.layer): r.delta for r in sensitivity_table(model, ops, sensitivity_rule)}
+    factors = configurations.noise_factors(configuration, epsilon, list(epsilon_lengths), sigma_scale)
+    out = []
+    for f in factors:
+        # The engine's σ: (Δ · factor) in float32 (harness/split/mechanisms.py Gaussian._sigma).
+        row = {k: float(torch.tensor(delta[k]) * torch.tensor(f, dtype=torch.float32)) for k in keys}
+        out.append({k: (s if s > 0 else 1.0) for k, s in row.items()})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The attacker's clear computation
+# ---------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def layer0_codebook(model: nn.Module, chunk: int = 8192) -> torch.Tensor:
+    """μ_qkv0(v) = RMSNorm₀(E[v]) for every token, [V, d] (attacks/bayes.py codebook)."""
+    from attacks.bayes import codebook
+
+    return codebook(model, chunk)
+
+
+class Prefix:
+    """The prefix's keys and values (batch 1) and the model's next-token log-probabilities after it."""
+
+    def __init__(self, model: nn.Module, tokens: Sequence[int]) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.tokens: list[int] = []
+        self.cache = DynamicCache(config=model.config)
+        self.log_prior: torch.Tensor | None = None
+        self.extend(tokens)
+
+    @torch.no_grad()
+    def extend(self, tokens: Sequence[int]) -> None:
+        if not tokens:
+            return
+        ids = torch.as_tensor([list(tokens)], dtype=torch.long)
+        pos = torch.arange(len(self.tokens), len(self.tokens) + len(tokens))[None]
+        logits = self.model(input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True,
+                            logits_to_keep=1).logits
+        self.log_prior = torch.log_softmax(logits[0, -1].double(), -1)
+        self.tokens.extend(int(t) for t in tokens)
+
+    def kv(self, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self.cache.layers[:n_layers]]
+
+
+class _Enough(Exception):
+    """Raised by the hook of the last op input a stage needs, to end the forward there."""
+
+
+@torch.no_grad()
+def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor, upto: int, keys: Sequence[Key],
+                     chunk: int) -> dict[Key, torch.Tensor]:
+    """The input of every op in `keys` (layer < upto) at the next position for each candidate token, [K, d],
+    through layers 0..upto−1 of the model (forward pre-hooks on the first linear of each op: q_proj, o_proj,
+    gate_proj). The candidates of a chunk go in as one sequence after the shared prefix, all at the same
+    position, under a 4D mask that lets each see the prefix and itself only: the prefix's keys and values
+    are read once, not copied per candidate."""
+    from transformers import DynamicCache
+
+    from attacks.capture import truncated
+
+    wanted = [k for k in keys if k[1] < upto]
+    if not wanted:
+        return {}
+    # The forward stops once the last wanted input is read: the rest of that layer (its MLP, when the last
+    # op is Gate/Up: three quarters of a layer-0 stage's work) reaches no exposure the stage scores.
+    last = max(wanted, key=lambda k: (k[1], OPS.index(k[0])))
+    inner = truncated(model, last[1] + 1).model
+    layers = decoder_layers(model)
+    store: dict[Key, list[torch.Tensor]] = {k: [] for k in wanted}
+
+    def hook(key: Key):
+        def read(_module, args):
+            store[key].append(args[0][0].float())
+            if key == last:
+                raise _Enough
+        return read
+
+    handles = [layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0]).register_forward_pre_hook(hook(key))
+               for key in wanted]
+    kv = prefix.kv(last[1] + 1)
+    p = len(prefix.tokens)
+    dtype = model.get_input_embeddings().weight.dtype
+    try:
+        for start in range(0, candidates.numel(), chunk):
+            ids = candidates[start:start + chunk]
+            n = ids.numel()
+            allowed = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], dim=1)
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+            cache = DynamicCache(ddp_cache_data=list(kv))   # a fresh cache object: the prefix's stays as it is
+            try:
+                inner(input_ids=ids[None], position_ids=torch.full((1, n), p, dtype=torch.long),
+                      attention_mask=mask[None, None], cache=cache, use_cache=True)
+            except _Enough:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: torch.cat(v) for k, v in store.items()}
+
+
+def gaussian_scores(mu: torch.Tensor, y: torch.Tensor, sigma: float, squares: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """log N(y; μ_v, σ²I) for each row μ_v of mu, up to the constant −‖y‖²/(2σ²) − d·log(σ√2π) shared by
+    every candidate: (2·yᵀμ_v − ‖μ_v‖²)/(2σ²), float64 out (`squares`: ‖μ_v‖², if already computed). The
+    shared term is left out rather than subtracted, so a huge σ loses no precision to cancellation."""
+    if squares is None:
+        squares = (mu * mu).sum(-1)
+    return (2.0 * (mu @ y.float()) - squares).double() / (2.0 * sigma * sigma)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The attack
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Scorer:
+    """One attacker: the prior's weight (0: likelihood, 1: MAP) and whose view rows it reads."""
+
+    name: str
+    prior_weight: float
+    view: str                 # own | null
+
+
+@dataclass
+class ScorerResult:
+    guesses: list[list[int]] = field(default_factory=list)      # per prompt, per attacked position
+    hits: list[list[bool]] = field(default_factory=list)
+    survived: list[list[int]] = field(default_factory=list)     # per stage: positions whose truth survived it
+
+
+@dataclass
+class Outcome:
+    """What one sequential attack measured (the runner turns it into results.json)."""
+
+    scorers: dict[str, ScorerResult]
+    prior_guesses: list[list[int]]
+    prior_hits: list[list[bool]]
+    truth: list[list[int]]
+    positions: list[list[int]]         # absolute positions attacked, per prompt
+    stages: list[tuple[int, int]]
+    keys: list[Key]
+    null_of: list[int | None]          # the prompt whose view each prompt's null scorers read
+    seconds: float
+    n_positions: int
+    forward_candidates: int            # candidates run through the model, summed over positions and stages
+    vocab: int
+
+    def recall(self, name: str) -> list[float]:
+        s = self.scorers[name]
+        return [n / self.n_positions for n in s.survived] if self.n_positions else []
+
+
+def scorers_for(settings: Settings) -> list[Scorer]:
+    out = [Scorer(LIKELIHOOD, 0.0, "own")]
+    if settings.prior == "model":
+        out.append(Scorer(MAP, 1.0, "own"))
+    if settings.null_view:
+        out += [Scorer(f"{s.name}_null", s.prior_weight, "null") for s in list(out)]
+    return out
+
+
+def attack_positions(settings: Settings, lengths: Sequence[int], starts: Sequence[int]) -> list[list[int]]:
+    out = []
+    for n, start in zip(lengths, starts):
+        start = max(1, start if settings.positions == "text" else 1)
+        stop = n if settings.max_positions is None else min(n, start + settings.max_positions)
+        out.append(list(range(start, stop)))
+    return out
+
+
+def null_partners(positions: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[int | None]:
+    """For each prompt, the next other prompt (cyclically) long enough to hold its attacked positions."""
+    out: list[int | None] = []
+    n = len(lengths)
+    for r, pos in enumerate(positions):
+        need = (max(pos) + 1) if pos else 0
+        out.append(next(((r + j) % n for j in range(1, n) if lengths[(r + j) % n] >= need), None))
+    return out
+
+
+@torch.no_grad()
+def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[Key, torch.Tensor]],
+        sigmas: Sequence[dict[Key, float]], settings: Settings, keys: Sequence[Key], starts: Sequence[int],
+        *, book: torch.Tensor | None = None, log=None) -> Outcome:
+    """The attack on every prompt (module docstring). `rows[r]`/`sigmas[r]`: prompt r's exposure rows and
+    their σ (prompt_rows, op_sigmas); `starts[r]`: its first text position (public_prefix_length)."""
+    keys = list(keys)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    plan = stages(settings, keys, vocab)
+    if book is None and plan and plan[0][0] == 0:
+        book = layer0_codebook(model)
+    book_sq = None if book is None else (book * book).sum(-1)
+    scorers = scorers_for(settings)
+    lengths = [len(p) for p in prompts]
+    positions = attack_positions(settings, lengths, starts)
+    partners = null_partners(positions, lengths)
+    if settings.null_view and any(p is None for p in partners):
+        raise UserError("attack.sequential.null_view needs, for every prompt, another prompt at least as long as "
+                        "its attacked positions; lower attack.sequential.max_positions or add prompts")
+    results = {s.name: ScorerResult(survived=[0] * len(plan)) for s in scorers}
+    prior_guesses, prior_hits, truth = [], [], []
+    counter = {"forward": 0}
+    start_time = time.perf_counter()
+    for r, prompt in enumerate(prompts):
+        tokens = [int(t) for t in prompt]
+        pos = positions[r]
+        truth.append([tokens[p] for p in pos])
+        for s in scorers:
+            results[s.name].guesses.append([])
+            results[s.name].hits.append([])
+        if not pos:
+            prior_guesses.append([])
+            prior_hits.append([])
+            continue
+        views = {"own": (rows[r], sigmas[r])}
+        if settings.null_view:
+            views["null"] = (rows[partners[r]], sigmas[partners[r]])
+        # The prior-only floor always reads the true prefix; teacher-forced scorers share it, free-running
+        # ones each follow their own recovery.
+        truth_prefix = Prefix(model, tokens[:pos[0]])
+        if settings.mode == "teacher_forced":
+            groups, chains = [scorers], [truth_prefix]
+        else:
+            groups = [[s] for s in scorers]
+            chains = [Prefix(model, tokens[:pos[0]]) for _ in groups]
+        guesses_p, hits_p = [], []
+        for p in pos:
+            assert truth_prefix.log_prior is not None
+            g = int(truth_prefix.log_prior.argmax())
+            guesses_p.append(g)
+            hits_p.append(g == tokens[p])
+            for group, chain in zip(groups, chains):
+                best = _position(model, chain, group, views, p, keys, plan, book, book_sq, settings, tokens[p],
+                                 results, counter)
+                if chain is not truth_prefix:
+                    chain.extend([best[group[0].name]])
+            truth_prefix.extend([tokens[p]])
+        prior_guesses.append(guesses_p)
+        prior_hits.append(hits_p)
+        if log is not None:
+            done = {s.name: sum(results[s.name].hits[-1]) for s in scorers}
+            log(f"sequential attack: prompt {r + 1}/{len(prompts)}: {len(pos)} positions, hits {done}, "
+                f"prior {sum(hits_p)}")
+    seconds = time.perf_counter() - start_time
+    n_positions = sum(len(p) for p in positions)
+    return Outcome(results, prior_guesses, prior_hits, truth, positions, plan, keys,
+                   partners if settings.null_view else [None] * len(prompts), seconds, n_positions,
+                   counter["forward"], vocab)
+
+
+def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, keys: Sequence[Key],
+              plan: Sequence[tuple[int, int]], book, book_sq, settings: Settings, true_token: int,
+              results: dict[str, ScorerResult], counter: dict[str, int]) -> dict[str, int]:
+    """One position for the scorers sharing `prefix`: staged pruning, then the full score; records each
+    scorer's guess, its hit and the stages its true token survived, and returns the guesses."""
+    assert prefix.log_prior is not None
+    log_prior = prefix.log_prior
+    vocab = log_prior.numel()
+    alive: dict[str, torch.Tensor] = {s.name: torch.arange(vocab) for s in group}
+    depth = max(layer for _, layer in keys) + 1
+    for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
+        final = i == len(plan)
+        if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
+            # The last stage already scored its survivors with every used exposure, best first.
+            for s in group:
+                _record(results[s.name], int(alive[s.name][0]), true_token)
+            break
+        used = _covered(keys, upto)
+        partial: dict[str, torch.Tensor] = {}     # per view: the exposures' log-likelihood of every candidate
+        if upto == 0:   # the codebook stage: the whole vocabulary, layer-0 QKV alone, no forward pass
+            for view in {s.view for s in group}:
+                y_rows, sig = views[view]
+                y, sigma = y_rows[("qkv", 0)][p], sig[("qkv", 0)]
+                partial[view] = (2.0 * (book @ y) - book_sq).double() / (2.0 * sigma * sigma)
+            where = None
+        else:
+            union = torch.unique(torch.cat([alive[s.name] for s in group]))
+            mus = candidate_inputs(model, prefix, union, upto, keys, settings.chunk)
+            counter["forward"] += union.numel()
+            where = torch.full((vocab,), -1, dtype=torch.long)
+            where[union] = torch.arange(union.numel())
+            squares = {key: (mus[key] * mus[key]).sum(-1) for key in used}
+            for view in {s.view for s in group}:
+                y_rows, sig = views[view]
+                partial[view] = sum(gaussian_scores(mus[key], y_rows[key][p], sig[key], squares[key]) for key in used)
+        for s in group:
+            cand = alive[s.name]
+            sc = partial[s.view][cand if where is None else where[cand]]
+            if s.prior_weight:
+                sc = sc + s.prior_weight * log_prior[cand]
+            if final:
+                _record(results[s.name], int(cand[int(sc.argmax())]), true_token)
+            else:
+                alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
+                if bool((alive[s.name] == true_token).any()):
+                    results[s.name].survived[i] += 1
+    return {s.name: results[s.name].guesses[-1][-1] for s in group}
+
+
+def _record(result: ScorerResult, guess: int, true_token: int) -> None:
+    result.guesses[-1].append(guess)
+    result.hits[-1].append(guess == true_token)
+
+
+def candidates_per_position(outcome: Outcome) -> float:
+    """Mean number of candidates run through the model per position (the codebook stage scores the whole
+    vocabulary without a forward pass and is not counted)."""
+    return outcome.forward_candidates / outcome.n_positions if outcome.n_positions else math.nan
+
+
+# results.json names of each scorer's metrics
+PREFIX = {LIKELIHOOD: "sequential", MAP: "sequential_map", f"{LIKELIHOOD}_null": "sequential_null",
+          f"{MAP}_null": "sequential_map_null"}
+
+
+def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
+    return [h for row in hits for h in row]
+
+
+def _top1(hits: Sequence[bool], name: str) -> dict[str, float]:
+    """Top-1 (%) pooled over positions with its Wilson 95% interval."""
+    from metrics.proportions import wilson
+
+    k, n = sum(hits), len(hits)
+    lo, hi = wilson(k, n)
+    return {name: 100.0 * k / n, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi}
+
+
+def _difference(first: Sequence[bool], second: Sequence[bool], name: str) -> dict[str, float]:
+    """first − second (pp) on the same positions, Newcombe's paired 95% interval and the exact McNemar p."""
+    from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
+
+    a, b, c, d = paired_table(list(first), list(second))
+    theta, lo, hi = newcombe_paired(a, b, c, d)
+    return {name: 100.0 * theta, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi,
+            f"{name}_mcnemar_p": mcnemar_exact(b, c), f"{name}_first_only": b, f"{name}_second_only": c}
+
+
+def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
+    """results.json `metrics` of one sequential attack: each scorer's top-1 (Wilson interval over
+    positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor, the paired
+    differences that the verdicts read (MAP − prior; likelihood − the same attacker on a null view), each
+    attacker's verdict and reason (attacks/controls.py sequential_verdict), the worst of them, and the cost."""
+    from attacks import controls
+    from metrics.privacy import corpus_token_prf
+
+    m: dict = {"n_positions": outcome.n_positions, "n_prompts_attacked": sum(1 for p in outcome.positions if p)}
+    prior = _flat(outcome.prior_hits)
+    m.update(_top1(prior, "prior_top1"))
+    for name, result in outcome.scorers.items():
+        prefix = PREFIX[name]
+        m.update(_top1(_flat(result.hits), f"{prefix}_top1"))
+        keep = [i for i, t in enumerate(outcome.truth) if t]
+        f1 = corpus_token_prf([outcome.truth[i] for i in keep], [result.guesses[i] for i in keep]).f1
+        m.update(f1.flat(f"{prefix}_token_f1"))
+        recall = outcome.recall(name)
+        m[f"{prefix}_pruning_recall_min"] = min(recall) if recall else 1.0
+    teacher = settings.mode == "teacher_forced"
+    judged = []
+    if MAP in outcome.scorers:
+        m.update(_difference(_flat(outcome.scorers[MAP].hits), prior, "map_minus_prior"))
+        v, why = controls.sequential_verdict(m["map_minus_prior_ci_lo"], m["map_minus_prior_ci_hi"], margin_pp,
+                                             teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
+                                             min_recall=settings.min_pruning_recall, reference="the prior alone")
+        m["verdict_map"], m["verdict_map_reason"] = v, why
+        judged.append((v, f"MAP: {why}"))
+        if f"{MAP}_null" in outcome.scorers:   # calibration: MAP on another prompt's view against the prior
+            m.update(_difference(_flat(outcome.scorers[f"{MAP}_null"].hits), prior, "map_null_minus_prior"))
+    if f"{LIKELIHOOD}_null" in outcome.scorers:
+        m.update(_difference(_flat(outcome.scorers[LIKELIHOOD].hits),
+                             _flat(outcome.scorers[f"{LIKELIHOOD}_null"].hits), "likelihood_minus_null"))
+        v, why = controls.sequential_verdict(m["likelihood_minus_null_ci_lo"], m["likelihood_minus_null_ci_hi"],
+                                             margin_pp, teacher_forced=teacher,
+                                             pruning_recall=outcome.recall(LIKELIHOOD),
+                                             min_recall=settings.min_pruning_recall,
+                                             reference="the same attacker on a null view")
+        m["verdict_likelihood"], m["verdict_likelihood_reason"] = v, why
+        judged.append((v, f"likelihood: {why}"))
+    if judged:
+        m["verdict"] = controls.worst([v for v, _ in judged])
+        m["verdict_reason"] = "; ".join(why for v, why in judged if v == m["verdict"])
+    else:
+        m["verdict"] = controls.INCONCLUSIVE
+        m["verdict_reason"] = ("no reference to judge against: set attack.sequential.prior=model (MAP against the "
+                               "prior alone) or attack.sequential.null_view=true")
+    m["attack_gate"] = m["verdict"] == controls.AT_CHANCE
+    m["gate_margin_pp"] = margin_pp
+    m["seconds"] = outcome.seconds
+    m["seconds_per_position"] = outcome.seconds / outcome.n_positions if outcome.n_positions else None
+    m["candidates_per_position"] = candidates_per_position(outcome)
+    m["vocab_fraction_forward"] = m["candidates_per_position"] / outcome.vocab
+    return m
+
+
+def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> dict:
+    """The attack's own section of results.json: what it was, per stage its pruning recall, and the pairing."""
+    return {
+        "mode": settings.mode,
+        "prior": settings.prior,
+        "layers_used": list(layers_used),
+        "ops": list(settings.ops),
+        "positions": settings.positions,
+        "max_positions": settings.max_positions,
+        "stages": [{"layers_upto": upto, "keep": keep} for upto, keep in outcome.stages],
+        "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
+        "null_view_of": outcome.null_of,
+        "n_exposures_per_position": len(outcome.keys),
+        "vocab": outcome.vocab,
+    }
+
+
+def samples(outcome: Outcome, ids: Sequence) -> list[dict]:
+    """samples.jsonl rows: per prompt the attacked positions, the true tokens, the prior's and each scorer's
+    guesses, and `output_ids`, the recovery of the strongest attacker run (MAP where it ran)."""
+    main = MAP if MAP in outcome.scorers else LIKELIHOOD
+    return [{"id": pid, "positions": outcome.positions[i], "truth": outcome.truth[i],
+             "prior_guess": outcome.prior_guesses[i],
+             **{f"{PREFIX[name]}_guess": r.guesses[i] for name, r in outcome.scorers.items()},
+             "output_ids": outcome.scorers[main].guesses[i]} for i, pid in enumerate(ids)]

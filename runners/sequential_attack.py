@@ -1,0 +1,100 @@
+"""Sequential all-exposure attack runner (issues 32, 36; attacks/sequential.py, docs/sequential_attack.md).
+
+The prompts are submitted once through the split engine under the configuration (prefill, every layer's
+QKV / O / Gate-Up input recorded); the attacker reads that view alone and recovers the prompt position by
+position with the mechanism's likelihood (and with prior=model also MAP), against the prior-only floor and,
+with null_view, against itself on another prompt's view. Reports top-1, token F1, the paired differences
+with Newcombe intervals, the pruning recall per stage, the verdict with its reason, and the cost.
+
+    splitbench experiment=sequential_attack_smoke
+    splitbench -m experiment=sequential_attack_smoke configuration=t3,ep1
+    splitbench experiment=sequential_attack configuration=ep1 epsilon=15
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import configurations, schema
+from harness.results import RunContext
+from runners import common, identity
+
+describe_skip = common.epsilon_ignored_note
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """The keys this runner reads (runners/registry.py READS), of `attack` only its sequential and controls
+    subsections: the learned attack's options never move it; ε normalised."""
+    out = schema.semantic_config(cfg, identity.keys(cfg),
+                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    out["attack"] = {k: out["attack"][k] for k in ("sequential", "controls")}
+    return out
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import torch
+
+    from attacks import sequential as sq
+
+    s = sq.Settings.from_config(OmegaConf.to_container(cfg.attack.sequential, resolve=True))
+    configuration = cfg.configuration.name
+    epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
+    if configuration not in configurations.names(split=True) or configurations.get(configuration).mechanism not in (
+            "plain", "gaussian"):
+        from harness.errors import UserError
+        raise UserError(f"the sequential attacker models t3's plain inputs and Gaussian masks (ep1, epn); got "
+                        f"configuration={configuration} (slalom: docs/sequential_attack.md, its one-time pad)")
+    inputs = common.load_inputs(cfg)
+    model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
+    used = sq.check(s, len(model.model.layers), list(cfg.engine.offload))
+    keys = [(op, layer) for layer in used for op in s.ops]
+    if cfg.engine.tee_threads is not None:
+        torch.set_num_threads(int(cfg.engine.tee_threads))
+    lengths, eps_lengths = [len(p) for p in inputs.prompts], inputs.epsilon_lengths(cfg.epn_n)
+    engine_kw = dict(sigma_scale=float(cfg.engine.sigma_scale), sensitivity_rule=cfg.engine.sensitivity_rule)
+    start = time.perf_counter()
+    views = sq.record_view(model, inputs.prompts, configuration=configuration, epsilon=epsilon, seed=cfg.seed,
+                           offload=list(cfg.engine.offload), pad_token_id=inputs.pad,
+                           batch_size=cfg.generation.batch_size, epsilon_lengths=eps_lengths, **engine_kw)
+    capture_s = time.perf_counter() - start
+    rows = sq.prompt_rows(views, lengths, cfg.generation.batch_size, keys)
+    del views
+    sigmas = sq.op_sigmas(model, configuration, epsilon, eps_lengths, keys, **engine_kw)
+    starts = [sq.public_prefix_length(tokenizer, p, inputs.workload.chat_template) for p in inputs.prompts]
+    outcome = sq.run(model, inputs.prompts, rows, sigmas, s, keys, starts,
+                     log=lambda msg: print(f"splitbench: {msg}", file=sys.stderr, flush=True))
+    metrics = sq.summarise(outcome, s, float(cfg.attack.controls.gate_margin_pp))
+    section = sq.record(outcome, s, used)
+    samples = sq.samples(outcome, [p.id for p in inputs.workload.prompts])
+    results = {
+        **common.results_header(cfg, "sequential_attack", inputs, generation=False),
+        "configuration": configuration,
+        "epsilon": epsilon,
+        "metrics": metrics,
+        "mode": s.mode,
+        "layers_used": list(used),
+        "pruning_recall": section["pruning_recall"],
+        "sequential": {**section, "public_prefix_lengths": starts,
+                       "sigma_per_op_layer": {f"{op}[{layer}]": sigmas[0][(op, layer)] for op, layer in keys}
+                       if sigmas else {}},
+        "timings": {"capture_s": capture_s, "attack_s": outcome.seconds},
+    }
+    return common.finish(cfg, ctx, results, samples, summary=summary,
+                         provenance_extra={"torch_threads": torch.get_num_threads()})
+
+
+def summary(results: dict[str, Any]) -> str:
+    m, s = results["metrics"], results["sequential"]
+    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"layers {s['layers_used']}",
+                               f"{m['n_positions']} positions")
+    names = [k for k in ("sequential_top1", "sequential_map_top1", "prior_top1", "sequential_null_top1",
+                         "sequential_map_null_top1", "map_minus_prior", "likelihood_minus_null",
+                         "sequential_token_f1", "sequential_map_token_f1") if k in m]
+    lines = [head, *common.metric_lines(m, names, width=28),
+             f"  pruning recall per stage: {s['pruning_recall']}",
+             f"  {m['seconds_per_position']:.3f} s and {m['candidates_per_position']:.0f} forwarded candidates per position",
+             f"  verdict: {m['verdict']} ({m['verdict_reason']})"]
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""The sequential all-exposure attacker (attacks/sequential.py) on the tiny random Llama: σ equal to the
+engine's, exact recovery from one deep layer under T3, the MAP − prior difference at chance under a huge σ
+and a leak at a small one, the verdict rule, Newcombe's paired interval, Slalom's reused mask, and
+experiment=sequential_attack_smoke with its bad inputs through the CLI."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attacks import controls
+from attacks import sequential as sq
+from harness.split.engine import EngineSettings, SplitEngine
+from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
+
+from .conftest import CONF, run_cli_in_process
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+OPS = ("qkv", "o", "gate_up")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from harness.models import load_model
+
+    return load_model(OmegaConf.load(CONF / "model" / "tiny-llama.yaml"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    from harness.workloads import load_workload
+
+    wl = load_workload({"name": "builtin", "source": "builtin", "n_prompts": 3, "use_chat_template": True},
+                       tiny.tokenizer, seed=0)
+    return [list(p.input_ids) for p in wl.prompts]
+
+
+def settings(**kw) -> sq.Settings:
+    base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)),
+                positions="text", max_positions=4, null_view=True, chunk=512, min_pruning_recall=0.99)
+    return sq.Settings(**{**base, **kw})
+
+
+def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    model = tiny.model
+    used = sq.check(s, len(model.model.layers), OPS)
+    keys = [(op, layer) for layer in used for op in s.ops]
+    lengths = [len(p) for p in prompts]
+    views = sq.record_view(model, prompts, configuration=configuration, epsilon=epsilon, seed=seed, offload=OPS,
+                           sigma_scale=1.0, sensitivity_rule="paper", pad_token_id=tiny.tokenizer.pad_token_id,
+                           batch_size=8)
+    rows = sq.prompt_rows(views, lengths, 8, keys)
+    sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper")
+    starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
+    return sq.run(model, prompts, rows, sigmas, s, keys, starts)
+
+
+@pytest.mark.parametrize("configuration,epsilon", [("ep1", 3.0), ("epn", None)])
+def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
+    """The attacker's σ of every op, layer and prompt equals, to the bit, the σ the engine masked with."""
+    batch = [prompts[0], prompts[1][:40]]            # two lengths: EPN's ε = 1/√n differs per row
+    engine = SplitEngine(tiny.model, EngineSettings(configuration=configuration, epsilon=epsilon, offload=OPS,
+                                                    seed=0))
+    engine.generate(batch, 1, pad_token_id=tiny.tokenizer.pad_token_id)
+    keys = [(op.name, op.layer) for op in engine.ops]
+    ours = sq.op_sigmas(tiny.model, configuration, epsilon, [len(p) for p in batch], keys, sigma_scale=1.0,
+                        sensitivity_rule="paper")
+    for op in engine.ops:
+        theirs = op.sigma_cache[1].reshape(-1).tolist()
+        assert theirs == [ours[r][(op.name, op.layer)] for r in range(len(batch))], op.label
+    if configuration == "epn":
+        assert ours[0][("qkv", 0)] != ours[1][("qkv", 0)]
+
+
+def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
+    """The model is injective: under T3 the exposures of layer 1 alone (no layer-0 codebook, no pruning) give
+    every token back (issue 32: ≥ 99%)."""
+    out = attack(tiny, prompts, "t3", None, settings(layers=(1,), prune=None, max_positions=3, null_view=False))
+    hits = sq._flat(out.scorers[sq.LIKELIHOOD].hits)
+    assert len(hits) == 9 and sum(hits) / len(hits) >= 0.99
+    assert out.forward_candidates == 9 * out.vocab     # no pruning: the whole vocabulary ran through the model
+    assert out.keys == [("qkv", 1), ("o", 1), ("gate_up", 1)]
+
+
+def test_huge_sigma_reads_the_prior_and_small_sigma_leaks(tiny, prompts):
+    """ε = 0.01 (σ ~ 10⁴ times the signal): MAP picks what the prior picks, so MAP − prior is 0 with an
+    interval that covers 0 and the likelihood attacker is no better than on a null view. ε = 100 (a known
+    dose): both read far above their references, verdict leak."""
+    null = sq.summarise(attack(tiny, prompts, "ep1", 0.01, settings()), settings(), 1.0)
+    assert null["sequential_map_top1"] == null["prior_top1"]
+    assert null["map_minus_prior_ci_lo"] <= 0.0 <= null["map_minus_prior_ci_hi"]
+    assert null["likelihood_minus_null_ci_lo"] <= 0.0 <= null["likelihood_minus_null_ci_hi"]
+    assert null["verdict"] == controls.INCONCLUSIVE                    # 12 positions: an interval past ±1 pp
+    assert "wider than ±1 pp" in null["verdict_reason"]
+    dose = sq.summarise(attack(tiny, prompts, "ep1", 100.0, settings()), settings(), 1.0)
+    assert dose["sequential_top1"] == 100.0 and dose["sequential_map_top1"] == 100.0
+    assert dose["map_minus_prior_ci_lo"] > 1.0 and dose["likelihood_minus_null_ci_lo"] > 1.0
+    assert dose["verdict"] == controls.LEAK and dose["verdict_map"] == controls.LEAK
+    assert dose["sequential_pruning_recall_min"] == 1.0
+
+
+def test_free_running_follows_its_own_prefix(tiny, prompts):
+    """Free-running at a small σ recovers what teacher forcing does (it never goes wrong, so its prefix is
+    the truth); its verdict cannot be at_chance whatever the interval."""
+    out = attack(tiny, prompts, "ep1", 100.0, settings(mode="free_running", null_view=False, max_positions=3))
+    assert sq._flat(out.scorers[sq.MAP].hits) == [True] * 9
+    v, why = controls.sequential_verdict(-0.5, 0.5, 1.0, teacher_forced=False, pruning_recall=[1.0],
+                                         min_recall=0.99, reference="the prior alone")
+    assert v == controls.INCONCLUSIVE and "free-running" in why
+
+
+def test_verdict_rule():
+    v = controls.sequential_verdict
+    kw = dict(min_recall=0.99, reference="the prior alone")
+    assert v(1.5, 9.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)[0] == controls.LEAK
+    assert v(1.5, 9.0, 1.0, teacher_forced=False, pruning_recall=[0.2], **kw)[0] == controls.LEAK
+    assert v(-0.9, 0.8, 1.0, teacher_forced=True, pruning_recall=[1.0, 0.995], **kw)[0] == controls.AT_CHANCE
+    verdict, why = v(-0.9, 0.8, 1.0, teacher_forced=True, pruning_recall=[1.0, 0.83], **kw)
+    assert verdict == controls.INCONCLUSIVE and why == "pruning recall 0.830 < 0.99"
+    verdict, why = v(-3.1, 2.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)
+    assert verdict == controls.INCONCLUSIVE and "[-3.10, 2.00] pp against the prior alone is wider than ±1 pp" in why
+    assert "below" in v(-9.0, -3.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)[1]
+
+
+def test_newcombe_paired_interval():
+    """Newcombe's method 10: zero difference with no discordant pair is an interval around 0 that narrows
+    with n; the point estimate is (b − c)/n; its coverage of a known paired difference is close to 95%."""
+    theta, lo, hi = newcombe_paired(0, 0, 0, 320)
+    assert theta == 0 and -0.02 < lo < 0 < hi < 0.02 and math.isclose(lo, -hi)
+    assert newcombe_paired(10, 5, 0, 85)[0] == 0.05
+    assert paired_table([True, True, False, False], [True, False, True, False]) == (1, 1, 1, 1)
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(10, 0) < 0.01
+    rng = np.random.default_rng(0)
+    # Cells: both 0.30, first only 0.15, second only 0.05, neither 0.50: true difference 0.10.
+    covered = 0
+    for _ in range(1000):
+        a, b, c, d = rng.multinomial(200, [0.30, 0.15, 0.05, 0.50])
+        _, lo, hi = newcombe_paired(int(a), int(b), int(c), int(d))
+        covered += lo <= 0.10 <= hi
+    assert 0.93 <= covered / 1000 <= 0.975
+
+
+def test_slalom_reused_mask_gives_the_tokens_away(tiny):
+    """A fresh mask: the exposures of two different tokens are alike (uniform in Z_q). The same mask on two
+    submissions: their difference mod q is the difference of the quantised inputs, from which the pair of
+    tokens is recovered exactly."""
+    from attacks.slalom_reuse import blind, pairs_from_difference, quantised_codebook, reused_difference
+    from harness.split.mechanisms import SLALOM_MODULUS, quantise
+
+    book = sq.layer0_codebook(tiny.model)
+    book_q = quantised_codebook(book, 8)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, book.shape[0], (2, 20), generator=gen)
+    x_q = quantise(book[tokens], 8).long()                          # [2, 20, d]
+    mask = torch.randint(0, SLALOM_MODULUS, x_q.shape[1:], generator=gen)
+    e1, e2 = blind(x_q[0], mask), blind(x_q[1], mask)                # one mask, two submissions
+    diff = reused_difference(e1, e2)
+    assert torch.equal(diff, x_q[0] - x_q[1])
+    recovered = [pairs_from_difference(diff[i].numpy(), book_q) for i in range(20)]
+    truth = [(int(a), int(b)) for a, b in zip(tokens[0], tokens[1])]
+    assert sum(r == [t] for r, t in zip(recovered, truth)) >= 19     # ties only for duplicate codewords
+    # Fresh masks: the blinded residues of two fixed different inputs have the same (uniform) distribution.
+    fresh = torch.randint(0, SLALOM_MODULUS, (2, 20000), generator=gen)
+    one, two = blind(x_q[0, 0, 0].expand(20000), fresh[0]), blind(x_q[1, 0, 0].expand(20000), fresh[1])
+    from scipy import stats
+
+    assert stats.ks_2samp(one.numpy(), two.numpy()).pvalue > 0.001
+
+
+def test_smoke_experiment_results(tmp_path):
+    res = run_cli_in_process(["experiment=sequential_attack_smoke"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = (tmp_path / "out").rglob("results.json")
+    results = json.loads(path.read_text())
+    m = results["metrics"]
+    for key in ("sequential_top1", "sequential_token_f1", "sequential_map_top1", "prior_top1", "map_minus_prior",
+                "map_minus_prior_ci_lo", "map_minus_prior_ci_hi", "verdict", "verdict_reason",
+                "seconds_per_position", "candidates_per_position"):
+        assert key in m, key
+    assert results["mode"] == "teacher_forced" and results["layers_used"] == [0, 1]
+    assert set(results["pruning_recall"]) == {"likelihood", "map", "likelihood_null", "map_null"}
+    assert all(len(r) == 2 for r in results["pruning_recall"].values())
+    # ε = 1 on the tiny model: σ far above the signal, MAP reads the prior.
+    assert m["map_minus_prior_ci_lo"] <= 0.0 <= m["map_minus_prior_ci_hi"]
+    assert "smoke" in results["tags"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["attack.sequential.layers=[5]"], "attack.sequential.layers=[5] must be distinct layers in 0..1"),
+    (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
+    (["attack.sequential.prune=[[9,4]]"], "stage depth 9 is outside 0..2"),
+    (["engine.offload=[qkv,gate_up,lm_head]"], "attack.sequential.ops needs ['o'] offloaded"),
+    (["configuration=slalom"], "the sequential attacker models t3's plain inputs and Gaussian masks"),
+    (["attack.sequential.mode=greedy"], "attack.sequential.mode='greedy' is not one of"),
+])
+def test_bad_input(tmp_path, args, message):
+    res = run_cli_in_process(["experiment=sequential_attack_smoke", *args], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr_lines
+    assert len(lines) == 1 and lines[0].startswith("splitbench: error: ") and message in lines[0], lines
+    assert not list((tmp_path / "out").rglob("results.json"))
