@@ -121,6 +121,12 @@ class _Context:
 class SplitEngine:
     def __init__(self, model: nn.Module, settings: EngineSettings) -> None:
         settings.validate()
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes != {torch.float32}:
+            # The masks' σ, the Slalom fixed point and the floating-point bound (docs/fp_bound.md) are derived for
+            # float32 weights; a bfloat16/float16 model would void them, so the engine refuses rather than guess.
+            raise ValueError(f"SplitEngine needs a float32 model (its masking and error bound are float32/float64), "
+                             f"got parameters in {sorted(str(d) for d in dtypes)}")
         self.model, self.settings = model, settings
         self.arch = architecture_of(model)
         self.conf = conf = configurations.get(settings.configuration)
