@@ -13,12 +13,22 @@ Two readings of a masked configuration's time:
   (engine.bank_bytes; docs/noise_bank.md). On a CPU-only machine the TEE has no idle time to hide them
   in: a correction W·η costs what the offloaded product W·x costs.
 
+Verdicts: the paired log-ratio of each round (a round runs the arms back to back on the same batch, so what
+slows the machine slows both and cancels) gives the geometric-mean ratio with its 95% Student-t interval, for
+the prefill and the decode apart; against each target it is "met" (upper bound ≤ target), "not met" (lower
+bound > target) or "cannot tell" (benchmarks/rounds.py verdict). `--clock cpu` times each generation by this
+process's CPU time (time.process_time, with --threads 1) instead of the wall clock, so other processes on a
+shared machine do not count, and precomputes every mask before the clock starts (engine.bank_bytes=null: no
+refills inside the generation, online = total).
+
 Where the time goes: each configuration's seconds by component (the engine's own clock), prefill and
 decode apart, and each component's excess over t3. Peak memory of each configuration is measured in a
 fresh subprocess (VmHWM), so one configuration's allocations cannot hide another's.
 
     python -m benchmarks.overhead --threads 1 --out docs/benchmarks/overhead_smollm2-135m.md
     python -m benchmarks.overhead --threads 1 --prompts main --out docs/benchmarks/overhead_smollm2-135m_main.md
+    python -m benchmarks.overhead --clock cpu --threads 1 --batch 8 --new-tokens 32 --rounds 12 --no-memory \
+        --out docs/benchmarks/overhead_smollm2-135m_paired_cpu.md
 """
 from __future__ import annotations
 
@@ -36,7 +46,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.bank_memory import peak_rss_mib
-from benchmarks.rounds import commit_label, emit, median_range, run_rounds
+from benchmarks.rounds import commit_label, emit, median_range, paired_log_ratio, run_rounds, verdict
 from harness.split.mechanisms import INT8_MAX_ROWS, native_int8_dot
 from harness.split.offload import CATEGORY
 
@@ -45,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKED = ("cpu", "t3", "ep1", "epn", "slalom")
 RATIOS = ((("t3", "cpu"), "≤ 1.05"), (("ep1", "t3"), "≤ 1.03 (paper: 1.08)"), (("epn", "t3"), "≤ 1.03"),
           (("slalom", "t3"), "≤ 1.5"))
+TARGETS = {("t3", "cpu"): 1.05, ("ep1", "t3"): 1.03, ("epn", "t3"): 1.03, ("slalom", "t3"): 1.5}
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill", "other")
 PROMPT_SETS = {
     # The paper's timing prompts average about 100 tokens: the shortest of the built-in set.
@@ -72,12 +84,14 @@ def load(model_name: str, batch: int, prompt_set: str = "shortest"):
     return loaded, [list(p.input_ids) for p in prompts], prompts
 
 
-def engine_for(model, configuration: str, epsilon: float, threads: int | None):
+def engine_for(model, configuration: str, epsilon: float, threads: int | None, precompute: bool = False):
+    """`precompute`: every mask and correction made before the generation's clock starts (an unbounded bank)."""
     from harness.configurations import effective_epsilon
     from harness.split.engine import EngineSettings, SplitEngine
 
+    bank = {"bank_bytes": None} if precompute else {}
     return SplitEngine(model, EngineSettings(configuration, epsilon=effective_epsilon(configuration, epsilon),
-                                             tee_threads=threads))
+                                             tee_threads=threads, **bank))
 
 
 def peak_memory_child(args) -> None:
@@ -96,6 +110,23 @@ def phases(timings: dict, prefill: dict) -> dict[str, dict[str, float]]:
     for part in (whole, first, rest):
         part["online"] = part["total"] - part["bank_refill"]
     return {"prefill": first, "decode": rest, "generation": whole}
+
+
+def verdict_rows(record: dict[str, list[dict]], rounds: int) -> list[str]:
+    """One table row per target ratio: the paired interval and verdict of the prefill and of the decode."""
+    rows = []
+    for (a, b), target in TARGETS.items():
+        if a not in record or b not in record:
+            continue
+        cells = []
+        for phase in ("prefill", "decode"):
+            if rounds < 2:
+                cells += ["— (one round)", "cannot tell"]
+                continue
+            r = paired_log_ratio([x[phase]["online"] for x in record[a]], [y[phase]["online"] for y in record[b]])
+            cells += [f"**{r.ratio:.3f}** [{r.lo:.3f}, {r.hi:.3f}]", verdict(r.lo, r.hi, target)]
+        rows.append(f"| {a}/{b} | ≤ {target:g} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def decode_bytes_per_step(engine_t3, engine_ep1, batch: int) -> tuple[float, float]:
@@ -120,38 +151,46 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument("--configurations", nargs="+", choices=BENCHMARKED, default=list(BENCHMARKED),
+                        help="the arms to time (t3 always; fewer arms, more rounds in the same time)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="cpu: this process's CPU time (needs --threads 1) and every mask precomputed")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return peak_memory_child(args)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu needs --threads 1 (process CPU time sums every thread, spinning ones included)")
+    timer, precompute = CLOCKS[args.clock], args.clock == "cpu"
+    arms = [c for c in BENCHMARKED if c in set(args.configurations) | {"t3"}]
 
     load_before = os.getloadavg()
     commit = commit_label()   # at the start: the code the rounds run, not what was committed meanwhile
     loaded, batch, prompts = load(args.model, args.batch, args.prompts)
     pad = loaded.tokenizer.pad_token_id
-    engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads) for c in BENCHMARKED}
-    engines["cpu"].generate(batch[:2], 4, pad_token_id=pad)  # warm-up (allocator, thread pool)
-    record: dict[str, list[dict]] = {c: [] for c in BENCHMARKED}
+    engines = {c: engine_for(loaded.model, c, args.epsilon, args.threads, precompute) for c in arms}
+    engines[arms[0]].generate(batch[:2], 4, pad_token_id=pad)  # warm-up (allocator, thread pool)
+    record: dict[str, list[dict]] = {c: [] for c in arms}
     outputs: dict[str, list] = {}
     banks: dict[str, dict] = {}
 
     def arm(c: str):
         def generate() -> float:
-            result = engines[c].generate(batch, args.new_tokens, pad_token_id=pad)
+            result = engines[c].generate(batch, args.new_tokens, pad_token_id=pad, timer=timer)
             record[c].append(phases(result.timings, result.prefill_timings))
             banks[c] = result.bank | {"precompute": result.timings["bank_precompute"]}
             outputs[c] = result.output_ids
             return result.timings["total"]
         return generate
 
-    run_rounds({c: arm(c) for c in BENCHMARKED}, args.rounds,
+    run_rounds({c: arm(c) for c in arms}, args.rounds,
                log=lambda r, c, s: print(f"round {r + 1}/{args.rounds} {c:7s} {s:7.2f} s", file=sys.stderr))
     load_after = os.getloadavg()
 
     memory = {}
     if not args.no_memory:
-        for c in BENCHMARKED:
+        for c in arms:
             child = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--child", c, "--model", args.model,
                                     "--batch", str(args.batch), "--prompts", args.prompts,
                                     "--new-tokens", str(args.new_tokens), "--epsilon", str(args.epsilon)]
@@ -175,7 +214,8 @@ def main() -> None:
                      else "float64 only, no int8 dot-product instructions")
     command = (f"python -m benchmarks.overhead --model {args.model} --batch {args.batch} --prompts {args.prompts} "
                f"--new-tokens {args.new_tokens} --epsilon {args.epsilon} --rounds {args.rounds}"
-               + (f" --threads {args.threads}" if args.threads else "") + (" --no-memory" if args.no_memory else ""))
+               + (f" --threads {args.threads}" if args.threads else "") + (" --no-memory" if args.no_memory else "")
+               + (f" --clock {args.clock}" if args.clock != "wall" else ""))
     lines = [
         f"# Overhead benchmark: {args.model}, {PROMPT_SETS[args.prompts]}",
         "",
@@ -187,7 +227,19 @@ def main() -> None:
         f"{description['tee_kind']} ({description['tee_device']}, {torch.get_num_threads()} thread(s); Slalom's "
         f"exact products: {slalom_kernel}). torch "
         f"{torch.__version__}, python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, splitbench "
-        f"commit {commit}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}.",
+        f"commit {commit}. Load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}. Clock: "
+        + ("this process's CPU time (time.process_time), every mask precomputed before it starts (no refills inside "
+           "the generation)." if args.clock == "cpu" else "wall (time.perf_counter)."),
+        "",
+        f"## Verdicts (paired log-ratio over {args.rounds} rounds, geometric mean and 95% interval, online)",
+        "",
+        "A round runs every configuration once on the same batch, back to back in a rotated order; each round's "
+        "log(a/b) is one pair. Met: the upper bound ≤ target; not met: the lower bound > target; else cannot tell.",
+        "",
+        "| ratio | target | prefill [95% CI] | verdict | decode [95% CI] | verdict |",
+        "|---|---|---|---|---|---|",
+        *verdict_rows(record, args.rounds),
+        *([] if set(arms) == set(BENCHMARKED) else ["", f"Configurations timed: {', '.join(arms)}."]),
         "",
         f"## Ratios (median over {args.rounds} rotated rounds, min–max)",
         "",
@@ -198,6 +250,8 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for (a, b), target in RATIOS:
+        if a not in record or b not in record:
+            continue
         cells = [ratio(a, b, phase, "online") for phase in ("prefill", "decode", "generation")]
         cells.append(ratio(a, b, "generation", "total"))
         lines.append(f"| {a}/{b} | " + " | ".join(f"**{m:.3f}** ({lo:.3f}–{hi:.3f})" for m, lo, hi in cells)
@@ -205,18 +259,19 @@ def main() -> None:
     lines += ["", "## Where the time goes (median seconds per generation of the batch)", ""]
     header = "| configuration | phase | " + " | ".join(COMPONENTS) + " | online | total |"
     lines += [header, "|---|---|" + "---|" * (len(COMPONENTS) + 2)]
-    for c in BENCHMARKED:
+    for c in arms:
         for phase in ("prefill", "decode"):
             lines.append(f"| {c} | {phase} | " + " | ".join(f"{median(c, phase, k):.3f}" for k in COMPONENTS)
                          + f" | {median(c, phase, 'online'):.3f} | {median(c, phase, 'total'):.3f} |")
     lines += ["", "Excess over t3 by component (median of the rounds' differences, seconds):", "",
               "| configuration | phase | " + " | ".join(COMPONENTS) + " | online |",
               "|---|---|" + "---|" * (len(COMPONENTS) + 1)]
-    for c in ("ep1", "epn", "slalom"):
+    for c in (c for c in ("ep1", "epn", "slalom") if c in record):
         for phase in ("prefill", "decode"):
             lines.append(f"| {c} | {phase} | " + " | ".join(f"{excess(c, phase, k):+.3f}" for k in COMPONENTS)
                          + f" | {excess(c, phase, 'online'):+.3f} |")
-    weights, bank = decode_bytes_per_step(engines["t3"], engines["ep1"], len(batch))
+    weights, bank = decode_bytes_per_step(engines["t3"], engines["ep1"] if "ep1" in engines else engines["t3"],
+                                          len(batch))
     projection_s = sum(median("t3", "decode", k) for k in set(CATEGORY.values()))
     lines += ["", f"A decode step reads every linear weight once, {weights / 2**20:.0f} MiB in fp32; ep1 adds "
                   f"{bank / 2**20:.1f} MiB of masks and corrections for the {len(batch)} prompts "
@@ -229,14 +284,16 @@ def main() -> None:
     lines += ["", "## Throughput, bank and memory", "",
               "| configuration | tokens/s, online | tokens/s, with refills | bank precompute before the generation (s) "
               "| bank refills inside it (s) | bank peak (MiB) | peak RSS (MiB) | × t3 |", "|---|---|---|---|---|---|---|---|"]
-    for c in BENCHMARKED:
+    for c in arms:
         b = banks[c]
         rss = memory.get(c)
         rss_cells = f"{rss:.0f} | {rss / memory['t3']:.2f}" if rss is not None else "— | —"
         lines.append(f"| {c} | {generated / median(c, 'generation', 'online'):.1f} | "
                      f"{generated / median(c, 'generation', 'total'):.1f} | {b['precompute']:.2f} | "
                      f"{median(c, 'generation', 'bank_refill'):.2f} | {b.get('peak_bytes', 0) / 2**20:.0f} | {rss_cells} |")
-    lines += ["", f"t3 generated exactly what cpu generated: {outputs['t3'] == outputs['cpu']}. Times are wall-clock "
+    same = outputs["t3"] == outputs["cpu"] if "cpu" in outputs else "not timed"
+    clock = "this process's CPU time" if args.clock == "cpu" else "wall-clock"
+    lines += ["", f"t3 generated exactly what cpu generated: {same}. Times are {clock} "
                   "on a shared machine: read the ratios, not the seconds. Peak RSS: one generation of the same batch "
                   "in a fresh process per configuration."]
     emit("\n".join(lines) + "\n", args.out)

@@ -8,9 +8,11 @@ so the ratio of a round is steadier than either time.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.provenance import git_state
@@ -49,6 +51,39 @@ def round_ratios(times: Mapping[str, Sequence[float]], a: str, b: str) -> list[f
 def median_range(values: Sequence[float]) -> tuple[float, float, float]:
     """(median, min, max): what the benchmark tables report of the per-round ratios."""
     return statistics.median(values), min(values), max(values)
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """The geometric mean of paired ratios a/b and its 95% interval: exp of the mean log-ratio ± Student t."""
+
+    ratio: float
+    lo: float
+    hi: float
+    n: int
+
+
+def paired_log_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedRatio:
+    """a's times over b's, paired by round (each pair ran back to back on the same batch, so what slows the
+    machine slows both and cancels in log(a/b)): exp(mean ± t_{(1+c)/2, n-1}·s/√n) of the log-ratios."""
+    from metrics.intervals import mean_ci
+
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_log_ratio needs the same non-empty rounds: {len(a)} vs {len(b)}")
+    est = mean_ci([math.log(x / y) for x, y in zip(a, b)], confidence)
+    return PairedRatio(math.exp(est.mean), math.exp(est.lo), math.exp(est.hi), len(a))
+
+
+def verdict(lo: float, hi: float, target: float) -> str:
+    """Against an upper target (ratio ≤ target): "met" when the whole interval lies at or below it, "not met"
+    when the whole interval lies above it, else "cannot tell" (the interval straddles the target)."""
+    if not lo <= hi:
+        raise ValueError(f"an interval needs lo <= hi, got [{lo}, {hi}]")
+    if hi <= target:
+        return "met"
+    if lo > target:
+        return "not met"
+    return "cannot tell"
 
 
 def emit(text: str, out: Path | None) -> None:

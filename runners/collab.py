@@ -70,8 +70,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     if c.threads is not None:
         torch.set_num_threads(int(c.threads))
     ks, k_rep = sorted(int(k) for k in c.metrics.ks), int(c.metrics.report_k)
-    edge = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
-    cloud = load_model(c.cloud, cache_dir=cfg.paths.cache_dir) if c.cloud is not None else edge
+    edge = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=c.placement.edge)
+    # One model for both parties only where both are placed alike; else each party loads its own copy.
+    cloud = (edge if c.cloud is None and c.placement.cloud == c.placement.edge else
+             load_model(c.cloud if c.cloud is not None else cfg.model, cache_dir=cfg.paths.cache_dir,
+                        placement=c.placement.cloud))
     try:
         vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
     except ValueError:
@@ -242,6 +245,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         samples.append(row)
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
+                         placement={"edge": edge.placement(), "cloud": cloud.placement()},
                          before_done=lambda: signals.view.save(ctx.run_dir.path / "view.pt"),
                          mirror_columns=("id", "output_text", f"token_er_at_{k_rep}", "utility"))
 

@@ -44,11 +44,13 @@ class Inputs:
                     epsilon_lengths=self.epsilon_lengths(cfg.epn_n))
 
 
-def load_inputs(cfg: DictConfig) -> Inputs:
+def load_inputs(cfg: DictConfig, placement: Any = None) -> Inputs:
+    """The model (placed as `placement` says: a system's placement node; None = float32 on the CPU), the
+    workload and its prompts' ids."""
     from harness.models import load_model
     from harness.workloads import load_workload
 
-    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=placement)
     workload = load_workload(cfg.workload, loaded.tokenizer, cfg.seed)
     pad, eos = special_ids(loaded.tokenizer)
     return Inputs(loaded, workload, [list(p.input_ids) for p in workload.prompts], pad, eos)
@@ -76,12 +78,14 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
            summary: Callable[[dict[str, Any]], str], engines: dict[str, dict] | None = None,
            provenance_extra: dict[str, Any] | None = None, side_files: dict[str, Any] | None = None,
            before_done: Callable[[], None] | None = None, mirror_rows: Sequence[dict[str, Any]] | None = None,
-           mirror_columns: Sequence[str] = ()) -> dict[str, Any]:
+           mirror_columns: Sequence[str] = (), placement: dict[str, Any] | None = None) -> dict[str, Any]:
     """The tail every runner shares: add the privacy parameter (harness.configurations.privacy_parameter of
     its `configuration` and `epsilon`, unless the runner recorded its own), tags, config hash, run name and
     provenance to `results` (which starts with results_header), write side files, samples.jsonl, results.json and .done atomically
     (ctx.run_dir.write_results), print `summary(results)`, then mirror to W&B (rows: `mirror_rows`, default
-    the samples). Returns the full results."""
+    the samples). `placement`: where each of the run's models ran, by role (LoadedModel.placement()); None for
+    SpliTEE's runners, whose model is float32 on the CPU with the engines' accelerator in `engines`.
+    Returns the full results."""
     from harness import provenance
     from harness.wandb_mirror import mirror
 
@@ -93,13 +97,24 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
         "config_hash": ctx.config_hash,
         "run_dir": ctx.name,
         "provenance": provenance.collect(OmegaConf.to_container(cfg, resolve=True), cfg.seed, engines=engines,
-                                         extra=provenance_extra),
+                                         extra={"placement": placement or _splitee_placement(), **(provenance_extra or {})}),
     }
     ctx.run_dir.write_results(results, samples, side_files=side_files, before_done=before_done)
     print(summary(results), flush=True)
     mirror(cfg, ctx.run_dir.path, results, samples if mirror_rows is None else mirror_rows, name=ctx.name,
            table_columns=tuple(mirror_columns))
     return results
+
+
+def _splitee_placement() -> dict[str, Any]:
+    """SpliTEE's models: float32 on the CPU (the TEE side); the engines put the offloaded ops on the accelerator
+    and record it under provenance.engines."""
+    from harness.devices import describe_device
+
+    import torch
+
+    return {"model": {"device": describe_device(torch.device("cpu")), "dtype": "float32", "device_map": None,
+                      "note": "offloaded ops on each engine's accelerator (provenance.engines)"}}
 
 
 def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,

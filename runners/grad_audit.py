@@ -57,7 +57,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     g, configuration = cfg.grad_audit, cfg.configuration.name
     if g.train.threads is not None:
         torch.set_num_threads(int(g.train.threads))
-    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=g.placement)
     text, source = load_text(g.corpus)
     blocks = make_blocks(text, source, loaded.tokenizer, block_tokens=g.block_tokens,
                          heldout_blocks=g.train.heldout_blocks, min_train_blocks=2 * g.real_rows)
@@ -104,7 +104,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     }
     results["tradeoff"] = _tradeoff(metrics)
     return common.finish(cfg, ctx, results, seeds, summary=summary,
-                         provenance_extra={"torch_threads": torch.get_num_threads()})
+                         provenance_extra={"torch_threads": torch.get_num_threads()},
+                         placement={"model": loaded.placement()})
 
 
 def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:

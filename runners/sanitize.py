@@ -56,7 +56,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     configuration = cfg.configuration.name
     epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
     clock = {"start": time.perf_counter()}
-    inputs = common.load_inputs(cfg)
+    inputs = common.load_inputs(cfg, placement=section.placement)
     if len(inputs.prompts) < 2:
         raise UserError("the sanitiser attacks need at least 2 prompts (their controls compare prompts)")
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
@@ -129,7 +129,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                for i, p in enumerate(inputs.workload.prompts)]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
-                         provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS)
+                         provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS,
+                         placement={"model": inputs.loaded.placement()})
 
 
 def _unsanitized_accuracy(cfg: DictConfig, inputs: common.Inputs, docs: dict[str, list]) -> dict[str, list[float]]:

@@ -53,6 +53,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     configuration = cfg.configuration.name
     epsilon = configurations.effective_epsilon(configuration, cfg.epsilon)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    # The runner's own copy only checks the cut, tokenizes and bounds the embedding norms: the CPU in float32
+    # serves; the clients and the server load theirs as splitft.placement says (harness/splitft/client.py).
     loaded = load_model(model_cfg, cache_dir=cfg.paths.cache_dir)
     Partition(loaded.model, int(s.k), int(s.m))   # m <= L: a one-line error before any data is read
     data = load_split_data(s.data, loaded.tokenizer, int(s.n_clients), int(cfg.seed))
@@ -112,7 +114,18 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     results["tradeoff"] = _tradeoff(metrics, configuration, variant_label(results["grad_up"], bool(s.train_head)))
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
-                         before_done=_view_writer(cfg, view, ctx))
+                         before_done=_view_writer(cfg, view, ctx), placement=_placement(s.placement))
+
+
+def _placement(node: DictConfig) -> dict[str, Any]:
+    """Where the clients' and the server's model ran (as splitft.placement says; the attacks' white-box copy is
+    float32 on the CPU, attacks/splitft/white_box.py)."""
+    from harness.devices import describe_device, resolve_device
+
+    return {"model": {"device": describe_device(resolve_device("splitft.placement.device", str(node.device))),
+                      "dtype": str(node.dtype), "device_map": None},
+            "attack_copy": {"device": describe_device(resolve_device("cpu", "cpu")), "dtype": "float32",
+                            "device_map": None}}
 
 
 def _accounting(s: DictConfig, configuration: str, epsilon: float | None, last: dict[str, Any],

@@ -36,6 +36,9 @@ ATTACK = ["experiment=attack_smoke"]
 # Cases that get past validation load the tiny model; no similarity model keeps its progress bar out.
 RUNTIME = ["experiment=smoke", "semantic_model=null"]
 TEXT_CORPUS = [*ATTACK, "attack.corpus.source=text"]
+# One job of the swept smoke experiments (a sweep reports a user error once per job).
+COLLAB = ["experiment=collab_smoke", "hydra.mode=RUN"]
+SANITIZE = ["experiment=sanitize_smoke", "hydra.mode=RUN"]
 
 # The bad files, by name: bytes, or None for a directory. {F} in a case's arguments is their folder.
 BOM = codecs.BOM_UTF8
@@ -68,6 +71,7 @@ class Case:
     cache: str | None = None  # the cache root instead of the test's own ({F} allowed)
     out: str | None = None    # the output root instead of the test's own ({F} allowed)
     xfail: str | None = None  # a known defect outside this test's reach: where the fix belongs (strict xfail)
+    no_cuda: bool = False     # refused only on a machine without CUDA (skipped where there is a GPU)
     subprocess: bool = False  # through the console script in a process of its own (else in-process)
 
 
@@ -106,6 +110,28 @@ CASES = {
     "token bounds crossed": Case([*SMOKE, "workload.min_tokens=300", "workload.max_tokens=100"],
                                  "workload.min_tokens=300 is larger than workload.max_tokens=100"),
     "unknown workload source": Case([*SMOKE, "workload.source=alpaca"], "workload.source='alpaca' is not one of"),
+    # --- placements (harness/placement.py): every system's device key; a GPU that is not there is refused by
+    # validate before any model loads
+    "collab cloud on no GPU": Case([*COLLAB, "collab.placement.cloud.device=cuda"],
+                                   "collab.placement.cloud.device=cuda needs CUDA, which this machine does not have",
+                                   no_cuda=True),
+    "collab edge on no GPU": Case([*COLLAB, "collab.placement.edge.device=cuda:1"],
+                                  "collab.placement.edge.device=cuda:1 needs CUDA", no_cuda=True),
+    "splitft on no GPU": Case(["experiment=splitft_smoke", "splitft.placement.device=cuda"],
+                              "splitft.placement.device=cuda needs CUDA", no_cuda=True),
+    "grad audit on no GPU": Case(["experiment=grad_audit_smoke", "grad_audit.placement.device=cuda"],
+                                 "grad_audit.placement.device=cuda needs CUDA", no_cuda=True),
+    "sanitize on no GPU": Case([*SANITIZE, "sanitize.placement.device=cuda"],
+                               "sanitize.placement.device=cuda needs CUDA", no_cuda=True),
+    "unknown device": Case([*SANITIZE, "sanitize.placement.device=tpu"],
+                           "sanitize.placement.device='tpu' is not cpu, cuda or cuda:N"),
+    "unknown dtype": Case(["experiment=splitft_smoke", "splitft.placement.dtype=float64"],
+                          "splitft.placement.dtype='float64' is not one of float32, bfloat16, float16"),
+    "sharding a split": Case(["experiment=grad_audit_smoke", "grad_audit.placement.device_map=auto"],
+                             "grad_audit.placement.device_map=auto shards a model for inference"),
+    "sharding on the CPU": Case([*COLLAB, "collab.placement.cloud.device_map=auto"],
+                                "collab.placement.cloud.device_map=auto shards the model over the GPUs: set "
+                                "collab.placement.cloud.device=cuda"),
     # --- the workload file (harness/workloads.py, checked by validate before any model loads)
     "not UTF-8": Case([*SMOKE, "workload.path={F}/latin1.jsonl"],
                       "workload.path={F}/latin1.jsonl is not UTF-8 text (byte 0xe9 at offset 20)"),
@@ -181,9 +207,16 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(case, id=name, marks=[pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else [])
-    for name, case in CASES.items()])
+def _marks(case: Case) -> list:
+    import torch
+
+    marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+    if case.no_cuda and torch.cuda.is_available():
+        marks.append(pytest.mark.skip(reason="this machine has CUDA"))
+    return marks
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=name, marks=_marks(case)) for name, case in CASES.items()])
 def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypatch):
     fill = lambda text: text.replace("{F}", str(bad_files))  # noqa: E731
     out = Path(fill(case.out)) if case.out else tmp_path / "out"

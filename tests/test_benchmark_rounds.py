@@ -96,3 +96,37 @@ def test_a_benchmark_given_an_unknown_model_exits_with_one_line_and_code_2(capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("benchmarks: error: unknown model 'no-such-model'")
     assert "smollm2-135m" in err[0] and "tiny-llama" in err[0]    # the names conf/model has
+
+
+def test_verdict_against_an_upper_target():
+    from benchmarks.rounds import verdict
+
+    assert verdict(0.99, 1.02, 1.03) == "met"
+    assert verdict(0.99, 1.03, 1.03) == "met"            # the bound itself is within the target
+    assert verdict(1.031, 1.2, 1.03) == "not met"
+    assert verdict(1.03, 1.2, 1.03) == "cannot tell"     # lower bound on the target: not above it
+    assert verdict(1.01, 1.05, 1.03) == "cannot tell"
+    with pytest.raises(ValueError):
+        verdict(1.1, 1.0, 1.03)
+
+
+def test_paired_log_ratio_cancels_what_slows_both_arms():
+    """A machine that slows both arms of a round alike (factors 1..8) leaves the paired ratio exact, where the
+    ratio of the arms' mean times would not be; the interval is Student t on the log-ratios."""
+    import math
+
+    from benchmarks.rounds import paired_log_ratio
+    from scipy import stats
+
+    load = [1, 3, 8, 2, 5]
+    a, b = [1.1 * f for f in load], [1.0 * f for f in load]
+    exact = paired_log_ratio(a, b)
+    assert math.isclose(exact.ratio, 1.1) and math.isclose(exact.lo, 1.1) and math.isclose(exact.hi, 1.1)
+    logs = [0.0, 0.1, -0.05, 0.2]
+    r = paired_log_ratio([math.exp(x) for x in logs], [1.0] * 4)
+    m, s = sum(logs) / 4, (sum((x - sum(logs) / 4) ** 2 for x in logs) / 3) ** 0.5
+    half = stats.t.ppf(0.975, 3) * s / 2
+    assert math.isclose(r.ratio, math.exp(m)) and math.isclose(r.lo, math.exp(m - half))
+    assert math.isclose(r.hi, math.exp(m + half)) and r.n == 4
+    with pytest.raises(ValueError):
+        paired_log_ratio([1.0], [])

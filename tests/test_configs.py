@@ -288,6 +288,27 @@ def test_semantic_hash(hydra_conf):
         digest(["experiment=timing", "timing.configurations=[cpu]"])
 
 
+def test_placement_moves_the_hash_only_where_it_is_read_and_not_cpu_float32(hydra_conf):
+    """A CPU float32 placement is what every run computed before placements existed (finished runs keep their
+    hash); another dtype or device changes the numbers; a runner that never reads a placement ignores it."""
+    import importlib
+
+    def semantic(overrides):
+        cfg = compose_config(overrides)
+        return importlib.import_module(RUNNERS[cfg.runner]).semantic_config(cfg)
+
+    for experiment, key in (("collab_smoke", "collab.placement.cloud"), ("splitft_smoke", "splitft.placement"),
+                            ("grad_audit_smoke", "grad_audit.placement"), ("sanitize_smoke", "sanitize.placement")):
+        section = key.split(".")[0]
+        plain = semantic([f"experiment={experiment}"])
+        assert "placement" not in plain[section], experiment
+        half = semantic([f"experiment={experiment}", f"{key}.dtype=bfloat16"])
+        assert config_hash(half) != config_hash(plain), experiment
+        assert "placement" in half[section]
+    fidelity = ["configuration=stencil"]
+    assert config_hash(semantic([*fidelity, "sanitize.placement.dtype=float16"])) == config_hash(semantic(fidelity))
+
+
 def test_config_hash_is_order_free():
     assert config_hash({"a": 1, "b": {"c": [1, 2], "d": None}}) == config_hash({"b": {"d": None, "c": [1, 2]}, "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 1.5})

@@ -86,3 +86,31 @@ def test_submitit_local_sweep_equals_the_sequential_sweep(tmp_path, sequential):
     results = list((out / "smoke" / ".submitit").glob("*/*_result.pkl"))
     assert len(results) == 2
     assert _sweep_results(out) == sequential
+
+
+def test_submitit_local_sweep_with_a_failing_job_loses_nothing_else(tmp_path, sequential):
+    """One job of a submitit sweep fails (configuration=gpu on a machine without CUDA, refused when its engine
+    is built, inside its own process) while the others run: theirs finish with exactly the sequential sweep's
+    results, the sweep ends with a line naming the failed job and exit code 2, and a rerun of the same sweep
+    skips the finished jobs (nothing recomputed, nothing rewritten) and retries only the failed one."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("configuration=gpu runs where CUDA exists: no failing job to test with")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    sweep = [a if not a.startswith("configuration=") else "configuration=t3,gpu,ep1" for a in SWEEP]
+    launcher = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
+    res = run_cli([*sweep, *launcher], out, cache)
+    assert res.returncode == 2, res.stderr
+    # Hydra reports the failed job's overrides first; splitbench's own last line names it.
+    last = res.stderr_lines[-1]
+    assert last.startswith("splitbench: error: the sweep finished with failed jobs, first smoke/"), res.stderr
+    assert "/gpu/" in last and "needs CUDA" in last
+    assert _sweep_results(out) == sequential          # the other jobs' results, bit for bit
+    assert len(list((out / "smoke" / ".submitit").glob("*/*_result.pkl"))) == 3   # every job ran to its end
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("results.json")}
+    again = run_cli([*sweep, *launcher], out, cache)
+    assert again.returncode == 2 and "/gpu/" in again.stderr
+    assert _sweep_results(out) == sequential
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("results.json")} == stamps   # skipped, not recomputed

@@ -366,3 +366,89 @@ def test_gemma3_270m_loads_and_continues_a_prompt():
     with torch.no_grad():
         out = lm.model.generate(**batch, max_new_tokens=10, do_sample=False)
     assert lm.tokenizer.decode(out[0, batch["input_ids"].shape[1]:]) == " the capital of the country of France. It is"
+
+
+# --- placement (harness/placement.py, harness.devices) -------------------------------------------------------
+
+BF16 = {"device": "cpu", "dtype": "bfloat16", "device_map": None}
+
+
+def test_placement_casts_the_random_weights_it_was_built_with():
+    """A bfloat16 placement is the float32 model rounded once: same seed, same weights to bfloat16 precision."""
+    full, half = load_model(_cfg("tiny-llama")), load_model(_cfg("tiny-llama"), placement=BF16)
+    assert half.dtype == torch.bfloat16 and {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    for (name, a), (_, b) in zip(full.model.state_dict().items(), half.model.state_dict().items()):
+        assert torch.equal(a.to(torch.bfloat16), b), name
+    assert half.placement()["dtype"] == "bfloat16" and half.placement()["device"].startswith("cpu")
+    assert full.placement()["dtype"] == "float32"
+
+
+def test_a_gpu_placement_without_cuda_is_a_user_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"^device=cuda:0 needs CUDA, which this machine does not have"):
+        load_model(_cfg("tiny-llama"), placement={**BF16, "device": "cuda:0"})
+
+
+def test_random_model_cannot_be_sharded():
+    with pytest.raises(UserError, match="a random model is built in memory"):
+        load_model(_cfg("tiny-llama"), placement={**BF16, "device": "cpu", "device_map": "auto"})
+
+
+def test_hub_loads_in_the_placement_dtype_and_device_map(monkeypatch):
+    """dtype and device_map reach from_pretrained, so a sharded 72B model is never built in float32 on the CPU."""
+    seen = {}
+
+    def fake(hub_id, **kwargs):
+        seen.update(kwargs)
+        raise OSError("no network")
+
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", lambda *a, **k: type("C", (), {"model_type": "llama"})())
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", fake)
+    monkeypatch.setattr("harness.devices.resolve_device", lambda key, spec: torch.device("cpu"))
+    with pytest.raises(UserError):
+        load_model({"name": "m", "kind": "hub", "hub_id": "org/m", "revision": None},
+                   placement={"device": "cuda", "dtype": "bfloat16", "device_map": "auto"})
+    assert seen["dtype"] == torch.bfloat16 and seen["device_map"] == "auto"
+
+
+def test_io_hooks_keep_outputs_on_the_callers_device_and_change_nothing():
+    """keep_io_on_caller on the CPU: the split's blocks called one by one give the whole forward's logits
+    exactly, with gradients through the hooks (what split fine-tuning and the gradient audit rely on on a GPU)."""
+    from harness.devices import keep_io_on_caller
+    from harness.splitft.partition import Partition
+
+    plain, hooked = load_model(_cfg("tiny-llama")).model, load_model(_cfg("tiny-llama")).model
+    keep_io_on_caller(hooked, torch.device("cpu"))
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    with torch.no_grad():
+        want = plain(input_ids=ids).logits
+        assert torch.equal(hooked(input_ids=ids).logits, want)
+    part = Partition(hooked, 1, 2)
+    logits = part.forward(ids)
+    assert torch.allclose(logits, want, atol=1e-5, rtol=0)
+    logits.sum().backward()
+    assert hooked.get_input_embeddings().weight.grad is not None
+
+
+def test_engine_refuses_a_model_not_in_float32():
+    from harness.split.engine import EngineSettings, SplitEngine
+
+    half = load_model(_cfg("tiny-llama"), placement=BF16)
+    with pytest.raises(ValueError, match="SplitEngine needs a float32 model"):
+        SplitEngine(half.model, EngineSettings(configuration="t3"))
+
+
+def test_a_bfloat16_model_takes_and_returns_float32_at_its_boundary():
+    """Callers (attacks, the split's stages) hand a bfloat16 placement float32 embeddings and get float32 logits
+    back, equal to calling the bfloat16 model on bfloat16 inputs; generate() runs with CPU ids."""
+    half = load_model(_cfg("tiny-llama"), placement=BF16).model
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    with torch.no_grad():
+        embeds = half.get_input_embeddings()(ids)
+        assert embeds.dtype == torch.bfloat16             # a module called alone keeps its dtype for ids
+        logits = half(inputs_embeds=embeds.float()).logits
+        assert logits.dtype == torch.float32
+        assert torch.equal(logits, half(input_ids=ids).logits)
+    out = half.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 8)

@@ -14,6 +14,8 @@ from omegaconf import MISSING, DictConfig
 
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
+from harness.placement import Placement
+from harness import placement as placement_check
 from harness.group_schemas import check_model
 
 FUSION_MODES = ("cloud", "edge")
@@ -90,6 +92,12 @@ class CollabControlsConfig:
 
 
 @dataclass
+class CollabPlacementConfig:
+    edge: Placement = MISSING           # the edge model's device and dtype (harness/placement.py)
+    cloud: Placement = MISSING          # the cloud model's
+
+
+@dataclass
 class CollabConfig:
     """Fields with MISSING defaults; their values and comments live in conf/collab/default.yaml."""
 
@@ -107,6 +115,7 @@ class CollabConfig:
     option_scoring: str = MISSING       # stated | likelihood (option benchmarks)
     view_top: int = MISSING
     threads: Optional[int] = MISSING    # torch threads for the run; null = torch's default
+    placement: CollabPlacementConfig = MISSING
     benchmark: CollabBenchmarkConfig = MISSING
     evidence: CollabEvidenceConfig = MISSING
     metrics: CollabMetricsConfig = MISSING
@@ -121,6 +130,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if not (math.isfinite(c.alpha) and 0.0 <= c.alpha <= 1.0):
         raise UserError(f"collab.alpha must lie in [0, 1], got {c.alpha}")
     check_at_least("collab.threads", c.threads, 1, nullable=True)
+    for party in ("edge", "cloud"):
+        placement_check.check(f"collab.placement.{party}", c.placement[party])
     for key in ("max_new_tokens", "candidates", "view_top"):
         check_at_least(f"collab.{key}", c[key], 1)
     if not 0.0 < c.dp_delta < 1.0:

@@ -13,6 +13,8 @@ from omegaconf import MISSING, DictConfig
 
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
+from harness.placement import Placement
+from harness import placement as placement_check
 
 CORPUS_SOURCES = ("builtin", "text", "hub")
 PROBE_TARGETS = ("current", "next")
@@ -85,6 +87,7 @@ class GradAuditConfig:
     block_tokens: int = MISSING        # tokens per row (fixed-width blocks of the corpus stream)
     clip: float = MISSING              # forward per-row clip C
     noise_ratio: float = MISSING       # forward σ = noise_ratio · C
+    placement: Placement = MISSING     # the LM's device and dtype (harness/placement.py)
     corpus: GradAuditCorpusConfig = MISSING
     train: GradAuditTrainConfig = MISSING
     mitigation: GradAuditMitigationConfig = MISSING
@@ -106,6 +109,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"grad_audit.block_tokens must be >= 2 (a row needs a next-token target), got {g.block_tokens}")
     check_positive("grad_audit.clip (C)", g.clip)
     check_at_least("grad_audit.noise_ratio", float(g.noise_ratio), 0.0)
+    placement_check.check("grad_audit.placement", g.placement, shardable=False)
     check_choice("grad_audit.corpus.source", g.corpus.source, CORPUS_SOURCES)
     if g.corpus.source == "text" and not g.corpus.path:
         raise UserError("grad_audit.corpus.source=text needs grad_audit.corpus.path=/path/to/file.txt")

@@ -17,6 +17,8 @@ from omegaconf import MISSING, DictConfig
 
 from harness import checks
 from harness.errors import UserError
+from harness.placement import Placement
+from harness import placement as placement_check
 
 DISTANCES = ("euclidean", "cosine")
 EMBEDDINGS = ("victim",)           # or a path to a .pt / .npy table of shape (vocab, d)
@@ -67,6 +69,7 @@ class SanitizeConfig:
     stopwords: List[str] = MISSING        # CusText+ leaves these unchanged
     chunk: int = MISSING                  # positions per nearest-token search (memory bound)
     threads: Optional[int] = MISSING      # torch threads; null = torch's default
+    placement: Placement = MISSING        # the model's device and dtype (harness/placement.py)
     tasks: List[str] = MISSING            # lm-eval tasks scored on sanitised inputs (TASKS)
     task_paths: SanitizeTaskPaths = MISSING
     task_limit: Optional[int] = MISSING   # examples per task (seeded sample); null = all
@@ -84,6 +87,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     checks.check_at_least("sanitize.custext_k", section.custext_k, 1)
     checks.check_at_least("sanitize.chunk", section.chunk, 1)
     checks.check_at_least("sanitize.threads", section.threads, 1, nullable=True)
+    placement_check.check("sanitize.placement", section.placement)
     checks.check_at_least("sanitize.eval_batch_size", section.eval_batch_size, 1)
     if section.vocab_filter is not None:
         try:

@@ -179,7 +179,8 @@ def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, 
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device="cpu")
+    # HFLM runs a model instance where it lies (its `device`); naming it keeps lm-eval's record truthful.
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
     with tempfile.TemporaryDirectory(prefix="splitbench-lmeval-") as tmp:
         configs = []
         for name, docs in docs_by_task.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,6 +142,12 @@ class _Context:
 class SplitEngine:
     def __init__(self, model: nn.Module, settings: EngineSettings) -> None:
         settings.validate()
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes != {torch.float32}:
+            # The masks' σ, the Slalom fixed point and the floating-point bound (docs/fp_bound.md) are derived for
+            # float32 weights; a bfloat16/float16 model would void them, so the engine refuses rather than guess.
+            raise ValueError(f"SplitEngine needs a float32 model (its masking and error bound are float32/float64), "
+                             f"got parameters in {sorted(str(d) for d in dtypes)}")
         self.model, self.settings = model, settings
         self.arch = architecture_of(model)
         self.conf = conf = configurations.get(settings.configuration)
@@ -256,13 +263,16 @@ class SplitEngine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, pad_token_id: int,
                  eos_token_id: int | None = None, stop_at_eos: bool = False,
-                 epsilon_lengths: list[int] | None = None, checkpoints: tuple[int, ...] = ()) -> GenerationResult:
+                 epsilon_lengths: list[int] | None = None, checkpoints: tuple[int, ...] = (),
+                 timer: Callable[[], float] = time.perf_counter) -> GenerationResult:
         """Greedy generation of `max_new_tokens` per prompt. `epsilon_lengths`: each prompt's n for
         configurations whose ε follows the prompt's length (EPN's 1/√n); None = len(prompt), every token
         the model sees (the caller chooses the reading: runners/common.py Inputs.epsilon_lengths).
         `checkpoints`: shorter limits whose timings, bytes and Slalom counts are read as the generation
         passes them (GenerationResult.at): the first k steps are the k-token generation, so one long
-        generation times every limit (runners/timing.py, timing.mode=prefix)."""
+        generation times every limit (runners/timing.py, timing.mode=prefix). `timer`: the clock of the prefill,
+        checkpoint and total seconds (wall clock; benchmarks/overhead.py --clock cpu passes time.process_time,
+        which a shared machine's other processes do not advance); the components keep the wall clock."""
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not 1 <= int(k) <= max_new_tokens for k in checkpoints):
@@ -312,14 +322,14 @@ class SplitEngine:
             finished = torch.zeros(batch, dtype=torch.bool, device=device)
             generated: list[torch.Tensor] = []
             sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
-            start = time.perf_counter()
+            start = timer()
             self.boundary.step = 0
             self.ctx.valid = mask.bool()
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                                 use_cache=True, logits_to_keep=1).logits
             next_ids = logits[:, -1].argmax(-1)
             sync()
-            prefill_s = time.perf_counter() - start
+            prefill_s = timer() - start
             prefill_parts = {name: self.clock.totals.get(name, 0.0) for name in TIMING_COMPONENTS}
             passed: dict[int, tuple] = {}
             for step in range(1, max_new_tokens + 1):
@@ -330,7 +340,7 @@ class SplitEngine:
                 bar.update(batch)
                 if step in marks:
                     sync()
-                    passed[step] = (time.perf_counter() - start, dict(self.clock.totals), self.boundary.counters(),
+                    passed[step] = (timer() - start, dict(self.clock.totals), self.boundary.counters(),
                                     self.slalom_stats())
                 if step == max_new_tokens or (stop_at_eos and bool(finished.all())):
                     break
@@ -343,7 +353,7 @@ class SplitEngine:
                                     cache=cache, use_cache=True, logits_to_keep=1).logits
                 next_ids = logits[:, -1].argmax(-1)
             sync()
-            total_s = time.perf_counter() - start
+            total_s = timer() - start
         finally:
             bar.close()
             self.ctx.valid = None

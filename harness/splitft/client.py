@@ -105,7 +105,7 @@ class ClientTrainer:
         self.section = OmegaConf.create(recipe.section)
         if self.section.threads:
             torch.set_num_threads(int(self.section.threads))
-        self.loaded = load_model(recipe.model, cache_dir=recipe.cache_dir)
+        self.loaded = load_model(recipe.model, cache_dir=recipe.cache_dir, placement=self.section.placement)
         self.model = self.loaded.model
         self.part, self.names = trainable.make_trainable(self.model, int(self.section.k), int(self.section.m),
                                                          self.section.lora, bool(self.section.train_head))

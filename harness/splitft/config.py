@@ -12,6 +12,8 @@ from omegaconf import MISSING, DictConfig
 
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
+from harness.placement import Placement
+from harness import placement as placement_check
 
 DATA_SOURCES = ("builtin", "text", "jsonl", "hub")
 PARTITIONS = ("iid", "dirichlet")
@@ -149,6 +151,7 @@ class SplitFtConfig:
     threads: Optional[int] = MISSING
     ray_cpus: Optional[int] = MISSING
     save_view: bool = MISSING               # write the adversary view (view.pt) beside the results
+    placement: Placement = MISSING          # the model's device and dtype (harness/placement.py)
     lora: SplitFtLoraConfig = MISSING
     data: SplitFtDataConfig = MISSING
     privpair: SplitFtPrivPairConfig = MISSING
@@ -173,6 +176,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_positive("splitft.lr", s.lr)
     check_choice("splitft.optimizer", s.optimizer, OPTIMIZERS)
     check_at_least("splitft.threads", s.threads, 1, nullable=True)
+    placement_check.check("splitft.placement", s.placement, shardable=False)
     check_at_least("splitft.ray_cpus", s.ray_cpus, 1, nullable=True)
     if s.lora.enabled:
         check_at_least("splitft.lora.r", s.lora.r, 1)

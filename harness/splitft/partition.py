@@ -12,6 +12,11 @@ ordinary tensor that the caller may transform (obfuscate, add noise, add decoy r
 on; `Context` is rebuilt for any batch shape with `context()`, so the body may run on a different number
 of rows than the head produced.
 
+What crosses is float32 whatever the model's dtype (splitft.placement.dtype, grad_audit.placement.dtype): the
+blocks compute in the model's dtype and the stages cast at their ends (differentiably), so the protocol's
+noise, clipping, views and messages never see bfloat16 or float16. For a float32 model the casts are no-ops
+and the partitioned forward stays bit-equal to the model's.
+
 The cut is a simulation of the topology on one machine: the server's blocks run in the same process, and
 the one record of what the server saw is the adversary view the caller fills at the cut points.
 """
@@ -49,6 +54,7 @@ class Partition:
         self.model, self.k, self.m, self.n_layers = model, int(k), int(m), n_layers
         self.layers = decoder_layers(model)
         self.layer_types = list(getattr(model.config, "layer_types", None) or ["full_attention"] * n_layers)
+        self.dtype = model.get_input_embeddings().weight.dtype   # the blocks' arithmetic (module docstring)
 
     # -- parameters per party ------------------------------------------------------------------------
     def head_modules(self) -> list[nn.Module]:
@@ -75,6 +81,7 @@ class Partition:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         seq = hidden.shape[1]
+        hidden = hidden.to(self.dtype)   # the masks' fill value and the rotary tables follow the blocks' dtype
         position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
         kwargs = dict(config=self.model.config, inputs_embeds=hidden, attention_mask=attention_mask,
                       cache=None, position_ids=position_ids)
@@ -93,11 +100,13 @@ class Partition:
         return self.model.get_input_embeddings()(input_ids)
 
     def run_layers(self, hidden: torch.Tensor, ctx: Context, start: int, stop: int) -> torch.Tensor:
+        """Blocks start..stop-1 in the model's dtype; the result in float32 (what crosses)."""
+        hidden = hidden.to(self.dtype)
         for i in range(start, stop):
             kind = self.layer_types[i]
             hidden = self.layers[i](hidden, attention_mask=ctx.masks[kind], position_embeddings=ctx.rotary[kind],
                                     position_ids=ctx.position_ids)
-        return hidden
+        return hidden.float()
 
     def head(self, input_ids: torch.Tensor, ctx: Context | None = None,
              attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Context]:
@@ -112,8 +121,8 @@ class Partition:
 
     def tail(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
         """C: the logits from s_B (or the client's recovery of it)."""
-        hidden = self.run_layers(hidden, ctx, self.m, self.n_layers)
-        return self.model.get_output_embeddings()(final_norm(self.model)(hidden))
+        hidden = self.run_layers(hidden, ctx, self.m, self.n_layers).to(self.dtype)
+        return self.model.get_output_embeddings()(final_norm(self.model)(hidden)).float()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """A, B and C with nothing in between: the model's own logits."""

@@ -42,7 +42,10 @@ class Recorder:
     truth: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, channel: str, op: str, layer: int | None, tensor: torch.Tensor) -> None:
-        t = tensor.detach().clone()
+        # What the server sees is recorded as it crosses: on the CPU, a floating tensor in float32 (the model's
+        # dtype stays inside its blocks: harness/splitft/partition.py).
+        t = tensor.detach().to(device="cpu", dtype=torch.float32 if tensor.is_floating_point() else tensor.dtype,
+                               copy=True)
         self.exposures.append({"channel": channel, "op": op, "layer": layer, "step": self.step, "tensor": t})
 
     def align(self, s_a: torch.Tensor, s_a_obf: torch.Tensor) -> None:

@@ -53,9 +53,10 @@ def make_trainable(model: nn.Module, k: int, m: int, lora: Any,
 
 
 def state(model: nn.Module, names: list[str]) -> "OrderedDict[str, torch.Tensor]":
-    """The trained parameters, detached copies in `names` order."""
+    """The trained parameters, detached float32 copies on the CPU in `names` order: what a message carries and
+    FedAvg averages, whatever device and dtype the model has (splitft.placement); `load` casts them back."""
     params = dict(model.named_parameters())
-    return OrderedDict((n, params[n].detach().clone()) for n in names)
+    return OrderedDict((n, params[n].detach().to(device="cpu", dtype=torch.float32, copy=True)) for n in names)
 
 
 def load(model: nn.Module, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
@@ -66,9 +67,10 @@ def load(model: nn.Module, names: list[str], tensors: dict[str, torch.Tensor]) -
 
 
 def flat(model: nn.Module, names: list[str]) -> torch.Tensor:
-    """One vector of the trained parameters (the view's `client_weights` exposure)."""
+    """One vector of the trained parameters (the view's `client_weights` exposure), float32 on the CPU like every
+    crossing (`state`)."""
     params = dict(model.named_parameters())
-    return torch.cat([params[n].detach().reshape(-1) for n in names]).clone()
+    return torch.cat([params[n].detach().reshape(-1).to(device="cpu", dtype=torch.float32) for n in names])
 
 
 def load_flat(model: nn.Module, names: list[str], vector: torch.Tensor) -> None:
