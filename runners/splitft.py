@@ -166,7 +166,11 @@ DEFINITIONS = {
            "E‖s_B‖² (E‖s_A‖²)",
     "label_top1": "% of label positions (next tokens) of the recorded examples where argmax C(s'_B), with the "
                   "client's C of that step (known to the server: its weights after the previous step), is the label",
-    "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples",
+    "label_top1_floor": "% of the same label positions the constant guess (the most frequent token of these "
+                        "labels, at every position) gets right, averaged over examples as label_top1",
+    "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples; its "
+                      "verdict's reference is the larger of the exposure-free reference and the constant guess's "
+                      "F1 (label_prior_token_f1)",
     "eia_token_f1": "multiset token F1 of the EIA inversion of s'_A (nearest vocabulary embeddings) against "
                     "the input tokens, macro over examples",
     "inverter_token_f1": "multiset token F1 of the learned inverter (attacks/inversion.py, trained on D_align "
@@ -206,7 +210,7 @@ def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
     head = common.summary_head(results, f"{results['split']['n_clients']} clients",
                                f"k={results['split']['k']} m={results['split']['m']}")
-    lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1",
+    lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1", "label_top1_floor",
                                             "label_token_f1", "bisr_b_token_f1", "bisr_b_top1", "eia_token_f1",
                                             "eia_top1", "bisr_token_f1",
                                             "bisr_top1", "inverter_token_f1", "dp_epsilon_step", "dp_epsilon_row",

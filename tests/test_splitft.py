@@ -266,6 +266,28 @@ def test_assess_verdicts():
     assert assess("a", refs, constant, refs, constant, 1.0, 5.0)["a_verdict"] == "inconclusive"   # failed control
 
 
+def test_label_floor_is_the_constant_most_frequent_guess_and_the_verdict_must_beat_it():
+    from attacks.splitft.label import constant_guesses, top1_floor
+
+    labels = [[5, 5, 9, 2], [5, 3, 3, 3], [7, 5, 1, 0]]          # 5 occurs 4 times, 3 three times
+    assert constant_guesses(labels) == [[5] * 4, [5] * 4, [5] * 4]
+    assert top1_floor(labels) == pytest.approx((50.0 + 25.0 + 25.0) / 3)
+    assert constant_guesses([[4, 2], [2, 4]]) == [[2, 2], [2, 2]]   # a tie goes to the smallest id
+    # Labels dominated by one token: an attacker that gets only the rare tokens right (and fills the rest with
+    # junk) is far above the exposure-free reference but below the constant guess: no leak against the floor.
+    rng = np.random.default_rng(1)
+    refs = [[3] * 8 + list(rng.choice(np.arange(10, 1000), 4, replace=False)) for _ in range(10)]
+    guesses = [r[8:] + list(rng.choice(np.arange(2000, 3000), 8, replace=False)) for r in refs]
+    constant = constant_guesses(refs)
+    without = assess("label", refs, guesses, refs, refs, 1.0, 5.0)
+    with_floor = assess("label", refs, guesses, refs, refs, 1.0, 5.0, prior_guesses=constant,
+                        plain_prior_guesses=constant)
+    assert without["label_verdict"] == "leak"
+    assert with_floor["label_reference_token_f1"] == pytest.approx(with_floor["label_prior_token_f1"])
+    assert with_floor["label_token_f1_ci_hi"] < with_floor["label_reference_token_f1"]
+    assert with_floor["label_verdict"] == "inconclusive"
+
+
 @pytest.mark.parametrize("args, expected", [
     (["splitft.n_clients=0"], "splitft.n_clients must be >= 1, got 0"),
     (["splitft.lr=0"], "splitft.lr must be a finite number > 0, got 0.0"),
@@ -329,7 +351,8 @@ def test_smoke_experiment_through_flower(tmp_path):
     (path,) = list(out.rglob("results.json"))
     results = json.loads(path.read_text())
     m = results["metrics"]
-    for key in ("heldout_ce", "label_top1", "label_token_f1", "eia_token_f1", "weights_label_token_f1",
+    assert 0.0 <= m["label_top1_floor"] <= 100.0      # the constant guess on the same labels (issue 31)
+    for key in ("heldout_ce", "label_top1", "label_top1_floor", "label_token_f1", "eia_token_f1", "weights_label_token_f1",
                 "weights_label_reference_token_f1", "weights_label_prior_token_f1", "H", "H_A", "verdict"):
         assert m[key] is not None, key
     # the weights attacker: 2 clients × 2 pairs of consecutive steps in the recorded round, not skipped

@@ -94,7 +94,7 @@ def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
 
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
-    headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 %",
+    headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 % (constant-guess floor)",
                "label token F1 % (ref)", "BiSR(b) label token F1 % (ref)", "EIA token F1 % (ref)",
                "BiSR(f) token F1 % (ref)",
                "inverter token F1 % (ref)", "weight-update label set F1 % (ref)", "verdict"]
@@ -106,7 +106,9 @@ def utility_leakage_md(group: SplitFtGroup) -> str:
                                                                           "weights_label")]
         rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
                      _g(m.get("H")), _g(m.get("H_A")),
-                     _ci(m, "label_top1") if m.get("label_top1") is not None else "—", *attacks,
+                     (_ci(m, "label_top1") + (f" ({fmt_auto(m['label_top1_floor'])})"
+                                               if m.get("label_top1_floor") is not None else " (—)"))
+                     if m.get("label_top1") is not None else "—", *attacks,
                      m.get("verdict") or "— (no server)"])
     return md_table(headers, rows)
 
