@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness import configurations
+from harness import calibration_config, configurations
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.collab import config as collab_config
 from harness.errors import UserError
@@ -310,6 +310,7 @@ class SplitbenchConfig:
     splitft: splitft_config.SplitFtConfig = MISSING
     collab: collab_config.CollabConfig = MISSING
     grad_audit: grad_audit_config.GradAuditConfig = MISSING
+    calibration: calibration_config.CalibrationConfig = MISSING
     semantic_model: Optional[str] = MISSING
     tags: List[str] = MISSING
     rerun: bool = MISSING
@@ -549,11 +550,11 @@ RUNNER_SECTIONS: dict[str, tuple[str, ...]] = {
     # A runner that reads a section for some configurations only (fidelity runs sanitisers) drops it from
     # its hash for the others, so adding a system leaves SpliTEE's finished runs valid.
     "sanitize": ("sanitize", "fidelity"), "splitft": ("splitft",), "collab": ("collab",),
-    "grad_audit": ("grad_audit",),
+    "grad_audit": ("grad_audit",), "calibration": ("calibration",),
 }
 # The other systems' sections and the modules that type and check them.
 SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
-                   "grad_audit": grad_audit_config}
+                   "grad_audit": grad_audit_config, "calibration": calibration_config}
 
 
 def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any) -> dict[str, Any]:

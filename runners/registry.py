@@ -46,6 +46,8 @@ RUNNERS: dict[str, str] = {
     "collab": "runners.collab",
     # grad_audit (paper 004)
     "grad_audit": "runners.grad_audit",
+    # every system's verdict calibrated against nulls (issue 31)
+    "calibration": "runners.calibration",
 }
 
 # Which systems' configurations (harness/configurations.py `system`) each runner can run; a runner left
@@ -60,6 +62,9 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "collab": (configurations.COLLAB,),
     # grad_audit (paper 004)
     "grad_audit": (configurations.GRAD_AUDIT,),
+    # calibration runs no configuration of its own: it calibrates every system's verdict whatever is selected
+    "calibration": (configurations.SPLITEE, configurations.SANITIZE, configurations.SPLITFT, configurations.COLLAB,
+                    configurations.GRAD_AUDIT),
 }
 
 
