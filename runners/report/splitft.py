@@ -32,7 +32,13 @@ INTRO = ("N clients fine-tune A and C of the model cut A | B | C around the serv
          "model f = C∘B∘A on held-out blocks; leakage is what the server recovers from what crossed, under "
          "the strong threat model (it knows the clients' weights after every step). Cells are **mean [95% "
          "interval]** over held-out blocks or attacked examples; *ref* is the attacker's own score with the "
-         "wrong example's exposure, the verdict's reference.")
+         "wrong example's exposure, the verdict's reference (for the label attack the larger of that and the "
+         "constant most-frequent-label guess, whose top-1 is the floor beside label top-1). *Controls*: "
+         "positive = the same attacker on the undefended s_A / s_B of the same steps (dose: everything the "
+         "defence hides), lower bound ≥ ref + the positive margin; it would catch an attacker that cannot read "
+         "even the plain exposure. Negative: by construction for the untrained attackers (dose 0: nothing links "
+         "a guess to its example but the exposure); the learned inverter's is trained on shuffled pairs and "
+         "would catch an inverter that learnt the text prior rather than the exposure.")
 
 
 @dataclass
