@@ -71,7 +71,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                    **paired_difference_ci(training.initial_scores["ce"], training.final_scores["ce"]).flat(
                        "heldout_ce_gain")}
         last = training.rounds[-1]
-        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
+        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "H_recv", "H_recv_rel",
+                                                 "train_loss")})
         accounting = _accounting(s, configuration, epsilon, last, loaded.model)
         if accounting is not None:
             metrics.update(dp_epsilon_example=accounting["epsilon_example"], dp_epsilon_row=accounting["epsilon_row"],
@@ -162,6 +163,8 @@ DEFINITIONS = {
     "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",
+    "H_recv": "E‖s'_B − s_B‖² likewise: what C would get from the server's output without a recovery; beside "
+              "H it tells whether PrivPair's W2 helps (H < H_recv) or hurts (H > H_recv); _rel: over E‖s_B‖²",
     "H_A": "E‖s'_A − s_A‖² likewise: what crossed at cut k against the undefended s_A; _rel: divided by "
            "E‖s_B‖² (E‖s_A‖²)",
     "label_top1": "% of label positions (next tokens) of the recorded examples where argmax C(s'_B), with the "

@@ -125,6 +125,26 @@ def test_privpair_burst_trains_the_recovery(ids):
     assert 0 < float(trained["coupling"].detach()) < 1.0
 
 
+def test_privpair_identity_w2_recovers_nothing_and_trains_only_w1(ids):
+    """splitft.privpair.w2=identity (issue 31): ŝ_B = s'_B, so H equals ‖s'_B − s_B‖² (H_recv), and a burst
+    moves W1 but leaves W2 as it started."""
+    model = _model()
+    part, _ = trainable.make_trainable(model, 1, 3, None)
+    pp = PrivPair(coupling_weight=1.0, settings=OmegaConf.merge(SECTION.privpair, {"w2": "identity"}))
+    gen = torch.Generator().manual_seed(1)
+    pp.setup(part, ids, gen)
+    before = pp.state()
+    pp.burst(0, part, ids, gen)
+    after = pp.state()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("w2."))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("w1."))
+    s_b = torch.randn(2, 5, 8)
+    assert pp.recover(s_b, torch.zeros(2, 5, 8), torch.ones(2, 5, 8)) is s_b
+    out = split_step(part, pp, ids, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
+                     measure=True)
+    assert out["H"] == pytest.approx(out["H_recv"], rel=1e-6)
+
+
 def test_smashed_dp_noise_matches_the_mechanisms():
     assert defences.gaussian_sigma(1.5, 2.0, 1e-5) == pytest.approx(2 * 1.5 * math.sqrt(2 * math.log(1.25e5)) / 2.0)
     assert defences.laplace_scale(1.5, 2.0) == pytest.approx(1.5)
