@@ -105,6 +105,14 @@ def test_calibration_smoke_through_the_cli(tmp_path):
         assert r["metrics"][f"{name}_false_leak_rate"] == fl["rate"]
         # a leak 5× the gate's dose is called more often than at the gate's dose
         assert s["power"]["10"]["rate"] >= s["power"]["2"]["rate"]
+    # the report section: one row per system with its null, counts and acceptance marks
+    from runners.report.document import build
+
+    build(tmp_path / "out", tmp_path / "report", include_tags=("smoke",))
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Verdicts calibrated against nulls (issue 31)" in text
+    fl = r["systems"]["collab"]["false_leak_rate"]
+    assert f"| collab | 12 | random ids" in text and f"{fl['k']}/36" in text
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):

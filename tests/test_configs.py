@@ -62,6 +62,7 @@ RUNNERS_MODULES["restore"] = importlib.import_module("runners.restore")
 RUNNERS_MODULES["grad_audit"] = importlib.import_module("runners.grad_audit")
 RUNNERS_MODULES["splitft"] = importlib.import_module("runners.splitft")
 RUNNERS_MODULES["sanitize"] = importlib.import_module("runners.sanitize")
+RUNNERS_MODULES["calibration"] = importlib.import_module("runners.calibration")
 
 
 def test_group_options_exist():
