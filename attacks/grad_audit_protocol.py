@@ -6,12 +6,15 @@
    the control dose, the decision rules) is written to protocol.json in the run directory *before* any
    scored seed is trained; results.json records its sha256.
 3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit_partition.py), the
-   probe per arm with its locked l2 and the probe's controls on the gradient arm
-   (attacks/grad_audit_probe.py), and the held-out cross-entropy increase over the unsplit model.
+   probe per arm with its locked l2 and its shuffled-label twin (the probe's bias), the dosed positive
+   controls on the gradient arm put at the floor (attacks/grad_audit_probe.dosed_control: dose 0 and
+   gates.injected_doses_pp), the held-out cross-entropy increase over the unsplit model and its curve.
 4. pool and gate: per arm, the DerSimonian–Laird pool of the per-seed paired effects
    (metrics/random_effects.py). The privacy gate fails when any scored cell's Bonferroni–Wilson upper bound
-   exceeds the constant guess by more than probe_margin_pp (m = scored seeds × arms); the utility gate
-   passes when the mean held-out CE increase is at most utility_max_nats.
+   exceeds the constant guess by more than probe_margin_pp + offset, offset = min(0, that cell's
+   shuffled-label effect): the gate moved by the probe's measured bias (issue 31). The utility gate passes
+   when the mean held-out CE increase is at most utility_max_nats and every seed converged (its CE fell by
+   at most train.flat_nats over the curve's last segment); it is `unknown` otherwise.
 
 Verdicts (attacks/controls.py vocabulary): the probe's is `classify` of the headline arm's pooled effect
 interval against 0 with margin probe_margin_pp and the probe controls of every scored seed; the partition's

@@ -135,7 +135,8 @@ DEFINITIONS = {
                        "frequent-token probe over the constant most-frequent-token guess, headline arm probe_arm "
                        "(the arm with the largest pooled effect); _ci_lo/_ci_hi its 95% interval",
     "probe_upper_bound_pp": "the largest over scored (seed, arm) cells of the Bonferroni-Wilson upper bound of "
-                            "the probe's accuracy minus the constant guess's (pp); gate fails above probe_margin_pp",
+                            "the probe's accuracy minus the constant guess's (pp); a cell fails the gate above probe_margin_pp plus "
+                            "its offset (see gate)",
     "gate": "the privacy gate: pass when every cell's upper bound <= gate_margin_pp + its offset (min(0, the "
             "cell's shuffled-label probe effect): the gate moved by the probe's measured bias); "
             "probe_upper_bound_over_gate_pp: the largest upper bound minus offset",
