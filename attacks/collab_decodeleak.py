@@ -13,13 +13,26 @@ plus what it owns: its model and x_pub (itself in the view, `public_query`).
   example (paired), with a Student-t 95% interval over examples.
 - The informed attacker (beyond the paper): the signal's sets united with the cloud's own no-signal
   guesses (the floor's sets). A sparse upload alone can score far *below* the floor (CoVeil uploads at most
-  one id a step), which says nothing about privacy: the cloud still has its own model. The informed
-  attacker's excess over the floor is ≥ 0 by construction and measures exactly what the signal adds.
-- Verdict (attacks/controls.classify) on the informed attacker's excess Token-ER@report_k, reference 0, margin m:
-  leak | at_chance | inconclusive. Positive control: the undefended collaboration of the same mode (the
-  edge's full p_S uploaded, or the greedy fused token synced) must exceed the floor (lower bound ≥
-  positive_margin_pp). Negative control: the undefended collaboration whose edge does not see x_priv must
-  not (upper bound ≤ m): if it did, something other than the private context would carry the evidence.
+  one id a step), which says nothing about privacy: the cloud still has its own model.
+- The verdict's statistic (beyond the paper): the informed attacker on the signal minus the informed
+  attacker on the **null signal**, per example (paired), Student-t 95% interval. The null signal is the same
+  defence at the same parameter and seed with an edge that does not hold x_priv (protocol.collaborate_all,
+  private=False): the same mechanism, the same number of ids, the same randomness, no private context. The
+  informed attacker's excess over the *floor* is not a leak statistic: uniting sets credits any extra
+  coverage, so 100 uniformly random ids a step, or DP-Fusion at ε = 0 (tokens sampled from the cloud's own
+  distribution), read as leaks against the floor (issue 31). Against the null signal both are exactly 0.
+- Verdict (attacks/controls.classify) on that statistic at report_k, reference 0, margin m:
+  leak | at_chance | inconclusive. Positive control: the undefended collaboration of the same mode against
+  its own null (the undefended edge without x_priv) must show a lower bound ≥ positive_margin_pp: the
+  statistic can see the private context when it is there. Negative control: the statistic between two
+  signals without private information, a second null signal (seed + 1) against the null, must not read
+  leak (lower bound ≤ m). For a deterministic defence the two are identical and it reads 0; for a randomised
+  one it shows the mechanism's noise. Its pass rule is not the learned attacker's (upper bound ≤ m): a noisy
+  mechanism's null-against-null interval is wide at tens of examples, and that rule would block every leak
+  call on it, while what this control must catch is a statistic that reads a leak without information.
+  (Evidence rotated between examples was tried and dropped: the built-in contexts share clinical words, so
+  a real leak of one context covers its neighbour's evidence, and the control failed on the injected leak.)
+- The headline stays the paper's metric minus the floor (`excess_*`).
 """
 from __future__ import annotations
 
@@ -129,20 +142,28 @@ def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
     return out
 
 
-def verdict(run: Curves, floor: Curves, positive: Curves | None, negative: Curves | None, k: int,
-            margin_pp: float, positive_margin_pp: float) -> dict[str, Any]:
-    """The three-way verdict on the excess Token-ER@k (module docstring) and the controls' numbers.
-    `positive` None: the run is itself the undefended collaboration (its own positive control)."""
-    exc = paired_excess(run.values("token_er", k), floor.values("token_er", k))
-    pos = exc if positive is None else paired_excess(positive.values("token_er", k), floor.values("token_er", k))
+def null_excess(run: Curves, null: Curves, k: int) -> Estimate:
+    """The verdict's statistic: per example Token-ER@k of the signal minus that of the null signal, mean with
+    its paired Student-t 95% interval (module docstring)."""
+    return paired_excess(run.values("token_er", k), null.values("token_er", k))
+
+
+def verdict(run: Curves, null: Curves, positive: tuple[Curves, Curves] | None, negative: tuple[Curves, Curves],
+            k: int, margin_pp: float, positive_margin_pp: float) -> dict[str, Any]:
+    """The three-way verdict on the signal's excess Token-ER@k over its null signal (module docstring) and the
+    controls' numbers. `positive`: (undefended, undefended without x_priv), None when the run is itself the
+    undefended collaboration (its own positive control); `negative`: (a second null signal, the null)."""
+    exc = null_excess(run, null, k)
+    pos = exc if positive is None else null_excess(*positive, k)
     pos_ok = pos.lo >= positive_margin_pp
-    neg = None if negative is None else paired_excess(negative.values("token_er", k), floor.values("token_er", k))
-    neg_ok = neg is not None and neg.hi <= margin_pp
+    neg = null_excess(*negative, k)
+    neg_ok = neg.lo <= margin_pp
     v = controls.classify(exc.lo, exc.hi, 0.0, margin_pp, positive_passed=pos_ok, negative_passed=neg_ok)
-    return {"verdict": v, "verdict_k": k, "gate_margin_pp": margin_pp, "positive_margin_pp": positive_margin_pp,
-            "excess_token_er": exc.mean, "excess_token_er_ci": [exc.lo, exc.hi],
+    return {"verdict": v, "verdict_k": k, "verdict_statistic": "null_excess_token_er",
+            "gate_margin_pp": margin_pp, "positive_margin_pp": positive_margin_pp,
+            "null_excess_token_er": exc.mean, "null_excess_token_er_ci": [exc.lo, exc.hi],
             "positive_control_excess_token_er": pos.mean, "positive_control_excess_token_er_ci": [pos.lo, pos.hi],
             "positive_control_pass": bool(pos_ok),
-            "negative_control_excess_token_er": None if neg is None else neg.mean,
-            "negative_control_excess_token_er_ci": None if neg is None else [neg.lo, neg.hi],
+            "negative_control_excess_token_er": neg.mean,
+            "negative_control_excess_token_er_ci": [neg.lo, neg.hi],
             "negative_control_pass": bool(neg_ok)}

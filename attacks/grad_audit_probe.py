@@ -180,3 +180,28 @@ def positive_control(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch
     in_top = torch.isin(test[1], classes).double().mean()
     top1 = (test[1] == classes[0]).double().mean()
     return cell, float(100 * dose * (in_top - top1))
+
+
+def floor_arm(split: tuple[torch.Tensor, torch.Tensor], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An arm at the floor: the feature rows permuted against their labels (each row's features belong to
+    another row), so the features carry nothing about the label and the probe reads its own bias."""
+    x, y = split
+    return x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))], y
+
+
+def dosed_control(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], *,
+                  top_k: int, l2: float, max_iter: int, max_rows: int, seed: int, dose_pp: float
+                  ) -> tuple[CellScore, float]:
+    """The positive control at a known dose (issue 31): an arm at the floor (`floor_arm`) with the token code
+    of `inject` added to the share of rows that gives a perfect reader of the code `dose_pp` points over the
+    constant guess on the test rows (share = dose / (P(label in top_k) − P(label = top-1)), at most 1).
+    Returns the probe's cell and the dose a perfect reader would get (below `dose_pp` where the share caps)."""
+    tr, te = floor_arm(train, seed + 3), floor_arm(test, seed + 4)
+    values, counts = torch.unique(tr[1], return_counts=True)
+    classes = values[torch.argsort(counts, descending=True, stable=True)][:top_k]
+    gain = float(torch.isin(te[1], classes).double().mean() - (te[1] == classes[0]).double().mean())
+    share = min(1.0, dose_pp / (100 * gain)) if gain > 0 else 1.0
+    xtr = inject(tr[0], tr[1], classes, share, code_seed=seed, pick_seed=seed + 1)
+    xte = inject(te[0], te[1], classes, share, code_seed=seed, pick_seed=seed + 2)
+    cell = run_probe((xtr, tr[1]), (xte, te[1]), top_k=top_k, l2=l2, max_iter=max_iter, max_rows=max_rows, seed=seed)
+    return cell, 100 * share * gain

@@ -6,12 +6,15 @@
    the control dose, the decision rules) is written to protocol.json in the run directory *before* any
    scored seed is trained; results.json records its sha256.
 3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit_partition.py), the
-   probe per arm with its locked l2 and the probe's controls on the gradient arm
-   (attacks/grad_audit_probe.py), and the held-out cross-entropy increase over the unsplit model.
+   probe per arm with its locked l2 and its shuffled-label twin (the probe's bias), the dosed positive
+   controls on the gradient arm put at the floor (attacks/grad_audit_probe.dosed_control: dose 0 and
+   gates.injected_doses_pp), the held-out cross-entropy increase over the unsplit model and its curve.
 4. pool and gate: per arm, the DerSimonian–Laird pool of the per-seed paired effects
    (metrics/random_effects.py). The privacy gate fails when any scored cell's Bonferroni–Wilson upper bound
-   exceeds the constant guess by more than probe_margin_pp (m = scored seeds × arms); the utility gate
-   passes when the mean held-out CE increase is at most utility_max_nats.
+   exceeds the constant guess by more than probe_margin_pp + offset, offset = min(0, that cell's
+   shuffled-label effect): the gate moved by the probe's measured bias (issue 31). The utility gate passes
+   when the mean held-out CE increase is at most utility_max_nats and every seed converged (its CE fell by
+   at most train.flat_nats over the curve's last segment); it is `unknown` otherwise.
 
 Verdicts (attacks/controls.py vocabulary): the probe's is `classify` of the headline arm's pooled effect
 interval against 0 with margin probe_margin_pp and the probe controls of every scored seed; the partition's
@@ -30,7 +33,7 @@ from attacks import controls
 from attacks.grad_audit_partition import partition_attack, returned_gradients
 from attacks.grad_audit_probe import (
     arm_tensors,
-    positive_control,
+    dosed_control,
     probe_rows,
     run_probe,
 )
@@ -81,11 +84,18 @@ def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) ->
         "thresholds": {"probe_margin_pp": g.gates.probe_margin_pp, "partition_margin_pp": g.gates.partition_margin_pp,
                        "alpha": g.gates.alpha,
                        "bonferroni_m": len(scored) * len(arms), "utility_max_nats": g.gates.utility_max_nats,
-                       "injected_dose": g.gates.injected_dose, "positive_margin_pp": g.gates.positive_margin_pp},
+                       "injected_doses_pp": list(g.gates.injected_doses_pp),
+                       "positive_margin_pp": g.gates.positive_margin_pp, "flat_nats": g.train.flat_nats},
         "rules": {
             "gate": "fail if any scored (seed, arm) cell has Bonferroni-Wilson UB(probe accuracy) - constant "
-                    "accuracy > probe_margin_pp",
-            "utility_gate": "pass if mean held-out CE increase over the unsplit model <= utility_max_nats",
+                    "accuracy > probe_margin_pp + offset, offset = min(0, that cell's shuffled-label probe "
+                    "effect): the gate moved by the probe's measured bias below the constant guess",
+            "positive_control": "per seed, on the control arm made to sit at the floor (features permuted against "
+                                "labels) with a token code injected at each dose of injected_doses_pp: passes when "
+                                "the gate fires on every dose and does not fire at dose 0 (the floor arm itself)",
+            "utility_gate": "pass if mean held-out CE increase over the unsplit model <= utility_max_nats and every "
+                            "scored seed converged (its held-out CE fell by at most flat_nats over the curve's last "
+                            "segment); unknown when a seed had not converged",
             "probe_verdict": "attacks.controls.classify on the headline arm's DerSimonian-Laird pooled effect "
                              "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls",
             "partition_verdict": "attacks.controls.classify on the norm-rank row agreement vs its chance "
@@ -109,20 +119,36 @@ def score_seed(run: Any, base_ce: torch.Tensor, proto: dict[str, Any], phase: st
                             margin_pp=th["partition_margin_pp"], positive_margin_pp=th["positive_margin_pp"],
                             seed=run.seed)
     cells = {}
+    margin = th["probe_margin_pp"]
     for arm in p["arms"]:
         train, test = _split(run.view, run.truth, arm, p["target"])
         kw = dict(top_k=p["top_k"], l2=p["l2"][arm], max_iter=p["max_iter"], max_rows=p["max_rows"], seed=run.seed)
         cell = run_probe(train, test, **kw)
-        cells[arm] = {"cell": cell, "upper_bound_pp": cell.upper_bound_pp(th["alpha"], th["bonferroni_m"])}
+        # The probe's bias: on shuffled labels it sits below the constant guess; the gate moves down by it.
+        neg = run_probe(train, test, shuffle_labels=True, **kw)
+        offset = min(0.0, neg.effect_pp)
+        ub = cell.upper_bound_pp(th["alpha"], th["bonferroni_m"])
+        cells[arm] = {"cell": cell, "upper_bound_pp": ub, "negative": neg, "offset_pp": offset,
+                      "gate_fires": ub > margin + offset}
         if arm == p["control_arm"]:
-            neg = run_probe(train, test, shuffle_labels=True, **kw)
-            pos, expected = positive_control(train, test, dose=th["injected_dose"], **kw)
-            cells[arm].update(negative=neg, negative_pass=neg.ci_pp[1] <= th["probe_margin_pp"],
-                              positive=pos, positive_expected_pp=expected,
-                              positive_pass=pos.ci_pp[0] >= th["positive_margin_pp"])
+            dosed = []
+            # dose 0 first: the floor arm itself. A gate that fires there too cannot tell a leak from none.
+            for dose in [0.0, *th["injected_doses_pp"]]:
+                pos, expected = dosed_control(train, test, dose_pp=float(dose), **kw)
+                pub = pos.upper_bound_pp(th["alpha"], th["bonferroni_m"])
+                dosed.append({"dose_pp": float(dose), "expected_pp": expected, "effect_pp": pos.effect_pp,
+                              "ci_pp": list(pos.ci_pp), "upper_bound_pp": pub, "gate_fires": pub > margin + offset})
+            cells[arm].update(negative_pass=neg.ci_pp[1] <= margin, dosed=dosed,
+                              positive_pass=not dosed[0]["gate_fires"] and all(d["gate_fires"] for d in dosed[1:]))
     diff = (run.heldout_ce - base_ce).tolist()
+    curve = [list(point) for point in run.ce_curve]
+    converged = len(curve) >= 2 and curve[-2][1] - curve[-1][1] <= th["flat_nats"]
+    clips = run.clip_record
     return {"seed": run.seed, "phase": phase, "partition": part, "cells": cells, "ce_increase": diff,
-            "ce_split": float(run.heldout_ce.mean()), "final_loss": run.losses[-1]}
+            "ce_split": float(run.heldout_ce.mean()), "final_loss": run.losses[-1], "ce_curve": curve,
+            "converged": bool(converged),
+            "clipped": sum(c[1] for c in clips), "positions": sum(c[2] for c in clips),
+            "clips": [c[0] for c in clips]}
 
 
 def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torch.Tensor) -> dict[str, Any]:
@@ -160,14 +186,27 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     m["probe_accuracy_pct"] = m[f"probe_accuracy_pct_{head}"]
     m["constant_guess_accuracy_pct"] = 100 * sum(c.const_correct for c in cells) / sum(c.n for c in cells)
     m["probe_rows_scored"] = sum(c.n for c in cells)
-    m["gate"] = "fail" if m["probe_upper_bound_pp"] > margin else "pass"
+    every = [s["cells"][a] for s in scored for a in p["arms"]]
+    m["gate"] = "fail" if any(c["gate_fires"] for c in every) else "pass"
+    m["probe_gate_offset_pp"] = min(c["offset_pp"] for c in every)
+    m["probe_upper_bound_over_gate_pp"] = max(c["upper_bound_pp"] - c["offset_pp"] for c in every)
+    for arm in p["arms"]:
+        m[f"probe_bias_pp_{arm}"] = statistics.fmean(s["cells"][arm]["negative"].effect_pp for s in scored)
     ctrl = [s["cells"][p["control_arm"]] for s in scored if p["control_arm"] in s["cells"]]
     m["negative_control_effect_pp"] = max((c["negative"].effect_pp for c in ctrl), key=abs, default=None)
     m["negative_control_pass"] = bool(ctrl) and all(c["negative_pass"] for c in ctrl)
-    m["positive_control_effect_pp"] = min((c["positive"].effect_pp for c in ctrl), default=None)
-    m["positive_control_expected_pp"] = min((c["positive_expected_pp"] for c in ctrl), default=None)
+    doses = [0.0, *th["injected_doses_pp"]]
+    m["positive_control_doses_pp"] = list(doses)
+    for j, dose in enumerate(doses):
+        key = f"positive_control_{_dose_key(dose)}"
+        m[f"{key}_effect_pp"] = min((c["dosed"][j]["effect_pp"] for c in ctrl), default=None)
+        m[f"{key}_expected_pp"] = min((c["dosed"][j]["expected_pp"] for c in ctrl), default=None)
+        m[f"{key}_gate_fires"] = bool(ctrl) and all(c["dosed"][j]["gate_fires"] for c in ctrl)
+        m[f"{key}_gate_fires_seeds"] = sum(bool(c["dosed"][j]["gate_fires"]) for c in ctrl)
     m["positive_control_pass"] = bool(ctrl) and all(c["positive_pass"] for c in ctrl)
-    m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, 0.0, margin,
+    reference = statistics.fmean(s["cells"][head]["offset_pp"] for s in scored)
+    m["probe_verdict_reference_pp"] = reference
+    m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, reference, margin,
                                            positive_passed=m["positive_control_pass"],
                                            negative_passed=m["negative_control_pass"])
     m["verdict"] = controls.worst([m["probe_verdict"], m["partition_verdict"]])
@@ -176,16 +215,30 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     m["heldout_ce_increase"], m["heldout_ce_increase_ci_lo"], m["heldout_ce_increase_ci_hi"] = ce.mean, ce.lo, ce.hi
     m["heldout_ce_base"] = float(base_ce.mean())
     m["heldout_ce_split"] = statistics.fmean(s["ce_split"] for s in scored)
-    m["utility_gate"] = "pass" if ce.mean <= th["utility_max_nats"] else "fail"
+    m["converged"] = all(s["converged"] for s in scored)
+    m["utility_gate"] = ("unknown" if not m["converged"] else "pass" if ce.mean <= th["utility_max_nats"] else "fail")
+    positions = sum(s["positions"] for s in scored)
+    # Mitigated runs: the share of real rows' position vectors the clip shortened (0.0: nothing was clipped,
+    # which is also what an unmitigated run records); the median of the per-frame clips.
+    m["clipped_fraction"] = sum(s["clipped"] for s in scored) / positions if positions else 0.0
+    clips = [c for s in scored for c in s["clips"]]
+    m["grad_clip_median"] = statistics.median(clips) if clips else None
     m["gate_margin_pp"] = margin
     return m
+
+
+def _dose_key(dose: float) -> str:
+    """1.0 → '1pp', 0.5 → '0p5pp': a results.json key part."""
+    return f"{float(dose):g}".replace(".", "p") + "pp"
 
 
 def seed_record(s: dict[str, Any], alpha: float, m: int) -> dict[str, Any]:
     """One scored seed as plain JSON (results.json `seeds`)."""
     part = s["partition"]
     out = {"seed": s["seed"], "phase": s["phase"], "final_loss": s["final_loss"], "ce_split": s["ce_split"],
-           "ce_increase": statistics.fmean(s["ce_increase"]),
+           "ce_increase": statistics.fmean(s["ce_increase"]), "ce_curve": s["ce_curve"],
+           "converged": s["converged"],
+           "clipped_fraction": s["clipped"] / s["positions"] if s["positions"] else 0.0,
            "zero_support_agreement": part["zero_support"].rate,
            "zero_support_frames_identified": part["zero_support"].frames_identified,
            "frames": part["zero_support"].frames,
@@ -197,10 +250,9 @@ def seed_record(s: dict[str, Any], alpha: float, m: int) -> dict[str, Any]:
         row = {"n": cell.n, "effect_pp": cell.effect_pp, "ci_pp": list(cell.ci_pp),
                "probe_accuracy_pct": 100 * cell.probe_correct / cell.n,
                "constant_accuracy_pct": 100 * cell.const_correct / cell.n,
-               "upper_bound_pp": c["upper_bound_pp"]}
-        if "negative" in c:
-            row.update(negative_effect_pp=c["negative"].effect_pp, negative_pass=c["negative_pass"],
-                       positive_effect_pp=c["positive"].effect_pp, positive_expected_pp=c["positive_expected_pp"],
-                       positive_pass=c["positive_pass"])
+               "upper_bound_pp": c["upper_bound_pp"], "negative_effect_pp": c["negative"].effect_pp,
+               "gate_offset_pp": c["offset_pp"], "gate_fires": c["gate_fires"]}
+        if "dosed" in c:
+            row.update(negative_pass=c["negative_pass"], dosed=c["dosed"], positive_pass=c["positive_pass"])
         out["arms"][arm] = row
     return out

@@ -34,7 +34,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness import configurations, placement
+from harness import calibration_config, configurations, placement
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.collab import config as collab_config
 from harness.errors import UserError
@@ -278,6 +278,7 @@ class SplitbenchConfig:
     splitft: splitft_config.SplitFtConfig = MISSING
     collab: collab_config.CollabConfig = MISSING
     grad_audit: grad_audit_config.GradAuditConfig = MISSING
+    calibration: calibration_config.CalibrationConfig = MISSING
     semantic_model: Optional[str] = MISSING
     tags: List[str] = MISSING
     rerun: bool = MISSING
@@ -551,7 +552,7 @@ def _check_engine(engine: DictConfig) -> None:
 
 # The other systems' sections and the modules that type and check them.
 SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
-                   "grad_audit": grad_audit_config}
+                   "grad_audit": grad_audit_config, "calibration": calibration_config}
 
 
 def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dict[str, Any]:

@@ -9,8 +9,9 @@ records what the cloud receives (adversary view, view.pt), and reports
 - private-context inversion ROUGE-1 recall / F1, floor and excess;
 - utility: option accuracy (the stated option, or likelihood option scoring with
   `collab.option_scoring=likelihood`) or ROUGE-L to the reference, and the cloud alone's;
-- the verdict on the excess Token-ER@report_k, with the undefended run as positive control and the
-  context-free edge as negative control; `tradeoff` for the cross-system chart.
+- the verdict on the informed attacker's Token-ER@report_k against its null signal (the same defence on an
+  edge without x_priv), with the undefended run against its own null as positive control and a second
+  null signal (seed + 1) as negative control; `tradeoff` (the paper's Token-ER and its floor) for the cross-system chart.
 
     splitbench experiment=collab_smoke
     splitbench -m experiment=collab configuration=coveil epsilon=0.5,1,2,4,8,16 collab.fusion=cloud
@@ -118,7 +119,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                                            desc=f"{name} ({c.fusion}-side)", **common_kw)
     no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
         pair, examples, make_defence("collab_none", None, **settings), private=False,
-        desc="negative control (edge without x_priv)", **common_kw))
+        desc="null of the undefended run (edge without x_priv)", **common_kw))
+    # The verdict's null signal: this defence, parameter and seed with an edge that does not hold x_priv.
+    null = no_context if name == "collab_none" else protocol.collaborate_all(
+        pair, examples, make_defence(name, lam, **settings), private=False,
+        desc=f"null signal: {name} without x_priv", **common_kw)
+    # The negative control's second null: the same, another seed (identical for a deterministic defence).
+    null_again = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), private=False,
+                                          desc="negative control: null signal, seed + 1",
+                                          **{**common_kw, "seed": int(cfg.seed) + 1})
 
     vocab_info = Vocabulary(edge.tokenizer)
     evidence = [tokenise_evidence(e.evidence, vocab_info, bool(c.evidence.leading_space)) for e in examples]
@@ -129,11 +138,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     run_sets = sets_of(signals)
     curves = leak.score_sets(run_sets, evidence, vocab_info, ks)
     floor_curves = leak.score_sets(floor.sets, evidence, vocab_info, ks)
-    # The verdict's attacker is the informed one (signal ∪ its own no-signal guesses), so are its controls.
+    # The verdict: the informed attacker (signal ∪ its own no-signal guesses) on the signal against the same
+    # attacker on the null signal; the controls likewise (attacks/collab_decodeleak.py).
+    null_sets = sets_of(null)
     informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=floor.sets)
-    pos = None if undefended is None else leak.score_sets(sets_of(undefended), evidence, vocab_info, ks,
-                                                          prior=floor.sets)
-    neg = leak.score_sets(sets_of(no_context), evidence, vocab_info, ks, prior=floor.sets)
+    informed_null = leak.score_sets(null_sets, evidence, vocab_info, ks, prior=floor.sets)
+    pos = None if undefended is None else (
+        leak.score_sets(sets_of(undefended), evidence, vocab_info, ks, prior=floor.sets),
+        leak.score_sets(sets_of(no_context), evidence, vocab_info, ks, prior=floor.sets))
+    neg = (leak.score_sets(sets_of(null_again), evidence, vocab_info, ks, prior=floor.sets), informed_null)
     inv = c.inversion
     if inv.enabled:
         def inversions(all_sets: list[list[list[int]]]) -> list[str]:
@@ -172,7 +185,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     accuracy_floor = constant_answer_floor([e.answer for e in examples]) if utility_metric == "accuracy" else None
 
     curves_out = leak.summarise(curves, floor_curves, ks)
-    v = leak.verdict(informed, floor_curves, pos, neg, k_rep, float(c.controls.gate_margin_pp),
+    v = leak.verdict(informed, informed_null, pos, neg, k_rep, float(c.controls.gate_margin_pp),
                      float(c.controls.positive_margin_pp))
     informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
                     if not k.startswith("floor_") and "inversion" not in k}
@@ -184,6 +197,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"excess_{m}_at_{k_rep}"] = curves_out[f"excess_{m}_at_k"][rep]
     metrics[f"informed_token_er_at_{k_rep}"] = informed_out["informed_token_er_at_k"][rep]
     metrics[f"informed_excess_token_er_at_{k_rep}"] = informed_out["informed_excess_token_er_at_k"][rep]
+    metrics[f"null_excess_token_er_at_{k_rep}"] = v["null_excess_token_er"]
+    metrics[f"null_excess_token_er_at_{k_rep}_ci"] = v["null_excess_token_er_ci"]
     metrics.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
                                                "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
                     if k in curves_out})
@@ -197,7 +212,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     metrics["seconds_per_step"] = statistics.fmean(steps) if steps else None
     metrics["defence_seconds_per_step"] = signals.defence_seconds / len(steps) if steps else None
 
-    leak_ci = informed_out["informed_token_er_at_k_ci"][rep]
+    leak_ci = curves_out["token_er_at_k_ci"][rep]
     results = {
         **_header(cfg, edge, bench),
         "system": configurations.COLLAB,
@@ -222,8 +237,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "controls": v,
         "verdict": v["verdict"],
         "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}",
-                                    leakage=informed_out["informed_token_er_at_k"][rep], leakage_ci=leak_ci,
-                                    attacker="decodeleak_informed (signal + own top-K)",
+                                    leakage=curves_out["token_er_at_k"][rep], leakage_ci=leak_ci,
+                                    attacker="decodeleak (the paper's exposure sets)",
                                     leakage_floor=curves_out["floor_token_er_at_k"][rep], utility_metric=utility_metric,
                                     utility=util.mean, utility_ci=[util.lo, util.hi],
                                     reference="gold answer" if utility_metric == "accuracy" else "reference response"),
@@ -274,11 +289,15 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "accuracy_floor": "the constant-answer floor: % of examples whose gold option is the most frequent one "
                           "(metrics.answers.constant_answer_floor); accuracy_skill: the accuracy's lower bound clears it",
         "informed_*": "the informed attacker: the signal's exposure sets united with the cloud's own no-signal "
-                      "top-K (the floor's sets); its excess over the floor is what the signal adds (>= 0)",
-        "verdict": f"attacks/controls.classify on the informed attacker's excess Token-ER@{c.metrics.report_k} "
-                   f"against 0 with m = "
-                   f"{c.controls.gate_margin_pp} pp; positive control: undefended excess lower bound >= "
-                   f"{c.controls.positive_margin_pp} pp; negative control: edge without x_priv, upper bound <= m",
+                      "top-K (the floor's sets); its excess over the floor (>= 0) is NOT a leak statistic: uniting "
+                      "sets credits extra coverage, so random ids read above it",
+        "null_excess_token_er_at_k": "the verdict's statistic: the informed attacker's Token-ER on the signal minus "
+                                     "on the null signal (the same defence, parameter and seed, the edge without "
+                                     "x_priv), per example, mean with a paired Student-t 95% interval",
+        "verdict": f"attacks/controls.classify on null_excess_token_er_at_{c.metrics.report_k} against 0 with m = "
+                   f"{c.controls.gate_margin_pp} pp; positive control: the undefended run against the undefended "
+                   f"edge without x_priv, lower bound >= {c.controls.positive_margin_pp} pp; negative control: a second "
+                   "null signal (seed + 1) against the null does not read leak (lower bound <= m)",
     }
 
 
@@ -298,6 +317,9 @@ def summary(results: dict[str, Any]) -> str:
     floor = u.get("constant_answer_floor")
     lines.append(f"  {u['metric']} {u['value']:.1f} [{u['ci'][0]:.1f}, {u['ci'][1]:.1f}] (cloud alone {u['cloud_only']:.1f}"
                  + (f"; constant-answer floor {floor:.1f}" if floor is not None else "") + ")")
+    c = results["controls"]
+    lines.append(f"  excess over the null signal (verdict) {c['null_excess_token_er']:+.2f} "
+                 f"[{c['null_excess_token_er_ci'][0]:.2f}, {c['null_excess_token_er_ci'][1]:.2f}]")
     lines.append(f"  verdict: {results['verdict']} (positive control {'pass' if m['positive_control_pass'] else 'fail'}, "
                  f"negative control {'pass' if m['negative_control_pass'] else 'fail'})")
     return "\n".join(lines)

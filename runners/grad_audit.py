@@ -38,10 +38,14 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
 def settings(g: DictConfig, configuration: str):
     from harness.grad_audit.trainer import TopologySettings
 
-    mitigation = ((float(g.mitigation.grad_clip), float(g.mitigation.noise_multiplier))
-                  if configuration == "decoy_mitigated" else None)
+    mitigated = configuration == "decoy_mitigated"
+    fixed = g.mitigation.grad_clip
+    mitigation = ((None if fixed is None else float(fixed), float(g.mitigation.noise_multiplier))
+                  if mitigated else None)
+    quantile = g.mitigation.clip_quantile
     return TopologySettings(g.cut_after, g.resume_at, g.latent_dim, float(g.clip), float(g.noise_ratio),
-                            float(g.train.lr), mitigation, str(g.train.init))
+                            float(g.train.lr), mitigation, str(g.train.init),
+                            None if not mitigated or quantile is None else float(quantile))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -67,7 +71,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     def train(seed: int, phase: str):
         return train_seed(loaded.model, blocks, topo, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
                           decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}",
-                          init_blocks=g.train.init_blocks)
+                          init_blocks=g.train.init_blocks, curve_points=int(g.train.curve_points))
 
     l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
     proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
@@ -88,6 +92,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "topology": {**proto["topology"], "delegated_layers": g.resume_at - g.cut_after,
                      "n_layers": int(loaded.model.config.num_hidden_layers)},
         "mitigation": None if topo.mitigation is None else {"grad_clip": topo.mitigation[0],
+                                                            "clip_quantile": topo.clip_quantile,
                                                             "noise_multiplier": topo.mitigation[1]},
         # the mitigation's σ (grad_audit.mitigation.noise_multiplier), not the epsilon knob; None for the trainer
         "privacy_parameter": configurations.privacy_parameter(
@@ -98,7 +103,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "metrics": metrics,
         # The issue's headline keys, also at the top level.
         **{k: metrics[k] for k in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate",
-                                   "heldout_ce_increase", "verdict")},
+                                   "heldout_ce_increase", "verdict", "clipped_fraction", "converged")},
         "seeds": seeds,
         "metric_definitions": DEFINITIONS,
     }
@@ -131,14 +136,25 @@ DEFINITIONS = {
                        "frequent-token probe over the constant most-frequent-token guess, headline arm probe_arm "
                        "(the arm with the largest pooled effect); _ci_lo/_ci_hi its 95% interval",
     "probe_upper_bound_pp": "the largest over scored (seed, arm) cells of the Bonferroni-Wilson upper bound of "
-                            "the probe's accuracy minus the constant guess's (pp); gate fails above probe_margin_pp",
-    "gate": "the privacy gate: pass when probe_upper_bound_pp <= gate_margin_pp",
+                            "the probe's accuracy minus the constant guess's (pp); a cell fails the gate above probe_margin_pp plus "
+                            "its offset (see gate)",
+    "gate": "the privacy gate: pass when every cell's upper bound <= gate_margin_pp + its offset (min(0, the "
+            "cell's shuffled-label probe effect): the gate moved by the probe's measured bias); "
+            "probe_upper_bound_over_gate_pp: the largest upper bound minus offset",
+    "probe_bias_pp_<arm>": "the shuffled-label probe's effect over the constant guess, mean over scored seeds",
+    "clipped_fraction": "share of the real rows' per-position returned-gradient vectors longer than the "
+                        "mitigation's clip (0.0 without mitigation); grad_clip_median: the per-frame clips' median",
+    "converged": "every scored seed's held-out CE fell by at most train.flat_nats over its curve's last segment "
+                 "(seeds[].ce_curve); otherwise utility_gate is unknown",
     "heldout_ce_increase": "mean over held-out blocks and scored seeds of the split pipeline's cross-entropy minus "
                            "the unsplit model's (nats), t 95% CI; utility_gate passes at <= utility_max_nats",
     "negative_control_effect_pp": "the probe trained on shuffled labels (largest |effect| over seeds); passes when "
                                   "every seed's 95% upper bound <= margin",
-    "positive_control_effect_pp": "the probe on features with an injected token code at the locked dose (smallest "
-                                  "over seeds); passes when every seed's 95% lower bound >= positive_margin_pp",
+    "positive_control_<dose>_effect_pp": "the probe on the gradient arm made to sit at the floor (features "
+                                         "permuted against labels) with a token code worth <dose> pp to a perfect "
+                                         "reader (smallest over seeds; 0pp is the floor arm itself); _gate_fires: "
+                                         "the gate fired on it in every seed; positive_control_pass: it fired at "
+                                         "every dose > 0 and at 0pp in no seed",
     "verdict": "worst of probe_verdict and partition_verdict (leak > inconclusive > at_chance)",
 }
 
@@ -155,6 +171,7 @@ def summary(results: dict[str, Any]) -> str:
              f"[{m['probe_effect_pp_ci_lo']:+.2f}, {m['probe_effect_pp_ci_hi']:+.2f}], Bonferroni-Wilson UB "
              f"{m['probe_upper_bound_pp']:+.2f} pp → gate {m['gate']}; controls: negative "
              f"{'pass' if m['negative_control_pass'] else 'FAIL'}, positive {'pass' if m['positive_control_pass'] else 'FAIL'}",
-             f"  held-out CE increase {m['heldout_ce_increase']:.3f} nats → utility gate {m['utility_gate']}",
+             f"  held-out CE increase {m['heldout_ce_increase']:.3f} nats → utility gate {m['utility_gate']} "
+             f"({'converged' if m['converged'] else 'not converged'}); clipped fraction {m['clipped_fraction']:.3f}",
              f"  verdict: {m['verdict']} (probe {m['probe_verdict']}, partition {m['partition_verdict']})"]
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
-from runners.registry import READS
+from runners.registry import CROSS_SYSTEM, READS
 
 
 def keys(cfg: DictConfig) -> tuple[str, ...]:
@@ -37,6 +37,8 @@ def identity_keys(runner: str, configuration: str) -> tuple[str, ...] | None:
     entry = configurations.REGISTRY.get(configuration)
     if runner not in READS or entry is None:
         return None
+    if runner in CROSS_SYSTEM:
+        return READS[runner]
     return tuple(k for k in READS[runner] if k not in schema.SYSTEM_SECTIONS or k == entry.system)
 
 

@@ -47,6 +47,8 @@ RUNNERS: dict[str, str] = {
     "collab": "runners.collab",
     # grad_audit (paper 004)
     "grad_audit": "runners.grad_audit",
+    # every system's verdict calibrated against nulls (issue 31)
+    "calibration": "runners.calibration",
 }
 
 # Which systems' configurations (harness/configurations.py `system`) each runner can run; a runner left
@@ -61,6 +63,9 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "collab": (configurations.COLLAB,),
     # grad_audit (paper 004)
     "grad_audit": (configurations.GRAD_AUDIT,),
+    # calibration runs no configuration of its own: it calibrates every system's verdict whatever is selected
+    "calibration": (configurations.SPLITEE, configurations.SANITIZE, configurations.SPLITFT, configurations.COLLAB,
+                    configurations.GRAD_AUDIT),
 }
 
 
@@ -92,7 +97,11 @@ READS: dict[str, tuple[str, ...]] = {
     "collab": ("runner", "seed", "model", "configuration", "epsilon", "semantic_model", "collab"),
     # grad_audit (paper 004): its seeds are grad_audit.seeds
     "grad_audit": ("runner", "model", "configuration", "epsilon", "grad_audit"),
+    # every system's verdict against nulls (issue 31): its own section and each system's margins
+    "calibration": ("runner", "model", "calibration", "collab", "sanitize", "splitft", "grad_audit"),
 }
+# Runners that read several systems' sections whatever the configuration: their READS count whole.
+CROSS_SYSTEM = ("calibration",)
 
 
 def systems_of(runner: str) -> tuple[str, ...]:

@@ -72,7 +72,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                    **paired_difference_ci(training.initial_scores["ce"], training.final_scores["ce"]).flat(
                        "heldout_ce_gain")}
         last = training.rounds[-1]
-        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "train_loss")})
+        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "H_recv", "H_recv_rel",
+                                                 "train_loss")})
         accounting = _accounting(s, configuration, epsilon, last, loaded.model)
         if accounting is not None:
             metrics.update(dp_epsilon_example=accounting["epsilon_example"], dp_epsilon_row=accounting["epsilon_row"],
@@ -174,11 +175,17 @@ DEFINITIONS = {
     "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",
+    "H_recv": "E‖s'_B − s_B‖² likewise: what C would get from the server's output without a recovery; beside "
+              "H it tells whether PrivPair's W2 helps (H < H_recv) or hurts (H > H_recv); _rel: over E‖s_B‖²",
     "H_A": "E‖s'_A − s_A‖² likewise: what crossed at cut k against the undefended s_A; _rel: divided by "
            "E‖s_B‖² (E‖s_A‖²)",
     "label_top1": "% of label positions (next tokens) of the recorded examples where argmax C(s'_B), with the "
                   "client's C of that step (known to the server: its weights after the previous step), is the label",
-    "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples",
+    "label_top1_floor": "% of the same label positions the constant guess (the most frequent token of these "
+                        "labels, at every position) gets right, averaged over examples as label_top1",
+    "label_token_f1": "multiset token F1 of that decoded sequence against the labels, macro over examples; its "
+                      "verdict's reference is the larger of the exposure-free reference and the constant guess's "
+                      "F1 (label_prior_token_f1)",
     "eia_token_f1": "multiset token F1 of the EIA inversion of s'_A (nearest vocabulary embeddings) against "
                     "the input tokens, macro over examples",
     "inverter_token_f1": "multiset token F1 of the learned inverter (attacks/inversion.py, trained on D_align "
@@ -218,7 +225,7 @@ def summary(results: dict[str, Any]) -> str:
     m = results["metrics"]
     head = common.summary_head(results, f"{results['split']['n_clients']} clients",
                                f"k={results['split']['k']} m={results['split']['m']}")
-    lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1",
+    lines = [head, *common.metric_lines(m, ("heldout_ce", "heldout_ppl", "heldout_top1", "label_top1", "label_top1_floor",
                                             "label_token_f1", "bisr_b_token_f1", "bisr_b_top1", "eia_token_f1",
                                             "eia_top1", "bisr_token_f1",
                                             "bisr_top1", "inverter_token_f1", "dp_epsilon_step", "dp_epsilon_row",

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from attacks import collab_decodeleak as leak
 from harness import configurations
 from harness.collab import benchmarks, engine, prompts
-from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, fuse, renyi_divergence
+from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, Upload, fuse, renyi_divergence
 from metrics.answers import constant_answer_floor, option_correct, stated_option
 from metrics.evidence_recall import Vocabulary, first_rank, recall_curves, tokenise_evidence
 
@@ -515,17 +515,102 @@ def test_verdict_rule_on_constructed_curves():
     def curves(values):
         return leak.Curves([{"token_er": {10: v}} for v in values])
 
-    floor = curves([10, 20, 30, 40])
+    null = curves([10, 20, 30, 40])
     high = curves([40, 52, 58, 75])
     same = curves([10, 20, 30, 40])
-    v = leak.verdict(high, floor, None, same, 10, 1.0, 5.0)
+    v = leak.verdict(high, null, None, (same, null), 10, 1.0, 5.0)
     assert v["verdict"] == "leak" and v["positive_control_pass"] and v["negative_control_pass"]
-    v = leak.verdict(same, floor, high, same, 10, 1.0, 5.0)
-    assert v["verdict"] == "at_chance"
-    v = leak.verdict(same, floor, same, same, 10, 1.0, 5.0)      # a positive control that fails
+    v = leak.verdict(same, null, (high, null), (same, null), 10, 1.0, 5.0)
+    assert v["verdict"] == "at_chance" and v["null_excess_token_er_ci"] == [0.0, 0.0]
+    v = leak.verdict(same, null, (same, null), (same, null), 10, 1.0, 5.0)      # a positive control that fails
     assert v["verdict"] == "inconclusive" and not v["positive_control_pass"]
-    v = leak.verdict(high, floor, None, high, 10, 1.0, 5.0)       # a negative control that leaks
+    v = leak.verdict(high, null, None, (high, null), 10, 1.0, 5.0)       # a negative control that leaks
     assert v["verdict"] == "inconclusive" and not v["negative_control_pass"]
+
+
+# --- issue 31: the verdict's statistic against signals without private information -------------------------
+
+
+class _RandomIds(Defence):
+    """A cloud-side signal that carries no private information: 100 uniformly random token ids a step."""
+
+    name = "random_ids"
+
+    def upload(self, p_S, p_L, rng):
+        ids = torch.randperm(p_S.numel(), generator=rng)[:100]
+        probs = torch.zeros_like(p_S)
+        probs[ids] = torch.linspace(1.0, 0.5, 100, dtype=p_S.dtype)
+        return Upload(probs, ids)
+
+
+@pytest.fixture(scope="module")
+def null_runs(pair):
+    """The tiny pair on 6 built-in examples, 4 tokens: each test signal, its null signal (the same mechanism
+    and seed, the edge without x_priv) and a second null (seed 1); the cloud alone's sets; the evidence."""
+    from harness.collab import protocol
+    from metrics.evidence_recall import Vocabulary, tokenise_evidence
+
+    edge, cloud = pair
+    vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
+    examples = benchmarks.load_benchmark(OmegaConf.create(dict(
+        name="builtin", path=None, hub_id=None, n_examples=6, max_context_words=None,
+        answer_critical=False))).examples
+    p = protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, None)
+    top = 100
+
+    def sets(defence, mode, private, seed=0):
+        sig = protocol.collaborate_all(p, examples, defence, mode=mode, seed=seed, private=private,
+                                       max_new_tokens=4, view_top=top)
+        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top) for e in examples]
+
+    vi = Vocabulary(edge.tokenizer)
+    ev = [tokenise_evidence(e.evidence, vi, True) for e in examples]
+    floor = protocol.cloud_alone(p, examples, max_new_tokens=4, top=top).sets
+    runs = {name: tuple(sets(make(), mode, private, seed) for private, seed in ((True, 0), (False, 0), (False, 1)))
+            for name, make, mode in (("random", lambda: _RandomIds(0.3), "cloud"),
+                                     ("dp_fusion_0", lambda: DPFusion(0.3, 0.0, 2.0), "edge"))}
+    # A known leak: the undefended edge without x_priv, with the private context's content ids uploaded at one
+    # more step; its null is that edge without the injection (deterministic: the second null is the same).
+    undefended_null = sets(Defence(0.3), "cloud", False)
+    ctx = [sorted(vi.content_ids(e.context, True)) for e in examples]
+    runs["injected"] = ([[c] + s for c, s in zip(ctx, undefended_null)], undefended_null, undefended_null)
+    return runs, floor, ev, vi
+
+
+def _read(runs, name, floor, ev, vi, k=100, margin=1.0):
+    run, null, null_again = runs[name]
+    inj, inj_null, _ = runs["injected"]
+    score = lambda s: leak.score_sets(s, ev, vi, [k], prior=floor)     # noqa: E731
+    return leak.verdict(score(run), score(null), (score(inj), score(inj_null)), (score(null_again), score(null)),
+                        k, margin, 5.0)
+
+
+def test_random_ids_read_at_chance_against_their_null_but_above_the_floor(null_runs):
+    runs, floor, ev, vi = null_runs
+    v = _read(runs, "random", floor, ev, vi)
+    assert v["positive_control_pass"] and v["negative_control_pass"]
+    assert v["verdict"] == "at_chance", v
+    # The statistic issue 31 replaced: the informed attacker's excess over the floor credits the random ids'
+    # extra coverage (no example below 0); at 48 tokens on SmolLM2 it read +4.3 [1.5, 7.0] pp, a leak.
+    run = leak.score_sets(runs["random"][0], ev, vi, [100], prior=floor).values("token_er", 100)
+    old = [a - b for a, b in zip(run, leak.score_sets(floor, ev, vi, [100]).values("token_er", 100))]
+    assert min(old) >= 0.0, old
+    # The second null is an independent draw: the negative control's interval holds 0.
+    lo, hi = v["negative_control_excess_token_er_ci"]
+    assert lo <= 0.0 <= hi
+
+
+def test_dp_fusion_at_epsilon_zero_reads_at_chance(null_runs):
+    runs, floor, ev, vi = null_runs
+    v = _read(runs, "dp_fusion_0", floor, ev, vi)
+    assert v["verdict"] == "at_chance", v
+    assert runs["dp_fusion_0"][0] == runs["dp_fusion_0"][1]    # ε = 0: the synced tokens ignore x_priv
+
+
+def test_the_private_context_injected_reads_leak(null_runs):
+    runs, floor, ev, vi = null_runs
+    v = _read(runs, "injected", floor, ev, vi)
+    assert v["verdict"] == "leak" and v["null_excess_token_er_ci"][0] > 5.0, str(v)
 
 
 # --- the command line ------------------------------------------------------------------------------------

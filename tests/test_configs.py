@@ -63,6 +63,7 @@ RUNNERS_MODULES["grad_audit"] = importlib.import_module("runners.grad_audit")
 RUNNERS_MODULES["splitft"] = importlib.import_module("runners.splitft")
 RUNNERS_MODULES["sanitize"] = importlib.import_module("runners.sanitize")
 RUNNERS_MODULES["sequential_attack"] = importlib.import_module("runners.sequential_attack")
+RUNNERS_MODULES["calibration"] = importlib.import_module("runners.calibration")
 
 
 def test_group_options_exist():

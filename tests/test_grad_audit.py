@@ -126,15 +126,34 @@ def tiny():
     return load_model(cfg).model
 
 
-def _frames(model, mitigation, n=4, noise_ratio=0.35):
-    st = TopologySettings(1, 2, 8, 1.0, noise_ratio, 1e-3, mitigation)
+def _frames(model, mitigation, n=4, noise_ratio=0.35, clip_quantile=None, trainer_out=None):
+    st = TopologySettings(1, 2, 8, 1.0, noise_ratio, 1e-3, mitigation, "random", clip_quantile)
     trainer = DecoyTrainer(model, st, seed=5)
     gen = torch.Generator().manual_seed(0)
     view, truth = AdversaryView(), FrameTruth()
     for i in range(n):
         trainer.step(torch.randint(0, 500, (4, 6), generator=gen), torch.randint(0, 500, (6, 6), generator=gen),
                      view, truth, i, i % 2)
+    if trainer_out is not None:
+        trainer_out.append(trainer)
     return view, truth
+
+
+def test_quantile_clip_binds_on_the_measured_norms_and_scales_the_noise(tiny):
+    """Issue 31: the clip at the q-quantile of each frame's real per-position norms shortens a share 1 - q of
+    them, and the decoys' noise is noise_multiplier × that clip (the fixed C = 0.01 never bound)."""
+    out = []
+    view, truth = _frames(tiny, (None, 0.35), n=3, clip_quantile=0.25, trainer_out=out)
+    record = out[0].clip_record
+    assert len(record) == 3
+    for (clip, clipped, total), e, real in zip(record, view.select(channel=RETURNED_GRADIENT), truth.is_real):
+        assert total == 4 * 6 and clipped == pytest.approx(0.75 * total, abs=1)
+        decoy_noise = e.tensor[~real]
+        assert float(decoy_noise.std()) == pytest.approx(0.35 * clip, rel=0.1)
+        assert torch.all(torch.linalg.vector_norm(e.tensor[real], dim=-1) <= clip + 0.35 * clip * 30)
+    fixed = []
+    _frames(tiny, (0.01, 0.35), n=1, trainer_out=fixed)
+    assert fixed[0].clip_record[0][0] == 0.01
 
 
 def test_returned_gradient_is_exactly_zero_on_the_decoys_and_nowhere_else(tiny):
@@ -212,6 +231,20 @@ def test_probe_reads_a_linear_code_and_nothing_from_noise():
     assert expected == pytest.approx(35, abs=4) and cell.effect_pp > 0.6 * expected
 
 
+def test_dosed_control_on_an_arm_at_the_floor_gives_its_dose():
+    """Issue 31: the positive control starts from an arm at the floor (features permuted against labels, the
+    probe reads about 0 there) and injects a code worth the dose to a perfect reader; a large dose is read."""
+    kw = dict(top_k=5, l2=1e-3, max_iter=30, max_rows=10_000, seed=0)
+    live = (_synthetic(1500, 3.0, 1), _synthetic(1500, 3.0, 2))
+    floor = probe.run_probe(probe.floor_arm(live[0], 3), probe.floor_arm(live[1], 4), **kw)
+    assert abs(floor.effect_pp) < 3                       # the live code is gone
+    for dose in (1.0, 2.0):
+        _, expected = probe.dosed_control(*live, dose_pp=dose, **kw)
+        assert expected == pytest.approx(dose, rel=1e-6)
+    big, expected = probe.dosed_control(*live, dose_pp=30.0, **kw)
+    assert expected == pytest.approx(30.0) and big.ci_pp[0] > 10
+
+
 def test_bonferroni_wilson_statistic():
     cell = probe.score(torch.tensor([True] * 30 + [False] * 70), torch.tensor([True] * 20 + [False] * 80))
     assert cell.effect_pp == pytest.approx(10.0)
@@ -275,7 +308,15 @@ def test_smoke_experiment_through_the_cli(tmp_path):
     assert r["privacy_parameter"] == {"name": None, "value": None, "unit": None}   # the trainer has no knob
     assert m["zero_support_agreement"] == 1.0 and m["zero_support_frames_identified"] == m["frames_scored"] == 24
     assert m["partition_verdict"] == "leak" and m["verdict"] == "leak"
-    assert m["gate"] in ("pass", "fail") and m["utility_gate"] in ("pass", "fail")
+    assert m["gate"] in ("pass", "fail") and m["utility_gate"] in ("pass", "fail", "unknown")
+    # issue 31: the clipped fraction (nothing clipped without mitigation), the CE curve and its convergence,
+    # the gate moved by the shuffled probe's bias, the positive control at +1 and +2 pp
+    assert r["clipped_fraction"] == m["clipped_fraction"] == 0.0 and m["grad_clip_median"] is None
+    assert all(len(s["ce_curve"]) == 4 and s["ce_curve"][-1][0] == 12 for s in r["seeds"])
+    assert m["utility_gate"] == ("unknown" if not m["converged"] else m["utility_gate"])
+    assert m["probe_gate_offset_pp"] <= 0.0
+    assert m["positive_control_doses_pp"] == [0.0, 1.0, 2.0]
+    assert isinstance(m["positive_control_1pp_gate_fires"], bool) and "positive_control_2pp_effect_pp" in m
     # the protocol was locked in the run dir, its hash recorded, before the results were written
     proto = path.parent / "protocol.json"
     assert hashlib.sha256(proto.read_bytes()).hexdigest() == r["protocol_sha256"]
@@ -295,6 +336,7 @@ def test_mitigated_smoke_through_the_cli(tmp_path):
     assert m["zero_support_frames_identified"] == 0 and m["zero_support_agreement"] == pytest.approx(0.4)
     assert (r["privacy_parameter"]["name"], r["privacy_parameter"]["value"]) == \
         ("sigma", r["mitigation"]["noise_multiplier"])
+    assert m["clipped_fraction"] == pytest.approx(0.5, abs=0.02)      # the median clip binds on half
 
 
 # --- the report section ---------------------------------------------------------------------------------------
@@ -313,7 +355,8 @@ def _run(configuration, ce_split, frames_identified, effect):
     data = {"experiment": "grad_audit", "experiment_name": "grad_audit", "model": "m", "workload": "w",
             "configuration": configuration, "status": "ok", "metrics": metrics, "seeds": [{}, {}],
             "topology": {"cut_after": 15, "resume_at": 27, "latent_dim": 64, "delegated_layers": 12},
-            "mitigation": {"grad_clip": 0.01, "noise_multiplier": 0.35} if configuration == "decoy_mitigated" else None}
+            "mitigation": {"grad_clip": 0.01, "clip_quantile": None, "noise_multiplier": 0.35}
+            if configuration == "decoy_mitigated" else None}
     return Run(Path("."), configuration, "ok", data)
 
 

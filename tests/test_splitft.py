@@ -126,6 +126,26 @@ def test_privpair_burst_trains_the_recovery(ids):
     assert 0 < float(trained["coupling"].detach()) < 1.0
 
 
+def test_privpair_identity_w2_recovers_nothing_and_trains_only_w1(ids):
+    """splitft.privpair.w2=identity (issue 31): ŝ_B = s'_B, so H equals ‖s'_B − s_B‖² (H_recv), and a burst
+    moves W1 but leaves W2 as it started."""
+    model = _model()
+    part, _ = trainable.make_trainable(model, 1, 3, None)
+    pp = PrivPair(coupling_weight=1.0, settings=OmegaConf.merge(SECTION.privpair, {"w2": "identity"}))
+    gen = torch.Generator().manual_seed(1)
+    pp.setup(part, ids, gen)
+    before = pp.state()
+    pp.burst(0, part, ids, gen)
+    after = pp.state()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("w2."))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("w1."))
+    s_b = torch.randn(2, 5, 8)
+    assert pp.recover(s_b, torch.zeros(2, 5, 8), torch.ones(2, 5, 8)) is s_b
+    out = split_step(part, pp, ids, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
+                     measure=True)
+    assert out["H"] == pytest.approx(out["H_recv"], rel=1e-6)
+
+
 def test_smashed_dp_noise_matches_the_mechanisms():
     assert defences.gaussian_sigma(1.5, 2.0, 1e-5) == pytest.approx(2 * 1.5 * math.sqrt(2 * math.log(1.25e5)) / 2.0)
     assert defences.laplace_scale(1.5, 2.0) == pytest.approx(1.5)
@@ -267,6 +287,28 @@ def test_assess_verdicts():
     assert assess("a", refs, constant, refs, constant, 1.0, 5.0)["a_verdict"] == "inconclusive"   # failed control
 
 
+def test_label_floor_is_the_constant_most_frequent_guess_and_the_verdict_must_beat_it():
+    from attacks.splitft.label import constant_guesses, top1_floor
+
+    labels = [[5, 5, 9, 2], [5, 3, 3, 3], [7, 5, 1, 0]]          # 5 occurs 4 times, 3 three times
+    assert constant_guesses(labels) == [[5] * 4, [5] * 4, [5] * 4]
+    assert top1_floor(labels) == pytest.approx((50.0 + 25.0 + 25.0) / 3)
+    assert constant_guesses([[4, 2], [2, 4]]) == [[2, 2], [2, 2]]   # a tie goes to the smallest id
+    # Labels dominated by one token: an attacker that gets only the rare tokens right (and fills the rest with
+    # junk) is far above the exposure-free reference but below the constant guess: no leak against the floor.
+    rng = np.random.default_rng(1)
+    refs = [[3] * 8 + list(rng.choice(np.arange(10, 1000), 4, replace=False)) for _ in range(10)]
+    guesses = [r[8:] + list(rng.choice(np.arange(2000, 3000), 8, replace=False)) for r in refs]
+    constant = constant_guesses(refs)
+    without = assess("label", refs, guesses, refs, refs, 1.0, 5.0)
+    with_floor = assess("label", refs, guesses, refs, refs, 1.0, 5.0, prior_guesses=constant,
+                        plain_prior_guesses=constant)
+    assert without["label_verdict"] == "leak"
+    assert with_floor["label_reference_token_f1"] == pytest.approx(with_floor["label_prior_token_f1"])
+    assert with_floor["label_token_f1_ci_hi"] < with_floor["label_reference_token_f1"]
+    assert with_floor["label_verdict"] == "inconclusive"
+
+
 @pytest.mark.parametrize("args, expected", [
     (["splitft.n_clients=0"], "splitft.n_clients must be >= 1, got 0"),
     (["splitft.lr=0"], "splitft.lr must be a finite number > 0, got 0.0"),
@@ -330,7 +372,8 @@ def test_smoke_experiment_through_flower(tmp_path):
     (path,) = list(out.rglob("results.json"))
     results = json.loads(path.read_text())
     m = results["metrics"]
-    for key in ("heldout_ce", "label_top1", "label_token_f1", "eia_token_f1", "weights_label_token_f1",
+    assert 0.0 <= m["label_top1_floor"] <= 100.0      # the constant guess on the same labels (issue 31)
+    for key in ("heldout_ce", "label_top1", "label_top1_floor", "label_token_f1", "eia_token_f1", "weights_label_token_f1",
                 "weights_label_reference_token_f1", "weights_label_prior_token_f1", "H", "H_A", "verdict"):
         assert m[key] is not None, key
     # the weights attacker: 2 clients × 2 pairs of consecutive steps in the recorded round, not skipped

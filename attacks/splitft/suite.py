@@ -21,7 +21,7 @@ from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
 from attacks.splitft.cell import assess
 from attacks.splitft.eia import eia
-from attacks.splitft.label import infer_labels
+from attacks.splitft.label import constant_guesses, infer_labels, top1_floor
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.step import GRAD_UP, SMASHED_DOWN, SMASHED_UP
@@ -102,11 +102,14 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         attackers.append("bisr")
     metrics = {
         **assess("label", labels(label_guess), [g for *_, g in label_guess], labels(label_plain),
-                 [g for *_, g in label_plain], margin, positive),
+                 [g for *_, g in label_plain], margin, positive,
+                 prior_guesses=constant_guesses(labels(label_guess)),
+                 plain_prior_guesses=constant_guesses(labels(label_plain))),
         **assess("eia", inputs(eia_guess), [g for *_, g in eia_guess], inputs(eia_plain),
                  [g for *_, g in eia_plain], margin, positive),
         "gate_margin_pp": margin, "positive_margin_pp": positive,
     }
+    metrics["label_top1_floor"] = top1_floor(labels(label_guess))
     if bisr_b_guess:
         metrics.update(assess("bisr_b", labels(bisr_b_guess), [g for *_, g in bisr_b_guess], labels(bisr_b_plain),
                               [g for *_, g in bisr_b_plain], margin, positive))

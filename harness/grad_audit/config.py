@@ -39,13 +39,17 @@ class GradAuditTrainConfig:
     init: str = MISSING                # random | least_squares: how the bottleneck and up-projection start
     init_blocks: int = MISSING         # least_squares: training blocks the start is fitted on
     heldout_blocks: int = MISSING      # blocks kept out of training for the utility gate
+    curve_points: int = MISSING        # held-out CE measured at this many evenly spaced frame counts
+    flat_nats: float = MISSING         # converged: the CE fell by at most this over the curve's last segment
     threads: Optional[int] = MISSING
 
 
 @dataclass
 class GradAuditMitigationConfig:
-    grad_clip: float = MISSING         # per-row clip of the returned gradient (paper: C = 0.01)
-    noise_multiplier: float = MISSING  # its Gaussian σ = noise_multiplier · grad_clip
+    grad_clip: Optional[float] = MISSING  # a fixed per-position clip of the returned gradient (paper: C = 0.01)
+    clip_quantile: Optional[float] = MISSING  # or the clip set per frame at this quantile of the real rows'
+                                              # per-position gradient norms (issue 31: C = 0.01 never binds)
+    noise_multiplier: float = MISSING  # its Gaussian σ = noise_multiplier · the frame's clip
 
 
 @dataclass
@@ -71,7 +75,7 @@ class GradAuditGatesConfig:
     partition_margin_pp: float = MISSING  # the partition attacker's verdict margin around its chance agreement
     alpha: float = MISSING             # family-wise error of the Bonferroni-Wilson bounds
     utility_max_nats: float = MISSING  # utility gate: held-out CE increase ≤ this
-    injected_dose: float = MISSING     # positive control: share of real rows given a token code
+    injected_doses_pp: List[float] = MISSING  # positive control: gains (pp) a perfect reader of the injected code gets
     positive_margin_pp: float = MISSING
 
 
@@ -123,8 +127,17 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("grad_audit.train.init_blocks", t.init_blocks, 1)
     check_at_least("grad_audit.train.heldout_blocks", t.heldout_blocks, 2)
     check_at_least("grad_audit.train.threads", t.threads, 1, nullable=True)
+    check_at_least("grad_audit.train.curve_points", t.curve_points, 2)
+    check_at_least("grad_audit.train.flat_nats", float(t.flat_nats), 0.0)
     m = g.mitigation
-    check_positive("grad_audit.mitigation.grad_clip", m.grad_clip)
+    if m.grad_clip is not None:
+        check_positive("grad_audit.mitigation.grad_clip", m.grad_clip)
+    if m.clip_quantile is not None and not 0.0 < float(m.clip_quantile) <= 1.0:
+        raise UserError(f"grad_audit.mitigation.clip_quantile must lie in (0, 1] or be null, got {m.clip_quantile}")
+    if (m.grad_clip is None) == (m.clip_quantile is None):
+        raise UserError("grad_audit.mitigation needs exactly one of grad_clip (a fixed clip) and clip_quantile "
+                        f"(a clip from the measured norms), got grad_clip={m.grad_clip}, "
+                        f"clip_quantile={m.clip_quantile}")
     check_at_least("grad_audit.mitigation.noise_multiplier", float(m.noise_multiplier), 0.0)
     p = g.probe
     check_at_least("grad_audit.probe.top_k", p.top_k, 1)
@@ -149,5 +162,6 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least(f"grad_audit.gates.{key}", float(q[key]), 0.0)
     if not 0 < q.alpha < 1:
         raise UserError(f"grad_audit.gates.alpha must lie in (0, 1), got {q.alpha}")
-    if not 0 < q.injected_dose <= 1:
-        raise UserError(f"grad_audit.gates.injected_dose must lie in (0, 1], got {q.injected_dose}")
+    doses = list(q.injected_doses_pp)
+    if not doses or any(not (math.isfinite(float(d)) and float(d) > 0) for d in doses):
+        raise UserError(f"grad_audit.gates.injected_doses_pp must be a non-empty list of numbers > 0, got {doses}")

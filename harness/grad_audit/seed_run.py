@@ -20,6 +20,8 @@ class SeedRun:
     truth: FrameTruth            # what it did not
     losses: list[float]
     heldout_ce: torch.Tensor     # (heldout_blocks,) of the split pipeline after training
+    clip_record: list[tuple[float, int, int]]   # mitigated frames: (clip, positions clipped, real positions)
+    ce_curve: list[tuple[int, float]]           # (frames trained, mean held-out CE) at the curve's points
 
 
 def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -30,15 +32,26 @@ def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 
 def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
-               real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int) -> SeedRun:
+               real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int,
+               curve_points: int = 1) -> SeedRun:
     trainer = DecoyTrainer(model, settings, seed)
     data_gen = torch.Generator().manual_seed(10_000 + int(seed))
     if settings.init == "least_squares":
         trainer.warm_start(_pick(blocks.train, init_blocks, torch.Generator().manual_seed(20_000 + int(seed))))
     view, truth, losses = AdversaryView(meta={**meta, "seed": int(seed)}), FrameTruth(), []
+    # The held-out CE curve: at `curve_points` evenly spaced frame counts, the last one the final model.
+    marks = {max(1, round(frames * (j + 1) / curve_points)) for j in range(curve_points)}
+    curve: list[tuple[int, float]] = []
+    final = None
     for i in progress(range(frames), desc=desc, unit="frame"):
         parity = i % 2
         real = _pick(blocks.half(parity), real_rows, data_gen)
         decoys = _pick(blocks.train, decoy_rows, data_gen)
         losses.append(trainer.step(real, decoys, view, truth, i, parity))
-    return SeedRun(int(seed), view, truth, losses, trainer.heldout_ce(blocks.heldout))
+        if i + 1 == frames:
+            final = trainer.heldout_ce(blocks.heldout)
+            curve.append((i + 1, float(final.mean())))
+        elif i + 1 in marks:
+            point = trainer.heldout_ce(blocks.heldout, generator=torch.Generator().manual_seed(30_000 + int(seed) + i))
+            curve.append((i + 1, float(point.mean())))
+    return SeedRun(int(seed), view, truth, losses, final, trainer.clip_record, curve)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.adversary_view import AdversaryView, Exposure
-from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, mitigate
+from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, frame_clip, mitigate
 from harness.splitft.partition import Context, Partition
 
 FORWARD_PAYLOAD, RETURNED_GRADIENT = "forward_payload", "returned_gradient"
@@ -45,9 +45,11 @@ class TopologySettings:
     clip: float
     noise_ratio: float
     lr: float
-    # (grad_clip, noise_multiplier) of the returned-gradient mitigation; None: the gradient goes back as it is
-    mitigation: tuple[float, float] | None = None
+    # (grad_clip, noise_multiplier) of the returned-gradient mitigation; None: the gradient goes back as it is.
+    # grad_clip None: the clip is set per frame at `clip_quantile` of the real rows' per-position norms.
+    mitigation: tuple[float | None, float] | None = None
     init: str = "random"        # random | least_squares (DecoyTrainer.warm_start)
+    clip_quantile: float | None = None
 
 
 @dataclass
@@ -73,6 +75,8 @@ class DecoyTrainer:
     def __init__(self, model: nn.Module, settings: TopologySettings, seed: int) -> None:
         self.settings = settings
         self.part = Partition(model, settings.cut_after, settings.resume_at)
+        # per mitigated frame: (its clip, real position vectors longer than it, real position vectors)
+        self.clip_record: list[tuple[float, int, int]] = []
         for p in model.parameters():
             p.requires_grad_(False)
         hidden = int(model.config.hidden_size)
@@ -145,7 +149,10 @@ class DecoyTrainer:
         loss.backward()
         returned = received.grad
         if st.mitigation is not None:
-            returned = mitigate(returned, st.mitigation[0], st.mitigation[1], self.gen)
+            clip = frame_clip(returned[frame.real_index], st.mitigation[0], st.clip_quantile)
+            norms = returned[frame.real_index].norm(dim=-1)
+            self.clip_record.append((clip, int((norms > clip).sum()), int(norms.numel())))
+            returned = mitigate(returned, clip, st.mitigation[1], self.gen)
         # 4. cloud backward, then the local node's bottleneck
         self.cloud_opt.zero_grad()
         s_b.backward(returned)
@@ -166,13 +173,17 @@ class DecoyTrainer:
         return float(loss.detach())
 
     @torch.no_grad()
-    def heldout_ce(self, blocks: torch.Tensor, batch: int = 32) -> torch.Tensor:
-        """Per-block held-out cross-entropy of the deployed split pipeline (forward noise included)."""
+    def heldout_ce(self, blocks: torch.Tensor, batch: int = 32,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        """Per-block held-out cross-entropy of the deployed split pipeline (forward noise included, drawn from
+        `generator`, else from the trainer's own stream: a mid-training curve point passes its own so that the
+        training that follows does not change)."""
+        gen = self.gen if generator is None else generator
         out = []
         for start in range(0, blocks.shape[0], batch):
             ids = blocks[start:start + batch]
             s_a, ctx = self.part.head(ids)
-            s_b = self.part.body(self.up(self.local(s_a, self.gen)), ctx)
+            s_b = self.part.body(self.up(self.local(s_a, gen)), ctx)
             out.append(block_ce(self.part.tail(s_b, ctx), ids))
         return torch.cat(out)
 

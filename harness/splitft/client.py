@@ -164,6 +164,7 @@ class ClientTrainer:
         self.model.eval()
         last = measured[-1]
         metrics = {"train_loss": sum(losses) / len(losses), "H": last["H"], "H_A": last["H_A"],
+                   "H_recv": last["H_recv"], "H_recv_rel": last["H_recv"] / max(last["s_b_sq"], 1e-12),
                    "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
                    "regulariser": out["regulariser"], "num-examples": float(blocks.shape[0]),
                    MAX_SENDS: float(sends.max())}

@@ -20,6 +20,7 @@ PARTITIONS = ("iid", "dirichlet")
 OPTIMIZERS = ("adamw", "sgd")
 PRIVACY_TERMS = ("capped_ce", "entropy")       # harness/splitft/privpair.py
 W2_LOSSES = ("mse", "mse_task")
+W2_KINDS = ("learned", "identity")
 COUPLINGS = ("relative", "absolute")
 BISR_INITS = ("label", "sip", "random", "mean")       # attacks/splitft/bisr.py
 BISR_WEIGHTS = ("client", "pretrained")
@@ -60,6 +61,7 @@ class SplitFtPrivPairConfig:
     privacy_term: str = MISSING             # PRIVACY_TERMS
     coupling: str = MISSING                 # COUPLINGS: λ·‖δ_A‖²/‖s_A‖² or λ·‖δ_A‖²
     w2_loss: str = MISSING                  # W2_LOSSES
+    w2: str = MISSING                       # W2_KINDS: the trained recovery, or ŝ_B = s'_B (the ablation)
     align_every: int = MISSING              # P: local steps between bursts
     align_steps: int = MISSING              # adapter steps per burst
     warmup_align_steps: int = MISSING       # the first burst, before the first private step
@@ -201,6 +203,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_choice("splitft.privpair.privacy_term", p.privacy_term, PRIVACY_TERMS)
     check_choice("splitft.privpair.coupling", p.coupling, COUPLINGS)
     check_choice("splitft.privpair.w2_loss", p.w2_loss, W2_LOSSES)
+    check_choice("splitft.privpair.w2", p.w2, W2_KINDS)
     check_at_least("splitft.privpair.align_every", p.align_every, 1)
     check_at_least("splitft.privpair.align_steps", p.align_steps, 0)
     check_at_least("splitft.privpair.warmup_align_steps", p.warmup_align_steps, 0)

@@ -95,7 +95,14 @@ class PrivPair(Defence):
             delta = self.w1.delta(s_a)
         return s_a + delta                      # value s'_A; gradient to s_A: identity (J_W1 = I)
 
+    @property
+    def identity_w2(self) -> bool:
+        """`splitft.privpair.w2=identity`: no recovery, ŝ_B = s'_B (the ablation of W2)."""
+        return self.s.w2 == "identity"
+
     def recover(self, s_b_recv: torch.Tensor, s_a: torch.Tensor, s_a_sent: torch.Tensor) -> torch.Tensor:
+        if self.identity_w2:
+            return s_b_recv
         with torch.no_grad():
             correction = self.w2(s_b_recv, (s_a_sent - s_a), s_a_sent) - s_b_recv
         return s_b_recv + correction            # value ŝ_B; J_W2^(1) = I, J_W2^(2) = 0
@@ -119,7 +126,7 @@ class PrivPair(Defence):
         s_a_obf = self.w1(s_a)
         delta = s_a_obf - s_a
         s_b_obf = part.body(s_a_obf, ctx)
-        s_b_hat = self.w2(s_b_obf, delta, s_a_obf)
+        s_b_hat = s_b_obf if self.identity_w2 else self.w2(s_b_obf, delta, s_a_obf)
         ce_hat = token_ce(part.tail(s_b_hat, ctx), ids).mean()
         privacy = self.privacy_term(part.tail(s_b_obf, ctx), ids)
         coupling = self.coupling(delta, s_a)
@@ -142,14 +149,15 @@ class PrivPair(Defence):
             rows = torch.randint(0, align.shape[0], (min(int(self.s.align_batch_size), align.shape[0]),),
                                  generator=generator)
             out = self.losses(part, align[rows])
-            g1 = torch.autograd.grad(out["l_w1"], list(self.w1.parameters()), retain_graph=True)
-            g2 = torch.autograd.grad(out["l_w2"], list(self.w2.parameters()))
+            g1 = torch.autograd.grad(out["l_w1"], list(self.w1.parameters()), retain_graph=not self.identity_w2)
             for p, g in zip(self.w1.parameters(), g1):
                 p.grad = g
-            for p, g in zip(self.w2.parameters(), g2):
-                p.grad = g
             opt1.step()
-            opt2.step()
+            if not self.identity_w2:     # an identity W2 has nothing to train
+                g2 = torch.autograd.grad(out["l_w2"], list(self.w2.parameters()))
+                for p, g in zip(self.w2.parameters(), g2):
+                    p.grad = g
+                opt2.step()
             if record is not None and i == 0:
                 record.align(out["s_a"], out["s_a_obf"])
             last = {k: float(v.detach()) for k, v in out.items() if v.dim() == 0}

@@ -96,7 +96,9 @@ def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.opti
     if measure:
         with torch.no_grad():
             s_a_plain, s_b_plain = plain if plain is not None else (s_a.detach(), down.detach())
-            out.update(H=float(sq_norm(s_b_hat.detach() - s_b_plain)), H_A=float(sq_norm(up.detach() - s_a_plain)),
+            # H_recv = E‖s'_B − s_B‖²: what C would get without a recovery (PrivPair's W2), beside H
+            out.update(H=float(sq_norm(s_b_hat.detach() - s_b_plain)), H_recv=float(sq_norm(down.detach() - s_b_plain)),
+                       H_A=float(sq_norm(up.detach() - s_a_plain)),
                        s_a_sq=float(sq_norm(s_a_plain)), s_b_sq=float(sq_norm(s_b_plain)))
     if record is not None:
         record.add(SMASHED_UP, "s_a", part.k, up)

@@ -33,11 +33,17 @@ INTRO = ("An edge model holding the private context x_priv and a cloud model hol
          "docs/collab.md): % of the private evidence's content tokens / words / spans inside the union of the "
          "per-step top-K exposure sets, and the cloud's reconstruction of x_priv (ROUGE-1 recall). *floor*: the "
          "same metric on the cloud's own top-K along a cloud-only generation (no signal at all); *excess*: the "
-         "paired difference, mean [95% interval] over examples. *Informed*: the signal's sets united with the "
-         "cloud's own no-signal guesses, whose excess is what the signal adds. *Verdict* on the informed excess "
-         "Token-ER: leak | "
-         "at_chance | inconclusive (attacks/controls.classify; positive control: the undefended run exceeds "
-         "the floor; negative control: an edge without x_priv does not).")
+         "paired difference, mean [95% interval] over examples (the headline). *Informed*: the signal's sets united "
+         "with the cloud's own no-signal guesses; its excess over the floor credits any extra coverage and is not "
+         "a leak statistic. *Excess over null* (the verdict's statistic): the informed attacker on the signal "
+         "minus the same attacker on the null signal (the same defence, parameter and seed, the edge without "
+         "x_priv), paired over examples. *Verdict*: leak | at_chance | inconclusive (attacks/controls.classify; "
+         "positive control: the undefended run against its own null, dose = the whole private context's "
+         "effect on the undefended protocol, lower bound >= the positive margin; it would catch an attacker or "
+         "models that cannot see x_priv at all; negative control: a second null signal (seed + 1) against the "
+         "null, dose 0, must not read leak; it would catch a statistic that rewards a signal without "
+         "information, such as random ids against the floor). Results from before issue 31 have no excess "
+         "over the null (—): their verdicts were read on the informed excess over the floor and are not evidence.")
 
 
 @dataclass
@@ -128,7 +134,8 @@ def table_md(group: CollabGroup) -> list[str]:
     head = ["defence", group.runs[0].data["utility"]["metric"]]
     for _, label in METRICS:
         head += [f"{label}@{k}", "floor", "excess"]
-    head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "verdict"]
+    head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "excess over null (verdict)",
+             "verdict"]
     rows = []
     for run in group.runs:
         d = run.data
@@ -139,6 +146,9 @@ def table_md(group: CollabGroup) -> list[str]:
         inv = d.get("inversion_rouge1_recall")
         row.append("—" if inv is None else f"{inv:.1f} ({d['floor_inversion_rouge1_recall']:.1f})")
         row.append(_cell(d, "informed_excess_token_er_at_k", k) if "informed_excess_token_er_at_k" in d else "—")
+        c = d.get("controls") or {}
+        row.append(fmt_ci(c["null_excess_token_er"], *c["null_excess_token_er_ci"], 1)
+                   if "null_excess_token_er" in c else "—")
         row.append(d.get("verdict"))
         rows.append(row)
     u = group.runs[0].data["utility"]

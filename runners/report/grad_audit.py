@@ -31,9 +31,16 @@ INTRO = ("Paper 004 audits a two-node split-LLM trainer whose forward payload go
          "token guess, the paired effect pooled over the scored seeds (DerSimonian–Laird, 95% interval); "
          "*gate statistic*: the largest Bonferroni–Wilson upper bound of the probe's accuracy over the "
          "constant guess's, the privacy gate failing above the locked margin (+1.0 pp). *Utility*: held-out "
-         "cross-entropy of the split pipeline minus the unsplit model's (gate: ≤ 0.35 nats). Verdicts as in "
-         "attacks/controls.py; the run's is the worst of the probe's and the partition's. The protocol "
-         "(protocol.json) was locked before the scored seeds ran.")
+         "cross-entropy of the split pipeline minus the unsplit model's (gate: ≤ 0.35 nats; `unknown` when a "
+         "seed's held-out CE was still falling by more than train.flat_nats over its last curve segment). "
+         "Verdicts as in attacks/controls.py; the run's is the worst of the probe's and the partition's. The "
+         "protocol (protocol.json) was locked before the scored seeds ran. Since issue 31 the gate is moved "
+         "down by each cell's shuffled-label probe effect when that is negative (the probe's bias). *Controls*: "
+         "negative = the probe on shuffled labels (dose 0; it would catch a probe that finds a label link "
+         "without one); positive = the gradient arm made to sit at the floor with a token code worth each "
+         "listed dose (pp) to a perfect reader (it would catch a gate that cannot see a leak of its own size). "
+         "Runs from before issue 31 had a positive control injected at a 50 % row share into the live arm "
+         "(about +13 pp), which said nothing about sensitivity at +1 pp.")
 
 
 @dataclass
@@ -86,7 +93,12 @@ def audit_md(group: AuditGroup) -> str:
     for run in group.runs:
         m = run.metrics
         zs = num(m.get("zero_support_agreement"))
-        controls_ = f"{'✓' if m.get('negative_control_pass') else '✗'} / {'✓' if m.get('positive_control_pass') else '✗'}"
+        doses = m.get("positive_control_doses_pp")
+        dose_txt = ("" if not doses else " (fires at " + ", ".join(
+            f"+{d:g}: {'yes' if m.get(f'positive_control_{d:g}'.replace('.', 'p') + 'pp_gate_fires') else 'no'}"
+            for d in doses) + " pp)")
+        controls_ = (f"{'✓' if m.get('negative_control_pass') else '✗'} / "
+                     f"{'✓' if m.get('positive_control_pass') else '✗'}{dose_txt}")
         rows.append([
             run.data.get("configuration"), _topo_label(run), len(run.data.get("seeds") or []),
             "—" if zs is None else f"{zs:.3f} ({m.get('zero_support_frames_identified')}/{m.get('frames_scored')})",
@@ -113,7 +125,10 @@ def mitigation_md(group: AuditGroup) -> str | None:
         a, b = pair["decoy_trainer"], pair["decoy_mitigated"]
         cost, shared = _mitigation_cost(a, b)
         mit = b.data.get("mitigation") or {}
-        rows.append([_topo_label(a), f"{mit.get('grad_clip')} / {mit.get('noise_multiplier')}",
+        clip = (f"q={mit['clip_quantile']:g} (median {num(b.metrics.get('grad_clip_median')) or 0:.2g}, "
+                f"{100 * (num(b.metrics.get('clipped_fraction')) or 0):.0f} % clipped)"
+                if mit.get("clip_quantile") is not None else f"{mit.get('grad_clip')}")
+        rows.append([_topo_label(a), f"{clip} / {mit.get('noise_multiplier')}",
                      f"{a.metrics.get('zero_support_frames_identified')}/{a.metrics.get('frames_scored')} → "
                      f"{b.metrics.get('zero_support_frames_identified')}/{b.metrics.get('frames_scored')}",
                      f"{_pp(a.metrics.get('probe_effect_pp'))} → {_pp(b.metrics.get('probe_effect_pp'))}",

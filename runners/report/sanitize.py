@@ -25,7 +25,11 @@ INTRO = ("Each run sanitises the workload's prompts (text tokens only) and the i
          "greedy decoding), both trained on public text the attacker sanitised itself (— where not run). "
          "Accuracy is lm-eval zero-shot on the sanitised inputs "
          "(unsanitised: the same model and template on the original inputs). The verdict is the worst over the "
-         "attackers (leak > inconclusive > at_chance), each against its own exposure-free reference.")
+         "attackers (leak > inconclusive > at_chance), each against its own exposure-free reference. *Controls*: "
+         "positive = the neighbour attacker on the unsanitised text (dose: the whole prompt), lower bound ≥ "
+         "reference + the positive margin; it would catch a scoring that cannot see a channel that carries the "
+         "prompt. Negative = each attacker on a deranged view (prompt i scored on prompt i+1's sanitised tokens, "
+         "dose 0), lower bound ≤ reference + margin; it would catch an attacker that reads anything but the view.")
 
 
 @dataclass

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from runners.report import (attack, collab, controlled_error, fidelity, fp_error, grad_audit, restore, sanitize,
-                            splitft, timing, tradeoff)
+from runners.report import (attack, calibration, collab, controlled_error, fidelity, fp_error, grad_audit, restore,
+                            sanitize, splitft, timing, tradeoff)
 from runners.report.plotting import Figures
 from runners.report.runs import Run
 
@@ -37,6 +37,7 @@ SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, a
                                  splitft,    # paper 002
                                  collab,     # paper 003
                                  grad_audit,  # paper 004
+                                 calibration,  # every system's verdict against nulls (issue 31)
                                  # the cross-system chart reads every experiment's `tradeoff` blocks: last
                                  tradeoff)
 EXPERIMENTS: tuple[str, ...] = tuple(s.EXPERIMENT for s in SECTIONS)

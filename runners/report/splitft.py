@@ -32,7 +32,13 @@ INTRO = ("N clients fine-tune A and C of the model cut A | B | C around the serv
          "model f = C∘B∘A on held-out blocks; leakage is what the server recovers from what crossed, under "
          "the strong threat model (it knows the clients' weights after every step). Cells are **mean [95% "
          "interval]** over held-out blocks or attacked examples; *ref* is the attacker's own score with the "
-         "wrong example's exposure, the verdict's reference.")
+         "wrong example's exposure, the verdict's reference (for the label attack the larger of that and the "
+         "constant most-frequent-label guess, whose top-1 is the floor beside label top-1). *Controls*: "
+         "positive = the same attacker on the undefended s_A / s_B of the same steps (dose: everything the "
+         "defence hides), lower bound ≥ ref + the positive margin; it would catch an attacker that cannot read "
+         "even the plain exposure. Negative: by construction for the untrained attackers (dose 0: nothing links "
+         "a guess to its example but the exposure); the learned inverter's is trained on shuffled pairs and "
+         "would catch an inverter that learnt the text prior rather than the exposure.")
 
 
 @dataclass
@@ -94,7 +100,7 @@ def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
 
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
-    headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 %",
+    headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 % (constant-guess floor)",
                "label token F1 % (ref)", "BiSR(b) label token F1 % (ref)", "EIA token F1 % (ref)",
                "BiSR(f) token F1 % (ref)",
                "inverter token F1 % (ref)", "weight-update label set F1 % (ref)", "verdict"]
@@ -106,7 +112,9 @@ def utility_leakage_md(group: SplitFtGroup) -> str:
                                                                           "weights_label")]
         rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
                      _g(m.get("H")), _g(m.get("H_A")),
-                     _ci(m, "label_top1") if m.get("label_top1") is not None else "—", *attacks,
+                     (_ci(m, "label_top1") + (f" ({fmt_auto(m['label_top1_floor'])})"
+                                               if m.get("label_top1_floor") is not None else " (—)"))
+                     if m.get("label_top1") is not None else "—", *attacks,
                      m.get("verdict") or "— (no server)"])
     return md_table(headers, rows)
 

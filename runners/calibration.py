@@ -1,0 +1,95 @@
+"""Calibration runner (issue 31): every system's verdict against null signals and known doses.
+
+For each system of `calibration.systems` (attacks/calibration.REGISTRY), `calibration.trials` null trials
+and `calibration.dosed_trials` trials per dose; results.json holds per system `false_leak_rate`,
+`certify_rate` and `power` (per dose), each a proportion with its Clopper–Pearson 95% interval, the null
+statistic's spread, the margin the sample size can certify, and the issue's acceptance checks, measured
+and reported whether they pass or not.
+
+    splitbench experiment=calibration_smoke
+    splitbench experiment=calibration
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import schema
+from harness.results import RunContext
+from runners import common, identity
+
+# What the runner reads besides its own section: each system's verdict margins.
+_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",)}
+
+
+def describe_skip(cfg: DictConfig) -> str | None:
+    return None
+
+
+def semantic_config(cfg: DictConfig) -> dict[str, Any]:
+    """Its own section, the model (the collab entry's cloud and every entry's tokenizer) and the margins it
+    reads from each system's section (runners/registry.py READS names the sections whole, for the run
+    directory; the hash keeps only their margins)."""
+    margins = {sys: {part: OmegaConf.to_container(cfg[sys][part], resolve=True) for part in parts}
+               for sys, parts in _MARGINS.items()}
+    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS)
+    return schema.semantic_config(cfg, own, system_margins=margins)
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    import time
+
+    import torch
+
+    from attacks import calibration
+    from harness.models import load_model
+
+    c = cfg.calibration
+    torch.set_num_threads(int(c.threads))
+    loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    systems, seconds = {}, {}
+    for i, name in enumerate(c.systems):
+        start = time.perf_counter()
+        entry = calibration.REGISTRY[name](cfg, loaded)
+        systems[name] = calibration.calibrate(entry, int(c.trials), int(c.seed) + i, int(c.dosed_trials))
+        seconds[name] = time.perf_counter() - start
+    metrics: dict[str, Any] = {}
+    for name, r in systems.items():
+        metrics[f"{name}_false_leak_rate"] = r["false_leak_rate"]["rate"]
+        metrics[f"{name}_false_leak_rate_ci_hi"] = r["false_leak_rate"]["ci"][1]
+        metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
+        gate = r["power_at_gate_dose"]
+        metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
+    results = {
+        "experiment": "calibration", "experiment_name": cfg.experiment_name, "status": "ok",
+        "configuration": "calibration", "epsilon": None, "model": loaded.name, "model_source": loaded.source,
+        "workload": "calibration:null-and-dosed-trials", "n_prompts": int(c.trials),
+        "metrics": metrics, "systems": systems, "timings": {"seconds_per_system": seconds},
+        "metric_definitions": DEFINITIONS,
+    }
+    return common.finish(cfg, ctx, results, [], summary=summary,
+                         provenance_extra={"torch_threads": torch.get_num_threads()})
+
+
+DEFINITIONS = {
+    "systems.<system>.false_leak_rate": "share of null trials the system's verdict read as leak, {k, n, rate, "
+                                        "ci: Clopper-Pearson 95%}",
+    "systems.<system>.certify_rate": "share of null trials read at_chance (the verdict's power to certify)",
+    "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
+    "systems.<system>.certifiable_margin_pp": "the margin the entry's sample size certifies with 80% probability "
+                                              "at the null trials' spread (metrics/equivalence.py)",
+    "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
+                                   "certify rate >= 80%; measured, not enforced",
+}
+
+
+def summary(results: dict[str, Any]) -> str:
+    lines = [f"{results['experiment_name']}: {results['model']} · {results['n_prompts']} null trials per system"]
+    for name, r in results["systems"].items():
+        fl, cert = r["false_leak_rate"], r["certify_rate"]
+        power = ", ".join(f"{d} pp {p['rate']:.0%}" for d, p in r["power"].items())
+        lines.append(f"  {name:<11} false leak {fl['k']}/{fl['n']} (≤ {fl['ci'][1]:.1%}), at chance {cert['k']}/"
+                     f"{cert['n']}, power {power}; certifiable margin "
+                     f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']}")
+    return "\n".join(lines)

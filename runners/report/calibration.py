@@ -1,0 +1,60 @@
+"""The report section of experiment=calibration (issue 31): per run, each system's verdict on null trials
+and on known doses, with Clopper–Pearson intervals (attacks/calibration.py)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runners.report.format import md_table, tagged
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "calibration"
+INTRO = ("Each system's verdict run as its runner runs it, on null trials (a signal that carries no private "
+         "information: the *null* column) and on trials at known doses (pp, in the unit of the verdict's "
+         "statistic). *False leaks*: null trials read leak, with the Clopper–Pearson 95% upper bound; *at "
+         "chance*: null trials read at_chance (the verdict's power to certify); *power*: dosed trials read leak; "
+         "*certifiable margin*: the margin the sample size certifies with 80 % probability at the nulls' spread "
+         "(metrics/equivalence.py). Issue 31's acceptance: false-leak bound ≤ 10 %, power at the gate's dose "
+         "≥ 80 %, nulls at chance ≥ 80 % (✓/✗ per check, measured, not enforced).")
+
+
+def groups(runs: Sequence[Run]) -> list[Run]:
+    return list(finished_runs(runs, EXPERIMENT))
+
+
+def _pct(p: dict[str, Any] | None) -> str:
+    return "—" if p is None else f"{p['k']}/{p['n']} ({100 * p['rate']:.0f} %)"
+
+
+def run_md(run: Run) -> str:
+    rows = []
+    for name, s in (run.data.get("systems") or {}).items():
+        fl = s["false_leak_rate"]
+        power = "; ".join(f"{d} pp: {_pct(p)}" for d, p in s["power"].items())
+        margin = s.get("certifiable_margin_pp")
+        acc = s.get("acceptance") or {}
+        rows.append([name, str(s["n_examples"]), s["null"], f"{_pct(fl)} ≤ {100 * fl['ci'][1]:.1f} %",
+                     _pct(s["certify_rate"]), power, f"{s['gate_dose_pp']:g}",
+                     "—" if margin is None else f"{margin:.2f} (m = {s['margin_pp']:g})",
+                     " ".join("✓" if acc.get(k) else "✗" for k in ("false_leak_upper_le_10pct",
+                                                                  "power_at_gate_dose_ge_80pct",
+                                                                  "certify_rate_ge_80pct"))])
+    return md_table(["system", "n", "null", "false leaks", "at chance", "power per dose", "gate dose pp",
+                     "certifiable margin pp", "acceptance (fl / power / certify)"], rows, align="lrllllrrc")
+
+
+def markdown(items: Sequence[Run], figure: Any) -> list[str]:
+    md = ["## Verdicts calibrated against nulls (issue 31)", "", INTRO, ""]
+    for run in items:
+        md += [f"### {tagged(run.rel + ' · ' + str(run.data.get('model')), run.tags)}",
+               "", run_md(run), ""]
+    return md
+
+
+def summary(items: Sequence[Run]) -> list[str]:
+    lines = []
+    for run in items:
+        for name, s in (run.data.get("systems") or {}).items():
+            lines.append(f"  {name:<11} false leaks {_pct(s['false_leak_rate'])}, at chance {_pct(s['certify_rate'])}, "
+                         f"power at {s['gate_dose_pp']:g} pp {_pct(s.get('power_at_gate_dose'))}")
+    return lines
