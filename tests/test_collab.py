@@ -698,6 +698,10 @@ def test_collab_smoke_experiment(tmp_path):
         assert set(r["token_er_at_k"]) == {"1", "5", "20"}
         assert r["verdict"] in ("leak", "at_chance", "inconclusive") and "smoke" in r["tags"]
         assert r["tradeoff"]["leakage"]["floor"] == r["floor_token_er_at_k"]["20"]
+        assert r["tradeoff"]["leakage"]["value"] == r["token_er_at_k"]["20"]          # the paper's metric
+        c = r["controls"]            # issue 31: the verdict reads the excess over the null signal
+        assert c["verdict_statistic"] == "null_excess_token_er" and len(c["null_excess_token_er_ci"]) == 2
+        assert r["metrics"]["null_excess_token_er_at_20"] == c["null_excess_token_er"]
         gold = [json.loads(line)["gold"] for line in (run / "samples.jsonl").read_text().splitlines()]
         assert r["utility"]["constant_answer_floor"] == r["metrics"]["accuracy_floor"] == constant_answer_floor(gold)
         from harness.adversary_view import AdversaryView
