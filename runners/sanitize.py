@@ -49,7 +49,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks.sanitize import suite
     from harness.adversary_view import view_meta
     from harness.sanitize import prompts, sanitizer, tasks
-    from metrics.intervals import mean_ci
+    from metrics.proportions import proportion_ci
 
     section = cfg.sanitize
     if section.threads is not None:
@@ -79,20 +79,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     metrics = dict(attacks.metrics)
     skilled = []   # the tasks on which the unsanitised model beats the constant answer (labels are not sanitised)
     for name in docs:
-        metrics.update(mean_ci(scored[name].acc, bounds=(0, 100)).flat(f"accuracy_{name}"))
-        reference = mean_ci(clean[name], bounds=(0, 100))
+        metrics.update(proportion_ci(scored[name].acc).flat(f"accuracy_{name}"))
+        reference = proportion_ci(clean[name])
         metrics.update(reference.flat(f"accuracy_unsanitized_{name}"))
         metrics[f"accuracy_floor_{name}"] = floor = scored[name].constant_floor
         metrics[f"accuracy_skill_{name}"] = skill = reference.lo is not None and reference.lo > floor
         if skill:
             skilled.append(name)
-    pooled = mean_ci([a for name in docs for a in scored[name].acc], bounds=(0, 100))
+    pooled = proportion_ci([a for name in docs for a in scored[name].acc])
     metrics.update(pooled.flat("accuracy"))
-    metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))
+    metrics.update(proportion_ci([a for name in docs for a in clean[name]]).flat("accuracy_unsanitized"))
     # The chart's utility: pooled over the tasks with skill only, where any has it (a task at its constant floor
     # would pull every sanitiser towards the same number and hide the cost); the reference says which.
     if skilled:
-        utility = mean_ci([a for name in skilled for a in scored[name].acc], bounds=(0, 100))
+        utility = proportion_ci([a for name in skilled for a in scored[name].acc])
         metrics.update(utility.flat("accuracy_skilled"))
         utility_tasks = f"tasks above their constant-answer floor: {', '.join(skilled)}"
     else:
