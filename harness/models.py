@@ -212,7 +212,9 @@ def _load_hub(cfg: Mapping[str, Any], name: str, root: Path):
             f"or a local cache ({why})"
         ) from e
     rev = f"@{revision}" if revision else ""
-    return model, tokenizer, f"hub:{hub_id}{rev}"
+    # The commit the hub (or the local cache) resolved the revision to, so a moving branch is pinned after the fact.
+    commit = getattr(config, "_commit_hash", None)
+    return model, tokenizer, f"hub:{hub_id}{rev}" + (f" commit={commit}" if commit else "")
 
 
 _LOADERS = {"random": _load_random, "gguf_package": _load_gguf_package, "hub": _load_hub}
