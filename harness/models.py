@@ -157,6 +157,9 @@ def _load_random(cfg: Mapping[str, Any], name: str, root: Path):
         first = str(e).strip().splitlines()
         raise UserError(f"model {name}: invalid hf_config for {architecture}: "
                         f"{' '.join(line.strip() for line in first[:2]) if first else type(e).__name__}") from e
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < 1:   # transformers builds a model of no blocks without a word
+        raise UserError(f"model {name}: hf_config.num_hidden_layers must be >= 1, got {layers}")
     # fork_rng: the same seed gives the same weights without resetting the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))

@@ -334,6 +334,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     if missing:
         raise UserError(f"no value given for {', '.join(missing)} (set it on the command line: key=value)")
     check_choice("runner", cfg.runner, runners)
+    plain_dirname("experiment_name", cfg.experiment_name)
     check_choice("configuration.name", cfg.configuration.name, configurations.NAMES)
     _check_system(cfg, runners[cfg.runner])
     check_positive("epsilon", cfg.epsilon)
@@ -352,6 +353,10 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         raise UserError(f"timing.configurations must be a non-empty list from {', '.join(splitee)}, got {list(timing.configurations)}")
     if not timing.max_new_tokens or min(timing.max_new_tokens) < 1:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
+    for key in ("configurations", "max_new_tokens"):   # a repeat would time the same cell twice: duplicate rows
+        values = list(timing[key])
+        if len(set(values)) != len(values):
+            raise UserError(f"timing.{key} must be a list of distinct values, got {values}")
     if timing.mode not in TIMING_MODES:
         raise UserError(f"timing.mode={timing.mode!r} is not one of {', '.join(TIMING_MODES)}")
     _check_fp_error(cfg)
@@ -422,12 +427,18 @@ def _check_environment(cfg: DictConfig) -> None:
                         f"{', '.join(WANDB_ENV_MODES)}; unset it (logger.mode then applies) or fix it")
     cache = Path(str(cfg.paths.cache_dir)).expanduser()
     blocker = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    given = f"paths.cache_dir={cfg.paths.cache_dir}"
+    if os.environ.get("SPLITBENCH_CACHE") == str(cfg.paths.cache_dir):
+        given += " (from $SPLITBENCH_CACHE)"
     if blocker is not None and not blocker.is_dir():
-        given = f"paths.cache_dir={cfg.paths.cache_dir}"
-        if os.environ.get("SPLITBENCH_CACHE") == str(cfg.paths.cache_dir):
-            given += " (from $SPLITBENCH_CACHE)"
         why = "is a file, not a directory" if blocker == cache else f"cannot be created: {blocker} is a file"
         raise UserError(f"{given} {why}")
+    # access(2) answers EROFS for a read-only filesystem even to root, and EACCES for a folder the user may not
+    # write: either way the first cache write would fail deep inside a model load.
+    if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
+        where = "is" if blocker == cache else f"cannot be created: {blocker} is"
+        raise UserError(f"{given} {where} not writable (a read-only filesystem or no permission); "
+                        "set SPLITBENCH_CACHE to a writable folder")
 
 
 def _check_input_files(cfg: DictConfig) -> None:
@@ -575,6 +586,18 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = (), **replace: Any)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-]")
 _MAX_DIRNAME = 120
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def plain_dirname(key: Any, value: Any) -> str:
+    """`value` as it is when it is one plain path component (letters, digits, '.', '_', '-', not starting with
+    '.'), else a UserError: `experiment_name=../..` would put the runs outside paths.output_dir, and Hydra
+    makes the directory from this name before any of splitbench's checks run."""
+    text = str(value)
+    if not _PLAIN_NAME.fullmatch(text) or len(text) > _MAX_DIRNAME:
+        raise UserError(f"{key}={text!r} must be a plain name (letters, digits, '.', '_', '-'; it names a directory "
+                        f"under paths.output_dir)")
+    return text
 
 
 def eps_dirname(configuration: Any, epsilon: Any) -> str:
@@ -610,6 +633,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("sb.eps_dir", eps_dirname, replace=True)
     OmegaConf.register_new_resolver("sb.eps", eps_label, replace=True)
     OmegaConf.register_new_resolver("sb.overrides_dir", overrides_dirname, replace=True)
+    OmegaConf.register_new_resolver("sb.plain", plain_dirname, replace=True)
 
 
 register_configs()

@@ -25,7 +25,9 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -85,11 +87,19 @@ def run_job(cfg: DictConfig) -> dict:
                 raise UserError(
                     f"{run_dir.path} holds a finished run of a different config (hash {run_dir.stored_hash()} != "
                     f"{digest}); move it away, or pass rerun=true to recompute it in place")
+            before = set(os.listdir(run_dir.path))
             try:
                 runner.run(cfg, RunContext(run_dir, name, digest, semantic))
             except UserError:
                 raise
             except BaseException as exc:
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    # A full disk: the atomic writes left no torn file; what this job did write goes too (a
+                    # failure record would need the space it lacks), so the run stays as it was: to do.
+                    _remove_new(run_dir.path, before)
+                    raise UserError(f"no space left on the device writing {exc.filename or run_dir.path} "
+                                    f"({exc.strerror}); free some space, or move paths.output_dir / "
+                                    "paths.cache_dir") from None
                 _record_failure(run_dir, cfg, name, digest, exc)
                 if isinstance(exc, Exception):
                     _say(f"FAILED {name}: {type(exc).__name__}: {_first_line(exc)}", err=True)
@@ -106,6 +116,16 @@ def run_job(cfg: DictConfig) -> dict:
             raise
         _say(f"error: {exc}", err=True)
         raise SystemExit(2) from None
+
+
+def _remove_new(path: Path, before: set[str]) -> None:
+    """Remove what appeared in `path` since `before` was listed (the lock file, held, stays)."""
+    for entry in sorted(set(os.listdir(path)) - before):
+        target = path / entry
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
 
 def _dup_note(runner: Runner, cfg: DictConfig) -> str:
@@ -146,6 +166,11 @@ def _first_line(exc: BaseException) -> str:
 
 def render_error(exc: BaseException) -> str:
     """One line for a composition / override / user error (Hydra's own messages span several lines)."""
+    cause: BaseException | None = exc
+    while cause is not None:   # a UserError raised by a resolver (harness/schema.py: sb.plain), however wrapped
+        if isinstance(cause, UserError):
+            return _first_line(cause)
+        cause = cause.__cause__ or cause.__context__
     if isinstance(exc, MissingConfigException) and exc.options:
         missing = exc.missing_cfg_file or _first_line(exc)
         return f"no config option '{missing}' (available: {', '.join(sorted(exc.options))})"
