@@ -41,7 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness import configurations, schema
 from harness.errors import UserError
-from harness.progress import quiet_library_bars
+from harness.progress import quiet_bars_in_environment, quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
 from runners.registry import Runner, load_runner, runner_systems
 
@@ -195,6 +195,7 @@ def main() -> None:
     """Console entry point (`splitbench`)."""
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    quiet_bars_in_environment()
     try:
         app()
     except UserError as exc:
