@@ -4,7 +4,8 @@
     splitbench-export outputs --out /tmp/sweep        # /tmp/sweep.parquet and /tmp/sweep.csv
 
 One row per run × metric: what the run was (system, experiment, configuration, the privacy parameter by its
-own name and its value, model, workload, seed and mask seeds, tags) and one number of its results.json
+own name and its value, the run directory's other overrides (`variant`: "default", "collab.fusion=edge"),
+model, workload, seed and mask seeds, tags) and one number of its results.json
 `metrics` with its 95% interval (`<name>_ci_lo`/`_ci_hi`, or a `<name>_ci` pair) where it has one. A metric
 held per k (`{"1": v, "5": w}`, the collab curves) becomes one row per k, named `<name>[k]`. Non-numeric
 entries (signatures, verdicts, flags) stay in results.json. Runs are found as `splitbench-report` finds them
@@ -31,8 +32,8 @@ from runners.report.runs import Run, scan
 
 PROG = "splitbench-export"
 STEM = "splitbench_export"
-COLUMNS = ("system", "experiment", "experiment_name", "configuration", "parameter", "parameter_value", "model",
-           "workload", "seed", "mask_seeds", "tags", "metric", "value", "ci_lo", "ci_hi", "run_dir")
+COLUMNS = ("system", "experiment", "experiment_name", "configuration", "parameter", "parameter_value", "variant",
+           "model", "workload", "seed", "mask_seeds", "tags", "metric", "value", "ci_lo", "ci_hi", "run_dir")
 _NUMERIC = frozenset({"parameter_value", "value", "ci_lo", "ci_hi"})
 _CI_SUFFIXES = ("_ci_lo", "_ci_hi", "_ci")
 
@@ -98,7 +99,7 @@ def run_rows(run: Run) -> list[dict[str, Any]]:
     parameter, parameter_value = _parameter(d)
     head = {"system": _system(d), "experiment": d.get("experiment"), "experiment_name": d.get("experiment_name"),
             "configuration": d.get("configuration"), "parameter": parameter, "parameter_value": parameter_value,
-            "model": d.get("model"), "workload": d.get("workload"),
+            "variant": run.variant or None, "model": d.get("model"), "workload": d.get("workload"),
             "seed": _seeds(d.get("seed", run.provenance.get("seed"))), "mask_seeds": _seeds(d.get("mask_seeds")),
             "tags": ",".join(run.tags) or None, "run_dir": str(d.get("run_dir") or run.rel)}
     return [{**head, "metric": m, "value": v, "ci_lo": lo, "ci_hi": hi} for m, v, lo, hi in metric_rows(run.metrics)]

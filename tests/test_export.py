@@ -44,8 +44,8 @@ def test_one_row_per_run_and_metric_with_config_columns(tmp_path: Path, capsys) 
     assert ep1.loc["n_diverging", "value"] == 7 and pd.isna(ep1.loc["n_diverging", "ci_lo"])
     assert "bleu_signature" not in ep1.index and "exact_match_ci_lo" not in ep1.index   # text, and interval keys
     row = ep1.iloc[0]
-    assert (row.system, row.experiment, row.parameter, row.model, row.workload, row.seed) == \
-        ("splitee", "fidelity", "epsilon", "smollm2-135m", "dolly", "0")
+    assert (row.system, row.experiment, row.parameter, row.variant, row.model, row.workload, row.seed) == \
+        ("splitee", "fidelity", "epsilon", "default", "smollm2-135m", "dolly", "0")
     epn = df[df.configuration == "epn"]
     assert epn.parameter.isna().all() and epn.parameter_value.isna().all()
     c = df[df.configuration == "coveil"].set_index("metric")
