@@ -129,7 +129,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                 **{f"{s.name}_{key}": value for s in attacks.scores for key, value in s.rows[i].items()},
                 **{f"{name}_guess_ids": g[i] for name, g in attacks.guesses.items()}}
                for i, p in enumerate(inputs.workload.prompts)]
+    # lm-eval's per-example records beside samples.jsonl: the exact prompts its template built, the sanitised
+    # inputs in them and each answer's log-likelihood, so an accuracy can be checked example by example.
     return common.finish(cfg, ctx, results, samples, summary=summary,
+                         side_files={"lm_eval_samples.json": {name: s.samples for name, s in scored.items()}},
                          before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
                          provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS)
 
