@@ -111,11 +111,39 @@ def run_job(cfg: DictConfig) -> dict:
         # Hydra made the directory before we ran; a user error leaves nothing behind.
         remove_if_empty(run_dir.path, output_root)
         if sweeping:
-            _say(f"error: {name}: {exc}", err=True)
-            exc.job = name  # main() says which job, once the other jobs have run
+            # main() says it once, naming the first failed job, after the other jobs have run.
+            exc.job = name
+            exc.sweep_dir = str(Path(hydra_cfg.sweep.dir).expanduser().resolve())
             raise
         _say(f"error: {exc}", err=True)
         raise SystemExit(2) from None
+
+
+class _WithoutHydraJobError:
+    """stderr without the line Hydra's sweeper writes before re-raising a failed job ("Error executing job
+    with overrides: [...]"): main() ends a sweep with one line that names the job itself."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Error executing job with overrides:"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _drop_empty_sweep(sweep_dir: str | None) -> None:
+    """A sweep whose every job failed on a user error leaves only Hydra's multirun.yaml: remove it (and the
+    then-empty folder), so a mistake writes nothing. A sweep with any run in it keeps its record."""
+    if not sweep_dir:
+        return
+    folder = Path(sweep_dir)
+    if folder.is_dir() and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
+        (folder / "multirun.yaml").unlink()
+        folder.rmdir()
 
 
 def _remove_new(path: Path, before: set[str]) -> None:
@@ -196,30 +224,36 @@ def main() -> None:
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     quiet_bars_in_environment()
+    real_stderr = sys.stderr
+    sys.stderr = _WithoutHydraJobError(real_stderr)
     try:
-        app()
-    except UserError as exc:
-        if user_full_error:
-            traceback.print_exc()
-        job = getattr(exc, "job", None)
-        _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
-        sys.exit(2)
-    except JobFailed:
-        raise
-    except (HydraException, OmegaConfBaseException) as exc:
-        if user_full_error:
-            traceback.print_exc()
-        _say(f"error: {render_error(exc)}", err=True)
-        sys.exit(2)
-    except OSError as exc:
-        # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
-        # the user may not write) fails there. The same error from inside our run_job is a job's failure.
-        if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
+        try:
+            app()
+        except UserError as exc:
+            if user_full_error:
+                traceback.print_exc()
+            job = getattr(exc, "job", None)
+            _drop_empty_sweep(getattr(exc, "sweep_dir", None))
+            _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
+            sys.exit(2)
+        except JobFailed:
             raise
-        if user_full_error:
-            traceback.print_exc()
-        _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
-        sys.exit(2)
+        except (HydraException, OmegaConfBaseException) as exc:
+            if user_full_error:
+                traceback.print_exc()
+            _say(f"error: {render_error(exc)}", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
+            # the user may not write) fails there. The same error from inside our run_job is a job's failure.
+            if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
+                raise
+            if user_full_error:
+                traceback.print_exc()
+            _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
+            sys.exit(2)
+    finally:
+        sys.stderr = real_stderr
 
 
 if __name__ == "__main__":

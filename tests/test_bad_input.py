@@ -207,6 +207,13 @@ CASES = {
     "attack decoder with another tokenizer": Case([*ATTACK, f"+model@attack.decoder={OTHER_TOKENIZER}"],
                                                   f"attack.decoder={OTHER_TOKENIZER} does not share the tokenizer of "
                                                   "the victim tiny-llama", skip=GEMMA_SKIP),
+    # A sweep experiment whose every job fails on the mistake: one line (Hydra's own "Error executing job" line
+    # and the per-job lines are gone) and no multirun.yaml left behind.
+    "sweep of user errors (sanitize_smoke)": Case(["experiment=sanitize_smoke", "epsilon=-1"],
+                                                  "the sweep finished with failed jobs, first sanitize_smoke/tiny-llama/"
+                                                  "stencil/eps=na/default: epsilon must be a finite number > 0"),
+    "sweep of user errors (collab_smoke)": Case(["experiment=collab_smoke", "epsilon=-1"],
+                                                "the sweep finished with failed jobs, first collab_smoke/tiny-llama/"),
     "model with 0 layers": Case([*RUNTIME, "model.hf_config.num_hidden_layers=0"],
                                 "model tiny-llama: hf_config.num_hidden_layers must be >= 1, got 0"),
     "full disk": Case(RUNTIME, "no space left on the device writing", full_disk=True),
