@@ -638,13 +638,17 @@ def eps_label(epsilon: Any) -> str:
     return f"eps={float(epsilon):g}"
 
 
-def overrides_dirname(override_dirname: Any) -> str:
+def overrides_dirname(override_dirname: Any, task_overrides: Any = ()) -> str:
     """The remaining semantic overrides as one safe path component ("default" when there are none).
 
     Characters that would nest or escape directories (`/`, spaces, ...) become `_`; names longer than
     120 characters keep a prefix and a short hash so distinct overrides never share a directory.
+    `task_overrides` (hydra.overrides.task, the command line's overrides) adds a model chosen for another
+    place (`+model@attack.decoder=NAME`, `model@collab.cloud=NAME`): Hydra leaves it out of override_dirname
+    with the `model` group it belongs to, and its runs would share the default run's directory.
     """
-    text = str(override_dirname or "")
+    placed = sorted(str(o).lstrip("+~") for o in (task_overrides or ()) if str(o).lstrip("+~").startswith("model@"))
+    text = ",".join(p for p in [str(override_dirname or ""), *placed] if p)
     if not text:
         return "default"
     safe = _UNSAFE.sub("_", text)
