@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from harness.split.architectures import architecture_of, decoder_layers
-from metrics.intervals import Estimate, mean_ci
+from metrics.intervals import Estimate
+from metrics.proportions import proportion_ci
 
 
 @torch.no_grad()
@@ -96,8 +97,8 @@ class Recovery:
     n_positions: int
 
     def estimates(self) -> tuple[Estimate, Estimate]:
-        """Macro averages over prompts with Student-t 95% intervals."""
-        return mean_ci(self.top1, bounds=(0.0, 100.0)), mean_ci(self.topk, bounds=(0.0, 100.0))
+        """Macro averages over prompts with 95% intervals that respect 0 and 100 % (metrics/proportions.py)."""
+        return proportion_ci(self.top1), proportion_ci(self.topk)
 
 
 def attack(features: Sequence[torch.Tensor], tokens: Sequence[Sequence[int]], book: torch.Tensor, k: int = 5,

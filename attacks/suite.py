@@ -244,11 +244,11 @@ def _bayes_metrics(out: dict, clean: dict, prompts: list[list[int]], margin: flo
                    positive_margin: float) -> dict[str, Any]:
     """The Bayes attacker's results.json keys, with its verdict (attacks/controls.py: `classify` against
     the token F1 of its own guesses for the other prompts, positive control on t3)."""
-    from metrics.intervals import mean_ci
+    from metrics.proportions import proportion_ci
 
     m: dict[str, Any] = {}
-    m.update(mean_ci(out["top1"], bounds=(0.0, 100.0)).flat("bayes_top1"))
-    m.update(mean_ci(out["topk"], bounds=(0.0, 100.0)).flat(f"bayes_top{out['top_k']}"))
+    m.update(proportion_ci(out["top1"]).flat("bayes_top1"))
+    m.update(proportion_ci(out["topk"]).flat(f"bayes_top{out['top_k']}"))
     f1 = controls.score(prompts, out["guesses"], None, text_metrics=False).f1
     m.update(f1.flat("bayes_token_f1"))
     reference = controls.exposure_free_f1(prompts, out["guesses"])

@@ -163,6 +163,53 @@ def load_model(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None,
     )
 
 
+def load_tokenizer(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = None) -> Any:
+    """The tokenizer `load_model(cfg)` would return, without the weights: for checks that must come before a
+    model loads (two models that must share token ids). A GGUF's vocabulary is parsed once and cached under
+    tokenizers/ (a GGUF shipped in parts is assembled in a scratch folder for that, not dequantised)."""
+    name = _field(cfg, "name", "?")
+    kind = _field(cfg, "kind", name)
+    root = cache_root(cache_dir)
+    if kind == "random":
+        return _package_tokenizer(*_TINY_TOKENIZER, name, root)[0]
+    if kind == "gguf_package":
+        package, file = _field(cfg, "package", name), _field(cfg, "file", name)
+        version = _package_version(package, name, _field(cfg, "revision", name, default=None))
+        manifest = _manifest(name=name, package=package, version=version, file=file)
+        target = root / "models" / name
+        if _read_manifest(target) == manifest:   # the converted model is there: its own tokenizer
+            return _dir_tokenizer(str(target), (target / _MANIFEST).stat().st_mtime_ns)
+        if (_package_dir(package, name) / file).is_file():
+            return _package_tokenizer(package, file, name, root)[0]
+        cached = root / "tokenizers" / f"{package}-{version}" / file
+        if _read_manifest(cached) == _manifest(package=package, version=version, file=file):
+            return AutoTokenizer.from_pretrained(cached)
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root, prefix=f".tmp-{name}-") as tmp:
+            return _gguf_tokenizer(str(_gguf_file(package, file, name, Path(tmp))), package, version, str(root))
+    if kind == "hub":
+        hub_id = _field(cfg, "hub_id", name)
+        kwargs: dict[str, Any] = {"revision": _field(cfg, "revision", name, default=None)}
+        if _offline():
+            kwargs["local_files_only"] = True
+        try:
+            return AutoTokenizer.from_pretrained(hub_id, **kwargs)
+        except OSError as e:
+            raise UserError(f"model {name}: cannot load the tokenizer of hub model {hub_id}: it needs network access "
+                            "to the Hugging Face hub or a local cache") from e
+    raise UserError(f"model {name}: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
+
+
+def first_token_difference(a: Any, b: Any) -> str | None:
+    """None when tokenizers `a` and `b` map the same tokens to the same ids (added tokens included), else a
+    description of the first token (in sorted order) where they differ."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va == vb:
+        return None
+    token = next(t for t in sorted(va.keys() | vb.keys()) if va.get(t) != vb.get(t))
+    return f"{len(va)} against {len(vb)} tokens; {token!r} is id {va.get(token)} against {vb.get(token)}"
+
+
 # --- kinds ---------------------------------------------------------------------------------------------
 
 
@@ -194,6 +241,9 @@ def _load_random(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, 
         first = str(e).strip().splitlines()
         raise UserError(f"model {name}: invalid hf_config for {architecture}: "
                         f"{' '.join(line.strip() for line in first[:2]) if first else type(e).__name__}") from e
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < 1:   # transformers builds a model of no blocks without a word
+        raise UserError(f"model {name}: hf_config.num_hidden_layers must be >= 1, got {layers}")
     # fork_rng: the same seed gives the same weights without resetting the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
@@ -249,7 +299,9 @@ def _load_hub(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any
             f"or a local cache ({why})"
         ) from e
     rev = f"@{revision}" if revision else ""
-    return model, tokenizer, f"hub:{hub_id}{rev}"
+    # The commit the hub (or the local cache) resolved the revision to, so a moving branch is pinned after the fact.
+    commit = getattr(config, "_commit_hash", None)
+    return model, tokenizer, f"hub:{hub_id}{rev}" + (f" commit={commit}" if commit else "")
 
 
 _LOADERS = {"random": _load_random, "gguf_package": _load_gguf_package, "hub": _load_hub}

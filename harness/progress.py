@@ -6,6 +6,7 @@ when done (leave=False) so the terminal keeps the results table.
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -21,6 +22,20 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=None,
                 dynamic_ncols=True, **kwargs)
+
+
+# Read by tqdm when it is first imported (its defaults: TQDM_<ARG>, so lm-eval's and transformers' GGUF bars),
+# by datasets and by the Hugging Face hub. Our own bars pass disable=None explicitly, which wins over TQDM_DISABLE.
+LIBRARY_BAR_SWITCHES = ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+def quiet_bars_in_environment() -> None:
+    """When stderr is not a terminal, switch off third-party progress bars through the environment, before
+    any of them is imported (runners/run.py main()); sweep workers inherit it. A value the user set stays."""
+    if sys.stderr.isatty():
+        return
+    for name in LIBRARY_BAR_SWITCHES:
+        os.environ.setdefault(name, "1")
 
 
 def quiet_library_bars() -> None:

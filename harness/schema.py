@@ -303,6 +303,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     if missing:
         raise UserError(f"no value given for {', '.join(missing)} (set it on the command line: key=value)")
     check_choice("runner", cfg.runner, runners)
+    plain_dirname("experiment_name", cfg.experiment_name)
     check_choice("configuration.name", cfg.configuration.name, configurations.NAMES)
     _check_system(cfg, runners[cfg.runner])
     check_positive("epsilon", cfg.epsilon)
@@ -321,6 +322,10 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         raise UserError(f"timing.configurations must be a non-empty list from {', '.join(splitee)}, got {list(timing.configurations)}")
     if not timing.max_new_tokens or min(timing.max_new_tokens) < 1:
         raise UserError(f"timing.max_new_tokens must be a non-empty list of integers >= 1, got {list(timing.max_new_tokens)}")
+    for key in ("configurations", "max_new_tokens"):   # a repeat would time the same cell twice: duplicate rows
+        values = list(timing[key])
+        if len(set(values)) != len(values):
+            raise UserError(f"timing.{key} must be a list of distinct values, got {values}")
     if timing.mode not in TIMING_MODES:
         raise UserError(f"timing.mode={timing.mode!r} is not one of {', '.join(TIMING_MODES)}")
     _check_fp_error(cfg)
@@ -335,6 +340,31 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     _check_environment(cfg)
     _check_devices(cfg)
     _check_input_files(cfg)
+    _check_shared_tokenizers(cfg)
+
+
+def _check_shared_tokenizers(cfg: DictConfig) -> None:
+    """Two models that must read and write the same token ids (the attack's decoder and its victim, the
+    collab edge and cloud) are compared by their tokenizers before either model's weights load: a mismatch
+    found after loading cost minutes."""
+    pairs = []
+    if cfg.runner == "attack" and cfg.attack.decoder is not None:
+        pairs.append(("attack.decoder", cfg.attack.decoder, "the victim", "the attacker's decoder must use the "
+                      "victim's token ids (choose a decoder of the same model family)"))
+    if cfg.runner == "collab" and cfg.collab.get("cloud") is not None:
+        pairs.append(("collab.cloud", cfg.collab.cloud, "the edge model", "collaborative decoding fuses "
+                      "distributions over one shared vocabulary"))
+    pairs = [p for p in pairs if p[1].name != cfg.model.name]
+    if not pairs:
+        return
+    from harness.models import first_token_difference, load_tokenizer   # transformers: only when needed
+
+    ours = load_tokenizer(cfg.model, cache_dir=cfg.paths.cache_dir)
+    for key, other, role, why in pairs:
+        difference = first_token_difference(ours, load_tokenizer(other, cache_dir=cfg.paths.cache_dir))
+        if difference is not None:
+            raise UserError(f"{key}={other.name} does not share the tokenizer of {role} {cfg.model.name} "
+                            f"({difference}); {why}")
 
 
 def _check_system(cfg: DictConfig, allowed: tuple[str, ...]) -> None:
@@ -379,12 +409,18 @@ def _check_environment(cfg: DictConfig) -> None:
                         f"{', '.join(WANDB_ENV_MODES)}; unset it (logger.mode then applies) or fix it")
     cache = Path(str(cfg.paths.cache_dir)).expanduser()
     blocker = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    given = f"paths.cache_dir={cfg.paths.cache_dir}"
+    if os.environ.get("SPLITBENCH_CACHE") == str(cfg.paths.cache_dir):
+        given += " (from $SPLITBENCH_CACHE)"
     if blocker is not None and not blocker.is_dir():
-        given = f"paths.cache_dir={cfg.paths.cache_dir}"
-        if os.environ.get("SPLITBENCH_CACHE") == str(cfg.paths.cache_dir):
-            given += " (from $SPLITBENCH_CACHE)"
         why = "is a file, not a directory" if blocker == cache else f"cannot be created: {blocker} is a file"
         raise UserError(f"{given} {why}")
+    # access(2) answers EROFS for a read-only filesystem even to root, and EACCES for a folder the user may not
+    # write: either way the first cache write would fail deep inside a model load.
+    if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
+        where = "is" if blocker == cache else f"cannot be created: {blocker} is"
+        raise UserError(f"{given} {where} not writable (a read-only filesystem or no permission); "
+                        "set SPLITBENCH_CACHE to a writable folder")
 
 
 # The placement nodes each runner reads (harness/placement.py); SpliTEE's runners read none (the engine places
@@ -591,6 +627,18 @@ def _drop_placements(semantic: dict[str, Any], read: set[str]) -> None:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-]")
 _MAX_DIRNAME = 120
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def plain_dirname(key: Any, value: Any) -> str:
+    """`value` as it is when it is one plain path component (letters, digits, '.', '_', '-', not starting with
+    '.'), else a UserError: `experiment_name=../..` would put the runs outside paths.output_dir, and Hydra
+    makes the directory from this name before any of splitbench's checks run."""
+    text = str(value)
+    if not _PLAIN_NAME.fullmatch(text) or len(text) > _MAX_DIRNAME:
+        raise UserError(f"{key}={text!r} must be a plain name (letters, digits, '.', '_', '-'; it names a directory "
+                        f"under paths.output_dir)")
+    return text
 
 
 def eps_dirname(configuration: Any, epsilon: Any) -> str:
@@ -606,13 +654,17 @@ def eps_label(epsilon: Any) -> str:
     return f"eps={float(epsilon):g}"
 
 
-def overrides_dirname(override_dirname: Any) -> str:
+def overrides_dirname(override_dirname: Any, task_overrides: Any = ()) -> str:
     """The remaining semantic overrides as one safe path component ("default" when there are none).
 
     Characters that would nest or escape directories (`/`, spaces, ...) become `_`; names longer than
     120 characters keep a prefix and a short hash so distinct overrides never share a directory.
+    `task_overrides` (hydra.overrides.task, the command line's overrides) adds a model chosen for another
+    place (`+model@attack.decoder=NAME`, `model@collab.cloud=NAME`): Hydra leaves it out of override_dirname
+    with the `model` group it belongs to, and its runs would share the default run's directory.
     """
-    text = str(override_dirname or "")
+    placed = sorted(str(o).lstrip("+~") for o in (task_overrides or ()) if str(o).lstrip("+~").startswith("model@"))
+    text = ",".join(p for p in [str(override_dirname or ""), *placed] if p)
     if not text:
         return "default"
     safe = _UNSAFE.sub("_", text)
@@ -626,6 +678,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("sb.eps_dir", eps_dirname, replace=True)
     OmegaConf.register_new_resolver("sb.eps", eps_label, replace=True)
     OmegaConf.register_new_resolver("sb.overrides_dir", overrides_dirname, replace=True)
+    OmegaConf.register_new_resolver("sb.plain", plain_dirname, replace=True)
 
 
 register_configs()

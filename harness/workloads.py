@@ -234,6 +234,11 @@ def read_jsonl_rows(path: Path, key: str) -> tuple[list[tuple[int, dict[str, Any
             raise UserError(f"{where}: line {lineno} is not valid JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise UserError(f"{where}: line {lineno} is not a JSON object (got a JSON {_json_kind(row)})")
+        try:  # valid UTF-8 on disk can still spell a lone surrogate as an escape ("\ud800"): not text
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = e.object[e.start:e.end].encode("unicode_escape").decode("ascii")
+            raise UserError(f"{where}: line {lineno} holds a lone surrogate escape ({bad}), which is not text") from None
         rows.append((lineno, row))
     return rows, raw
 

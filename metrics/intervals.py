@@ -2,9 +2,11 @@
 
 Two estimators, chosen by the shape of the statistic:
 
-- `mean_ci` — Student-t interval of a mean of per-prompt values. Used for everything that *is* an
-  average over prompts: exact match, token match rate, sentence BLEU, ROUGE-L, semantic similarity
-  (metrics/text.py) and macro-averaged token precision/recall/F1 (metrics/privacy.py).
+- `mean_ci` — Student-t interval of a mean of per-prompt values. Used for the averages over prompts
+  that are not rates: sentence BLEU, ROUGE-L, semantic similarity (metrics/text.py) and macro-averaged
+  token precision/recall/F1 (metrics/privacy.py). Rates (exact match, token match rate, top-1, accuracy)
+  take `metrics.proportions.proportion_ci`, which uses Wilson's interval where the t interval would
+  collapse at 0 or 100 %.
 - `bootstrap_ci` — percentile bootstrap, resampling prompts with replacement. Used for corpus-level
   statistics that are ratios of sums and not means of per-prompt values: corpus BLEU (metrics/text.py)
   and micro-averaged token precision/recall/F1 (metrics/privacy.py).

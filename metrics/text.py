@@ -11,8 +11,9 @@ generation settings. Every number is a percentage on a 0–100 scale.
   (rouge-score with the Porter stemmer) and, when a model is given, semantic similarity
   (metrics/semantic.py).
 
-Intervals: per-prompt metrics use a Student-t interval over prompts, corpus BLEU a bootstrap over
-prompts (see metrics/intervals.py).
+Intervals: exact match and token match rate are rates (metrics/proportions.py: Wilson over prompts when
+every prompt sits at 0 or 100 %), the other per-prompt metrics use a Student-t interval over prompts, corpus
+BLEU a bootstrap over prompts (see metrics/intervals.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU
 
 from metrics.intervals import Estimate, bootstrap_ci, mean_ci
+from metrics.proportions import proportion_ci
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,6 +177,7 @@ def _bleu_from_stats(rows: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------------------
 
 _MEAN_METRICS = ("exact_match", "token_match_rate", "bleu_sentence_mean", "rouge_l", "semantic_similarity")
+_RATES = ("exact_match", "token_match_rate")   # per-prompt proportions: proportion_ci
 
 
 @dataclass
@@ -193,8 +196,9 @@ class FidelityScores:
         """Flat snake_case dict: each metric with `_ci_lo`/`_ci_hi`, plus bleu_signature, n_prompts,
         mean_first_divergence (over diverging prompts only; None if none diverge) and n_diverging.
 
-        Intervals are 95%. `bleu` is corpus BLEU (bootstrap interval), `bleu_sentence_mean` the mean
-        sentence BLEU (t interval). t intervals are clipped to the metric's range. Without a semantic model the
+        Intervals are 95%. Exact match and token match rate get `proportion_ci` (Wilson at the edges), `bleu`
+        is corpus BLEU (bootstrap interval), `bleu_sentence_mean` the mean sentence BLEU (t interval). t
+        intervals are clipped to the metric's range. Without a semantic model the
         semantic_similarity keys are present and None.
         """
         out: dict[str, Any] = {}
@@ -203,8 +207,12 @@ class FidelityScores:
             if name == "semantic_similarity" and not self.has_semantic:
                 out.update({name: None, f"{name}_ci_lo": None, f"{name}_ci_hi": None})
                 continue
+            values = [r[column] for r in self.rows]
+            if name in _RATES:
+                out.update(proportion_ci(values).flat(name))
+                continue
             bounds = (-100.0, 100.0) if name == "semantic_similarity" else (0.0, 100.0)
-            out.update(mean_ci([r[column] for r in self.rows], bounds=bounds).flat(name))
+            out.update(mean_ci(values, bounds=bounds).flat(name))
         out.update(self.corpus_bleu.estimate.flat("bleu"))
         out["bleu_signature"] = self.corpus_bleu.signature
         diverged = [r["first_divergence"] for r in self.rows if r["first_divergence"] is not None]

@@ -42,7 +42,8 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     source_hash = None
     if source is not None and (source / RESULTS).is_file():
         try:
-            source_hash = read_json(source / RESULTS).get("config_hash")
+            recorded = read_json(source / RESULTS)
+            source_hash = recorded.get("config_hash") if isinstance(recorded, dict) else None  # else: read_source
         except (OSError, ValueError):
             source_hash = None
     return schema.semantic_config(cfg, identity.keys(cfg), source_config_hash=source_hash)
@@ -61,6 +62,8 @@ def read_source(path: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]
         raise UserError(f"restore.source={path}: no {RESULTS} there (give a finished attack run's directory)")
     try:
         results = read_json(path / RESULTS)
+        if not isinstance(results, dict):
+            raise UserError(f"restore.source={path}: its {RESULTS} is not a JSON object (not a splitbench run's)")
         samples = read_jsonl(path / SAMPLES)
     except (OSError, ValueError) as exc:
         raise UserError(f"restore.source={path}: cannot read the run ({type(exc).__name__}: {exc})") from None

@@ -27,7 +27,9 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -41,7 +43,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness import configurations, schema
 from harness.errors import UserError
-from harness.progress import quiet_library_bars
+from harness.progress import quiet_bars_in_environment, quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
 from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
@@ -93,11 +95,19 @@ def run_job(cfg: DictConfig) -> dict:
                 raise UserError(
                     f"{run_dir.path} holds a finished run of a different config (hash {run_dir.stored_hash()} != "
                     f"{digest}); move it away, or pass rerun=true to recompute it in place")
+            before = set(os.listdir(run_dir.path))
             try:
                 runner.run(cfg, RunContext(run_dir, name, digest, semantic))
             except UserError:
                 raise
             except BaseException as exc:
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    # A full disk: the atomic writes left no torn file; what this job did write goes too (a
+                    # failure record would need the space it lacks), so the run stays as it was: to do.
+                    _remove_new(run_dir.path, before)
+                    raise UserError(f"no space left on the device writing {exc.filename or run_dir.path} "
+                                    f"({exc.strerror}); free some space, or move paths.output_dir / "
+                                    "paths.cache_dir") from None
                 _record_failure(run_dir, cfg, name, digest, exc)
                 if isinstance(exc, Exception):
                     _say(f"FAILED {name}: {type(exc).__name__}: {_first_line(exc)}", err=True)
@@ -109,11 +119,49 @@ def run_job(cfg: DictConfig) -> dict:
         # Hydra made the directory before we ran; a user error leaves nothing behind.
         remove_if_empty(run_dir.path, output_root)
         if sweeping:
-            _say(f"error: {name}: {exc}", err=True)
-            exc.job = name  # main() says which job, once the other jobs have run
+            # main() says it once, naming the first failed job, after the other jobs have run.
+            exc.job = name
+            exc.sweep_dir = str(Path(hydra_cfg.sweep.dir).expanduser().resolve())
             raise
         _say(f"error: {exc}", err=True)
         raise SystemExit(2) from None
+
+
+class _WithoutHydraJobError:
+    """stderr without the line Hydra's sweeper writes before re-raising a failed job ("Error executing job
+    with overrides: [...]"): main() ends a sweep with one line that names the job itself."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Error executing job with overrides:"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _drop_empty_sweep(sweep_dir: str | None) -> None:
+    """A sweep whose every job failed on a user error leaves only Hydra's multirun.yaml: remove it (and the
+    then-empty folder), so a mistake writes nothing. A sweep with any run in it keeps its record."""
+    if not sweep_dir:
+        return
+    folder = Path(sweep_dir)
+    if folder.is_dir() and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
+        (folder / "multirun.yaml").unlink()
+        folder.rmdir()
+
+
+def _remove_new(path: Path, before: set[str]) -> None:
+    """Remove what appeared in `path` since `before` was listed (the lock file, held, stays)."""
+    for entry in sorted(set(os.listdir(path)) - before):
+        target = path / entry
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
 
 def _dup_note(runner: Runner, cfg: DictConfig) -> str:
@@ -154,6 +202,11 @@ def _first_line(exc: BaseException) -> str:
 
 def render_error(exc: BaseException) -> str:
     """One line for a composition / override / user error (Hydra's own messages span several lines)."""
+    cause: BaseException | None = exc
+    while cause is not None:   # a UserError raised by a resolver (harness/schema.py: sb.plain), however wrapped
+        if isinstance(cause, UserError):
+            return _first_line(cause)
+        cause = cause.__cause__ or cause.__context__
     if isinstance(exc, MissingConfigException) and exc.options:
         missing = exc.missing_cfg_file or _first_line(exc)
         return f"no config option '{missing}' (available: {', '.join(sorted(exc.options))})"
@@ -178,30 +231,37 @@ def main() -> None:
     """Console entry point (`splitbench`)."""
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    quiet_bars_in_environment()
+    real_stderr = sys.stderr
+    sys.stderr = _WithoutHydraJobError(real_stderr)
     try:
-        app()
-    except UserError as exc:
-        if user_full_error:
-            traceback.print_exc()
-        job = getattr(exc, "job", None)
-        _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
-        sys.exit(2)
-    except JobFailed:
-        raise
-    except (HydraException, OmegaConfBaseException) as exc:
-        if user_full_error:
-            traceback.print_exc()
-        _say(f"error: {render_error(exc)}", err=True)
-        sys.exit(2)
-    except OSError as exc:
-        # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
-        # the user may not write) fails there. The same error from inside our run_job is a job's failure.
-        if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
+        try:
+            app()
+        except UserError as exc:
+            if user_full_error:
+                traceback.print_exc()
+            job = getattr(exc, "job", None)
+            _drop_empty_sweep(getattr(exc, "sweep_dir", None))
+            _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
+            sys.exit(2)
+        except JobFailed:
             raise
-        if user_full_error:
-            traceback.print_exc()
-        _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
-        sys.exit(2)
+        except (HydraException, OmegaConfBaseException) as exc:
+            if user_full_error:
+                traceback.print_exc()
+            _say(f"error: {render_error(exc)}", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
+            # the user may not write) fails there. The same error from inside our run_job is a job's failure.
+            if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
+                raise
+            if user_full_error:
+                traceback.print_exc()
+            _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
+            sys.exit(2)
+    finally:
+        sys.stderr = real_stderr
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks.sanitize import suite
     from harness.adversary_view import view_meta
     from harness.sanitize import prompts, sanitizer, tasks
-    from metrics.intervals import mean_ci
+    from metrics.proportions import proportion_ci
 
     section = cfg.sanitize
     if section.threads is not None:
@@ -78,20 +78,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     metrics = dict(attacks.metrics)
     skilled = []   # the tasks on which the unsanitised model beats the constant answer (labels are not sanitised)
     for name in docs:
-        metrics.update(mean_ci(scored[name].acc, bounds=(0, 100)).flat(f"accuracy_{name}"))
-        reference = mean_ci(clean[name], bounds=(0, 100))
+        metrics.update(proportion_ci(scored[name].acc).flat(f"accuracy_{name}"))
+        reference = proportion_ci(clean[name])
         metrics.update(reference.flat(f"accuracy_unsanitized_{name}"))
         metrics[f"accuracy_floor_{name}"] = floor = scored[name].constant_floor
         metrics[f"accuracy_skill_{name}"] = skill = reference.lo is not None and reference.lo > floor
         if skill:
             skilled.append(name)
-    pooled = mean_ci([a for name in docs for a in scored[name].acc], bounds=(0, 100))
+    pooled = proportion_ci([a for name in docs for a in scored[name].acc])
     metrics.update(pooled.flat("accuracy"))
-    metrics.update(mean_ci([a for name in docs for a in clean[name]], bounds=(0, 100)).flat("accuracy_unsanitized"))
+    metrics.update(proportion_ci([a for name in docs for a in clean[name]]).flat("accuracy_unsanitized"))
     # The chart's utility: pooled over the tasks with skill only, where any has it (a task at its constant floor
     # would pull every sanitiser towards the same number and hide the cost); the reference says which.
     if skilled:
-        utility = mean_ci([a for name in skilled for a in scored[name].acc], bounds=(0, 100))
+        utility = proportion_ci([a for name in skilled for a in scored[name].acc])
         metrics.update(utility.flat("accuracy_skilled"))
         utility_tasks = f"tasks above their constant-answer floor: {', '.join(skilled)}"
     else:
@@ -127,7 +127,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                 **{f"{s.name}_{key}": value for s in attacks.scores for key, value in s.rows[i].items()},
                 **{f"{name}_guess_ids": g[i] for name, g in attacks.guesses.items()}}
                for i, p in enumerate(inputs.workload.prompts)]
+    # lm-eval's per-example records beside samples.jsonl: the exact prompts its template built, the sanitised
+    # inputs in them and each answer's log-likelihood, so an accuracy can be checked example by example.
     return common.finish(cfg, ctx, results, samples, summary=summary,
+                         side_files={"lm_eval_samples.json": {name: s.samples for name, s in scored.items()}},
                          before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
                          provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS,
                          placement={"model": inputs.loaded.placement()})

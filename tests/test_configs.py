@@ -393,6 +393,12 @@ def test_eps_dirname_and_overrides_dirname():
     long = schema.overrides_dirname("a=" + "x" * 300)
     assert len(long) <= 120 and long != schema.overrides_dirname("a=" + "x" * 299)
     assert "/" not in schema.overrides_dirname("workload.path=/a/b")
+    # A model placed elsewhere on the command line (Hydra files it under the excluded `model` group) names
+    # its own directory, apart from the run without it; the experiment's own placement does not appear.
+    decoder = schema.overrides_dirname("", ["experiment=attack_smoke", "+model@attack.decoder=tiny-llama-tied"])
+    assert decoder != "default" and decoder == schema.overrides_dirname("", ["model@attack.decoder=tiny-llama-tied"])
+    assert schema.overrides_dirname("", ["experiment=attack_smoke", "model=tiny-llama"]) == "default"
+    assert schema.overrides_dirname("a=1", ["model@collab.cloud=x"]) != schema.overrides_dirname("a=1", [])
 
 
 def test_logger_yaml_matches_wandb_modes(hydra_conf):

@@ -13,6 +13,7 @@ from scipy import stats
 from harness.errors import UserError
 from metrics.intervals import Estimate, bootstrap_ci, mean_ci, paired_difference_ci
 from metrics.privacy import chance_floor, corpus_token_prf, token_prf
+from metrics.proportions import proportion_ci, wilson
 from metrics.semantic import assemble_split_zip, load_semantic_model, semantic_similarity
 from metrics.text import (
     compare_generations,
@@ -151,8 +152,11 @@ def test_identical_texts_score_100_everywhere(minilm):
     ids = [[5, 6, 7, 8], [9, 10, 11], [12], []]
     s = compare_generations(texts, list(texts), ids, [list(i) for i in ids], semantic_model=minilm).summary()
     for key in ("exact_match", "token_match_rate", "bleu_sentence_mean", "rouge_l"):
-        assert s[key] == 100.0, key
-        assert s[f"{key}_ci_lo"] == s[f"{key}_ci_hi"] == 100.0, key
+        assert s[key] == s[f"{key}_ci_hi"] == 100.0, key
+    # The rates get Wilson's interval on 4 of 4 prompts, not a zero-width one; BLEU and ROUGE keep their t interval.
+    for key in ("exact_match", "token_match_rate"):
+        assert s[f"{key}_ci_lo"] == pytest.approx(100 * wilson(4, 4)[0]) and 40 < s[f"{key}_ci_lo"] < 60, key
+    assert s["rouge_l_ci_lo"] == s["bleu_sentence_mean_ci_lo"] == 100.0
     assert s["bleu"] == pytest.approx(100.0, abs=1e-9)
     assert s["semantic_similarity"] >= 99.9
     assert s["mean_first_divergence"] is None and s["n_diverging"] == 0
@@ -166,7 +170,7 @@ def test_disjoint_texts_score_0():
     refs = ["alpha beta gamma delta", "one two three four five"]
     hyps = ["zeta eta theta iota", "six seven eight nine ten"]
     s = compare_generations(refs, hyps, [[1, 2, 3], [4, 5]], [[6, 7, 8], [9, 10, 11]]).summary()
-    assert s["exact_match"] == 0.0
+    assert s["exact_match"] == s["exact_match_ci_lo"] == 0.0 and s["exact_match_ci_hi"] > 0
     assert s["token_match_rate"] == 0.0
     assert s["bleu"] == 0.0
     assert s["bleu_sentence_mean"] == 0.0
@@ -187,6 +191,7 @@ def test_compare_generations_rows_and_summary_by_hand():
     assert [r["token_match_rate"] for r in fs.rows] == pytest.approx([75.0, 100.0, 200 / 3])
     s = fs.summary()
     assert s["exact_match"] == pytest.approx(100 / 3)
+    assert (s["exact_match_ci_lo"], s["exact_match_ci_hi"]) == pytest.approx(tuple(100 * x for x in wilson(1, 3)))
     assert s["token_match_rate"] == pytest.approx((75.0 + 100.0 + 200 / 3) / 3)
     assert s["mean_first_divergence"] == 2.5  # over the two diverging prompts only
     assert s["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
@@ -281,3 +286,21 @@ def test_assemble_split_zip_concatenates_parts_atomically(tmp_path):
     with pytest.raises(UserError):
         assemble_split_zip(parts[::-1], cache / "broken")
     assert [p.name for p in cache.iterdir()] == ["tiny-model-0.1"]
+
+
+def test_proportion_ci_wilson_at_the_edges():
+    # 15 of 15 prompts: Wilson's lower bound z²/(n+z²) ≈ 79.6 %, not the t interval's zero width.
+    est = proportion_ci([100.0] * 15)
+    assert est.mean == est.hi == 100.0 and est.n == 15
+    z2 = 1.959963984540054 ** 2
+    assert est.lo == pytest.approx(100 * 15 / (15 + z2)) and est.lo == pytest.approx(79.6, abs=0.05)
+    none = proportion_ci([0.0] * 15)
+    assert none.mean == none.lo == 0.0 and none.hi == pytest.approx(100 - est.lo)
+    # 0/1 outcomes on another scale, and a mix of 0 and 100: Wilson on k of n.
+    assert proportion_ci([1, 0, 1, 1], scale=1.0) == Estimate(0.75, *wilson(3, 4), 4)
+    # Rates between the edges: the clipped t interval of mean_ci.
+    assert proportion_ci([100.0, 50.0, 75.0]) == mean_ci([100.0, 50.0, 75.0], bounds=(0.0, 100.0))
+    with pytest.raises(ValueError, match="rates in"):
+        proportion_ci([101.0])
+    with pytest.raises(ValueError, match="at least one"):
+        proportion_ci([])

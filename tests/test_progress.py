@@ -53,3 +53,36 @@ def test_a_cli_run_into_a_pipe_prints_no_bar(tmp_path):
     assert res.returncode == 0, res.stderr
     # Neither ours (batches, tokens) nor the libraries' (transformers' weight loading of the similarity model).
     assert not BAR.search(res.stderr), res.stderr
+
+
+def test_library_bars_are_off_in_a_pipe_and_ours_still_draw_on_a_terminal():
+    """runners/run.py main() switches third-party bars off through the environment before tqdm is imported
+    (lm-eval's, datasets', transformers' GGUF conversion): a bar of tqdm's own defaults prints nothing into
+    the pipe, while our progress() (disable=None) still draws on a terminal."""
+    import subprocess
+    import sys
+
+    code = """
+import io, sys
+from harness.progress import LIBRARY_BAR_SWITCHES, progress, quiet_bars_in_environment
+quiet_bars_in_environment()
+import os
+assert all(os.environ[k] == "1" for k in LIBRARY_BAR_SWITCHES)
+from tqdm import tqdm
+for _ in tqdm(range(5), desc="library bar"):
+    pass
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+real, sys.stderr = sys.stderr, Terminal()
+for _ in progress(range(5), desc="our bar"):
+    pass
+drawn, sys.stderr = sys.stderr.getvalue(), real
+print("ours drew" if "our bar" in drawn else "ours silent")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TQDM_DISABLE",)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "library bar" not in res.stderr and not BAR.search(res.stderr), res.stderr
+    assert res.stdout.strip() == "ours drew"

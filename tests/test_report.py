@@ -830,3 +830,71 @@ def test_table3_renders_as_html_blocks() -> None:
     tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse(table + "\n")
     assert [t.type for t in tokens] == ["html_block"]
     assert "&lt;b&gt;bold&lt;/b&gt;" in table and "&#124; a &#124;" in table
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures a reader can read
+# ---------------------------------------------------------------------------------------------------
+
+
+def _series_styles(fig) -> list[tuple[str, list[tuple]]]:
+    """Per axes, the (colour, marker, line style) of every series in its legend; the line style counts only
+    for a series without markers."""
+    from matplotlib.colors import to_hex
+    from matplotlib.container import ErrorbarContainer
+
+    out = []
+    for ax in fig.axes:
+        styles = []
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            line = handle.lines[0] if isinstance(handle, ErrorbarContainer) else handle
+            marker = line.get_marker()
+            plain = marker in (None, "", "None", " ")
+            styles.append((label, to_hex(line.get_color()), "" if plain else marker,
+                           str(line.get_linestyle()) if plain else ""))
+        out.append((ax.get_title(), styles))
+    return out
+
+
+def test_no_two_series_of_a_figure_share_colour_and_marker(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every figure the report draws, checked as it is saved: its series differ in colour and marker, and
+    the legend sits outside the plotted area. Fourteen reference lines beside the ε sweep: past tab10's ten
+    colours, where a colour-only cycle repeats."""
+    from matplotlib.figure import Figure
+
+    runs, out_dir = tmp_path / "runs", tmp_path / "report"
+    sweep(runs)
+    for i in range(14):
+        d = fidelity("slalom", None, 20.0 + i, 15.0 + i, 25.0 + i)
+        d["run_dir"] = d["run_dir"].replace("/default", f"/engine.slalom_frac_bits={i}")
+        write_run(runs, f"fidelity/smollm2-135m/slalom/eps=na/engine.slalom_frac_bits={i}", d)
+    checked, xlabels, real_savefig = [], [], Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        for title, styles in _series_styles(fig):
+            keys = [s[1:] for s in styles]
+            assert len(set(keys)) == len(keys), f"{title}: series share colour and marker: {styles}"
+            if styles:
+                ax = next(a for a in fig.axes if a.get_title() == title)
+                legend = ax.get_legend()
+                if legend is not None:   # an axes legend lies right of its axes, not on the curves
+                    fig.canvas.draw()
+                    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1, title
+            checked.append(len(styles))
+        xlabels.extend(ax.get_xlabel() for ax in fig.axes if "fidelity" in str(args[0]))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    assert max(checked) >= 15   # the ε sweep and the 14 reference lines in one panel
+    # One short x label per panel: the swept configuration's parameter, not every ε-taking configuration.
+    assert xlabels and set(xlabels) == {"ε (ep1)"}
+
+
+def test_series_styles_are_distinct_pairs() -> None:
+    from runners.report.plotting import N_STYLES, series_style
+
+    pairs = [(series_style(i)["color"], series_style(i)["marker"]) for i in range(N_STYLES)]
+    assert len(set(pairs)) == N_STYLES
+    assert len({p[0] for p in pairs[:10]}) == 10 and len({p[1] for p in pairs[:7]}) == 7

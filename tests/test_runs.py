@@ -145,6 +145,10 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
     prov = results["provenance"]
     assert prov["seed"] == 0 and prov["config"]["configuration"]["name"] == "ep1"
     assert prov["versions"]["torch"] and prov["versions"]["hydra-core"].startswith("1.3")
+    import importlib.metadata
+
+    for package in ("lm-eval", "flwr", "peft", "dp-accounting", "datasets"):   # the sibling systems' stack too
+        assert prov["versions"][package] == importlib.metadata.version(package), package
     assert "commit" in prov["code"] and prov["tee_kind"] and prov["device"]
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3
@@ -153,6 +157,21 @@ def test_smoke_run_contract_and_skip_on_rerun(tmp_path):
         assert {"id", "prompt", "output_text", "baseline_text", "exact_match", "token_match_rate"} <= set(s)
     # The terminal shows a short table.
     assert "exact_match" in res.stdout and "vs" in res.stdout
+
+    # splitbench-export reads the run into one tidy table that pandas loads: one row per metric.
+    import pandas as pd
+
+    from runners.export import main as export_main
+    table = tmp_path / "table"
+    assert export_main([str(out), "--out", str(table)]) == 0
+    df = pd.read_parquet(table.with_suffix(".parquet"))
+    assert df.run_dir.unique().tolist() == ["smoke/tiny-llama/ep1/eps=1/default"]
+    assert not df.metric.duplicated().any() and {"exact_match", "bleu", "rouge_l"} <= set(df.metric)
+    em = df.set_index("metric").loc["exact_match"]
+    assert (em.system, em.configuration, em.parameter, em.parameter_value, em.model, em.tags) == \
+        ("splitee", "ep1", "epsilon", 1.0, "tiny-llama", "smoke")
+    assert (em.value, em.ci_lo, em.ci_hi) == (metrics["exact_match"], metrics["exact_match_ci_lo"],
+                                              metrics["exact_match_ci_hi"])
 
     # A rerun skips the finished run and touches none of its files.
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}

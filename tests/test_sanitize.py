@@ -366,9 +366,9 @@ def test_bad_input_through_the_cli_exits_2_with_one_line(tmp_path, args, expecte
 
 
 def test_constant_floor_is_the_most_frequent_gold_answers_share():
-    assert Scored([100.0, 0.0, 0.0, 100.0], ["1", "0", "1", "1"]).constant_floor == 75.0
-    assert Scored([0.0] * 4, ["A", "B", "C", "D"]).constant_floor == 25.0
-    assert Scored([], []).constant_floor == 0.0
+    assert Scored([100.0, 0.0, 0.0, 100.0], ["1", "0", "1", "1"], []).constant_floor == 75.0
+    assert Scored([0.0] * 4, ["A", "B", "C", "D"], []).constant_floor == 25.0
+    assert Scored([], [], []).constant_floor == 0.0
 
 
 def test_smoke_sweep_runs_every_mechanism(tmp_path):
@@ -406,6 +406,11 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         assert "decoder_top1" in m and r["attack_training"]["decoder"]["steps"] == 10
         samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == 3 and all(len(s["output_ids"]) > len(s["original_text_ids"]) for s in samples)
+        # lm-eval's own records of the accuracy beside them, one per example, agreeing with the metric.
+        lm_samples = json.loads((run / "lm_eval_samples.json").read_text())["sst2"]
+        assert [s["doc_id"] for s in lm_samples] == list(range(len(lm_samples)))
+        assert 100.0 * sum(s["acc"] for s in lm_samples) / len(lm_samples) == pytest.approx(m["accuracy_sst2"])
+        assert all(s["arguments"] and s["resps"] for s in lm_samples)
         view = torch.load(run / "view.pt", weights_only=False)
         assert view["meta"]["system"] == "sanitize" and {e["channel"] for e in view["exposures"]} == {"sanitized_tokens"}
         if name == "stencil":

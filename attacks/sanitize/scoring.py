@@ -26,6 +26,7 @@ import torch
 
 from attacks import controls
 from metrics.intervals import Estimate, mean_ci
+from metrics.proportions import proportion_ci
 from metrics.privacy import token_prf
 
 Attacker = Callable[[Sequence[Sequence[int]]], list[torch.Tensor]]
@@ -94,7 +95,7 @@ def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[i
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive_passed,
                                 negative_passed=negative_passed)
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
-    return AttackScore(name, mean_ci(top1, bounds=(0, 100)), mean_ci(topk, bounds=(0, 100)), f1, reference, negative,
+    return AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference, negative,
                        negative_passed, verdict, rows), guesses
 
 

@@ -9,7 +9,7 @@ from attacks import controls
 from attacks.sanitize import bayes, decoder, learned, neighbours, scoring, window
 from harness.adversary_view import AdversaryView
 from harness.sanitize.prompts import read_view
-from metrics.intervals import mean_ci
+from metrics.proportions import proportion_ci
 
 NEIGHBOURS, BAYES, WINDOW, LEARNED, DECODER = "neighbours", "bayes", "window", "learned", "decoder"
 
@@ -68,8 +68,8 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
         scores.append(s)
         guesses[name] = scoring.first_guesses(g)
-    unchanged = mean_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)
-                                 for o, c in zip(originals, observed) if len(o)], bounds=(0, 100))
+    unchanged = proportion_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)
+                               for o, c in zip(originals, observed) if len(o)])
     metrics: dict[str, Any] = {}
     for s in scores:
         metrics.update(s.flat(k))

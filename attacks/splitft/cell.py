@@ -33,6 +33,7 @@ from typing import Any
 
 from attacks import controls
 from metrics.intervals import mean_ci
+from metrics.proportions import proportion_ci
 from metrics.privacy import token_prf
 
 
@@ -69,7 +70,7 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     plain_reference = controls.exposure_free_f1(plain_refs, plain_guesses)
     extra: dict[str, Any] = {}
     if kind == "sequence":
-        extra = mean_ci([_top1(r, g) for r, g in zip(refs, guesses)], bounds=(0, 100)).flat(f"{name}_top1")
+        extra = proportion_ci([_top1(r, g) for r, g in zip(refs, guesses)]).flat(f"{name}_top1")
     else:
         extra = {**mean_ci([p for p, _, _ in prf], bounds=(0, 100)).flat(f"{name}_token_precision"),
                  **mean_ci([r for _, r, _ in prf], bounds=(0, 100)).flat(f"{name}_token_recall"),

@@ -143,13 +143,13 @@ def load_benchmark(bench: Any, n_examples: Any = _CONFIGURED) -> Benchmark:
     if name == "builtin":
         path = Path(bench.path).expanduser() if bench.path else BUILTIN_PATH
         raw, source = _read_jsonl(path, "collab.benchmark.path"), f"builtin:{path.name}"
-        examples = [_builtin(r, i) for i, r in enumerate(raw)]
+        examples = [_record(name, i, _builtin, r, i) for i, r in enumerate(raw)]
     elif name == "pubmedqa":
         records, source = _pubmedqa_records(bench)
-        examples = [_pubmedqa(pid, r) for pid, r in records]
+        examples = [_record(name, pid, _pubmedqa, pid, r) for pid, r in records]
     elif name == "dolly":
         records, source = _dolly_records(bench)
-        examples = [_dolly(r, i) for i, r in enumerate(records)
+        examples = [_record(name, i, _dolly, r, i) for i, r in enumerate(records)
                     if str(r.get("topic", r.get("category", ""))) in DOLLY_CATEGORIES]
     else:
         raise UserError(f"collab.benchmark.name={name!r} is not one of builtin, pubmedqa, dolly")
@@ -170,6 +170,30 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return [row for _, row in read_jsonl_rows(path, key)[0]]
 
 
+def _record(name: str, label: Any, make: Any, *args: Any) -> Example:
+    """make(*args), with a record that lacks a field (a KeyError) or holds one of the wrong kind (not text
+    where text is needed) reported as one line naming the record, not as a traceback."""
+    try:
+        example = make(*args)
+    except KeyError as e:
+        keys = e.args[0] if isinstance(e.args[0], tuple) else (e.args[0],)
+        raise UserError(f"collab.benchmark {name}: record {label} has no {' or '.join(map(repr, keys))} field") from None
+    except (TypeError, AttributeError) as e:
+        raise UserError(f"collab.benchmark {name}: record {label} has a field of the wrong kind ({e})") from None
+    for key in ("query", "context"):
+        if not isinstance(getattr(example, key), str):
+            raise UserError(f"collab.benchmark {name}: record {label}: its {key} is not text")
+    return example
+
+
+def _first(r: dict[str, Any], *keys: str) -> Any:
+    """The first of `keys` that `r` has (a dataset's spellings of one field), else a KeyError naming them all."""
+    for key in keys:
+        if key in r:
+            return r[key]
+    raise KeyError(keys)
+
+
 def _builtin(r: dict[str, Any], i: int) -> Example:
     hand = tuple(r["evidence"])
     return Example(id=str(r.get("id", i)), query=r["query"], context=r["context"],
@@ -178,8 +202,8 @@ def _builtin(r: dict[str, Any], i: int) -> Example:
 
 
 def _pubmedqa(pid: str, r: dict[str, Any]) -> Example:
-    query = r["QUESTION"] if "QUESTION" in r else r["question"]
-    ctx = r["CONTEXTS"] if "CONTEXTS" in r else r["context"]["contexts"]
+    query = _first(r, "QUESTION", "question")
+    ctx = r["CONTEXTS"] if "CONTEXTS" in r else _first(r, "CONTEXTS", "context")["contexts"]
     context = " ".join(ctx)
     support = r.get("LONG_ANSWER", r.get("long_answer", ""))
     answer = r.get("final_decision")

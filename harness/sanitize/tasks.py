@@ -160,11 +160,17 @@ def task_config(name: str, data_file: Path, cache_dir: Path) -> dict[str, Any]:
             "test_split": "test"}
 
 
+# What is kept of lm-eval's per-example record (its hashes and repeated config are left out).
+SAMPLE_KEYS = ("doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "acc")
+
+
 @dataclass(frozen=True)
 class Scored:
-    """One task's zero-shot result: lm-eval's per-example `acc` (0 or 100, in doc order) and gold targets."""
+    """One task's zero-shot result: lm-eval's per-example `acc` (0 or 100, in doc order), gold targets and
+    lm-eval's own per-example records (the requests it built from its template and what the model returned)."""
     acc: list[float]
     targets: list[str]
+    samples: list[dict[str, Any]]
 
     @property
     def constant_floor(self) -> float:
@@ -194,5 +200,6 @@ def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, 
     out = {}
     for name in docs_by_task:
         rows = sorted(res["samples"][f"splitbench_{name}"], key=lambda r: r["doc_id"])
-        out[name] = Scored([100.0 * float(r["acc"]) for r in rows], [str(r["target"]) for r in rows])
+        out[name] = Scored([100.0 * float(r["acc"]) for r in rows], [str(r["target"]) for r in rows],
+                           [{k: r[k] for k in SAMPLE_KEYS if k in r} for r in rows])
     return out

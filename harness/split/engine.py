@@ -389,6 +389,50 @@ class SplitEngine:
             at_checkpoints=at_checkpoints,
         )
 
+    @torch.inference_mode()
+    def log_probs(self, sequences: list[list[int]], *, pad_token_id: int,
+                  epsilon_lengths: list[int] | None = None) -> list[torch.Tensor]:
+        """Next-token log-probabilities at every position of each sequence, from one forward pass run as the
+        prefill of `generate` runs it (the same masks, Slalom arithmetic and boundary): row i's tensor is
+        [len_i, vocab] float32 on the CPU, position t scoring token t+1. What a likelihood-scored task reads
+        (runners/lm_eval_model.py); `epsilon_lengths` as in `generate`."""
+        if not sequences or any(len(s) == 0 for s in sequences):
+            raise UserError("every sequence must have at least one token")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max(len(s) for s in sequences)
+        if limit is not None and longest > limit:
+            raise UserError(f"a sequence of {longest} tokens exceeds the model's context of {limit}")
+        batch = len(sequences)
+        lengths = [len(s) for s in sequences] if epsilon_lengths is None else [int(n) for n in epsilon_lengths]
+        factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
+                                               self.settings.sigma_scale)
+        self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
+        self._prepare_banks(batch * longest, batch * longest)   # every position reaches the LM head here
+        self._reset_slalom()
+        device = self.run_device
+        ids = torch.full((batch, longest), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, longest), dtype=torch.long)
+        for row, s in enumerate(sequences):
+            ids[row, longest - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[row, longest - len(s):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        moved = device.type != "cpu"
+        if moved:
+            self.model.to(device)
+        installed = self._install()
+        try:
+            self.boundary.step = 0
+            self.ctx.valid = mask.bool()
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        finally:
+            self.ctx.valid = None
+            installed.restore()
+            if moved:
+                self.model.to("cpu")
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        return [logp[row, longest - len(s):] for row, s in enumerate(sequences)]
+
     def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
         """Before generation: promise each bank's supply (sized for this call, or once the configured
         capacity) and materialise it ahead, up to the byte bound. Not inference time (the paper's offline

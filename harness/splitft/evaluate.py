@@ -10,6 +10,7 @@ import torch
 
 from harness.splitft.privpair import token_ce
 from metrics.intervals import mean_ci
+from metrics.proportions import proportion_ci
 
 
 @torch.no_grad()
@@ -28,7 +29,7 @@ def summarise(scores: dict[str, list[float]]) -> dict[str, float]:
     """heldout_ce, heldout_ppl = exp(heldout_ce) (perplexity of the mean per-block CE) and heldout_top1, with
     their 95% intervals over blocks."""
     ce = mean_ci(scores["ce"])
-    top1 = mean_ci(scores["top1"], bounds=(0.0, 100.0))
+    top1 = proportion_ci(scores["top1"])
     return {**ce.flat("heldout_ce"), "heldout_ppl": math.exp(ce.mean), "heldout_ppl_ci_lo": math.exp(ce.lo),
             "heldout_ppl_ci_hi": math.exp(ce.hi), **top1.flat("heldout_top1")}
 

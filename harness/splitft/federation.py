@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,13 +146,23 @@ def server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tenso
     return app
 
 
+class _NoDeprecationNotice(logging.Filter):
+    """Drops Flower's notice that `run_simulation` is deprecated in favour of the `flwr run` CLI, printed on
+    every simulated run (the CLI route is harness/splitft/deployment.py's). Flower's other warnings, client
+    errors among them, still print."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "DEPRECATED FEATURE" not in record.getMessage()
+
+
 def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = None) -> Sink:
     """N clients on Flower's Simulation Runtime (Ray backend) on this machine."""
-    import logging
-
     from flwr.simulation import run_simulation
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if not any(isinstance(f, _NoDeprecationNotice) for f in flwr_log.filters):
+        flwr_log.addFilter(_NoDeprecationNotice())
     sink = Sink()
     cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
     run_simulation(server_app=server_app(recipe, sink, initial, evaluate), client_app=client_app(recipe),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
@@ -185,10 +185,10 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     floor_done = False
-    for run in group.runs:
+    for i, run in enumerate(group.runs):
         d = run.data
         ks = [int(x) for x in d["token_er_at_k"]]
-        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], marker="o", ms=3, label=_label(run, group.setting))
+        ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], ms=4, **series_style(i), label=_label(run, group.setting))
         if not floor_done:
             ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
             floor_done = True
@@ -210,10 +210,11 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
         return d["inversion_rouge1_recall"] if inversion else d["token_er_at_k"][k]
 
     points = group.points
-    for name in dict.fromkeys(r.data["configuration"] for r in points):
+    for i, name in enumerate(dict.fromkeys(r.data["configuration"] for r in points)):
         runs = [r for r in points if r.data["configuration"] == name]
+        style = series_style(i) if name != "collab_none" else {**series_style(i), "marker": "*"}
         ax.plot([leak(r.data) for r in runs], [r.data["utility"]["value"] for r in runs],
-                marker="*" if name == "collab_none" else "o", ms=9 if name == "collab_none" else 4, label=name)
+                ms=9 if name == "collab_none" else 5, **style, label=name)
     d0 = group.runs[0].data
     ax.axvline(d0["floor_inversion_rouge1_recall"] if inversion else d0["floor_token_er_at_k"][k], color="k", ls="--",
                label="floor")

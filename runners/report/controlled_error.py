@@ -116,7 +116,7 @@ def plot(table: ControlledTable, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("mean absolute error of every offloaded op output")
     ax.set_ylabel(ylabel)
-    save_axes(fig, ax, path, table.title, legend_loc="lower left")
+    save_axes(fig, ax, path, table.title)
 
 
 def markdown(items: Sequence[ControlledTable], figure: Figures) -> list[str]:

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from runners.report import example_responses
+from harness import configurations
 from runners.report.fidelity_rows import FidelityGroup, FidelityRow
-from runners.report.format import epsilon_names, fmt_ci, md_table, num, rank, uses_epsilon
-from runners.report.plotting import DASHES, Figures, pyplot, save
+from runners.report.format import (fmt_ci, md_table, num, rank, uses_epsilon)
+from runners.report.plotting import DASHES, Figures, pyplot, save, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "fidelity"
@@ -120,7 +121,6 @@ def plot(group: FidelityGroup, path: Path) -> None:
     if not metrics:
         metrics = list(UTILITY_METRICS)
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.4), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
     swept = [r for r in group.rows if r.epsilon is not None]
     refs = [r for r in group.rows if r.epsilon is None]
     eps_values = sorted({r.epsilon for r in swept})
@@ -128,6 +128,12 @@ def plot(group: FidelityGroup, path: Path) -> None:
     series: dict[tuple[str, str], list[FidelityRow]] = {}
     for r in swept:
         series.setdefault((r.configuration, r.variant if group.show_variant else ""), []).append(r)
+    # One short label per panel: the privacy parameter of the configurations this group sweeps, by its own name.
+    names = sorted({conf for conf, _ in series})
+    symbols = dict.fromkeys(configurations.SYMBOLS.get(p, p) for p in
+                            ((configurations.REGISTRY[n].parameter_name if n in configurations.REGISTRY else None)
+                             or "epsilon" for n in names))
+    x_label = f"{' / '.join(symbols) or 'ε'} ({', '.join(names)})" if names else "ε"
     for ax, (key, header) in zip(axes[0], metrics):
         color_i = 0
         for (conf, variant), rows in series.items():
@@ -137,10 +143,11 @@ def plot(group: FidelityGroup, path: Path) -> None:
             pts = [(x, m, lo, hi) for x, (m, lo, hi) in zip(xs, ys) if m is not None]
             if not pts:
                 continue
-            c = colors[color_i % len(colors)]
+            style = series_style(color_i)
+            c = style["color"]
             color_i += 1
             label = conf + (f" · {variant}" if variant else "")
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=label, zorder=3)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", **style, label=label, zorder=3)
             bars = [p for p in pts if p[2] is not None and p[3] is not None]
             ax.errorbar([p[0] for p in bars], [p[1] for p in bars],
                         yerr=[[p[1] - p[2] for p in bars], [p[3] - p[1] for p in bars]], fmt="none", ecolor=c,
@@ -152,12 +159,13 @@ def plot(group: FidelityGroup, path: Path) -> None:
             m, lo, hi = r.ci(key)
             if m is None:
                 continue
-            c = colors[color_i % len(colors)]
+            style = series_style(color_i)
+            c = style["color"]
             color_i += 1
-            # Reference lines often coincide (several at 100): later ones thinner and differently dashed,
-            # so each stays visible.
+            # Reference lines often coincide (several at 100): later ones thinner and differently dashed, and
+            # marked at the panel's edges with the series' marker, so each stays visible and told apart.
             ax.axhline(m, color=c, linestyle=DASHES[j % len(DASHES)], linewidth=max(1.0, 3.0 - 0.6 * j),
-                       label=r.label(group.show_variant), zorder=2)
+                       marker=style["marker"], markevery=[0, 1], label=r.label(group.show_variant), zorder=2)
             if lo is not None and hi is not None:
                 ax.axhspan(lo, hi, color=c, alpha=0.12, linewidth=0)
         ax.set_xscale("log")
@@ -166,7 +174,7 @@ def plot(group: FidelityGroup, path: Path) -> None:
             ax.set_xticks(eps_values)
             ax.set_xticklabels([f"{e:g}" for e in eps_values])
             ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(f"ε per token ({', '.join(epsilon_names())})")
+        ax.set_xlabel(x_label)
         ax.set_title(header)
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()

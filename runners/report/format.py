@@ -122,11 +122,6 @@ def gaussian(name: Any) -> bool:
     return conf is not None and conf.gaussian
 
 
-def epsilon_names() -> tuple[str, ...]:
-    """The configurations whose noise the `epsilon` knob sets, in registry order (for axis labels)."""
-    return tuple(n for n in configurations.NAMES if uses_epsilon(n))
-
-
 def configuration_label(name: str, epsilon: float | None, epsilon_mean: float | None, *,
                         compact: bool = False) -> str:
     """A configuration's row label: its ε where the knob sets it ("ep1 (ε=1)"), the mean of its per-prompt

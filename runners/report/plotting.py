@@ -13,6 +13,24 @@ from harness.results import atomic_path
 
 PNG_PREFIX = "report_"  # PNGs this command owns in the output dir (stale ones are removed on rewrite)
 DASHES = ("--", ":", "-.", (0, (6, 2, 1, 2)), (0, (1, 3)))  # distinct reference-line styles
+# Series styles: tab10's colours with 7 markers. 7 and 10 are coprime, so series i gets colour i mod 10 and
+# marker i mod 7, and the first 70 series of a figure differ in their (colour, marker) pair.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+N_STYLES = 70
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """Colour and marker of a figure's i-th series (matplotlib keyword arguments), distinct for i < 70."""
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"].colors
+    return {"color": colors[i % len(colors)], "marker": MARKERS[i % len(MARKERS)]}
+
+
+def legend_outside(ax: Any, *, size: int = 8) -> None:
+    """The legend to the right of the axes, so it never covers a curve (save's bbox_inches keeps it in)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
 
 
 def pyplot() -> Any:
@@ -31,10 +49,11 @@ def save(fig: Any, path: Path) -> None:
     pyplot().close(fig)
 
 
-def save_axes(fig: Any, ax: Any, path: Path, title: str, *, legend_size: int = 8, legend_loc: str = "best") -> None:
-    """The common ending of a one-axes plot: a light grid on both scales, the legend, a small title, then save."""
+def save_axes(fig: Any, ax: Any, path: Path, title: str, *, legend_size: int = 8) -> None:
+    """The common ending of a one-axes plot: a light grid on both scales, the legend outside the axes, a small
+    title, then save."""
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=legend_size, loc=legend_loc)
+    legend_outside(ax, size=legend_size)
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
     save(fig, path)

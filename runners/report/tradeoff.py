@@ -22,7 +22,7 @@ from typing import Any
 
 from harness import configurations
 from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, pyplot, save_axes, series_style
 from runners.report.runs import Run
 
 EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experiment's runs
@@ -149,22 +149,24 @@ def plot(chart: Chart, path: Path) -> None:
                 [(p.leakage.get("ci") or [x, x])[1] - x for x, p in zip(xs, pts)]]
         yerr = [[y - (chart.utility(p).get("ci") or [y, y])[0] for y, p in zip(ys, pts)],
                 [(chart.utility(p).get("ci") or [y, y])[1] - y for y, p in zip(ys, pts)]]
-        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=2, label=system, alpha=0.9)
+        style = series_style(i)
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=style["marker"], color=style["color"], capsize=2, label=system,
+                    alpha=0.9)
         for x, y, p in zip(xs, ys, pts):
-            ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=f"C{i}")
+            ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=style["color"])
             # The attacker's no-signal floor at the same height: leakage metrics differ in what nothing scores
             # (a token F1 of unrelated text is 15-25%), so the distance to the floor is what was read.
             floor = num(p.leakage.get("floor"))
             if floor is not None:
                 any_floor = True
-                ax.plot([floor, x], [y, y], ls=":", lw=0.8, color=f"C{i}", alpha=0.7)
-                ax.plot([floor], [y], marker="|", ms=8, color=f"C{i}", alpha=0.7)
+                ax.plot([floor, x], [y, y], ls=":", lw=0.8, color=style["color"], alpha=0.7)
+                ax.plot([floor], [y], marker="|", ms=8, color=style["color"], alpha=0.7)
     if any_floor:
         ax.plot([], [], ls=":", marker="|", color="grey", label="attacker's no-signal floor")
     ax.set_xlim(left=0)
     ax.set_xlabel("leakage: strongest attacker's score (%)")
     ax.set_ylabel(f"utility kept: {chart.metric} (%)")
-    save_axes(fig, ax, path, chart.title, legend_loc="best")
+    save_axes(fig, ax, path, chart.title)
 
 
 def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:

@@ -1,0 +1,77 @@
+"""splitbench-export: finished runs → one tidy table (one row per run × metric), Parquet and CSV.
+
+The runs are test_report.py's trimmed results.json files (no model is loaded); test_runs.py exports a real
+smoke run.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from runners import export
+from tests.test_report import FAILED, fidelity, sweep, write_run
+
+
+def _export(args: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = export.main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_one_row_per_run_and_metric_with_config_columns(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    write_run(tmp_path, "fidelity/smollm2-135m/slalom/eps=na/engine.bank_on_exhaustion=error", FAILED, done=True)
+    collab = fidelity("coveil", 4.0, 50.0, 40.0, 60.0, system="collab")
+    collab["run_dir"] = "collab/smollm2-135m/coveil/eps=4/default"
+    collab["metrics"] = {"utility": 70.0, "utility_ci": [60.0, 80.0], "top1_at_k": {"1": 12.5, "5": 30.0},
+                         "top1_at_k_ci": {"1": [5.0, 20.0], "5": [20.0, 40.0]}, "verdict": "leaks", "flag": True}
+    write_run(tmp_path, collab["run_dir"], collab)
+    code, out, err = _export([str(tmp_path)], capsys)
+    assert code == 0 and err == ""
+    assert "from 6 finished run(s); 1 failed/unfinished run(s) left out" in out
+    df = pd.read_parquet(tmp_path / "splitbench_export.parquet")
+    assert list(df.columns) == list(export.COLUMNS)
+    assert not df.duplicated(["run_dir", "metric"]).any()
+    assert df["run_dir"].nunique() == 6
+    ep1 = df[(df.configuration == "ep1") & (df.parameter_value == 0.5)].set_index("metric")
+    assert ep1.loc["exact_match", ["value", "ci_lo", "ci_hi"]].tolist() == [66.67, 23.4, 100.0]
+    assert ep1.loc["n_diverging", "value"] == 7 and pd.isna(ep1.loc["n_diverging", "ci_lo"])
+    assert "bleu_signature" not in ep1.index and "exact_match_ci_lo" not in ep1.index   # text, and interval keys
+    row = ep1.iloc[0]
+    assert (row.system, row.experiment, row.parameter, row.variant, row.model, row.workload, row.seed) == \
+        ("splitee", "fidelity", "epsilon", "default", "smollm2-135m", "dolly", "0")
+    epn = df[df.configuration == "epn"]
+    assert epn.parameter.isna().all() and epn.parameter_value.isna().all()
+    c = df[df.configuration == "coveil"].set_index("metric")
+    # coveil's knob is its own λ; a `_ci` pair and a per-k curve ride on their metric's rows; text and flags stay out.
+    assert set(c.index) == {"utility", "top1_at_k[1]", "top1_at_k[5]"} and (c.parameter == "lambda").all()
+    assert c.loc["utility", ["value", "ci_lo", "ci_hi"]].tolist() == [70.0, 60.0, 80.0]
+    assert c.loc["top1_at_k[5]", ["value", "ci_lo", "ci_hi"]].tolist() == [30.0, 20.0, 40.0]
+    csv = pd.read_csv(tmp_path / "splitbench_export.csv")
+    assert len(csv) == len(df) and list(csv.columns) == list(df.columns)
+
+
+def test_out_names_the_table(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path / "runs")
+    code, _, _ = _export([str(tmp_path / "runs"), "--out", str(tmp_path / "t" / "sweep")], capsys)
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["sweep.csv", "sweep.parquet"]
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda root: root / "missing", "is not a directory"),
+    (lambda root: root, "no finished run"),
+    (lambda root: write_run(root, "r", {**copy.deepcopy(FAILED)}).parent, "no finished run"),
+])
+def test_nothing_to_export_is_one_line_exit_2_and_no_file(tmp_path: Path, capsys, make, expected) -> None:
+    target = make(tmp_path)
+    code, out, err = _export([str(target)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("splitbench-export: error:") and expected in err
+    assert not list(tmp_path.rglob("splitbench_export*"))

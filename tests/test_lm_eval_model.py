@@ -1,0 +1,88 @@
+"""splitbench as an lm-eval model (runners/lm_eval_model.py): lm-eval's registry resolves it, and a local task
+file runs under a SpliTEE configuration. Under `cpu` (no masks) its scores are HFLM's on the same weights;
+under ep1 the scores go through the masked boundary, and differ from cpu's by floating-point error only (the
+TEE removes the masks again: SpliTEE's fidelity)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from runners import lm_eval_model  # noqa: E402  (registers "splitbench")
+
+DOCS = [{"text": "The sky is", "choices": [" blue", " green"], "label": 0},
+        {"text": "Two plus two is", "choices": [" four", " seven"], "label": 0},
+        {"text": "Water is", "choices": [" dry", " wet"], "label": 1},
+        {"text": "Fire is", "choices": [" hot", " cold"], "label": 0}]
+MODEL = "model=tiny-llama"
+
+
+def _tasks(tmp_path: Path) -> list[dict]:
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    common = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)},
+                                                         "cache_dir": str(tmp_path / "datasets")},
+              "test_split": "test", "doc_to_text": "{{text}}"}
+    choice = {**common, "task": "sb_choice", "output_type": "multiple_choice", "doc_to_choice": "{{choices}}",
+              "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}
+    generate = {**common, "task": "sb_generate", "output_type": "generate_until", "doc_to_target": "{{choices[label]}}",
+                "generation_kwargs": {"until": ["\n"], "max_gen_toks": 4, "do_sample": False},
+                "metric_list": [{"metric": "exact_match"}]}
+    return [choice, generate]
+
+
+def _evaluate(model, tmp_path: Path) -> dict:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    return simple_evaluate(model=model, tasks=_tasks(tmp_path), num_fewshot=0, log_samples=True, bootstrap_iters=0,
+                           task_manager=TaskManager(include_defaults=False))
+
+
+def _responses(res: dict, task: str) -> list:
+    return [r["resps"] for r in sorted(res["samples"][task], key=lambda r: r["doc_id"])]
+
+
+def test_the_registry_resolves_splitbench() -> None:
+    from lm_eval.api.registry import get_model
+
+    assert get_model("splitbench") is lm_eval_model.SplitbenchLM
+
+
+def test_a_local_task_under_cpu_matches_hflm_and_ep1_changes_it(tmp_path: Path) -> None:
+    from lm_eval.models.huggingface import HFLM
+
+    plain = lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=cpu")
+    ours = _evaluate(plain, tmp_path)
+    hf = _evaluate(HFLM(pretrained=plain.loaded.model, tokenizer=plain.tokenizer, batch_size=1, device="cpu"),
+                   tmp_path)
+    assert 0.0 <= ours["results"]["sb_choice"]["acc,none"] <= 1.0
+    for task in ("sb_choice", "sb_generate"):
+        a, b = _responses(ours, task), _responses(hf, task)
+        assert len(a) == len(DOCS)
+        if task == "sb_choice":   # [[(logprob, is_greedy)] per choice] per doc
+            for x, y in zip(a, b):
+                assert [c[0][0] for c in x] == pytest.approx([c[0][0] for c in y], abs=1e-4)
+                assert [c[0][1] for c in x] == [c[0][1] for c in y]
+        else:
+            assert a == b
+    assert plain.engine.boundary.counters()["crossings"] == 0
+    ep1 = lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=ep1,epsilon=0.01")
+    masked = _evaluate(ep1, tmp_path)
+    assert ep1.engine.boundary.counters()["crossings"] > 0      # every forward pass crossed, masked
+    differ = [abs(x[0][0][0] - y[0][0][0]) for x, y in zip(_responses(masked, "sb_choice"),
+                                                             _responses(ours, "sb_choice"))]
+    # Masks of σ = Δ/0.01 are subtracted again in the TEE: what is left is rounding, not zero.
+    assert 0 < max(differ) < 0.05
+
+
+def test_a_bad_model_arg_is_one_user_error() -> None:
+    from harness.errors import UserError
+
+    with pytest.raises(UserError, match="unknown model_args temperature"):
+        lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=cpu,temperature=1")
+    with pytest.raises(UserError, match="configuration"):
+        lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=nope")
