@@ -17,7 +17,7 @@ the upper bound is ≤ 1.3, "not met" when the lower bound is above it, else "ca
 of a run (warmup_align_steps, once per client) is timed apart: it is paid once, not per step.
 
     python -m benchmarks.splitft_step --model smollm2-135m --k 2 --m 28 --out docs/benchmarks/splitft_step.md
-    python -m benchmarks.splitft_step --cycle --model smollm2-135m --k 2 --m 28 --batch 2 --rounds 8 \
+    python -m benchmarks.splitft_step --cycle --model smollm2-135m --k 2 --m 28 --batch 2 --seq 32 --rounds 4 \
         --out docs/benchmarks/splitft_step_smollm2_cycle.md
 """
 from __future__ import annotations
