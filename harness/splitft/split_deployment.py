@@ -18,7 +18,8 @@ that step's s'_A, so the deployed server really holds them), s'_A, s'_B, âˆ‚L/âˆ
 A client process never holds B: it loads the model and moves B's blocks to the meta device. A deployed
 SuperNode runs each message in a fresh `flwr-clientapp` process, so a client's step is resumable: between
 its three messages everything it needs (A and C, the optimiser's state, the round's random streams, the
-batch, C's gradients) is in the node's `context.state`, and the last message recomputes A's forward from
+batch, C's gradients) is in a session file on the client's machine that the node's `context.state`
+names (`_session_path`), and the last message recomputes A's forward from
 the saved stream state to backpropagate through it. The same functions run in Flower's simulation
 (`simulate_split`, Ray actors) and under `flwr run` on a SuperLink (module-level `serverapp`,
 `clientapp`; docs/splitft.md "Running split across machines").
@@ -29,19 +30,32 @@ evaluator's plain s_B of the noising defences need B on the client; they run in 
 """
 from __future__ import annotations
 
-import io
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.errors import UserError
 from harness.splitft import trainable
-from harness.splitft.client import MAX_SENDS, ClientTrainer, Recipe, make_defence, step_id
+from harness.splitft.client import (
+    MAX_SENDS,
+    ClientTrainer,
+    Recipe,
+    make_defence,
+    step_id,
+)
 from harness.splitft.defences import GradientGuard
 from harness.splitft.federation import Sink, _recipe_from_run_config, _recording_fedavg
 from harness.splitft.privpair import sq_norm, token_ce
-from harness.splitft.step import CLIENT_WEIGHTS, GRAD_DOWN, GRAD_UP, SMASHED_DOWN, SMASHED_UP
+from harness.splitft.step import (
+    CLIENT_WEIGHTS,
+    GRAD_DOWN,
+    GRAD_UP,
+    SMASHED_DOWN,
+    SMASHED_UP,
+)
 
 FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
 SPLIT_CONFIGURATIONS = ("splitft_none", "nopeek")
@@ -221,21 +235,39 @@ def _cached(cache: dict[int, Any], recipe: Recipe, make: Any) -> Any:
     return cache[id(recipe)]
 
 
-def _pack(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
+def _session_path(context: Any) -> Path:
+    """Where a client keeps its step's session between messages: a file on the client's machine, named in
+    the node's `context.state`. The session holds A, C and the optimiser's moments (77 MB for the tiny
+    test model); carried in `context.state` itself it travels through the SuperNode's runtime API with every
+    message, and that push timed out on a loaded machine (the SuperNode then fails the next message)."""
+    return Path(tempfile.gettempdir()) / "splitbench-splitft-sessions" / f"run{context.run_id}_node{context.node_id}.pt"
 
 
-def _unpack(blob: bytes) -> Any:
-    return torch.load(io.BytesIO(blob), weights_only=False)
+def _save_session(context: Any, session: dict[str, Any]) -> None:
+    from flwr.app import ConfigRecord
+
+    from harness.results import atomic_torch_save
+
+    path = _session_path(context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_torch_save(session, path)
+    context.state["split"] = ConfigRecord({"session": str(path)})
+
+
+def _load_session(context: Any) -> dict[str, Any]:
+    return torch.load(str(context.state["split"]["session"]), weights_only=False)
 
 
 def split_client_app(recipe: Recipe | None = None) -> Any:
     """The ClientApp of the split deployment; without a recipe it reads the run config's `recipe` path."""
-    from pathlib import Path
-
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.app import (
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
     from flwr.clientapp import ClientApp
 
     app = ClientApp()
@@ -253,7 +285,7 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
 
     @app.train(FORWARD)
     def forward(msg: Message, context: Context) -> Message:
-        r, me, client = setup(context)
+        _, me, client = setup(context)
         cfg = msg.content["config"]
         rnd, local = int(cfg["round"]), int(cfg["local"])
         if local == 0:
@@ -261,31 +293,33 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
             sends = context.state["sends"].to_torch_state_dict()["count"] if "sends" in context.state else None
             session = me.start_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), steps, sends)
         else:
-            session = _unpack(context.state["split"]["session"])
+            session = _load_session(context)
         out = me.forward(session, local)
-        context.state["split"] = ConfigRecord({"session": _pack(session)})
+        _save_session(context, session)
         return reply(msg, client, out)
 
     @app.train(TAIL)
     def tail(msg: Message, context: Context) -> Message:
         r, me, client = setup(context)
-        session = _unpack(context.state["split"]["session"])
+        session = _load_session(context)
         grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"])
         return _after(msg, context, r, me, client, session, None if grad_m is None else {"grad_s_b": grad_m})
 
     @app.train(FINISH)
     def finish(msg: Message, context: Context) -> Message:
         r, me, client = setup(context)
-        session = _unpack(context.state["split"]["session"])
+        session = _load_session(context)
         me.finish(session, msg.content["tensors"].to_torch_state_dict()["grad_s_a"])
         return _after(msg, context, r, me, client, session, None)
 
     def _after(msg: Message, context: Context, r: Recipe, me: SplitClient, client: int, session: dict[str, Any],
                tensors: dict[str, torch.Tensor] | None) -> Message:
         """Save the session; after the round's last step, reply A, C and the round metrics for FedAvg."""
-        context.state["split"] = ConfigRecord({"session": _pack(session)})
         if tensors is not None or session.get("local", -1) < int(me.section.local_steps) - 1:
+            _save_session(context, session)
             return reply(msg, client, tensors)
+        _session_path(context).unlink(missing_ok=True)       # the round is over; what persists is below
+        del context.state["split"]
         context.state["sends"] = ArrayRecord(torch_state_dict={"count": session["sends"]})
         context.state["progress"] = ConfigRecord({"steps": int(session["steps_done"])})
         if r.truth_dir and session["truth"]:
