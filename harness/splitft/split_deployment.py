@@ -237,9 +237,10 @@ def _cached(cache: dict[int, Any], recipe: Recipe, make: Any) -> Any:
 
 def _session_path(context: Any) -> Path:
     """Where a client keeps its step's session between messages: a file on the client's machine, named in
-    the node's `context.state`. The session holds A, C and the optimiser's moments (77 MB for the tiny
-    test model); carried in `context.state` itself it travels through the SuperNode's runtime API with every
-    message, and that push timed out on a loaded machine (the SuperNode then fails the next message)."""
+    the node's `context.state`. The session holds A, C and the optimiser's moments (about 77 MB
+    for the tiny test model); carried in `context.state` itself it travels through the SuperNode's runtime
+    API after every message, and on a loaded machine that push did not arrive, the task expired and the
+    SuperNode failed the next message (docs/splitft.md "Running split across machines")."""
     return Path(tempfile.gettempdir()) / "splitbench-splitft-sessions" / f"run{context.run_id}_node{context.node_id}.pt"
 
 
