@@ -51,13 +51,14 @@ def _reference(recipe: Recipe) -> tuple[list[dict], dict[int, dict]]:
     return exposures, metrics
 
 
-def _assert_same_view(got: list[dict], want: list[dict]) -> None:
+def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = frozenset(
+        {"client_weights", "smashed_up", "smashed_down", "grad_up", "grad_down"})) -> None:
     def key(e: dict) -> tuple:
         return e["client"], e["step"], e["channel"]
 
     assert sorted(map(key, got)) == sorted(map(key, want))
     assert len({key(e) for e in want}) == len(want)
-    assert {e["channel"] for e in want} == {"client_weights", "smashed_up", "smashed_down", "grad_up", "grad_down"}
+    assert {e["channel"] for e in want} == channels
     by_key = {key(e): e for e in want}
     for e in got:
         w = by_key[key(e)]
@@ -66,17 +67,20 @@ def _assert_same_view(got: list[dict], want: list[dict]) -> None:
         torch.testing.assert_close(e["tensor"], w["tensor"], rtol=1e-5, atol=1e-6, msg=f"{key(e)} differs")
 
 
-@pytest.mark.parametrize("configuration,epsilon", [("splitft_none", None), ("nopeek", 0.5)])
-def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, tmp_path):
+@pytest.mark.parametrize("configuration,epsilon,train_head", [("splitft_none", None, True), ("nopeek", 0.5, True),
+                                                                ("splitft_none", None, False)])
+def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, train_head, tmp_path):
     """Flower's simulation runtime, 2 clients, 2 steps: the server's record equals run_round's view (NoPeek:
-    the client's last message replays A's forward from the saved stream state, regulariser draw included),
-    the clients' round metrics are the same, and the averaged A and C are FedAvg of run_round's."""
+    the client's last message replays A's forward from the saved stream state, regulariser draw included;
+    A frozen: the step ends at the tail, no gradient crosses), and the round metrics are FedAvg's of
+    run_round's."""
     from harness.splitft.split_deployment import simulate_split
 
-    recipe = _recipe(configuration, epsilon, tmp_path)
+    recipe = _recipe(configuration, epsilon, tmp_path, train_head=train_head)
     want, metrics = _reference(recipe)
     sink = simulate_split(recipe)
-    _assert_same_view(sink.exposures, want)
+    channels = {"client_weights", "smashed_up", "smashed_down"} | ({"grad_up", "grad_down"} if train_head else set())
+    _assert_same_view(sink.exposures, want, channels)
     assert sink.replies == {1: 2}
     n = [metrics[c]["num-examples"] for c in (0, 1)]
     for k in ("train_loss", "H", "H_A", "regulariser"):
