@@ -67,16 +67,22 @@ def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = fr
         torch.testing.assert_close(e["tensor"], w["tensor"], rtol=1e-5, atol=1e-6, msg=f"{key(e)} differs")
 
 
-@pytest.mark.parametrize("configuration,epsilon,train_head", [("splitft_none", None, True), ("nopeek", 0.5, True),
-                                                                ("splitft_none", None, False)])
-def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, train_head, tmp_path):
+GUARD = {"grad_up": {"clip": 0.01, "noise_multiplier": 0.5}}
+
+
+@pytest.mark.parametrize("configuration,epsilon,extra", [("splitft_none", None, {}), ("nopeek", 0.5, {}),
+                                                         ("splitft_none", None, {"train_head": False}),
+                                                         ("splitft_none", None, GUARD)],
+                         ids=["none", "nopeek", "a_frozen", "grad_up_guard"])
+def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, extra, tmp_path):
     """Flower's simulation runtime, 2 clients, 2 steps: the server's record equals run_round's view (NoPeek:
     the client's last message replays A's forward from the saved stream state, regulariser draw included;
-    A frozen: the step ends at the tail, no gradient crosses), and the round metrics are FedAvg's of
-    run_round's."""
+    A frozen: the step ends at the tail, no gradient crosses; the guard on grad_up: its noise stream carries
+    over between steps in the session), and the round metrics are FedAvg's of run_round's."""
     from harness.splitft.split_deployment import simulate_split
 
-    recipe = _recipe(configuration, epsilon, tmp_path, train_head=train_head)
+    train_head = extra.get("train_head", True)
+    recipe = _recipe(configuration, epsilon, tmp_path, **extra)
     want, metrics = _reference(recipe)
     sink = simulate_split(recipe)
     channels = {"client_weights", "smashed_up", "smashed_down"} | ({"grad_up", "grad_down"} if train_head else set())
