@@ -95,6 +95,27 @@ def test_split_deployment_in_simulation_records_the_one_process_view(configurati
         assert sink.rounds[1]["regulariser"] > 0
 
 
+def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_path):
+    """Two rounds of one recorded step each, against federation.simulate (the runner's path, B in the
+    ClientApp) on the same recipe: the same view in both rounds (round 2's from FedAvg's average), the same
+    round metrics (the DP accounting's max-sends included) and the same final A and C."""
+    from harness.splitft.federation import simulate
+    from harness.splitft.split_deployment import simulate_split
+
+    recipe = _recipe("splitft_none", None, tmp_path, rounds=2, local_steps=1,
+                     record={"last_rounds": 2, "steps_per_round": 1})
+    start = ClientTrainer(recipe).initial_state()
+    want, got = simulate(recipe, start), simulate_split(recipe, start)
+    assert {e["round"] for e in want.exposures} == {1, 2}
+    _assert_same_view(got.exposures, want.exposures)
+    assert got.replies == want.replies == {1: 2, 2: 2}
+    for rnd in (1, 2):
+        assert got.rounds[rnd] == pytest.approx(want.rounds[rnd], rel=1e-5, abs=1e-9), rnd
+    assert got.final.keys() == want.final.keys()
+    for name, value in want.final.items():
+        torch.testing.assert_close(got.final[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
 def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(tmp_path):
     from harness.errors import UserError
     from harness.splitft.split_deployment import SplitClient
