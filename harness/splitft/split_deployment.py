@@ -1,0 +1,460 @@
+"""A split deployment of split federated fine-tuning (paper 002 §III): the frozen body B lives in the
+ServerApp's process, and every crossing of harness/splitft/step.py goes between a client and the server
+as a Flower message (flwr 1.42's Message API), each step:
+
+    server ──train.split_forward (round, local step; A and C at the round's first step)──▶ client
+    client  s'_A = send(A(embed(x)))                     ──s'_A (+ θ_A, θ_C of a recorded step)──▶ server
+    server  s'_B = B(s'_A)                               ──train.split_tail: s'_B──▶ client
+    client  L = ℓ(C(recover(s'_B)), y); backward to C    ──∂L/∂s'_B──▶ server
+    server  backward through frozen B                    ──train.split_finish: ∂L/∂s'_A──▶ client
+    client  backward through send() and A; optimiser step (the round's last step replies A, C and the
+            round metrics; the server averages them with the FedAvg of harness/splitft/federation.py)
+
+Tensors travel as ArrayRecords. The server records what it received and computed, with the channels and
+step ids of the simulation's view (step.py): θ_A, θ_C of a recorded step (`client_weights`: the strong
+threat model gives the server the client's weights after every step; here the client sends them with
+that step's s'_A, so the deployed server really holds them), s'_A, s'_B, ∂L/∂s'_B, ∂L/∂s'_A.
+
+A client process never holds B: it loads the model and moves B's blocks to the meta device. A deployed
+SuperNode runs each message in a fresh `flwr-clientapp` process, so a client's step is resumable: between
+its three messages everything it needs (A and C, the optimiser's state, the round's random streams, the
+batch, C's gradients) is in a session file on the client's machine that the node's `context.state`
+names (`_session_path`), and the last message recomputes A's forward from
+the saved stream state to backpropagate through it. The same functions run in Flower's simulation
+(`simulate_split`, Ray actors) and under `flwr run` on a SuperLink (module-level `serverapp`,
+`clientapp`; docs/splitft.md "Running split across machines").
+
+Scope: the defences that send s_A unchanged (`splitft_none`, `nopeek`). PrivPair's bursts and the
+evaluator's plain s_B of the noising defences need B on the client; they run in the simulation path
+(harness/splitft/federation.py) only, and asking for them here is a one-line error.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.errors import UserError
+from harness.splitft import trainable
+from harness.splitft.client import (
+    MAX_SENDS,
+    ClientTrainer,
+    Recipe,
+    make_defence,
+    step_id,
+)
+from harness.splitft.defences import GradientGuard
+from harness.splitft.federation import Sink, _recipe_from_run_config, _recording_fedavg
+from harness.splitft.privpair import sq_norm, token_ce
+from harness.splitft.step import (
+    CLIENT_WEIGHTS,
+    GRAD_DOWN,
+    GRAD_UP,
+    SMASHED_DOWN,
+    SMASHED_UP,
+)
+
+FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
+SPLIT_CONFIGURATIONS = ("splitft_none", "nopeek")
+NODE_WAIT_S, REPLY_TIMEOUT_S = 600.0, 1200.0
+
+
+def check_supported(recipe: Recipe) -> None:
+    if recipe.configuration not in SPLIT_CONFIGURATIONS:
+        raise UserError(f"the split deployment runs configurations {', '.join(SPLIT_CONFIGURATIONS)}; "
+                        f"{recipe.configuration} needs B on the client (docs/splitft.md \"Running split across machines\")")
+
+
+def recorded(section: Any, rnd: int, local: int) -> bool:
+    """Bounded recording (`splitft.record`), as harness/splitft/client.py applies it."""
+    return (rnd > int(section["rounds"]) - int(section["record"]["last_rounds"])
+            and local >= int(section["local_steps"]) - int(section["record"]["steps_per_round"]))
+
+
+# -- the client's half ------------------------------------------------------------------------------------
+class SplitClient:
+    """A client's model without B, and the three phases of its split step over a saved session."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        check_supported(recipe)
+        self.recipe = recipe
+        self.trainer = ClientTrainer(recipe)
+        self.part, self.names, self.section = self.trainer.part, self.trainer.names, self.trainer.section
+        for module in self.part.body_modules():    # the client holds no B: any use of it would fail
+            module.to("meta")
+
+    def _defence(self, session: dict[str, Any], generator: torch.Generator) -> Any:
+        defence = make_defence(self.recipe.configuration, self.recipe.epsilon, self.section)
+        vars(defence).update(session["defence"])
+        defence.generator = generator
+        return defence
+
+    def _restore(self, session: dict[str, Any]) -> tuple[torch.optim.Optimizer, torch.Generator, Any]:
+        trainable.load(self.trainer.model, self.names, session["weights"])
+        self.trainer.model.train()
+        optimizer = self.trainer.optimizer()
+        optimizer.load_state_dict(session["optimizer"])
+        generator = torch.Generator()
+        generator.set_state(session["generator"])
+        return optimizer, generator, self._defence(session, generator)
+
+    def _save(self, session: dict[str, Any], optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
+        session["weights"] = trainable.state(self.trainer.model, self.names)
+        session["optimizer"] = optimizer.state_dict()
+        session["generator"] = generator.get_state()
+
+    def _forward_a(self, defence: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        e = defence.embed(self.part.embed(ids))
+        s_a = self.part.run_layers(e, self.part.context(e), 0, self.part.k)
+        return e, s_a, defence.send(s_a)
+
+    def start_round(self, client: int, rnd: int, global_state: dict[str, torch.Tensor], steps_done: int,
+                    sends: torch.Tensor | None) -> dict[str, Any]:
+        """The round's set-up of ClientTrainer.run_round: the global A and C, a fresh optimiser, the
+        round's random streams, the defence calibrated on D_align."""
+        s, r = self.section, self.recipe
+        trainable.load(self.trainer.model, self.names, global_state)
+        generator = torch.Generator().manual_seed(int(r.seed) * 1_000_003 + client * 10_007 + rnd)
+        align = torch.tensor(r.align, dtype=torch.long)
+        defence = make_defence(r.configuration, r.epsilon, s)
+        defence.setup(self.part, align[: int(s.privpair.align_batch_size)], generator)
+        noise = torch.Generator().manual_seed(int(r.seed) * 1_000_003 + client * 10_007 + rnd + 7_919)
+        blocks = torch.tensor(r.clients[client], dtype=torch.long)
+        session = {"client": client, "round": rnd, "steps_done": steps_done, "noise": noise.get_state(),
+                   "defence": {k: v for k, v in vars(defence).items() if k != "generator"},
+                   "sends": torch.zeros(blocks.shape[0], dtype=torch.long) if sends is None else sends.clone(),
+                   "losses": [], "measured": None, "regulariser": 0.0, "truth": []}
+        self._save(session, self.trainer.optimizer(), generator)
+        return session
+
+    def forward(self, session: dict[str, Any], local: int) -> dict[str, torch.Tensor]:
+        """Phase 1: draw the batch, run A, send s'_A (and θ_A, θ_C when the step is recorded)."""
+        s, r = self.section, self.recipe
+        optimizer, generator, defence = self._restore(session)
+        blocks = torch.tensor(r.clients[session["client"]], dtype=torch.long)
+        rows = torch.randint(0, blocks.shape[0], (min(int(s.batch_size), blocks.shape[0]),), generator=generator)
+        out = {}
+        if recorded(s, session["round"], local):
+            out["theta"] = trainable.flat(self.trainer.model, self.names)
+        session.update(local=local, rows=rows, before_a=generator.get_state())
+        with torch.no_grad():
+            _, s_a, s_a_sent = self._forward_a(defence, blocks[rows])
+        session.update(s_a=s_a, up=s_a_sent)
+        self._save(session, optimizer, generator)
+        out["s_a"] = s_a_sent
+        return out
+
+    def tail(self, session: dict[str, Any], s_b: torch.Tensor) -> torch.Tensor | None:
+        """Phase 2: C's forward and loss on what came down, backward to C and to the cut m; the guarded
+        ∂L/∂s'_B to send up (None with A frozen: then the step ends here)."""
+        s = self.section
+        optimizer, generator, defence = self._restore(session)
+        ids = torch.tensor(self.recipe.clients[session["client"]], dtype=torch.long)[session["rows"]]
+        down = s_b.detach().clone().requires_grad_(True)
+        s_b_hat = defence.recover(down, session["s_a"], session["up"])
+        loss = token_ce(self.part.tail(s_b_hat, self.part.context(down)), ids).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        session["losses"].append(float(loss.detach()))
+        session["down"] = down.detach()
+        if session["local"] == int(s.local_steps) - 1:   # split_step's `measure` (no obfuscation here: H = 0)
+            s_a, s_b_plain = session["s_a"], down.detach()
+            session["measured"] = {"H": float(sq_norm(s_b_hat.detach() - s_b_plain)),
+                                   "H_A": float(sq_norm(session["up"] - s_a)),
+                                   "s_a_sq": float(sq_norm(s_a)), "s_b_sq": float(sq_norm(s_b_plain))}
+        if not bool(s.train_head):
+            optimizer.step()
+            self._end_step(session, ids)
+            self._save(session, optimizer, generator)
+            return None
+        noise = torch.Generator()
+        noise.set_state(session["noise"])
+        guard = GradientGuard(s.grad_up.clip, s.grad_up.noise_multiplier, noise)
+        grad_m = guard(down.grad)
+        session["noise"] = noise.get_state()
+        session["grads"] = {n: p.grad.detach().clone() for n, p in self.trainer.model.named_parameters()
+                            if n in set(self.names) and p.grad is not None}
+        self._save(session, optimizer, generator)
+        return grad_m
+
+    def finish(self, session: dict[str, Any], grad_k: torch.Tensor) -> None:
+        """Phase 3: A's forward again from the stream state phase 1 started from (the same s'_A), then
+        the backward through send() and A (+ the regulariser) on top of C's gradients, and the step."""
+        optimizer, generator, defence = self._restore(session)
+        params = dict(self.trainer.model.named_parameters())
+        for n in self.names:
+            params[n].grad = session["grads"].get(n)
+        ids = torch.tensor(self.recipe.clients[session["client"]], dtype=torch.long)[session["rows"]]
+        generator.set_state(session["before_a"])
+        e, s_a, s_a_sent = self._forward_a(defence, ids)
+        reg = defence.regulariser(e, s_a)
+        if reg is None:
+            s_a_sent.backward(grad_k)
+        else:
+            torch.autograd.backward([s_a_sent, reg], [grad_k, torch.ones_like(reg)])
+        session["regulariser"] = float(reg.detach()) if reg is not None else 0.0
+        optimizer.step()
+        self._end_step(session, ids)
+        self._save(session, optimizer, generator)
+
+    def _end_step(self, session: dict[str, Any], ids: torch.Tensor) -> None:
+        n_blocks = session["sends"].shape[0]
+        session["sends"] += torch.bincount(session["rows"], minlength=n_blocks)
+        session["steps_done"] += 1
+        if recorded(self.section, session["round"], session["local"]):
+            # the evaluator's truth: with s_A sent unchanged, the plain s_A and s_B are what crossed
+            r = self.recipe
+            session["truth"].append({
+                "step": step_id(session["round"], session["client"], session["local"], r.n_clients,
+                                int(self.section.local_steps)),
+                "ids": ids.detach().clone(), "s_a": session["s_a"], "s_b": session["down"]})
+        for key in ("rows", "before_a", "s_a", "up", "down", "grads"):
+            session.pop(key, None)
+
+    def round_metrics(self, session: dict[str, Any]) -> dict[str, float]:
+        """ClientTrainer.run_round's round metrics."""
+        last, losses = session["measured"], session["losses"]
+        return {"train_loss": sum(losses) / len(losses), "H": last["H"], "H_A": last["H_A"],
+                "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
+                "regulariser": session["regulariser"], "num-examples": float(session["sends"].shape[0]),
+                MAX_SENDS: float(session["sends"].max())}
+
+
+_CLIENTS: dict[int, SplitClient] = {}
+_SERVERS: dict[int, ClientTrainer] = {}
+
+
+def _cached(cache: dict[int, Any], recipe: Recipe, make: Any) -> Any:
+    """One model per recipe and process (a Ray actor serves several clients in turn)."""
+    if id(recipe) not in cache:
+        cache.clear()
+        cache[id(recipe)] = make(recipe)
+    return cache[id(recipe)]
+
+
+def _session_path(context: Any) -> Path:
+    """Where a client keeps its step's session between messages: a file on the client's machine, named in
+    the node's `context.state`. The session holds A, C and the optimiser's moments (about 77 MB
+    for the tiny test model); carried in `context.state` itself it travels through the SuperNode's runtime
+    API after every message, and on a loaded machine that push did not arrive, the task expired and the
+    SuperNode failed the next message (docs/splitft.md "Running split across machines")."""
+    return Path(tempfile.gettempdir()) / "splitbench-splitft-sessions" / f"run{context.run_id}_node{context.node_id}.pt"
+
+
+def _save_session(context: Any, session: dict[str, Any]) -> None:
+    from flwr.app import ConfigRecord
+
+    from harness.results import atomic_torch_save
+
+    path = _session_path(context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_torch_save(session, path)
+    context.state["split"] = ConfigRecord({"session": str(path)})
+
+
+def _load_session(context: Any) -> dict[str, Any]:
+    return torch.load(str(context.state["split"]["session"]), weights_only=False)
+
+
+def split_client_app(recipe: Recipe | None = None) -> Any:
+    """The ClientApp of the split deployment; without a recipe it reads the run config's `recipe` path."""
+    from flwr.app import (
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    def setup(context: Context) -> tuple[Recipe, SplitClient, int]:
+        r = recipe or _recipe_from_run_config(context)
+        return r, _cached(_CLIENTS, r, SplitClient), int(context.node_config["partition-id"])
+
+    def reply(msg: Message, client: int, tensors: dict[str, torch.Tensor] | None = None,
+              extra: dict[str, Any] | None = None) -> Message:
+        content = RecordDict({"config": ConfigRecord({"client": client}), **(extra or {})})
+        if tensors:
+            content["tensors"] = ArrayRecord(torch_state_dict={k: v.detach().contiguous() for k, v in tensors.items()})
+        return Message(content=content, reply_to=msg)
+
+    @app.train(FORWARD)
+    def forward(msg: Message, context: Context) -> Message:
+        _, me, client = setup(context)
+        cfg = msg.content["config"]
+        rnd, local = int(cfg["round"]), int(cfg["local"])
+        if local == 0:
+            steps = int(context.state["progress"]["steps"]) if "progress" in context.state else 0
+            sends = context.state["sends"].to_torch_state_dict()["count"] if "sends" in context.state else None
+            session = me.start_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), steps, sends)
+        else:
+            session = _load_session(context)
+        out = me.forward(session, local)
+        _save_session(context, session)
+        return reply(msg, client, out)
+
+    @app.train(TAIL)
+    def tail(msg: Message, context: Context) -> Message:
+        r, me, client = setup(context)
+        session = _load_session(context)
+        grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"])
+        return _after(msg, context, r, me, client, session, None if grad_m is None else {"grad_s_b": grad_m})
+
+    @app.train(FINISH)
+    def finish(msg: Message, context: Context) -> Message:
+        r, me, client = setup(context)
+        session = _load_session(context)
+        me.finish(session, msg.content["tensors"].to_torch_state_dict()["grad_s_a"])
+        return _after(msg, context, r, me, client, session, None)
+
+    def _after(msg: Message, context: Context, r: Recipe, me: SplitClient, client: int, session: dict[str, Any],
+               tensors: dict[str, torch.Tensor] | None) -> Message:
+        """Save the session; after the round's last step, reply A, C and the round metrics for FedAvg."""
+        if tensors is not None or session.get("local", -1) < int(me.section.local_steps) - 1:
+            _save_session(context, session)
+            return reply(msg, client, tensors)
+        _session_path(context).unlink(missing_ok=True)       # the round is over; what persists is below
+        del context.state["split"]
+        context.state["sends"] = ArrayRecord(torch_state_dict={"count": session["sends"]})
+        context.state["progress"] = ConfigRecord({"steps": int(session["steps_done"])})
+        if r.truth_dir and session["truth"]:
+            torch.save(session["truth"], Path(r.truth_dir) / f"client{client}_round{session['round']}.pt")
+        return reply(msg, client, None, {"arrays": ArrayRecord(torch_state_dict=trainable.state(me.trainer.model, me.names)),
+                                         "metrics": MetricRecord(me.round_metrics(session))})
+
+    return app
+
+
+# -- the server's half ------------------------------------------------------------------------------------
+def _server_trainer(recipe: Recipe) -> ClientTrainer:
+    check_supported(recipe)
+    return ClientTrainer(recipe)     # the pretrained A and C (round 1's global state) and the frozen B
+
+
+def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tensor] | None = None,
+                     evaluate: Any = None) -> Any:
+    """The ServerApp: B, the message rounds of every step, FedAvg over A and C after each round, and the
+    record of what the server received (`sink.exposures`, the simulation's format)."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.serverapp import Grid, ServerApp
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        r = recipe or _recipe_from_run_config(context)
+        server = _cached(_SERVERS, r, _server_trainer)
+        part, section = server.part, server.section
+        global_state = initial if initial is not None else server.initial_state()
+        nodes = _wait_for_nodes(grid, r.n_clients)
+        strategy = _recording_fedavg(sink, r.n_clients)
+        n_steps = int(section.local_steps)
+
+        def exchange(action: str, contents: dict[int, RecordDict], rnd: int) -> dict[int, Any]:
+            messages = [Message(content=c, dst_node_id=n, message_type=f"train.{action}", group_id=str(rnd))
+                        for n, c in contents.items()]
+            replies = list(grid.send_and_receive(messages, timeout=REPLY_TIMEOUT_S))
+            errors = [m.error.reason for m in replies if m.has_error()]
+            if errors or len(replies) != len(messages):
+                raise RuntimeError(f"split deployment: {action} in round {rnd}: {len(replies)} of {len(messages)} "
+                                   f"replies, errors {errors}")
+            return {m.metadata.src_node_id: m for m in replies}
+
+        for rnd in range(1, int(section.rounds) + 1):
+            arrays = ArrayRecord(torch_state_dict=global_state)
+            for local in range(n_steps):
+                first = {"arrays": arrays} if local == 0 else {}
+                cfg = ConfigRecord({"round": rnd, "local": local})
+                ups = exchange(FORWARD, {n: RecordDict({"config": cfg, **first}) for n in nodes}, rnd)
+                held, downs = {}, {}
+                for n, msg in ups.items():
+                    client = int(msg.content["config"]["client"])
+                    got = msg.content["tensors"].to_torch_state_dict()
+                    up = got["s_a"].requires_grad_(True)                    # what the server received
+                    s_b = part.body(up, part.context(up))                   # B, frozen
+                    view = recorded(section, rnd, local)
+                    step = step_id(rnd, client, local, r.n_clients, n_steps)
+                    held[n] = (client, step, view, up, s_b)
+                    if view:
+                        _record(sink, CLIENT_WEIGHTS, "theta_a_c", None, got["theta"], step, client, rnd)
+                        _record(sink, SMASHED_UP, "s_a", part.k, up, step, client, rnd)
+                        _record(sink, SMASHED_DOWN, "s_b", part.m, s_b, step, client, rnd)
+                    downs[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"s_b": s_b.detach()})})
+                replies = exchange(TAIL, downs, rnd)
+                if bool(section.train_head):
+                    grads = {}
+                    for n, msg in replies.items():
+                        client, step, view, up, s_b = held[n]
+                        grad_m = msg.content["tensors"].to_torch_state_dict()["grad_s_b"]
+                        s_b.backward(grad_m)                                 # the backward through frozen B
+                        if view:
+                            _record(sink, GRAD_UP, "grad_s_b", part.m, grad_m, step, client, rnd)
+                            _record(sink, GRAD_DOWN, "grad_s_a", part.k, up.grad, step, client, rnd)
+                        grads[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"grad_s_a": up.grad})})
+                    replies = exchange(FINISH, grads, rnd)
+            # the last step's replies carry A, C and the metrics: Flower's FedAvg, in client order
+            ordered = sorted(replies.values(), key=lambda m: int(m.content["config"]["client"]))
+            for m in ordered:
+                del m.content["config"]
+            new, _ = strategy.aggregate_train(rnd, ordered)
+            global_state = new.to_torch_state_dict()
+            if evaluate is not None:
+                sink.evaluations[rnd] = evaluate(global_state)
+        sink.final = global_state
+        if recipe is None and context.run_config.get("sink"):   # deployment: the caller reads it from disk
+            import dataclasses
+
+            torch.save(dataclasses.asdict(sink), str(context.run_config["sink"]))
+
+    return app
+
+
+def _record(sink: Sink, channel: str, op: str, layer: int | None, tensor: torch.Tensor, step: int, client: int,
+            rnd: int) -> None:
+    sink.exposures.append({"channel": channel, "op": op, "layer": layer, "step": step, "client": client,
+                           "round": rnd, "tensor": tensor.detach().clone()})
+
+
+def _wait_for_nodes(grid: Any, n: int) -> list[int]:
+    deadline = time.monotonic() + NODE_WAIT_S
+    while len(nodes := sorted(grid.get_node_ids())) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"split deployment: {len(nodes)} of {n} SuperNodes connected after {NODE_WAIT_S:.0f} s")
+        time.sleep(1.0)
+    return nodes[:n]
+
+
+def simulate_split(recipe: Recipe, initial: dict[str, torch.Tensor] | None = None, evaluate: Any = None) -> Sink:
+    """The split deployment's apps on Flower's Simulation Runtime (Ray backend), N virtual SuperNodes."""
+    import logging
+
+    from flwr.simulation import run_simulation
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    sink = Sink()
+    cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
+    run_simulation(server_app=split_server_app(recipe, sink, initial, evaluate),
+                   client_app=split_client_app(recipe), num_supernodes=recipe.n_clients,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": cpus, "include_dashboard": False,
+                                                 "logging_level": "ERROR", "log_to_driver": False}})
+    rounds = int(recipe.section["rounds"])
+    missing = [r for r in range(1, rounds + 1) if sink.replies.get(r, 0) < recipe.n_clients]
+    if sink.final is None or missing:
+        raise RuntimeError(f"Flower simulation of the split deployment did not complete: rounds {missing or 'all'} "
+                           "lack client replies (see the client errors logged above)")
+    return sink
+
+
+# The deployment's app objects, named in a Flower app's pyproject.toml `[tool.flwr.app.components]`:
+#     serverapp = "harness.splitft.split_deployment:serverapp"
+#     clientapp = "harness.splitft.split_deployment:clientapp"
+# with run config keys `recipe` and `sink` as harness/splitft/deployment.py's.
+clientapp = split_client_app()
+serverapp = split_server_app(None, Sink())

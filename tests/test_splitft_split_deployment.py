@@ -1,0 +1,223 @@
+"""The split deployment (harness/splitft/split_deployment.py): B in the server's process, every crossing a
+Flower message. What its server records equals the view of the one-process path (ClientTrainer.run_round,
+what the simulation's ClientApp runs) on the same seed, in Flower's simulation and, marked slow, on a
+SuperLink and two SuperNodes on 127.0.0.1."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from harness.models import load_model
+from harness.splitft.client import ClientTrainer, Recipe, write_recipe
+from harness.splitft.data import load_split_data
+
+from .conftest import CONF
+from .conftest import model_cfg as _model_cfg
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# the smoke's tiny model and data; 1 round of 2 local steps, both recorded
+OVERRIDES = {"rounds": 1, "local_steps": 2, "record": {"last_rounds": 1, "steps_per_round": 2}, "threads": 1}
+
+
+def _recipe(configuration: str, epsilon: float | None, tmp_path: Path, **extra) -> Recipe:
+    model_cfg = _model_cfg()
+    smoke = OmegaConf.load(CONF / "experiment" / "splitft_smoke.yaml").splitft
+    section = OmegaConf.merge(OmegaConf.load(CONF / "splitft" / "default.yaml"), smoke, OVERRIDES, extra)
+    section = OmegaConf.to_container(section, resolve=True)
+    data = load_split_data(OmegaConf.create(section["data"]), load_model(model_cfg).tokenizer, 2, 0)
+    truth = tmp_path / "truth"
+    truth.mkdir(exist_ok=True)
+    return Recipe(model_cfg, None, configuration, epsilon, section, 0, data.clients, data.align, data.heldout,
+                  str(truth))
+
+
+def _reference(recipe: Recipe) -> tuple[list[dict], dict[int, dict]]:
+    """Round 1 of the one-process path for both clients: its crossings and round metrics."""
+    trainer = ClientTrainer(recipe)
+    start = trainer.initial_state()
+    exposures, metrics = [], {}
+    for client in range(recipe.n_clients):
+        out = trainer.run_round(client, 1, start, {}, 0)
+        exposures += [e | {"client": client, "round": 1} for e in out.exposures]
+        metrics[client] = out.metrics
+    return exposures, metrics
+
+
+def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = frozenset(
+        {"client_weights", "smashed_up", "smashed_down", "grad_up", "grad_down"})) -> None:
+    def key(e: dict) -> tuple:
+        return e["client"], e["step"], e["channel"]
+
+    assert sorted(map(key, got)) == sorted(map(key, want))
+    assert len({key(e) for e in want}) == len(want)
+    assert {e["channel"] for e in want} == channels
+    by_key = {key(e): e for e in want}
+    for e in got:
+        w = by_key[key(e)]
+        assert (e["op"], e["layer"], e["round"]) == (w["op"], w["layer"], w["round"])
+        assert e["tensor"].shape == w["tensor"].shape, key(e)
+        torch.testing.assert_close(e["tensor"], w["tensor"], rtol=1e-5, atol=1e-6, msg=f"{key(e)} differs")
+
+
+GUARD = {"grad_up": {"clip": 0.01, "noise_multiplier": 0.5}}
+
+
+@pytest.mark.parametrize("configuration,epsilon,extra", [("splitft_none", None, {}), ("nopeek", 0.5, {}),
+                                                         ("splitft_none", None, {"train_head": False}),
+                                                         ("splitft_none", None, GUARD)],
+                         ids=["none", "nopeek", "a_frozen", "grad_up_guard"])
+def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, extra, tmp_path):
+    """Flower's simulation runtime, 2 clients, 2 steps: the server's record equals run_round's view (NoPeek:
+    the client's last message replays A's forward from the saved stream state, regulariser draw included;
+    A frozen: the step ends at the tail, no gradient crosses; the guard on grad_up: its noise stream carries
+    over between steps in the session), and the round metrics are FedAvg's of run_round's."""
+    from harness.splitft.split_deployment import simulate_split
+
+    train_head = extra.get("train_head", True)
+    recipe = _recipe(configuration, epsilon, tmp_path, **extra)
+    want, metrics = _reference(recipe)
+    sink = simulate_split(recipe)
+    channels = {"client_weights", "smashed_up", "smashed_down"} | ({"grad_up", "grad_down"} if train_head else set())
+    _assert_same_view(sink.exposures, want, channels)
+    assert sink.replies == {1: 2}
+    n = [metrics[c]["num-examples"] for c in (0, 1)]
+    for k in ("train_loss", "H", "H_A", "regulariser"):
+        assert sink.rounds[1][k] == pytest.approx((metrics[0][k] * n[0] + metrics[1][k] * n[1]) / sum(n), rel=1e-5), k
+    if configuration == "nopeek":
+        assert sink.rounds[1]["regulariser"] > 0
+
+
+def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_path):
+    """Two rounds of one recorded step each, against federation.simulate (the runner's path, B in the
+    ClientApp) on the same recipe: the same view in both rounds (round 2's from FedAvg's average), the same
+    round metrics (the DP accounting's max-sends included) and the same final A and C."""
+    from harness.splitft.federation import simulate
+    from harness.splitft.split_deployment import simulate_split
+
+    recipe = _recipe("splitft_none", None, tmp_path, rounds=2, local_steps=1,
+                     record={"last_rounds": 2, "steps_per_round": 1})
+    start = ClientTrainer(recipe).initial_state()
+    want, got = simulate(recipe, start), simulate_split(recipe, start)
+    assert {e["round"] for e in want.exposures} == {1, 2}
+    _assert_same_view(got.exposures, want.exposures)
+    assert got.replies == want.replies == {1: 2, 2: 2}
+    for rnd in (1, 2):
+        assert got.rounds[rnd] == pytest.approx(want.rounds[rnd], rel=1e-5, abs=1e-9), rnd
+    assert got.final.keys() == want.final.keys()
+    for name, value in want.final.items():
+        torch.testing.assert_close(got.final[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
+def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(tmp_path):
+    from harness.errors import UserError
+    from harness.splitft.split_deployment import SplitClient
+
+    with pytest.raises(UserError, match=r"^the split deployment runs configurations splitft_none, nopeek; privpair "
+                                        r"needs B on the client"):
+        SplitClient(_recipe("privpair", 1.0, tmp_path))
+
+
+def test_the_split_client_holds_no_b(tmp_path):
+    """B's blocks are on the meta device in a client's process: a client that ran B would fail."""
+    from harness.splitft.split_deployment import SplitClient
+
+    client = SplitClient(_recipe("splitft_none", None, tmp_path))
+    assert all(p.is_meta for m in client.part.body_modules() for p in m.parameters())
+    assert not any(p.is_meta for m in client.part.head_modules() + client.part.tail_modules() for p in m.parameters())
+    s_a = torch.zeros(1, 4, client.trainer.model.config.hidden_size)
+    with pytest.raises(RuntimeError, match="meta"):
+        client.part.body(s_a, client.part.context(s_a))
+
+
+APP_TOML = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "splitftsplit"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "splitbench"
+
+[tool.flwr.app.components]
+serverapp = "harness.splitft.split_deployment:serverapp"
+clientapp = "harness.splitft.split_deployment:clientapp"
+
+[tool.flwr.app.config]
+recipe = "{recipe}"
+sink = "{sink}"
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_split_deployment_on_loopback(tmp_path):
+    """A SuperLink and two SuperNodes on 127.0.0.1, `flwr run` on an app naming the split deployment's
+    ServerApp (B) and ClientApp (A, C): s'_A, s'_B and both cut gradients cross the SuperLink as messages,
+    and the server's record equals the one-process view."""
+    recipe = _recipe("splitft_none", None, tmp_path)
+    path, sink = tmp_path / "recipe.pt", tmp_path / "sink.pt"
+    write_recipe(recipe, path)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(APP_TOML.format(recipe=path, sink=sink))
+    link = _free_port()
+    home = tmp_path / "flwr"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+    # this checkout's harness first on every process's path (the venv may hold another copy of splitbench)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "FLWR_HOME": str(home), "HF_HUB_OFFLINE": "1", "FLWR_TELEMETRY_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    bin_dir = Path(sys.executable).parent
+    logs = [open(tmp_path / f"{name}.log", "w") for name in ("superlink", "supernode0", "supernode1")]  # noqa: SIM115
+    procs = []
+    try:
+        # one HTTP API (Fleet, Control, ServerAppIo) on 127.0.0.1:link; each SuperNode's runtime API on its own port
+        procs.append(subprocess.Popen([bin_dir / "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port",
+                                       str(link)], env=env, cwd=tmp_path, stdout=logs[0], stderr=subprocess.STDOUT))
+        time.sleep(8)
+        for partition in (0, 1):
+            procs.append(subprocess.Popen(
+                [bin_dir / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}", "--host", "127.0.0.1",
+                 "--port", str(_free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
+                env=env, cwd=tmp_path, stdout=logs[1 + partition], stderr=subprocess.STDOUT))
+        time.sleep(8)
+        done = subprocess.run([bin_dir / "flwr", "run", str(app), "loopback", "--stream"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert done.returncode == 0 and sink.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+    got = torch.load(sink, weights_only=False)
+    assert got["replies"] == {1: 2}
+    want, _ = _reference(recipe)
+    _assert_same_view(got["exposures"], want)
