@@ -29,8 +29,8 @@ class SanitizeAttackConfig:
 
     top_k: int = MISSING                  # Pr@k and Bayes top-k (the paper: 5)
     bayes_candidates: int = MISSING       # original tokens considered per position (nearest to the output)
-    bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms)
-    bayes_local_vocab: int = MISSING      # tokens the simulated nearest-token search ranges over
+    bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms), pooled over the candidates
+    bayes_local_vocab: int = MISSING      # the simulation's prefilter before the full-vocabulary search (exact)
     learned_corpus_tokens: int = MISSING  # training tokens of the learned inverter (0: not run)
     corpus_path: Optional[str] = MISSING  # public text the trained attackers learn from; null: the built-in corpus
     decoder_steps: int = MISSING          # the learned decoder's training steps at most (0: not run)
