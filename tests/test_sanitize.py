@@ -334,6 +334,70 @@ def test_the_attacker_draws_from_its_own_stream():
     assert torch.equal(a, torch.rand(4, generator=bayes.attacker_generator(0)))
 
 
+def test_contextual_beam_search_finds_the_exact_map_sequence(tiny_sanitizer):
+    """With a beam as wide as every path, (MAP) is found exactly: the best beam is the brute-force argmax of
+    Σ log P_LM(t_i | prefix, t_<i) + log P(t'_i | t_i) over all C^n sequences, each scored by one full forward
+    pass; a beam of 1 is the greedy path."""
+    import itertools
+
+    from attacks.sanitize import contextual
+
+    model = tiny_sanitizer[0].model
+    g = torch.Generator().manual_seed(3)
+    n, c, prefix = 4, 3, [1, 17, 250]
+    cands = torch.randint(5, 2000, (n, c), generator=g)
+    loglik = torch.log(torch.rand(n, c, generator=g, dtype=torch.float64))
+
+    def total(seq):
+        ids = torch.tensor([prefix + list(seq)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        lm = sum(float(logp[len(prefix) + i - 1, t]) for i, t in enumerate(seq))
+        return lm + sum(float(loglik[i, (cands[i] == t).nonzero()[0, 0]]) for i, t in enumerate(seq))
+
+    paths = [[int(cands[i, j]) for i, j in enumerate(js)] for js in itertools.product(range(c), repeat=n)]
+    scored = sorted(paths, key=total, reverse=True)
+    beams, scores = contextual.beam_search(model, prefix, cands, loglik, beam=c ** n)
+    assert beams[0].tolist() == scored[0]
+    assert float(scores[0]) == pytest.approx(total(scored[0]), abs=1e-4)
+    seq: list[int] = []
+    for i in range(n):
+        seq.append(max((int(t) for t in cands[i]), key=lambda t: total(seq + [t])))
+    beams1, _ = contextual.beam_search(model, prefix, cands, loglik, beam=1)
+    assert beams1[0].tolist() == seq
+
+
+def test_prior_gain_is_paired_and_its_verdict_needs_the_gain_to_clear_the_margin():
+    from attacks.sanitize import contextual
+
+    gain, verdict = contextual.prior_gain([50.0, 61.0, 71.0], [40.0, 50.0, 62.0], 1.0, positive_passed=True,
+                                          negative_passed=True)
+    d = np.array([10.0, 11.0, 9.0])
+    half = 4.302652729911275 * d.std(ddof=1) / math.sqrt(3)     # t(0.975, 2)
+    assert gain.mean == pytest.approx(d.mean()) and gain.lo == pytest.approx(d.mean() - half)
+    assert verdict == "leak"
+    # Unpaired, the two sets of rates overlap (40–62 against 50–71): the pairing is what resolves the gain.
+    # The same rates as the prior alone, to within the margin: at chance; a failed negative control never is.
+    _, same = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                    negative_passed=True)
+    assert same == "at_chance"
+    _, failed = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                      negative_passed=False)
+    assert failed == "inconclusive"
+
+
+def test_contextual_likelihood_floor_and_public_prefix():
+    from attacks.sanitize import contextual
+
+    post = bayes.Posterior(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[0.2, 0.0, 0.05], [0.0, 0.0, 0.0]]),
+                           torch.zeros(2, 3))
+    ll = contextual.log_likelihoods(post, "dx_noise")
+    assert ll[0].tolist() == pytest.approx([math.log(0.2), math.log(0.025), math.log(0.05)])
+    assert ll[1].tolist() == [0.0, 0.0, 0.0]
+    assert contextual.log_likelihoods(post, "custext_plus")[0, 1] == -math.inf
+    assert contextual.public_prefix([[1, 2, 3, 9], [1, 2, 4], [1, 2, 3]]) == [1, 2]
+
+
 def test_learned_inverter_learns_the_identity(tiny_sanitizer):
     """Trained on text the identity mechanism left as it is, the ridge map is the centre embedding itself:
     every token of unseen prompts comes back first (a shifted window would not)."""
@@ -472,8 +536,12 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         r = json.loads((run / "results.json").read_text())
         m = r["metrics"]
         assert r["status"] == "ok" and r["system"] == "sanitize" and r["tags"] == ["smoke"]
-        for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict"):
+        for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict", "contextual_top1", "contextual_top5",
+                    "contextual_prior_top1", "contextual_prior_gain_ci_lo", "contextual_verdict"):
             assert key in m, key
+        assert m["contextual_prior_gain"] == pytest.approx(m["contextual_top1"] - m["contextual_prior_top1"])
+        from attacks import controls
+        assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
         assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
         # The constant-answer floor is the majority label's share of the shipped SST-2 file; a random model has
@@ -506,6 +574,7 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     section = text.split("## Token sanitisers (paper 001, Figs. 2–4)")[1].split("\n## ")[0]
     assert sum(line.startswith(f"| {n} |") for line in section.splitlines() for n in runs) == 4
+    assert "contextual − prior (pp)" in section and f"({m['contextual_verdict']})" in section
     assert f"floor {mini_floor:.1f}" in section
     assert ("*no skill*" in section) == (not m["accuracy_skill_sst2"])
     assert list((tmp_path / "report").glob("report_sanitize_*.png"))

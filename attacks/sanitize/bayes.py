@@ -76,9 +76,17 @@ def rank(observed: Sequence[Sequence[int]], table: Table, settings: Settings, k:
     lengths = [len(s) for s in observed]
     if sum(lengths) == 0:
         return [torch.empty(0, k, dtype=torch.long) for _ in observed]
-    post = posterior(observed, table, settings, max(bayes.candidates, k), bayes, seed, keep)
-    order = torch.sort(-post.likelihood, dim=1, stable=True).indices[:, :k]
-    return list(torch.split(post.candidates.gather(1, order), lengths))
+    return top_k(posterior(observed, table, settings, max(bayes.candidates, k), bayes, seed, keep), lengths, k)
+
+
+def top_k(post: Posterior, lengths: Sequence[int], k: int) -> list[torch.Tensor]:
+    """Per prompt (n_i, k): the first k of `ranked`."""
+    return list(torch.split(ranked(post)[:, :k], list(lengths)))
+
+
+def ranked(post: Posterior) -> torch.Tensor:
+    """(n, C) every position's candidates by likelihood, ties in distance order (Pr@5's)."""
+    return post.candidates.gather(1, torch.sort(-post.likelihood, dim=1, stable=True).indices)
 
 
 def posterior(observed: Sequence[Sequence[int]], table: Table, settings: Settings, n_candidates: int,
