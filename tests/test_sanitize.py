@@ -398,6 +398,21 @@ def test_contextual_likelihood_floor_and_public_prefix():
     assert contextual.public_prefix([[1, 2, 3, 9], [1, 2, 4], [1, 2, 3]]) == [1, 2]
 
 
+def test_curves_are_compared_at_the_pr_at_5_every_series_reaches():
+    """Figs. 3 and 4 at matched privacy: accuracy read off each series' piecewise-linear η curve at the Pr@5
+    multiples of 10 inside the common range (its midpoint when none is), nothing outside a curve."""
+    from runners.report.sanitize import interpolate, matched_levels
+
+    a, b = [(12.0, 60.0), (48.0, 70.0), (30.0, 66.0)], [(5.0, 50.0), (35.0, 65.0)]
+    assert matched_levels([a, b]) == [20.0, 30.0]
+    assert interpolate(a, 20.0) == pytest.approx(60.0 + 6.0 * 8 / 18) and interpolate(b, 20.0) == pytest.approx(57.5)
+    assert interpolate(b, 40.0) is None and interpolate(a, 11.0) is None
+    assert interpolate([(10.0, 50.0), (30.0, 60.0), (30.0, 62.0)], 20.0) == pytest.approx(55.5)   # same x averaged
+    assert matched_levels([[(5.0, 1.0), (9.0, 2.0)], [(6.0, 1.0), (8.0, 3.0)]]) == [7.0]
+    assert matched_levels([[(5.0, 1.0), (8.0, 2.0)], [(12.0, 1.0), (48.0, 3.0)]]) == []     # ranges apart
+    assert matched_levels([a, [(20.0, 1.0)]]) == []                                        # one point: no curve
+
+
 def test_learned_inverter_learns_the_identity(tiny_sanitizer):
     """Trained on text the identity mechanism left as it is, the ridge map is the centre embedding itself:
     every token of unseen prompts comes back first (a shifted window would not)."""
