@@ -20,9 +20,9 @@ upper bound of what the prior alone recovers, so a `leak` is what the sanitised 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

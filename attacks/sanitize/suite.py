@@ -5,9 +5,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attacks import controls
 import torch
 
+from attacks import controls
 from attacks.sanitize import bayes, contextual, decoder, learned, neighbours, scoring, window
 from harness.adversary_view import AdversaryView
 from harness.sanitize.prompts import read_prefixes, read_view
@@ -92,7 +92,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
     if model is not None and int(cfg.contextual_beam) > 0:
         prefix = contextual.public_prefix(read_prefixes(view))
         ctx = contextual.ContextualSettings(beam=int(cfg.contextual_beam))
-        fn = lambda obs: contextual.rank(obs, model, prefix, posterior_of, settings.mechanism, ctx, k)  # noqa: E731
+        fn = lambda obs: contextual.rank(obs, model, prefix, posterior_of, settings.mechanism, ctx, k)
         s, g, extra = contextual.score(fn, model, prefix, originals, observed, k, margin, pos_ok, name=CONTEXTUAL)
         scores.append(s)
         guesses[CONTEXTUAL] = scoring.first_guesses(g)
