@@ -8,7 +8,15 @@ from typing import Any
 import torch
 
 from attacks import controls
-from attacks.sanitize import bayes, contextual, decoder, learned, neighbours, scoring, window
+from attacks.sanitize import (
+    bayes,
+    contextual,
+    decoder,
+    learned,
+    neighbours,
+    scoring,
+    window,
+)
 from harness.adversary_view import AdversaryView
 from harness.sanitize.prompts import read_prefixes, read_view
 from metrics.intervals import mean_ci
