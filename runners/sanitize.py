@@ -31,7 +31,8 @@ from harness.results import RunContext
 from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
-_TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1")
+_TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1",
+                  "contextual_top1")
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -164,7 +165,7 @@ def _definitions(k: int) -> dict[str, str]:
         f"pr_at_{k}": f"the paper's Pr@{k}: % of text positions whose original token is among the {k} nearest "
                       "neighbours of the sanitised token's embedding (itself first), macro over prompts, t 95% CI",
         "<attacker>_top1/_top{k}": "% of text positions whose original token is the attacker's first guess / among "
-                                   "its first k (attackers: neighbours, bayes, window, learned, decoder), macro "
+                                   "its first k (attackers: neighbours, bayes, window, learned, decoder, contextual), macro "
                                    "over prompts; decoder: its greedy decoding first, then its logits' next best",
         "<attacker>_token_f1": "multiset token F1 of the attacker's first guesses against the prompt's text tokens",
         "<attacker>_token_f1_chance": "the same F1 of each prompt's guesses against the other prompts "
@@ -173,7 +174,15 @@ def _definitions(k: int) -> dict[str, str]:
                                                 "sanitised tokens of prompt i+1); _pass: lower bound <= reference + m",
         "positive_control_token_f1": "the neighbours attacker on the unsanitised text; _pass: lower bound >= its "
                                      "reference + positive_margin_pp",
-        "<attacker>_verdict": "attacks.controls.classify on <attacker>_token_f1 against its reference",
+        "<attacker>_verdict": "attacks.controls.classify on <attacker>_token_f1 against its reference; for "
+                              "contextual: on contextual_prior_gain against 0",
+        "contextual_top1/_top{k}": "the contextual reconstruction (per-token posterior times the victim LM's prior, "
+                                   "beam search, attacks/sanitize/contextual.py): its best beam first, then the "
+                                   "other beams' tokens and the per-token posterior's order",
+        "contextual_prior_top1": "% of text positions whose original is the LM's top-1 given the true prefix and no "
+                                 "view (the prior alone), macro over prompts",
+        "contextual_prior_gain": "contextual_top1 minus contextual_prior_top1, paired per prompt on the same "
+                                 "positions, mean and t 95% CI over prompts (percentage points)",
         "verdict": "the worst of the attackers' verdicts (leak > inconclusive > at_chance)",
         "unchanged_rate": "% of text positions the sanitiser left unchanged",
         "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, t 95% CI",
@@ -193,7 +202,7 @@ def summary(results: dict[str, Any]) -> str:
     head = common.summary_head(results, f"{results['n_prompts']} prompts", f"tasks {', '.join(results['tasks'])}")
     names = ["accuracy", "accuracy_unsanitized", "pr_at_5", "bayes_top1", "bayes_top5", "neighbours_token_f1",
              "bayes_token_f1", "window_top1", "window_token_f1", "learned_top1", "learned_token_f1", "decoder_top1",
-             "decoder_token_f1", "unchanged_rate"]
+             "decoder_token_f1", "contextual_top1", "contextual_prior_top1", "contextual_prior_gain", "unchanged_rate"]
     lines = [head, *common.metric_lines(m, names, width=24)]
     verdicts = ", ".join(f"{k[:-8]} {v}" for k, v in m.items() if k.endswith("_verdict"))
     lines.append(f"  verdict: {m['verdict']} ({verdicts})")

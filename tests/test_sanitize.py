@@ -245,6 +245,174 @@ def test_bayes_attacker_beats_neighbours_on_stencil_and_inverts_it_when_noise_fr
     assert top1(by) > 40.0 and top1(wi) > 10.0
 
 
+def _exact_planar_likelihood(vectors, mean, observed, eta, n_theta=20000):
+    """P(mean + p ∈ Vor(observed)) in d = 2 by quadrature over the direction of p: along each ray mean + r·u
+    the cell is an interval of r (a convex cell), whose probability is a difference of the radius's
+    Gamma(2, 1/η) CDF (mechanisms.dx_noise). The independent reference of the sampled likelihoods."""
+    from scipy import stats
+
+    v, e, mu = vectors.double().numpy(), vectors[observed].double().numpy(), np.asarray(mean, dtype=float)
+    theta = (np.arange(n_theta) + 0.5) * 2 * math.pi / n_theta
+    u = np.stack([np.cos(theta), np.sin(theta)], 1)
+    lo, hi = np.zeros(n_theta), np.full(n_theta, np.inf)
+    for j in range(len(v)):
+        if j == observed:
+            continue
+        # ‖q − e‖² ≤ ‖q − v_j‖² with q = mu + r·u is a + r·b ≤ 0
+        a, b = 2 * mu @ (v[j] - e) - (v[j] @ v[j] - e @ e), 2 * u @ (v[j] - e)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = -a / b
+        hi, lo = np.where(b > 0, np.minimum(hi, r), hi), np.where(b < 0, np.maximum(lo, r), lo)
+    cdf = stats.gamma(2, scale=1 / eta).cdf
+    return float(np.where(hi > lo, cdf(hi) - cdf(lo), 0.0).mean())
+
+
+def test_dx_likelihoods_match_the_exact_voronoi_probability():
+    """The sampled P(t' | c) of dχ Noise, down to likelihoods of a few 1e-3, agree with the exact
+    probability that E[c] + p falls in t''s Voronoi cell over the whole vocabulary (12 tokens in the plane;
+    a 4-token prefilter, so most cells are decided by the full search): within 5 of the estimator's own
+    standard errors, which are themselves at most √(P/M) (the MIS bound)."""
+    vectors = torch.randn(12, 2, generator=torch.Generator().manual_seed(0))
+    t, eta, samples = Table(vectors, torch.arange(12)), 2.0, 2000
+    post = bayes.posterior([[3, 7]], t, Settings("dx_noise", parameter=eta), 12,
+                           bayes.BayesSettings(candidates=12, samples=samples, local_vocab=4), seed=0)
+    for i, tp in enumerate((3, 7)):
+        for j in range(12):
+            c = int(post.candidates[i, j])
+            exact = _exact_planar_likelihood(vectors, vectors[c].numpy(), tp, eta)
+            est, se = float(post.likelihood[i, j]), float(post.std_error[i, j])
+            assert se <= math.sqrt(exact / samples) * 1.2 + 1e-4
+            assert abs(est - exact) <= 5 * se + 1e-4, (tp, c, est, exact, se)
+    assert float(post.likelihood.min()) < 0.01    # small likelihoods were in the test
+    # The prefilter only saves work: the whole vocabulary as the local set gives the same estimates.
+    full = bayes.posterior([[3, 7]], t, Settings("dx_noise", parameter=eta), 12,
+                           bayes.BayesSettings(candidates=12, samples=samples, local_vocab=12), seed=0)
+    assert torch.equal(full.likelihood, post.likelihood)
+
+
+def test_excluding_dx_stencil_likelihood_matches_plain_simulation():
+    """With the original excluded (dχ-Stencil, `may_return_original` false) the output depends on the
+    candidate: the pooled estimate agrees with plain draws of each candidate through the mechanism itself
+    (L = 1, so the quasi-embedding is E[c])."""
+    vectors = torch.randn(10, 2, generator=torch.Generator().manual_seed(2))
+    t = Table(vectors, torch.arange(10))
+    s = Settings("dx_stencil", window=1, parameter=2.0, may_return_original=False)
+    post = bayes.posterior([[4]], t, s, 10, bayes.BayesSettings(candidates=10, samples=1000, local_vocab=3), seed=1)
+    n = 20000
+    for j in range(10):
+        c = int(post.candidates[0, j])
+        out = M.sanitize([[c] * n], t, s, torch.Generator().manual_seed(100 + j))[0]
+        p = sum(o == 4 for o in out) / n
+        se = math.hypot(float(post.std_error[0, j]), math.sqrt(p * (1 - p) / n))
+        assert abs(float(post.likelihood[0, j]) - p) <= 5 * se + 1e-4, (c, float(post.likelihood[0, j]), p)
+    assert float(post.likelihood[0, 0]) == 0.0     # t' cannot come from itself
+
+
+def test_bayes_top5_is_not_below_pr_at_5_under_a_uniform_prior():
+    """Originals drawn uniformly from the candidates: the posterior with a uniform prior is then the
+    Bayes rule for top-5, so its top-5 may not fall below Pr@5's beyond sampling error (paired over the same
+    positions: mean difference ≥ −2 standard errors), at η where dχ Noise keeps from ~20% to ~65% of tokens.
+    The attacker's draws are its own: a different run seed gives the same guesses up to sampling error."""
+    g = torch.Generator().manual_seed(1)
+    v = 300
+    t = Table(torch.randn(v, 16, generator=g), torch.arange(v))
+    for eta in (2.0, 4.0):
+        s = Settings("dx_noise", parameter=eta)
+        originals = [torch.randint(0, v, (100,), generator=g).tolist() for _ in range(4)]
+        observed = M.sanitize(originals, t, s, torch.Generator().manual_seed(7))
+        by = torch.cat(bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=16, samples=64, local_vocab=4),
+                                  seed=7))
+        nb = torch.cat(neighbours.rank(observed, t, 5))
+        truth = torch.tensor([x for p in originals for x in p]).unsqueeze(1)
+        diff = (by == truth).any(1).float() - (nb == truth).any(1).float()
+        assert float(diff.mean()) >= -2 * float(diff.std()) / math.sqrt(diff.numel()), (eta, float(diff.mean()))
+
+
+def test_the_attacker_draws_from_its_own_stream():
+    a = torch.rand(4, generator=bayes.attacker_generator(0))
+    assert not torch.equal(a, torch.rand(4, generator=torch.Generator().manual_seed(0)))
+    assert torch.equal(a, torch.rand(4, generator=bayes.attacker_generator(0)))
+
+
+def test_contextual_beam_search_finds_the_exact_map_sequence(tiny_sanitizer):
+    """With a beam as wide as every path, (MAP) is found exactly: the best beam is the brute-force argmax of
+    Σ log P_LM(t_i | prefix, t_<i) + log P(t'_i | t_i) over all C^n sequences, each scored by one full forward
+    pass; a beam of 1 is the greedy path."""
+    import itertools
+
+    from attacks.sanitize import contextual
+
+    model = tiny_sanitizer[0].model
+    g = torch.Generator().manual_seed(3)
+    n, c, prefix = 4, 3, [1, 17, 250]
+    cands = torch.randint(5, 2000, (n, c), generator=g)
+    loglik = torch.log(torch.rand(n, c, generator=g, dtype=torch.float64))
+
+    def total(seq):
+        ids = torch.tensor([prefix + list(seq)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        lm = sum(float(logp[len(prefix) + i - 1, t]) for i, t in enumerate(seq))
+        return lm + sum(float(loglik[i, (cands[i] == t).nonzero()[0, 0]]) for i, t in enumerate(seq))
+
+    paths = [[int(cands[i, j]) for i, j in enumerate(js)] for js in itertools.product(range(c), repeat=n)]
+    scored = sorted(paths, key=total, reverse=True)
+    beams, scores = contextual.beam_search(model, prefix, cands, loglik, beam=c ** n)
+    assert beams[0].tolist() == scored[0]
+    assert float(scores[0]) == pytest.approx(total(scored[0]), abs=1e-4)
+    seq: list[int] = []
+    for i in range(n):
+        seq.append(max((int(t) for t in cands[i]), key=lambda t: total(seq + [t])))
+    beams1, _ = contextual.beam_search(model, prefix, cands, loglik, beam=1)
+    assert beams1[0].tolist() == seq
+
+
+def test_prior_gain_is_paired_and_its_verdict_needs_the_gain_to_clear_the_margin():
+    from attacks.sanitize import contextual
+
+    gain, verdict = contextual.prior_gain([50.0, 61.0, 71.0], [40.0, 50.0, 62.0], 1.0, positive_passed=True,
+                                          negative_passed=True)
+    d = np.array([10.0, 11.0, 9.0])
+    half = 4.302652729911275 * d.std(ddof=1) / math.sqrt(3)     # t(0.975, 2)
+    assert gain.mean == pytest.approx(d.mean()) and gain.lo == pytest.approx(d.mean() - half)
+    assert verdict == "leak"
+    # Unpaired, the two sets of rates overlap (40–62 against 50–71): the pairing is what resolves the gain.
+    # The same rates as the prior alone, to within the margin: at chance; a failed negative control never is.
+    _, same = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                    negative_passed=True)
+    assert same == "at_chance"
+    _, failed = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                      negative_passed=False)
+    assert failed == "inconclusive"
+
+
+def test_contextual_likelihood_floor_and_public_prefix():
+    from attacks.sanitize import contextual
+
+    post = bayes.Posterior(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[0.2, 0.0, 0.05], [0.0, 0.0, 0.0]]),
+                           torch.zeros(2, 3))
+    ll = contextual.log_likelihoods(post, "dx_noise")
+    assert ll[0].tolist() == pytest.approx([math.log(0.2), math.log(0.025), math.log(0.05)])
+    assert ll[1].tolist() == [0.0, 0.0, 0.0]
+    assert contextual.log_likelihoods(post, "custext_plus")[0, 1] == -math.inf
+    assert contextual.public_prefix([[1, 2, 3, 9], [1, 2, 4], [1, 2, 3]]) == [1, 2]
+
+
+def test_curves_are_compared_at_the_pr_at_5_every_series_reaches():
+    """Figs. 3 and 4 at matched privacy: accuracy read off each series' piecewise-linear η curve at the Pr@5
+    multiples of 10 inside the common range (its midpoint when none is), nothing outside a curve."""
+    from runners.report.sanitize import interpolate, matched_levels
+
+    a, b = [(12.0, 60.0), (48.0, 70.0), (30.0, 66.0)], [(5.0, 50.0), (35.0, 65.0)]
+    assert matched_levels([a, b]) == [20.0, 30.0]
+    assert interpolate(a, 20.0) == pytest.approx(60.0 + 6.0 * 8 / 18) and interpolate(b, 20.0) == pytest.approx(57.5)
+    assert interpolate(b, 40.0) is None and interpolate(a, 11.0) is None
+    assert interpolate([(10.0, 50.0), (30.0, 60.0), (30.0, 62.0)], 20.0) == pytest.approx(55.5)   # same x averaged
+    assert matched_levels([[(5.0, 1.0), (9.0, 2.0)], [(6.0, 1.0), (8.0, 3.0)]]) == [7.0]
+    assert matched_levels([[(5.0, 1.0), (8.0, 2.0)], [(12.0, 1.0), (48.0, 3.0)]]) == []     # ranges apart
+    assert matched_levels([a, [(20.0, 1.0)]]) == []                                        # one point: no curve
+
+
 def test_learned_inverter_learns_the_identity(tiny_sanitizer):
     """Trained on text the identity mechanism left as it is, the ridge map is the centre embedding itself:
     every token of unseen prompts comes back first (a shifted window would not)."""
@@ -387,8 +555,12 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         assert (parameter["name"], parameter["value"]) == ((None, None) if name == "stencil" else
                                                            ({"custext_plus": "epsilon"}.get(name, "eta"), r["epsilon"]))
         assert (parameter["unit"] is None) == (name == "stencil")
-        for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict"):
+        for key in ("accuracy", "pr_at_5", "bayes_top1", "verdict", "contextual_top1", "contextual_top5",
+                    "contextual_prior_top1", "contextual_prior_gain_ci_lo", "contextual_verdict"):
             assert key in m, key
+        assert m["contextual_prior_gain"] == pytest.approx(m["contextual_top1"] - m["contextual_prior_top1"])
+        from attacks import controls
+        assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
         assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
         # The constant-answer floor is the majority label's share of the shipped SST-2 file; a random model has
@@ -426,6 +598,7 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     section = text.split("## Token sanitisers (paper 001, Figs. 2–4)")[1].split("\n## ")[0]
     assert sum(line.startswith(f"| {n} |") for line in section.splitlines() for n in runs) == 4
+    assert "contextual − prior (pp)" in section and f"({m['contextual_verdict']})" in section
     assert f"floor {mini_floor:.1f}" in section
     assert ("*no skill*" in section) == (not m["accuracy_skill_sst2"])
     assert list((tmp_path / "report").glob("report_sanitize_*.png"))

@@ -5,13 +5,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from attacks import controls
-from attacks.sanitize import bayes, decoder, learned, neighbours, scoring, window
+from attacks.sanitize import (
+    bayes,
+    contextual,
+    decoder,
+    learned,
+    neighbours,
+    scoring,
+    window,
+)
 from harness.adversary_view import AdversaryView
-from harness.sanitize.prompts import read_view
+from harness.sanitize.prompts import read_prefixes, read_view
 from metrics.proportions import proportion_ci
 
 NEIGHBOURS, BAYES, WINDOW, LEARNED, DECODER = "neighbours", "bayes", "window", "learned", "decoder"
+CONTEXTUAL = "contextual"
 
 
 @dataclass
@@ -33,15 +44,32 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
     public mechanism, table and parameters; the observed tokens come from `view` alone. With a `tokenizer`
     and cfg.learned_corpus_tokens > 0 the learned (ridge) inverter is trained (on public text) and run too;
     with the victim `model` as well and cfg.decoder_steps > 0, the attack suite's learned decoder
-    (attacks/sanitize/decoder.py, the model frozen as its decoder)."""
+    (attacks/sanitize/decoder.py, the model frozen as its decoder). With the `model` and cfg.contextual_beam > 0,
+    the contextual reconstruction (attacks/sanitize/contextual.py: the per-token posterior and the model's prior,
+    by beam search), judged against the prior alone."""
     observed = read_view(view)
     table, settings, k, margin = sanitizer.table, sanitizer.settings, int(cfg.top_k), float(cfg.gate_margin_pp)
     identity = neighbours.rank(originals, table, k, chunk=sanitizer.chunk)
     pos_f1, pos_ref, pos_ok = scoring.positive_control(originals, identity, float(cfg.positive_margin_pp))
     bayes_settings = bayes.BayesSettings(int(cfg.bayes_candidates), int(cfg.bayes_samples), int(cfg.bayes_local_vocab))
+    posteriors: dict[tuple, bayes.Posterior] = {}   # per view (and deranged view): the per-token and contextual share it
+
+    def posterior_of(obs) -> bayes.Posterior:
+        key = tuple(map(tuple, obs))
+        if key not in posteriors:
+            posteriors[key] = bayes.posterior(obs, table, settings, max(bayes_settings.candidates, k), bayes_settings,
+                                              seed, keep=sanitizer.keep)
+        return posteriors[key]
+
+    def bayes_rank(obs) -> list[torch.Tensor]:
+        lengths = [len(s) for s in obs]
+        if sum(lengths) == 0:
+            return [torch.empty(0, k, dtype=torch.long) for _ in obs]
+        return bayes.top_k(posterior_of(obs), lengths, k)
+
     attackers = {
         NEIGHBOURS: lambda obs: neighbours.rank(obs, table, k, chunk=sanitizer.chunk),
-        BAYES: lambda obs: bayes.rank(obs, table, settings, k, bayes_settings, seed, keep=sanitizer.keep),
+        BAYES: bayes_rank,
     }
     if settings.uses_window:
         attackers[WINDOW] = lambda obs: window.rank(obs, table, settings, k)
@@ -68,11 +96,20 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
         scores.append(s)
         guesses[name] = scoring.first_guesses(g)
+    extra: dict[str, Any] = {}
+    if model is not None and int(cfg.contextual_beam) > 0:
+        prefix = contextual.public_prefix(read_prefixes(view))
+        ctx = contextual.ContextualSettings(beam=int(cfg.contextual_beam))
+        fn = lambda obs: contextual.rank(obs, model, prefix, posterior_of, settings.mechanism, ctx, k)
+        s, g, extra = contextual.score(fn, model, prefix, originals, observed, k, margin, pos_ok, name=CONTEXTUAL)
+        scores.append(s)
+        guesses[CONTEXTUAL] = scoring.first_guesses(g)
     unchanged = proportion_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)
                                for o, c in zip(originals, observed) if len(o)])
     metrics: dict[str, Any] = {}
     for s in scores:
         metrics.update(s.flat(k))
+    metrics.update(extra)
     metrics.update({
         f"pr_at_{k}": metrics[f"{NEIGHBOURS}_top{k}"],
         f"pr_at_{k}_ci_lo": metrics[f"{NEIGHBOURS}_top{k}_ci_lo"],

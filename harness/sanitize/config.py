@@ -31,8 +31,9 @@ class SanitizeAttackConfig:
 
     top_k: int = MISSING                  # Pr@k and Bayes top-k (the paper: 5)
     bayes_candidates: int = MISSING       # original tokens considered per position (nearest to the output)
-    bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms)
-    bayes_local_vocab: int = MISSING      # tokens the simulated nearest-token search ranges over
+    bayes_samples: int = MISSING          # mechanism draws per candidate (dχ mechanisms), pooled over the candidates
+    bayes_local_vocab: int = MISSING      # the simulation's prefilter before the full-vocabulary search (exact)
+    contextual_beam: int = MISSING        # beams of the contextual reconstruction (0: not run)
     learned_corpus_tokens: int = MISSING  # training tokens of the learned inverter (0: not run)
     corpus_path: Optional[str] = MISSING  # public text the trained attackers learn from; null: the built-in corpus
     decoder_steps: int = MISSING          # the learned decoder's training steps at most (0: not run)
@@ -101,6 +102,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     a = section.attack
     for key in ("top_k", "bayes_candidates", "bayes_samples", "bayes_local_vocab"):
         checks.check_at_least(f"sanitize.attack.{key}", a[key], 1)
+    checks.check_at_least("sanitize.attack.contextual_beam", a.contextual_beam, 0)
     checks.check_at_least("sanitize.attack.learned_corpus_tokens", a.learned_corpus_tokens, 0)
     if a.corpus_path is not None and not Path(a.corpus_path).expanduser().is_file():
         raise UserError(f"sanitize.attack.corpus_path={a.corpus_path}: no such file (a UTF-8 text file, e.g. "

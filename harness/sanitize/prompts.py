@@ -59,3 +59,10 @@ def read_view(view: AdversaryView) -> list[list[int]]:
     exposures = view.select(channel=CHANNEL)
     spans = view.meta["text_spans"]
     return [e.tensor.tolist()[a:b] for e, (a, b) in zip(exposures, spans)]
+
+
+def read_prefixes(view: AdversaryView) -> list[list[int]]:
+    """The tokens before each prompt's text span (the template's part: public, unchanged by the sanitiser)."""
+    exposures = view.select(channel=CHANNEL)
+    spans = view.meta["text_spans"]
+    return [e.tensor.tolist()[:a] for e, (a, _) in zip(exposures, spans)]

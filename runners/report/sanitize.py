@@ -6,7 +6,8 @@ A row is one run: a mechanism at one parameter (η, ε; none for Stencil) with i
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,10 @@ INTRO = ("Each run sanitises the workload's prompts (text tokens only) and the i
          "substituted token), the mechanism-aware **Bayes** attacker (top-1 / top-5 of its posterior) and, for "
          "the window mechanisms, the **window** inverter, the **learned** ridge inverter and the attack suite's "
          "learned **decoder** (the victim model, frozen, with a trained projection and evidence head; top-1 = its "
-         "greedy decoding), both trained on public text the attacker sanitised itself (— where not run). "
+         "greedy decoding), both trained on public text the attacker sanitised itself (— where not run), and the "
+         "**contextual** reconstruction (the Bayes posterior times the victim LM's prior over the sequence, beam "
+         "search; Tong et al., NAACL 2025), judged against the LM's **prior alone** (its top-1 given the true prefix "
+         "and no view) on the same positions: the gain is paired per prompt, in percentage points. "
          "Accuracy is lm-eval zero-shot on the sanitised inputs "
          "(unsanitised: the same model and template on the original inputs). The verdict is the worst over the "
          "attackers (leak > inconclusive > at_chance), each against its own exposure-free reference. *Controls*: "
@@ -94,7 +98,8 @@ def series_label(run: Run) -> str:
 
 def table_md(table: SanitizeTable) -> str:
     heads = ["mechanism", "parameter", "L", "σ", *[f"accuracy {t} %" for t in table.tasks], "Pr@5 %", "Bayes top-1 %",
-             "Bayes top-5 %", "window top-1 %", "learned top-1 %", "decoder top-1 %", "strongest token F1 %",
+             "Bayes top-5 %", "window top-1 %", "learned top-1 %", "decoder top-1 %", "contextual top-1 %",
+             "prior-alone top-1 %", "contextual − prior (pp)", "strongest token F1 %",
              "unchanged %", "verdict"]
     rows = []
     for run in table.runs:
@@ -105,7 +110,8 @@ def table_md(table: SanitizeTable) -> str:
         rows.append([run.data.get("configuration"), _parameter(run), mech.get("window") if windowed else "—",
                      mech.get("sigma") if windowed else "—", *[_cell(m, f"accuracy_{t}") for t in table.tasks],
                      _cell(m, "pr_at_5"), _cell(m, "bayes_top1"), _cell(m, "bayes_top5"), _cell(m, "window_top1"),
-                     _cell(m, "learned_top1"), _cell(m, "decoder_top1"),
+                     _cell(m, "learned_top1"), _cell(m, "decoder_top1"), _cell(m, "contextual_top1"),
+                     _cell(m, "contextual_prior_top1"), _gain_cell(m),
                      f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
                      _cell(m, "unchanged_rate"), m.get("verdict")])
     first = table.runs[0].metrics
@@ -117,6 +123,14 @@ def table_md(table: SanitizeTable) -> str:
                  "the accuracy measurably, so its column says nothing about a mechanism's cost, and the "
                  "privacy–utility chart pools accuracy over the other tasks only.")
     return text
+
+
+def _gain_cell(m: dict[str, Any]) -> str:
+    """The contextual attacker's paired gain over the prior alone, with its verdict ('—' where not run)."""
+    if m.get("contextual_prior_gain") is None:
+        return "—"
+    lo, hi = m.get("contextual_prior_gain_ci_lo"), m.get("contextual_prior_gain_ci_hi")
+    return f"{m['contextual_prior_gain']:+.1f} [{lo:+.1f}, {hi:+.1f}] ({m.get('contextual_verdict')})"
 
 
 def _floor_note(m: dict, task: str) -> str:
@@ -153,6 +167,71 @@ def _plot(task: str):
     return draw
 
 
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float | None:
+    """y at `x` on the piecewise-linear curve through `points` (x, y), read in x order; None outside its
+    x range. Points at the same x are averaged first (a flat stretch of Pr@5 over η)."""
+    by_x: dict[float, list[float]] = {}
+    for px, py in points:
+        by_x.setdefault(px, []).append(py)
+    xs = sorted(by_x)
+    ys = [sum(by_x[v]) / len(by_x[v]) for v in xs]
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[0]   # a single point, at x
+
+
+def matched_levels(curves: Sequence[Sequence[tuple[float, float]]], step: float = 10.0) -> list[float]:
+    """The Pr@5 values every curve reaches: multiples of `step` inside the common x range, or its midpoint
+    when none falls there; [] when the ranges do not overlap or a curve has fewer than two distinct x."""
+    ranges = [(min(x for x, _ in c), max(x for x, _ in c)) for c in curves if len({x for x, _ in c}) >= 2]
+    if len(ranges) < 2 or len(ranges) != len(curves):
+        return []
+    lo, hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    if lo > hi:
+        return []
+    levels = [step * i for i in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
+    return levels or [(lo + hi) / 2]
+
+
+def _curve_points(runs: Sequence[Run], y: Callable[[Run], float | None]) -> list[tuple[float, float]]:
+    return [(x, v) for r in runs if (x := num(r.metrics.get("pr_at_5"))) is not None and (v := y(r)) is not None]
+
+
+def _utility(run: Run) -> float | None:
+    return num(((run.data.get("tradeoff") or {}).get("utility") or {}).get("value"))
+
+
+def _strongest(run: Run) -> float | None:
+    return num(((run.data.get("tradeoff") or {}).get("leakage") or {}).get("value"))
+
+
+def matched_md(table: SanitizeTable) -> str | None:
+    """Figs. 3 and 4 read at matched privacy: each series' accuracy (the chart's utility) and strongest
+    attacker's token F1, interpolated along its η curve at the Pr@5 values every series reaches. None when
+    fewer than two series have a curve (two runs at distinct Pr@5) or their ranges do not overlap."""
+    series: dict[str, list[Run]] = {}
+    for run in table.runs:
+        series.setdefault(series_label(run), []).append(run)
+    curves = {label: (_curve_points(runs, _utility), _curve_points(runs, _strongest)) for label, runs in series.items()}
+    curves = {k: v for k, v in curves.items() if len({x for x, _ in v[0]}) >= 2}
+    levels = matched_levels([acc for acc, _ in curves.values()])
+    if not levels:
+        return None
+    heads = ["series", "runs", *[f"accuracy @ Pr@5 = {x:.1f}" for x in levels],
+             *[f"strongest F1 @ Pr@5 = {x:.1f}" for x in levels]]
+    rows = []
+    for label, (acc, f1) in sorted(curves.items()):
+        cells = [interpolate(acc, x) for x in levels] + [interpolate(f1, x) for x in levels]
+        rows.append([label, len(series[label]), *["—" if v is None else f"{v:.1f}" for v in cells]])
+    return ("Matched privacy (Figs. 3 and 4 as curves over η): each series' accuracy (the privacy–utility "
+            "chart's utility) and its strongest attacker's token F1, read off the piecewise-linear curve through "
+            "its runs at Pr@5 values every series reaches. Point estimates only: the runs' intervals are in "
+            "the table above.\n\n" + md_table(heads, rows))
+
+
 class _TaskView:
     def __init__(self, table: SanitizeTable, task: str) -> None:
         self.table, self.task = table, task
@@ -166,6 +245,9 @@ def markdown(items: Sequence[SanitizeTable], figure: Figures) -> list[str]:
     md = ["## Token sanitisers (paper 001, Figs. 2–4)", "", INTRO, ""]
     for i, table in enumerate(items):
         md += [f"### {table.title}", "", table_md(table), ""]
+        matched = matched_md(table)
+        if matched:
+            md += [matched, ""]
         for j, task in enumerate(table.tasks):
             view = _TaskView(table, task)
             md += figure("sanitize", i * 10 + j, view, lambda v, path, t=task: _plot(t)(v.table, path),
@@ -180,5 +262,6 @@ def summary(items: Sequence[SanitizeTable]) -> list[str]:
             m = run.metrics
             out.append(f"{t.title}: {series_label(run)} {_parameter(run)}: accuracy {num(m.get('accuracy')) or 0:.1f}, "
                        f"Pr@5 {num(m.get('pr_at_5')) or 0:.1f}, Bayes top-1 {num(m.get('bayes_top1')) or 0:.1f}, "
+                       f"contextual top-1 {_cell(m, 'contextual_top1')}, "
                        f"verdict {m.get('verdict')}")
     return out

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The token sanitisers' Figs. 3 and 4 (paper 001) as curves over an η grid (issue 32 item 4): dχ-Stencil's
+# accuracy against Pr@5, one curve per σ at L = 9 (Fig. 3, SST-2) and per L = 2…7 at σ = 0.75 (Fig. 4,
+# CommonsenseQA), each over the η grid; the report's sanitiser section then draws the curves and reads every
+# series' accuracy and strongest-attacker F1 at the Pr@5 values all series reach (runners/report/sanitize.py
+# `matched_md`).
+#
+#   bash scripts/sanitize_fig34_grid.sh [OUT] [REPORT]     # defaults: outputs/sanitize_fig34, no report written
+#   SMOKE=1 bash scripts/sanitize_fig34_grid.sh /tmp/fig34 /tmp/fig34_report   # the tiny model, a 2 x 2 grid
+#
+# ETAS (default 50,100,150,250,400) sets the η grid, N_PROMPTS (8) and TASK_LIMIT (40) the reduced settings
+# of docs/sanitize.md. The full grid is 10 series x 5 η = 50 runs of several minutes each on a 2-core CPU:
+# not run here (the committed sweeps are one η per series). Needs DATA (default ../shared/data) for SST-2 and
+# CommonsenseQA. Reruns skip finished runs.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+out=${1:-outputs/sanitize_fig34}
+report=${2:-}
+data=${DATA:-../shared/data}
+run() { echo "==> python -m runners.run $*"; python -m runners.run "$@" || status=2; }
+status=0
+
+if [[ ${SMOKE:-0} == 1 ]]; then
+    # The code path end to end: tiny model, 3 prompts, the shipped SST-2 sentences, two curves of two η.
+    run -m experiment=sanitize_smoke configuration=dx_stencil "epsilon=${ETAS:-20,400}" sanitize.window=4,5 \
+        sanitize.attack.decoder_steps=0 sanitize.attack.learned_corpus_tokens=0 "paths.output_dir=$out"
+else
+    etas=${ETAS:-50,100,150,250,400}
+    sst2=$data/sst2/dev.tsv csqa=$data/commonsenseqa/dev_rand_split.jsonl
+    for f in "$sst2" "$csqa"; do
+        [[ -e $f ]] || { echo "sanitize_fig34_grid.sh: $f not found (set DATA=/path/to/the/data folder)" >&2; exit 2; }
+    done
+    common=(experiment=sanitize configuration=dx_stencil "epsilon=$etas" "workload.n_prompts=${N_PROMPTS:-8}"
+            "sanitize.task_limit=${TASK_LIMIT:-40}" sanitize.threads=1 sanitize.attack.decoder_steps=0
+            "paths.output_dir=$out")
+    run -m "${common[@]}" "sanitize.task_paths.sst2=$sst2" sanitize.window=9 sanitize.sigma=0.5,0.75,1.0,1.25
+    run -m "${common[@]}" 'sanitize.tasks=[commonsense_qa]' "sanitize.task_paths.commonsense_qa=$csqa" \
+        sanitize.sigma=0.75 sanitize.window=2,3,4,5,6,7
+fi
+if [[ -n $report ]]; then
+    include=(); [[ ${SMOKE:-0} == 1 ]] && include=(--include-tagged smoke)
+    python -m runners.report "$out" --out "$report" "${include[@]}" || status=2
+fi
+exit $status
