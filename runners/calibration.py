@@ -20,7 +20,10 @@ from harness.results import RunContext
 from runners import common, identity
 
 # What the runner reads besides its own section: each system's verdict margins.
-_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",)}
+_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",),
+            "attack": ("controls",)}
+# SpliTEE's entry also reads the engine's σ settings and the sequential attacker's recall threshold.
+_ENGINE = ("sigma_scale", "sensitivity_rule")
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -33,8 +36,10 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     directory; the hash keeps only their margins)."""
     margins = {sys: {part: OmegaConf.to_container(cfg[sys][part], resolve=True) for part in parts}
                for sys, parts in _MARGINS.items()}
-    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS)
-    return schema.semantic_config(cfg, own, system_margins=margins)
+    margins["attack"]["sequential_min_pruning_recall"] = float(cfg.attack.sequential.min_pruning_recall)
+    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS and k != "engine")
+    return schema.semantic_config(cfg, own, system_margins=margins,
+                                  engine={k: OmegaConf.to_container(cfg.engine, resolve=True)[k] for k in _ENGINE})
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -61,6 +66,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
+        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own, against the prior floor
+            metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
+            metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
+            metrics[f"{name}_{attacker}_certify_rate"] = a["certify_rate"]["rate"]
     results = {
         "experiment": "calibration", "experiment_name": cfg.experiment_name, "status": "ok",
         "configuration": "calibration", "epsilon": None, "model": loaded.name, "model_source": loaded.source,
