@@ -40,6 +40,8 @@ class Trial:
     statistic: float          # the verdict's statistic minus its reference (pp)
     # per attacker, where the entry's verdict is the worst over several (SpliTEE: map, likelihood)
     parts: dict[str, str] | None = None
+    # the verdict's own 95% interval of the statistic (pp), where it is not a t interval of a mean
+    interval: tuple[float, float] | None = None
 
 
 @dataclass
@@ -98,8 +100,15 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
             "certify_rate": proportion(sum((t.parts or {}).get(a) == controls.AT_CHANCE for t in nulls), trials),
         } for a in by_attacker}
     # The null statistic's spread across trials is that of the mean over n examples: σ_example = sd·√n.
-    if entry.n_examples >= 2:
+    if all(t.interval is not None for t in nulls):
+        # The verdict's interval is not a t interval (SpliTEE: Newcombe's, on proportions near 0), so the
+        # t-based helper does not apply: the margin the null trials' own intervals lie within 80 % of the time.
+        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.interval for t in nulls))
+        out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
+        out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
+    elif entry.n_examples >= 2:
         out["certifiable_margin_pp"] = certifiable_margin(sd * entry.n_examples ** 0.5, entry.n_examples)
+        out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
         "power_at_gate_dose_ge_80pct": out["power_at_gate_dose"] is not None
@@ -388,7 +397,7 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         theta, lo, hi = newcombe_paired(*paired_table(first, second))
         v, _why = controls.sequential_verdict(100 * lo, 100 * hi, margin_pp, teacher_forced=True,
                                               pruning_recall=None, min_recall=min_recall, reference=reference)
-        return v, 100 * theta
+        return v, 100 * theta, (100 * lo, 100 * hi)
 
     def trial(dose: float, rng) -> Trial:
         idx = rng.choice(n_pool, positions, replace=False).tolist()
@@ -403,9 +412,9 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         map_hits, lik_hits = hits((s1 + data.log_prior[idx]).argmax(-1)), hits(s1.argmax(-1))
         ref_hits = hits(s2.argmax(-1))
         prior_hits = hits(torch.as_tensor([data.prior_guess[i] for i in idx]))
-        v_map, diff = verdict(map_hits, prior_hits, "the prior alone")
-        v_lik, _ = verdict(lik_hits, ref_hits, "the same attacker on a null view")
-        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik})
+        v_map, diff, interval = verdict(map_hits, prior_hits, "the prior alone")
+        v_lik, _, _ = verdict(lik_hits, ref_hits, "the same attacker on a null view")
+        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik}, interval)
 
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
                  "exposure, masked afresh; the likelihood reference a second other prompt's)",

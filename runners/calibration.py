@@ -87,7 +87,12 @@ DEFINITIONS = {
     "systems.<system>.certify_rate": "share of null trials read at_chance (the verdict's power to certify)",
     "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
     "systems.<system>.certifiable_margin_pp": "the margin the entry's sample size certifies with 80% probability "
-                                              "at the null trials' spread (metrics/equivalence.py)",
+                                              "at the null trials' spread (metrics/equivalence.py), or, where the "
+                                              "verdict's interval is not a t interval (splitee), the 80th percentile "
+                                              "of the null trials' interval reach (certifiable_margin_method)",
+    "systems.splitee.by_attacker": "MAP (against the prior-only floor) and the likelihood attacker (against "
+                                   "itself on a null view) each on the same null trials; metrics "
+                                   "splitee_map_false_leak_rate is MAP's",
     "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
                                    "certify rate >= 80%; measured, not enforced",
 }

@@ -163,6 +163,10 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     assert 50.0 <= dosed.statistic <= 90.0       # 100 % recovered minus the prior's ~30 %
     r = calibration.calibrate(entry, 10, seed=0, dosed_trials=5)
     assert r["by_attacker"]["map"]["false_leak_rate"]["k"] == 0 and r["power"]["100"]["k"] == 5
+    # the certifiable margin is the reach of the null trials' own Newcombe intervals, not a t-based guess:
+    # 40 positions cannot certify ±1 pp (even with no discordant pair Newcombe's interval reaches ±3 pp here)
+    assert r["certifiable_margin_pp"] > 1.0 and r["certify_rate"]["k"] == 0
+    assert r["certifiable_margin_method"].startswith("80th percentile")
 
 
 def test_splitee_scores_are_the_sequential_attackers():
