@@ -19,8 +19,8 @@ from typing import Any
 from attacks import controls
 from harness.results import atomic_write_json
 from runners.report.attack import AttackRow, _why_bayes, _why_learned
-from runners.report.runs import Run
 from runners.report.format import num
+from runners.report.runs import Run
 
 FILE = "verdicts.json"
 # the sequential runner's per-attacker verdict keys (attacks/sequential.summarise)
