@@ -16,9 +16,10 @@ returns the verdict (leak | at_chance | inconclusive) and the value of its stati
 
 Trials are cheap on purpose: they operate on recorded or constructed signals and call the verdict code the
 runners call (attacks/collab_decodeleak.verdict, attacks/sanitize/scoring.score_attacker,
-attacks/splitft/cell.assess, attacks/controls.classify on the gradient probe), never the systems' models,
-except the collab entry, which computes its cloud's no-signal guesses once. Adding a system (SpliTEE's
-sequential attacker, say) is one more `Entry` factory in `REGISTRY`.
+attacks/splitft/cell.assess, attacks/controls.classify on the gradient probe, attacks/controls.
+sequential_verdict for SpliTEE), never the systems' models, except the collab entry, which computes its
+cloud's no-signal guesses once, and the SpliTEE entry, which computes one prior forward per prompt and the
+layer-0 codebook once. Adding a system is one more `Entry` factory in `REGISTRY`.
 """
 from __future__ import annotations
 
