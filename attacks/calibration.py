@@ -16,9 +16,10 @@ returns the verdict (leak | at_chance | inconclusive) and the value of its stati
 
 Trials are cheap on purpose: they operate on recorded or constructed signals and call the verdict code the
 runners call (attacks/collab_decodeleak.verdict, attacks/sanitize/scoring.score_attacker,
-attacks/splitft/cell.assess, attacks/controls.classify on the gradient probe), never the systems' models,
-except the collab entry, which computes its cloud's no-signal guesses once. Adding a system (SpliTEE's
-sequential attacker, say) is one more `Entry` factory in `REGISTRY`.
+attacks/splitft/cell.assess, attacks/controls.classify on the gradient probe, attacks/controls.
+sequential_verdict for SpliTEE), never the systems' models, except the collab entry, which computes its
+cloud's no-signal guesses once, and the SpliTEE entry, which computes one prior forward per prompt and the
+layer-0 codebook once. Adding a system is one more `Entry` factory in `REGISTRY`.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ from metrics.proportions import clopper_pearson
 class Trial:
     verdict: str
     statistic: float          # the verdict's statistic minus its reference (pp)
+    # per attacker, where the entry's verdict is the worst over several (SpliTEE: map, likelihood)
+    parts: dict[str, str] | None = None
+    # the verdict's own 95% interval of the statistic (pp), where it is not a t interval of a mean
+    interval: tuple[float, float] | None = None
 
 
 @dataclass
@@ -76,6 +81,7 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         power[f"{float(dose):g}"] = proportion(sum(t.verdict == controls.LEAK for t in runs), dosed_trials)
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
     values = [t.statistic for t in nulls]
+    by_attacker = sorted({a for t in nulls if t.parts for a in t.parts})
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     out = {
         "null": entry.null, "rules_out": entry.rules_out, "dose_unit": entry.dose_unit,
@@ -89,9 +95,21 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         "gate_dose_pp": entry.gate_dose_pp,
         "power_at_gate_dose": power.get(f"{float(entry.gate_dose_pp):g}"),
     }
+    if by_attacker:   # each attacker's own verdict on the same null trials (the entry's is their worst)
+        out["by_attacker"] = {a: {
+            "false_leak_rate": proportion(sum((t.parts or {}).get(a) == controls.LEAK for t in nulls), trials),
+            "certify_rate": proportion(sum((t.parts or {}).get(a) == controls.AT_CHANCE for t in nulls), trials),
+        } for a in by_attacker}
     # The null statistic's spread across trials is that of the mean over n examples: σ_example = sd·√n.
-    if entry.n_examples >= 2:
+    if all(t.interval is not None for t in nulls):
+        # The verdict's interval is not a t interval (SpliTEE: Newcombe's, on proportions near 0), so the
+        # t-based helper does not apply: the margin the null trials' own intervals lie within 80 % of the time.
+        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.interval for t in nulls))
+        out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
+        out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
+    elif entry.n_examples >= 2:
         out["certifiable_margin_pp"] = certifiable_margin(sd * entry.n_examples ** 0.5, entry.n_examples)
+        out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
         "power_at_gate_dose_ge_80pct": out["power_at_gate_dose"] is not None
@@ -299,6 +317,113 @@ def collab_entry(data: CollabData, *, ids_per_step: int, k: int, margin_pp: floa
                  gate_dose_pp, margin_pp, len(data.evidence))
 
 
+@dataclass
+class SpliteeData:
+    """What the SpliTEE trials share, computed once: per pool position (prompt r, position p ≥ 1) its true
+    token, the model's prior log P(v | true prefix) over the whole vocabulary (one forward per prompt) and
+    its argmax (the prior-only floor); the layer-0 QKV codebook μ(v) = RMSNorm₀(E[v]) and its exposure's σ."""
+
+    tokens: list[list[int]]          # the pool prompts
+    where: list[tuple[int, int]]     # (prompt, position) of each pool position
+    log_prior: Any                   # [positions, V] float64
+    prior_guess: list[int]
+    book: Any                        # [V, d]
+    book_sq: Any                     # [V]
+    sigma: float                     # the exposure's σ at the calibrated ε
+    dose_sigma: float                # at the dose's ε
+
+
+def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_epsilon: float, sigma_scale: float,
+                 sensitivity_rule: str) -> SpliteeData:
+    """The pool's priors (one forward per prompt, teacher-forced: position p's prior reads tokens 0..p−1)
+    and the layer-0 QKV exposure's σ under ep1 at ε and at the dose's ε (attacks/sequential.op_sigmas, the
+    engine's σ)."""
+    import torch
+
+    from attacks import sequential as sq
+
+    priors, where = [], []
+    with torch.no_grad():
+        for r, row in enumerate(tokens):
+            logits = model(input_ids=torch.as_tensor([row], dtype=torch.long)).logits[0].double()
+            priors.append(torch.log_softmax(logits[:-1], -1))     # row p−1 predicts position p
+            where += [(r, p) for p in range(1, len(row))]
+    log_prior = torch.cat(priors)
+    book = sq.layer0_codebook(model).float()
+    sigma = [sq.op_sigmas(model, "ep1", e, [len(tokens[0])], [("qkv", 0)], sigma_scale=sigma_scale,
+                          sensitivity_rule=sensitivity_rule)[0][("qkv", 0)] for e in (epsilon, dose_epsilon)]
+    return SpliteeData(tokens, where, log_prior.float(), log_prior.argmax(-1).tolist(), book, (book * book).sum(-1),
+                       sigma[0], sigma[1])
+
+
+def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
+                  doses_pp: Sequence[float], gate_dose_pp: float) -> Entry:
+    """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
+    worst of MAP against the prior alone and the likelihood attacker against itself on a null view), on
+    the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
+    sequential attacker with layers=[0], ops=[qkv], prune=null (its codebook scores, no forward pass).
+
+    A trial draws `positions` pool positions without replacement. Null: at each, the attacker reads the
+    exposure of a *different* prompt (a random other pool prompt's token at that position, masked afresh
+    at ε: y = μ(t_q) + σ·η, the engine's Gaussian mask) and is scored against the true token; the
+    likelihood attacker's reference reads a second, independent other prompt's view. Dose d: each position
+    reads instead, with probability d/100, its own prompt's exposure masked at the dose's ε (σ small enough
+    that the exposure names its token), for MAP and the likelihood attacker alike (the reference stays
+    null): a leak of about d pp of the positions beyond the prior, `dosed_statistic_mean_pp` the shift of
+    MAP − prior it made."""
+    import torch
+
+    from metrics.proportions import newcombe_paired, paired_table
+
+    tokens, book, book_sq = data.tokens, data.book, data.book_sq
+    n_pool = len(data.where)
+    if positions > n_pool:
+        raise ValueError(f"a SpliTEE trial draws {positions} positions from a pool of {n_pool}")
+    if len(tokens) < 3:
+        raise ValueError("the SpliTEE null needs at least 3 prompts (two other prompts per position)")
+
+    def scores(idx, sources, sigmas, rng) -> torch.Tensor:
+        """The Gaussian log-likelihood [n, V] of every token (sequential.gaussian_scores, up to the shared
+        constant) given fresh masked layer-0 QKV exposures of the source prompts' tokens at those positions."""
+        clear = book[[tokens[q][data.where[i][1]] for i, q in zip(idx, sources)]]
+        sig = torch.as_tensor(sigmas, dtype=clear.dtype)[:, None]
+        y = clear + sig * torch.as_tensor(rng.standard_normal(clear.shape), dtype=clear.dtype)
+        return (2.0 * (y @ book.T) - book_sq) / (2.0 * sig * sig)
+
+    def other(r: int, rng, avoid: int = -1) -> int:
+        choices = [q for q in range(len(tokens)) if q != r and q != avoid]
+        return int(choices[int(rng.integers(len(choices)))])
+
+    def verdict(first, second, reference: str):
+        theta, lo, hi = newcombe_paired(*paired_table(first, second))
+        v, _why = controls.sequential_verdict(100 * lo, 100 * hi, margin_pp, teacher_forced=True,
+                                              pruning_recall=None, min_recall=min_recall, reference=reference)
+        return v, 100 * theta, (100 * lo, 100 * hi)
+
+    def trial(dose: float, rng) -> Trial:
+        idx = rng.choice(n_pool, positions, replace=False).tolist()
+        rows = [data.where[i][0] for i in idx]
+        truth = torch.as_tensor([tokens[r][data.where[i][1]] for i, r in zip(idx, rows)])
+        own = rng.random(positions) < dose / 100.0
+        first = [r if o else other(r, rng) for r, o in zip(rows, own)]
+        second = [other(r, rng, avoid=q) for r, q in zip(rows, first)]
+        s1 = scores(idx, first, [data.dose_sigma if o else data.sigma for o in own], rng)
+        s2 = scores(idx, second, [data.sigma] * positions, rng)
+        hits = lambda guess: (guess == truth).tolist()
+        map_hits, lik_hits = hits((s1 + data.log_prior[idx]).argmax(-1)), hits(s1.argmax(-1))
+        ref_hits = hits(s2.argmax(-1))
+        prior_hits = hits(torch.as_tensor([data.prior_guess[i] for i in idx]))
+        v_map, diff, interval = verdict(map_hits, prior_hits, "the prior alone")
+        v_lik, _, _ = verdict(lik_hits, ref_hits, "the same attacker on a null view")
+        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik}, interval)
+
+    return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
+                 "exposure, masked afresh; the likelihood reference a second other prompt's)",
+                 "a verdict that calls the model's prior, or an exposure of unrelated text, a leak of the prompt",
+                 "% of positions whose exposure is their own prompt's (masked at the dose's ε, where it names "
+                 "the token)", lambda rng: trial(0.0, rng), trial, doses_pp, gate_dose_pp, margin_pp, positions)
+
+
 # system → factory(cfg, model) -> Entry. `cfg` is the whole composed config (each entry reads its own system's
 # margins there, so the calibrated verdict is the configured one) and `model` the loaded tokenizer/model.
 REGISTRY: dict[str, Callable[[Any, Any], Entry]] = {}
@@ -342,3 +467,15 @@ def _grad_audit(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.grad_audit
     return grad_audit_entry(int(c.rows), float(cfg.grad_audit.gates.probe_margin_pp), list(c.doses_pp),
                             float(c.gate_dose_pp), top_k=int(c.top_k), l2=float(c.l2), max_iter=int(c.max_iter))
+
+
+@_register("splitee")
+def _splitee(cfg: Any, model: Any) -> Entry:
+    c = cfg.calibration.splitee
+    rows = text_rows(model.tokenizer, int(c.prompts), int(c.tokens))
+    data = splitee_data(model.model, rows, epsilon=float(c.epsilon), dose_epsilon=float(c.dose_epsilon),
+                        sigma_scale=float(cfg.engine.sigma_scale),
+                        sensitivity_rule=str(cfg.engine.sensitivity_rule))
+    return splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
+                         min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
+                         gate_dose_pp=float(c.gate_dose_pp))

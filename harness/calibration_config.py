@@ -14,7 +14,7 @@ from omegaconf import MISSING, DictConfig
 from harness.checks import check_at_least
 from harness.errors import UserError
 
-SYSTEMS = ("collab", "sanitize", "splitft", "grad_audit")   # attacks/calibration.REGISTRY's entries
+SYSTEMS = ("collab", "sanitize", "splitft", "grad_audit", "splitee")   # attacks/calibration.REGISTRY's entries
 
 
 @dataclass
@@ -46,6 +46,17 @@ class CalibrationGradAuditConfig:
 
 
 @dataclass
+class CalibrationSpliteeConfig:
+    prompts: int = MISSING         # pool prompts of built-in text
+    tokens: int = MISSING          # tokens a prompt (positions 1..tokens-1 are attacked)
+    positions: int = MISSING       # positions per trial, drawn from the pool
+    epsilon: float = MISSING       # ep1's ε of the masks
+    dose_epsilon: float = MISSING  # ε of a dosed position's own exposure
+    doses_pp: List[float] = MISSING
+    gate_dose_pp: float = MISSING
+
+
+@dataclass
 class CalibrationConfig:
     systems: List[str] = MISSING
     trials: int = MISSING          # null trials per system
@@ -56,6 +67,7 @@ class CalibrationConfig:
     sanitize: CalibrationTextConfig = MISSING
     splitft: CalibrationTextConfig = MISSING
     grad_audit: CalibrationGradAuditConfig = MISSING
+    splitee: CalibrationSpliteeConfig = MISSING
 
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
@@ -84,3 +96,13 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("calibration.grad_audit.rows", c.grad_audit.rows, 10)
     check_at_least("calibration.grad_audit.top_k", c.grad_audit.top_k, 1)
     check_at_least("calibration.grad_audit.max_iter", c.grad_audit.max_iter, 1)
+    check_at_least("calibration.splitee.prompts", c.splitee.prompts, 3)
+    check_at_least("calibration.splitee.tokens", c.splitee.tokens, 2)
+    check_at_least("calibration.splitee.positions", c.splitee.positions, 2)
+    pool = int(c.splitee.prompts) * (int(c.splitee.tokens) - 1)
+    if int(c.splitee.positions) > pool:
+        raise UserError(f"calibration.splitee.positions={c.splitee.positions} exceeds the pool's {pool} positions "
+                        "(prompts x (tokens - 1))")
+    for key in ("epsilon", "dose_epsilon"):
+        if not (math.isfinite(float(c.splitee[key])) and float(c.splitee[key]) > 0):
+            raise UserError(f"calibration.splitee.{key} must be a number > 0, got {c.splitee[key]}")

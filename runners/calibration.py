@@ -20,7 +20,10 @@ from harness.results import RunContext
 from runners import common, identity
 
 # What the runner reads besides its own section: each system's verdict margins.
-_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",)}
+_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",),
+            "attack": ("controls",)}
+# SpliTEE's entry also reads the engine's σ settings and the sequential attacker's recall threshold.
+_ENGINE = ("sigma_scale", "sensitivity_rule")
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -33,8 +36,10 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     directory; the hash keeps only their margins)."""
     margins = {sys: {part: OmegaConf.to_container(cfg[sys][part], resolve=True) for part in parts}
                for sys, parts in _MARGINS.items()}
-    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS)
-    return schema.semantic_config(cfg, own, system_margins=margins)
+    margins["attack"]["sequential_min_pruning_recall"] = float(cfg.attack.sequential.min_pruning_recall)
+    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS and k != "engine")
+    return schema.semantic_config(cfg, own, system_margins=margins,
+                                  engine={k: OmegaConf.to_container(cfg.engine, resolve=True)[k] for k in _ENGINE})
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -61,6 +66,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
+        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own, against the prior floor
+            metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
+            metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
+            metrics[f"{name}_{attacker}_certify_rate"] = a["certify_rate"]["rate"]
     results = {
         "experiment": "calibration", "experiment_name": cfg.experiment_name, "status": "ok",
         "configuration": "calibration", "epsilon": None, "model": loaded.name, "model_source": loaded.source,
@@ -78,7 +87,12 @@ DEFINITIONS = {
     "systems.<system>.certify_rate": "share of null trials read at_chance (the verdict's power to certify)",
     "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
     "systems.<system>.certifiable_margin_pp": "the margin the entry's sample size certifies with 80% probability "
-                                              "at the null trials' spread (metrics/equivalence.py)",
+                                              "at the null trials' spread (metrics/equivalence.py), or, where the "
+                                              "verdict's interval is not a t interval (splitee), the 80th percentile "
+                                              "of the null trials' interval reach (certifiable_margin_method)",
+    "systems.splitee.by_attacker": "MAP (against the prior-only floor) and the likelihood attacker (against "
+                                   "itself on a null view) each on the same null trials; metrics "
+                                   "splitee_map_false_leak_rate is MAP's",
     "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
                                    "certify rate >= 80%; measured, not enforced",
 }

@@ -98,7 +98,8 @@ READS: dict[str, tuple[str, ...]] = {
     # grad_audit (paper 004): its seeds are grad_audit.seeds
     "grad_audit": ("runner", "model", "configuration", "epsilon", "grad_audit"),
     # every system's verdict against nulls (issue 31): its own section and each system's margins
-    "calibration": ("runner", "model", "calibration", "collab", "sanitize", "splitft", "grad_audit"),
+    "calibration": ("runner", "model", "calibration", "collab", "sanitize", "splitft", "grad_audit", "attack",
+                    "engine"),
 }
 # Runners that read several systems' sections whatever the configuration: their READS count whole.
 CROSS_SYSTEM = ("calibration",)

@@ -95,7 +95,12 @@ def test_calibration_smoke_through_the_cli(tmp_path):
     [path] = list((tmp_path / "out").rglob("results.json"))
     r = json.loads(path.read_text())
     assert r["experiment"] == "calibration" and "smoke" in r["tags"]
-    assert set(r["systems"]) == {"collab", "sanitize", "splitft", "grad_audit"}
+    assert set(r["systems"]) == {"collab", "sanitize", "splitft", "grad_audit", "splitee"}
+    # SpliTEE: MAP's own false-leak rate against the prior floor, beside the entry's (worst of MAP, likelihood)
+    sp = r["systems"]["splitee"]
+    assert set(sp["by_attacker"]) == {"map", "likelihood"}
+    assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
+    assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
     for name, s in r["systems"].items():
         fl = s["false_leak_rate"]
         assert fl["n"] == 36 and fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 36)))
@@ -119,7 +124,60 @@ def test_bad_calibration_values_are_one_line_errors(tmp_path):
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.systems=[collab,spliteee]"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1
-    assert "calibration.systems must be distinct values from collab, sanitize, splitft, grad_audit" in res.stderr_lines[0]
+    assert "calibration.systems must be distinct values from collab, sanitize, splitft, grad_audit, splitee" in res.stderr_lines[0]
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.gate_dose_pp=3"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and "calibration.collab.gate_dose_pp must be one of its doses_pp" in res.stderr_lines[0]
+
+
+def _splitee_data(vocab=60, dim=16, prompts=8, length=9, prior_hits=0.0, seed=0):
+    """A synthetic pool: random unit-scale codebook, prompts of random tokens, a prior whose argmax is the
+    true token at a share `prior_hits` of the positions (and a random token elsewhere)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    book = torch.as_tensor(rng.standard_normal((vocab, dim)), dtype=torch.float32)
+    tokens = [rng.integers(vocab, size=length).tolist() for _ in range(prompts)]
+    where = [(r, p) for r in range(prompts) for p in range(1, length)]
+    log_prior = torch.as_tensor(rng.standard_normal((len(where), vocab)), dtype=torch.float32)
+    for i, (r, p) in enumerate(where):
+        if rng.random() < prior_hits:
+            log_prior[i, tokens[r][p]] = 10.0
+    guess = log_prior.argmax(-1).tolist()
+    return calibration.SpliteeData(tokens, where, torch.log_softmax(log_prior, -1), guess, book,
+                                   (book * book).sum(-1), 50.0, 1e-3)
+
+
+def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
+    """The SpliTEE entry: on a null (another prompt's view at σ = 50, far above the codebook's spread) MAP
+    equals the prior at almost every position, so it never reads leak; every position dosed (its own
+    exposure at σ = 10⁻³) is recovered, MAP − prior = 100 − prior's hits, and both attackers read leak."""
+    data = _splitee_data(prior_hits=0.3)
+    entry = calibration.splitee_entry(data, positions=40, margin_pp=1.0, min_recall=0.99, doses_pp=[100.0],
+                                      gate_dose_pp=100.0)
+    nulls = [entry.null_trial(np.random.default_rng(s)) for s in range(10)]
+    assert all(t.verdict != controls.LEAK for t in nulls)
+    assert all(abs(t.statistic) <= 5.0 for t in nulls)
+    dosed = entry.dosed_trial(100.0, np.random.default_rng(0))
+    assert dosed.verdict == controls.LEAK and dosed.parts == {"map": controls.LEAK, "likelihood": controls.LEAK}
+    assert 50.0 <= dosed.statistic <= 90.0       # 100 % recovered minus the prior's ~30 %
+    r = calibration.calibrate(entry, 10, seed=0, dosed_trials=5)
+    assert r["by_attacker"]["map"]["false_leak_rate"]["k"] == 0 and r["power"]["100"]["k"] == 5
+    # the certifiable margin is the reach of the null trials' own Newcombe intervals, not a t-based guess:
+    # 40 positions cannot certify ±1 pp (even with no discordant pair Newcombe's interval reaches ±3 pp here)
+    assert r["certifiable_margin_pp"] > 1.0 and r["certify_rate"]["k"] == 0
+    assert r["certifiable_margin_method"].startswith("80th percentile")
+
+
+def test_splitee_scores_are_the_sequential_attackers():
+    """The entry's score of a view is attacks/sequential.gaussian_scores on the codebook (its layer-0 QKV
+    stage): the same argmax for the same exposure."""
+    import torch
+
+    from attacks import sequential as sq
+
+    data = _splitee_data()
+    y = data.book[3] + 0.1 * torch.ones(data.book.shape[1])
+    theirs = sq.gaussian_scores(data.book, y, 0.5, data.book_sq)
+    ours = (2.0 * (y[None] @ data.book.T) - data.book_sq) / (2.0 * 0.5 * 0.5)
+    assert torch.allclose(ours[0].double(), theirs, rtol=1e-5, atol=1e-4) and int(theirs.argmax()) == 3

@@ -610,6 +610,65 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
     assert [r[0] for r in pairs] == ["ep1 ε=1", "ep1 ε=15", "ep1 ε=1000", "ep1 ε=2500"]
 
 
+def sequential(epsilon: float, map_verdict: str, map_reason: str, likelihood_verdict: str | None = None,
+               likelihood_reason: str | None = None, tags: tuple[str, ...] = ()) -> dict:
+    """A sequential_attack results.json (runners/sequential_attack.py) trimmed to its verdict keys."""
+    m = {"verdict_map": map_verdict, "verdict_map_reason": map_reason}
+    if likelihood_verdict is not None:
+        m.update({"verdict_likelihood": likelihood_verdict, "verdict_likelihood_reason": likelihood_reason})
+    return {"experiment": "sequential_attack", "experiment_name": "sequential_attack", "status": "ok",
+            "configuration": "ep1", "epsilon": epsilon, "model": "smollm2-135m", "workload": "dolly", "n_prompts": 10,
+            "metrics": m, "tags": list(tags), "config_hash": "2" * 64, "provenance": PROVENANCE,
+            "run_dir": f"sequential_attack/smollm2-135m/ep1/eps={epsilon:g}/default"}
+
+
+def test_verdicts_json_is_the_worst_attacker_per_configuration(tmp_path: Path, capsys) -> None:
+    """verdicts.json (issue 31 item 2): per configuration and ε the worst over the attack runs' learned and
+    Bayes attackers and the sequential runs' MAP and likelihood attackers, naming who decided it and why
+    each inconclusive is one; smoke runs left out, written at the sweep root by default."""
+    runs = tmp_path / "runs"
+    for data in (attack("ep1", 15.0, "noise_aware", "qkv", 4.0, half=0.5, bayes_top1=0.6, bayes_reference=0.2),
+                 attack("ep1", 1.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.1),
+                 attack("t3", None, "noise_free", "qkv", 45.0, bayes_top1=100.0, bayes_reference=22.0),
+                 sequential(15.0, "leak", "paired difference against the prior alone [3.1, 9.0] pp lies above +1 pp",
+                            "inconclusive", "pruning recall 0.900 < 0.99"),
+                 sequential(1.0, "inconclusive", "interval [-2.00, 2.50] pp against the prior alone is wider than "
+                            "±1 pp")):
+        write_run(runs, data["run_dir"], data)
+    smoke = sequential(1.0, "leak", "smoke", tags=("smoke",))
+    write_run(runs, "smoke/" + smoke["run_dir"], smoke)
+    code, out, err = run_report([str(runs)], capsys)
+    assert code == 0, err
+    assert "verdicts.json" in out
+    doc = json.loads((runs / "verdicts.json").read_text())
+    by = {(e["configuration"], e["epsilon"]): e for e in doc["configurations"]}
+    assert set(by) == {("t3", None), ("ep1", 1.0), ("ep1", 15.0)}      # the smoke leak at ε=1 is not there
+    e15 = by[("ep1", 15.0)]
+    assert e15["verdict"] == "leak" and e15["decided_by"] == [{
+        "run": "sequential_attack/smollm2-135m/ep1/eps=15/default", "attacker": "sequential_map",
+        "reason": "paired difference against the prior alone [3.1, 9.0] pp lies above +1 pp"}]
+    assert {(a["attacker"], a["verdict"]) for a in e15["attackers"]} == {
+        ("learned", "inconclusive"), ("bayes", "at_chance"), ("sequential_map", "leak"),
+        ("sequential_likelihood", "inconclusive")}
+    assert {(i["attacker"], i["reason"]) for i in e15["inconclusive"]} == {
+        ("learned", "below floor"), ("sequential_likelihood", "pruning recall 0.900 < 0.99")}
+    # ε = 1: both attack-run attackers at chance, MAP inconclusive: the configuration is inconclusive, by MAP
+    e1 = by[("ep1", 1.0)]
+    assert e1["verdict"] == "inconclusive" and [d["attacker"] for d in e1["decided_by"]] == ["sequential_map"]
+    assert "wider than ±1 pp" in e1["inconclusive"][0]["reason"]
+    assert by[("t3", None)]["verdict"] == "leak" and by[("t3", None)]["inconclusive"] == []
+    assert [(e["configuration"], e["epsilon"]) for e in doc["configurations"]] == [
+        ("ep1", 1.0), ("ep1", 15.0), ("t3", None)]
+    # rewritten from the runs: with the sequential runs gone, ε = 1 is at chance again
+    import shutil
+
+    shutil.rmtree(runs / "sequential_attack")
+    code, _, err = run_report([str(runs)], capsys)
+    assert code == 0, err
+    doc = json.loads((runs / "verdicts.json").read_text())
+    assert {(e["configuration"], e["epsilon"]): e["verdict"] for e in doc["configurations"]}[("ep1", 1.0)] == "at_chance"
+
+
 # ---------------------------------------------------------------------------------------------------
 # The section registry and the configuration registry
 # ---------------------------------------------------------------------------------------------------

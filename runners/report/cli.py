@@ -19,6 +19,8 @@ def summary_text(result: dict[str, Any]) -> str:
     sel: Selection = result["selection"]
     lines = [f"{PROG}: wrote {result['report']} and {len(result['pngs'])} PNG(s) from {len(sel.finished)} "
              f"finished run(s); {len(sel.problems)} failed/unfinished, {len(sel.skipped_tagged)} tagged run(s) left out"]
+    if result.get("verdicts") is not None:
+        lines.append(f"{PROG}: wrote the per-configuration verdicts {result['verdicts']}")
     for section in SECTIONS:
         lines += section.summary(result[section.EXPERIMENT])
     return "\n".join(lines)

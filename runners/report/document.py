@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import atomic_write_bytes
-from runners.report import other
+from runners.report import other, verdicts
 from runners.report.plotting import Figures
 from runners.report.provenance import problems_md, provenance_md, runs_md
 from runners.report.runs import Selection, scan, select
@@ -74,4 +74,5 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
     report = out / REPORT
     atomic_write_bytes(report, ("\n".join(md) + "\n").encode("utf-8"))
     figure.remove_stale()
-    return {"report": report, "pngs": figure.written, "selection": selection, **items}
+    verdict_file = verdicts.write(runs, out)   # issue 31: the per-configuration verdict as a file
+    return {"report": report, "pngs": figure.written, "selection": selection, "verdicts": verdict_file, **items}

@@ -1,0 +1,87 @@
+"""verdicts.json (issue 31 item 2): the SpliTEE verdict of every configuration and ε of a sweep, as a file.
+
+The verdict of a configuration and ε is the worst (attacks/controls.worst: leak > inconclusive > at_chance)
+over every attacker run against it among the reported runs: the learned and the Bayes attacker of each
+`attack` run (runners/report/attack.py, the report's "Verdict per configuration and ε" table) and the MAP and
+likelihood attackers of each `sequential_attack` run (attacks/sequential.summarise). Runs are grouped by
+model, configuration, ε and tag set (a smoke run never decides a real configuration). Each entry names the
+run(s) and attacker(s) whose verdict decided it and, for every inconclusive attacker, its reason.
+
+`splitbench-report DIR` writes it (atomically) beside report.md, at the sweep root unless --out says
+otherwise; it is rewritten from the runs each time, so it is never staler than the report.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attacks import controls
+from harness.results import atomic_write_json
+from runners.report.attack import AttackRow, _why_bayes, _why_learned
+from runners.report.format import num
+from runners.report.runs import Run
+
+FILE = "verdicts.json"
+# the sequential runner's per-attacker verdict keys (attacks/sequential.summarise)
+SEQUENTIAL = {"map": ("verdict_map", "verdict_map_reason"),
+              "likelihood": ("verdict_likelihood", "verdict_likelihood_reason")}
+
+
+def attackers(run: Run) -> list[dict[str, Any]]:
+    """Every attacker verdict one finished run holds: {attacker, verdict, reason} (reason: why an
+    inconclusive is inconclusive, or the sequential attacker's own sentence; None where none is recorded)."""
+    m = run.metrics
+    out: list[dict[str, Any]] = []
+    if run.experiment == "attack":
+        row = AttackRow(run)
+        for name, verdict, why in (("learned", row.learned_verdict, _why_learned),
+                                   ("bayes", row.bayes_verdict, _why_bayes)):
+            if verdict is not None:
+                out.append({"attacker": name, "verdict": verdict, "reason": why(row)})
+    elif run.experiment == "sequential_attack":
+        for name, (key, reason) in SEQUENTIAL.items():
+            if m.get(key) is not None:
+                out.append({"attacker": f"sequential_{name}", "verdict": m[key], "reason": m.get(reason)})
+        if not out and m.get("verdict") is not None:   # neither MAP nor a null view ran: the run's own
+            out.append({"attacker": "sequential", "verdict": m["verdict"], "reason": m.get("verdict_reason")})
+    return out
+
+
+def collect(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One entry per (model, configuration, ε, tags) with at least one attacker verdict (module docstring)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.state != "ok":
+            continue
+        for a in attackers(run):
+            d = run.data
+            key = (str(d.get("model")), str(d.get("configuration")), num(d.get("epsilon")), run.tags)
+            groups.setdefault(key, []).append({"run": run.rel, "experiment": run.experiment, **a})
+    out = []
+    for (model, configuration, epsilon, tags), found in groups.items():
+        worst = controls.worst([a["verdict"] for a in found])
+        out.append({
+            "model": model, "configuration": configuration, "epsilon": epsilon, "tags": list(tags),
+            "verdict": worst,
+            "decided_by": [{"run": a["run"], "attacker": a["attacker"], "reason": a["reason"]}
+                           for a in found if a["verdict"] == worst],
+            "inconclusive": [{"run": a["run"], "attacker": a["attacker"], "reason": a["reason"]}
+                             for a in found if a["verdict"] == controls.INCONCLUSIVE],
+            "attackers": found,
+        })
+    return sorted(out, key=lambda e: (e["tags"], e["model"], e["configuration"],
+                                      -1.0 if e["epsilon"] is None else e["epsilon"]))
+
+
+def write(runs: Sequence[Run], out: Path) -> Path:
+    """out/verdicts.json (atomic) from the runs; written even when no run holds a verdict (then with no
+    configurations), so that a file left by an earlier report never outlives its runs."""
+    path = Path(out) / FILE
+    atomic_write_json(path, {
+        "description": "per (model, configuration, epsilon, tags): the worst verdict over every attacker run "
+                       "against it (leak > inconclusive > at_chance), the run(s) and attacker(s) that decided it, "
+                       "and each inconclusive attacker's reason",
+        "configurations": collect(runs),
+    })
+    return path
