@@ -55,13 +55,14 @@ def _table_value(value: Any) -> Any:
 
 
 def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: Sequence[Mapping[str, Any]],
-           *, name: str, table_columns: Sequence[str] | None = None) -> bool:
+           *, name: str, table_columns: Sequence[str] | None = None,
+           history: Sequence[Mapping[str, Any]] = ()) -> bool:
     """Mirror one run; True if W&B accepted it, False (after one warning line) if anything failed.
 
     `name` is the run's directory relative to the output root (model/configuration/eps/overrides), so the
     W&B run and the local directory are found from each other. Summary: every numeric entry of
-    results["metrics"]. Step history: each record of results["history"] (dicts with a "step" key), logged at
-    its step. Per-prompt rows: a wandb.Table `samples` with `table_columns` (all keys of the
+    results["metrics"]. Step history: each record of `history` (dicts with an int "step" key, steps
+    increasing, as wandb.log requires), logged at its step. Per-prompt rows: a wandb.Table `samples` with `table_columns` (all keys of the
     first sample when None).
     """
     logger = cfg.logger
@@ -99,7 +100,7 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
                 metrics[key] = results[key]
         run.summary.update(metrics)
         # Step history (a runner's per-step records, each with a "step" key) becomes W&B line charts.
-        for record in results.get("history") or ():
+        for record in history:
             row = {k: v for k, v in record.items() if k != "step" and _scalar(v)}
             run.log(row, step=int(record["step"]))
         if samples:

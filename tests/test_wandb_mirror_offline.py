@@ -76,5 +76,27 @@ def test_offline_mode_opens_no_connection(tmp_path, monkeypatch, init_calls):
 def test_step_history_is_logged_at_its_steps(tmp_path, init_calls):
     _, run = init_calls
     history = [{"step": 0, "loss": 2.5, "round": 1}, {"step": 1, "loss": 2.0, "round": 1, "note": "text"}]
-    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {}, "history": history}, [], name="x")
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {}}, [], name="x", history=history)
     assert run.logged == [(0, {"loss": 2.5, "round": 1}), (1, {"loss": 2.0, "round": 1})]
+
+
+def test_step_history_merges_series_by_step():
+    from runners.common import step_history
+
+    assert step_history({"loss/a": [3.0, 2.0], "loss/b": [4.0]}) == [
+        {"step": 0, "loss/a": 3.0, "loss/b": 4.0}, {"step": 1, "loss/a": 2.0}]
+
+
+def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
+    """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""
+    import json
+
+    from .conftest import run_cli_in_process
+
+    _, run = init_calls
+    res = run_cli_in_process(["experiment=splitft_smoke", "logger=wandb"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (results,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("results.json")]
+    steps = [step for step, _ in run.logged if step is not None]
+    assert steps == [r["round"] for r in results["rounds"]] and len(steps) >= 1
+    assert all("train_loss" in data for step, data in run.logged if step is not None)
