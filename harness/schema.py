@@ -242,6 +242,7 @@ class LoggerConfig:
     entity: Optional[str] = MISSING
     mode: str = MISSING
     group: Optional[str] = MISSING
+    connect_timeout_s: float = MISSING  # online only: no TCP route to W&B within this -> offline mirror
 
 
 @dataclass

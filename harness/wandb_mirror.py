@@ -6,21 +6,41 @@ starts its own W&B run (reinit="finish_previous") and always finishes it, so the
 never merge into one W&B run (lightning-hydra-template #289).
 
 Mode: the WANDB_MODE environment variable when set (tests and CI set `disabled`), else `logger.mode`
-(default `offline`: nothing leaves the machine until `wandb sync`).
+(default `offline`: nothing leaves the machine until `wandb sync`). An `online` mirror first opens one TCP
+connection to the W&B host (WANDB_BASE_URL, else api.wandb.ai) within `logger.connect_timeout_s`: with no
+route, wandb.init would otherwise retry for about 95 s per job before giving up, so the mirror goes
+offline at once with one line saying so (the offline run is pushed later with `wandb sync`).
 """
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
 
 def _warn(message: str) -> None:
     print(f"splitbench: warning: W&B mirror failed, local results are kept: {message}", file=sys.stderr)
+
+
+DEFAULT_BASE_URL = "https://api.wandb.ai"  # wandb's own default when WANDB_BASE_URL is unset
+
+
+def unreachable(timeout_s: float) -> str | None:
+    """None when a TCP connection to the W&B host opens within `timeout_s`, else "host:port (reason)"."""
+    url = urlsplit(os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return None
+    except OSError as exc:  # refused, no route, DNS failure, timeout: all mean W&B cannot be reached now
+        return f"{host}:{port} ({type(exc).__name__}: {exc})"
 
 
 def _scalar(value: Any) -> bool:
@@ -35,12 +55,14 @@ def _table_value(value: Any) -> Any:
 
 
 def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: Sequence[Mapping[str, Any]],
-           *, name: str, table_columns: Sequence[str] | None = None) -> bool:
+           *, name: str, table_columns: Sequence[str] | None = None,
+           history: Sequence[Mapping[str, Any]] = ()) -> bool:
     """Mirror one run; True if W&B accepted it, False (after one warning line) if anything failed.
 
     `name` is the run's directory relative to the output root (model/configuration/eps/overrides), so the
     W&B run and the local directory are found from each other. Summary: every numeric entry of
-    results["metrics"]. Per-prompt rows: a wandb.Table `samples` with `table_columns` (all keys of the
+    results["metrics"]. Step history: each record of `history` (dicts with an int "step" key, steps
+    increasing, as wandb.log requires), logged at its step. Per-prompt rows: a wandb.Table `samples` with `table_columns` (all keys of the
     first sample when None).
     """
     logger = cfg.logger
@@ -52,6 +74,12 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
         _warn("the wandb package is not installed (pip install wandb)")
         return False
     mode = os.environ.get("WANDB_MODE") or logger.mode
+    if mode == "online":
+        why = unreachable(float(logger.connect_timeout_s))
+        if why is not None:
+            print(f"splitbench: warning: W&B host {why} is unreachable; mirroring offline instead "
+                  f"(push later with `wandb sync {run_dir}/wandb/offline-run-*`)", file=sys.stderr)
+            mode = "offline"
     run = None
     try:
         run = wandb.init(
@@ -71,6 +99,10 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
             if results.get(key) is not None:
                 metrics[key] = results[key]
         run.summary.update(metrics)
+        # Step history (a runner's per-step records, each with a "step" key) becomes W&B line charts.
+        for record in history:
+            row = {k: v for k, v in record.items() if k != "step" and _scalar(v)}
+            run.log(row, step=int(record["step"]))
         if samples:
             columns = list(table_columns or samples[0].keys())
             table = wandb.Table(columns=columns, data=[[_table_value(s.get(c)) for c in columns] for s in samples])

@@ -78,14 +78,15 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
            summary: Callable[[dict[str, Any]], str], engines: dict[str, dict] | None = None,
            provenance_extra: dict[str, Any] | None = None, side_files: dict[str, Any] | None = None,
            before_done: Callable[[], None] | None = None, mirror_rows: Sequence[dict[str, Any]] | None = None,
-           mirror_columns: Sequence[str] = (), placement: dict[str, Any] | None = None) -> dict[str, Any]:
+           mirror_columns: Sequence[str] = (), placement: dict[str, Any] | None = None,
+           mirror_history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The tail every runner shares: add the privacy parameter (harness.configurations.privacy_parameter of
     its `configuration` and `epsilon`, unless the runner recorded its own), tags, config hash, run name and
     provenance to `results` (which starts with results_header), write side files, samples.jsonl, results.json and .done atomically
     (ctx.run_dir.write_results), print `summary(results)`, then mirror to W&B (rows: `mirror_rows`, default
-    the samples). `placement`: where each of the run's models ran, by role (LoadedModel.placement()); None for
-    SpliTEE's runners, whose model is float32 on the CPU with the engines' accelerator in `engines`.
-    Returns the full results."""
+    the samples; step history: `mirror_history`, see step_history). `placement`: where each of the run's
+    models ran, by role (LoadedModel.placement()); None for SpliTEE's runners, whose model is float32 on the CPU
+    with the engines' accelerator in `engines`. Returns the full results."""
     from harness import provenance
     from harness.wandb_mirror import mirror
 
@@ -102,7 +103,7 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
     ctx.run_dir.write_results(results, samples, side_files=side_files, before_done=before_done)
     print(summary(results), flush=True)
     mirror(cfg, ctx.run_dir.path, results, samples if mirror_rows is None else mirror_rows, name=ctx.name,
-           table_columns=tuple(mirror_columns))
+           table_columns=tuple(mirror_columns), history=mirror_history)
     return results
 
 
@@ -115,6 +116,14 @@ def _splitee_placement() -> dict[str, Any]:
 
     return {"model": {"device": describe_device(torch.device("cpu")), "dtype": "float32", "device_map": None,
                       "note": "offloaded ops on each engine's accelerator (provenance.engines)"}}
+
+
+def step_history(series: dict[str, Sequence[float]]) -> list[dict[str, Any]]:
+    """Per-step series (e.g. one training loss curve per seed) as W&B step records: one record per step
+    index holding every series that has that step, so steps only increase (wandb.log drops a step that
+    goes back)."""
+    n = max((len(v) for v in series.values()), default=0)
+    return [{"step": i, **{k: float(v[i]) for k, v in series.items() if i < len(v)}} for i in range(n)]
 
 
 def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,

@@ -77,8 +77,14 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
     digest = protocol.lock(proto, ctx.run_dir.path)            # locked before any scored seed trains
     reference = base_ce(loaded.model, blocks.heldout)
-    scored = [protocol.score_seed(train(s, phase), reference, proto, phase)
-              for phase in ("replicate", "test") for s in g.seeds[phase]]
+    losses: dict[str, list[float]] = {}   # per-step training loss of each scored seed, for the W&B mirror
+
+    def scored_seed(seed: int, phase: str) -> dict[str, Any]:
+        run = train(seed, phase)
+        losses[f"loss/{phase}_seed{seed}"] = [float(x) for x in run.losses]
+        return protocol.score_seed(run, reference, proto, phase)
+
+    scored = [scored_seed(s, phase) for phase in ("replicate", "test") for s in g.seeds[phase]]
     metrics = protocol.summarise(scored, proto, reference)
     th = proto["thresholds"]
     seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
@@ -110,7 +116,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     results["tradeoff"] = _tradeoff(metrics)
     return common.finish(cfg, ctx, results, seeds, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
-                         placement={"model": loaded.placement()})
+                         placement={"model": loaded.placement()},
+                         mirror_history=common.step_history(losses))
 
 
 def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:

@@ -115,7 +115,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     results["tradeoff"] = _tradeoff(metrics, configuration, variant_label(results["grad_up"], bool(s.train_head)))
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
-                         before_done=_view_writer(cfg, view, ctx), placement=_placement(s.placement))
+                         before_done=_view_writer(cfg, view, ctx), placement=_placement(s.placement),
+                         mirror_history=[{**r, "step": int(r["round"])} for r in training.rounds])
 
 
 def _placement(node: DictConfig) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The W&B mirror with no network: an online mirror that cannot reach its host goes offline at once (one
+line), and a runner's step history reaches wandb.log. A fake wandb.init: nothing leaves the machine."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness import wandb_mirror
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.summary: dict = {}
+        self.logged: list = []
+
+    def log(self, data, step=None):
+        self.logged.append((step, data))
+
+    def finish(self):
+        pass
+
+
+def _cfg(mode: str):
+    return OmegaConf.create({
+        "logger": {"name": "wandb", "project": "splitbench", "entity": None, "mode": mode, "group": None,
+                   "connect_timeout_s": 2},
+        "experiment_name": "splitft", "runner": "splitft", "tags": [], "seed": 0,
+    })
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound then closed: nothing listens there, so connect is refused at once
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def init_calls(monkeypatch):
+    import wandb
+
+    calls: list = []
+    run = _Run()
+    monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or run)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    return calls, run
+
+
+def test_online_mirror_with_no_route_goes_offline_with_one_line(tmp_path, monkeypatch, capsys, init_calls):
+    calls, _ = init_calls
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    assert wandb_mirror.mirror(_cfg("online"), tmp_path, {"metrics": {"loss": 1.0}}, [], name="x")
+    assert calls[0]["mode"] == "offline"
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "unreachable; mirroring offline" in line and "wandb sync" in line
+
+
+def test_online_mirror_with_a_listening_host_stays_online(tmp_path, monkeypatch, capsys, init_calls):
+    calls, _ = init_calls
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert wandb_mirror.mirror(_cfg("online"), tmp_path, {"metrics": {}}, [], name="x")
+    assert calls[0]["mode"] == "online" and capsys.readouterr().err == ""
+
+
+def test_offline_mode_opens_no_connection(tmp_path, monkeypatch, init_calls):
+    calls, _ = init_calls
+    monkeypatch.setattr(wandb_mirror, "unreachable", lambda t: pytest.fail("offline mode must not probe"))
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {}}, [], name="x")
+    assert calls[0]["mode"] == "offline"
+
+
+def test_step_history_is_logged_at_its_steps(tmp_path, init_calls):
+    _, run = init_calls
+    history = [{"step": 0, "loss": 2.5, "round": 1}, {"step": 1, "loss": 2.0, "round": 1, "note": "text"}]
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {}}, [], name="x", history=history)
+    assert run.logged == [(0, {"loss": 2.5, "round": 1}), (1, {"loss": 2.0, "round": 1})]
+
+
+def test_step_history_merges_series_by_step():
+    from runners.common import step_history
+
+    assert step_history({"loss/a": [3.0, 2.0], "loss/b": [4.0]}) == [
+        {"step": 0, "loss/a": 3.0, "loss/b": 4.0}, {"step": 1, "loss/a": 2.0}]
+
+
+def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
+    """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""
+    import json
+
+    from .conftest import run_cli_in_process
+
+    _, run = init_calls
+    res = run_cli_in_process(["experiment=splitft_smoke", "logger=wandb"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (results,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("results.json")]
+    steps = [step for step, _ in run.logged if step is not None]
+    assert steps == [r["round"] for r in results["rounds"]] and len(steps) >= 1
+    assert all("train_loss" in data for step, data in run.logged if step is not None)
