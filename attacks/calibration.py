@@ -23,6 +23,8 @@ layer-0 codebook once. Adding a system is one more `Entry` factory in `REGISTRY`
 """
 from __future__ import annotations
 
+import math
+
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -108,7 +110,7 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
         out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
     elif entry.n_examples >= 2:
-        out["certifiable_margin_pp"] = certifiable_margin(sd * entry.n_examples ** 0.5, entry.n_examples)
+        out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples)
         out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,

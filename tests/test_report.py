@@ -398,7 +398,8 @@ def test_pngs_written_linked_and_nonempty(tmp_path: Path, capsys) -> None:
         data = png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     assert not (runs / "report.md").exists()
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["report.md", *links])  # no temp files left
+    # no temp files left; verdicts.json (the per-configuration verdicts) is written with every report
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["report.md", "verdicts.json", *links])
 
 
 def test_stale_pngs_removed_on_rewrite(tmp_path: Path, capsys) -> None:

@@ -163,6 +163,7 @@ class SplitClient:
         if session["local"] == int(s.local_steps) - 1:   # split_step's `measure` (no obfuscation here: H = 0)
             s_a, s_b_plain = session["s_a"], down.detach()
             session["measured"] = {"H": float(sq_norm(s_b_hat.detach() - s_b_plain)),
+                                   "H_recv": float(sq_norm(down.detach() - s_b_plain)),
                                    "H_A": float(sq_norm(session["up"] - s_a)),
                                    "s_a_sq": float(sq_norm(s_a)), "s_b_sq": float(sq_norm(s_b_plain))}
         if not bool(s.train_head):
@@ -218,6 +219,7 @@ class SplitClient:
         """ClientTrainer.run_round's round metrics."""
         last, losses = session["measured"], session["losses"]
         return {"train_loss": sum(losses) / len(losses), "H": last["H"], "H_A": last["H_A"],
+                "H_recv": last["H_recv"], "H_recv_rel": last["H_recv"] / max(last["s_b_sq"], 1e-12),
                 "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
                 "regulariser": session["regulariser"], "num-examples": float(session["sends"].shape[0]),
                 MAX_SENDS: float(session["sends"].max())}

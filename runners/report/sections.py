@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from runners.report import (attack, calibration, collab, controlled_error, fidelity, fp_error, grad_audit, restore,
-                            sanitize, splitft, timing, tradeoff)
+                            sanitize, sequential_attack, splitft, timing, tradeoff)
 from runners.report.plotting import Figures
 from runners.report.runs import Run
 
@@ -32,7 +32,7 @@ class Section(Protocol):
     def summary(self, items: Sequence[Any]) -> list[str]: ...
 
 
-SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, attack, restore,
+SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, attack, sequential_attack, restore,
                                  sanitize,   # paper 001
                                  splitft,    # paper 002
                                  collab,     # paper 003

@@ -1,0 +1,125 @@
+"""The report section of experiment=sequential_attack (issues 32, 36; attacks/sequential.py): per
+configuration and ε, the likelihood-only and MAP attackers' top-1 against their references (the prior alone
+for MAP, paired on the same positions; the same attacker on another prompt's view for the likelihood), the
+pruning recall that says whether pruning or the mask decided, and the verdict with its reason."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runners.report.format import md_table, tagged
+from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.runs import Run, finished_runs
+
+EXPERIMENT = "sequential_attack"
+INTRO = ("The sequential all-exposure attacker reads every QKV, O and Gate/Up exposure of a prompt position at "
+         "every used layer and scores candidate tokens by the mask's Gaussian likelihood (*likelihood*) or by "
+         "that likelihood plus the victim model's own next-token log-probability (*MAP*). MAP is judged against "
+         "the prior alone (the model's top-1 given the same prefix, no view): the statistic is the paired "
+         "difference on the same positions with Newcombe's interval. *at chance* needs that interval within "
+         "±margin, the teacher-forced mode and a pruning recall ≥ the configured minimum at every stage "
+         "(docs/sequential_attack.md). Intervals over positions treat positions as independent.")
+_ATTACKERS = (("likelihood", "sequential_top1", "sequential_pruning_recall_min"),
+              ("MAP", "sequential_map_top1", "sequential_map_pruning_recall_min"))
+
+
+def _key(run: Run) -> tuple:
+    eps = run.data.get("epsilon")
+    return (str(run.data.get("model")), str(run.data.get("configuration")), -1.0 if eps is None else float(eps),
+            run.rel)
+
+
+@dataclass
+class SequentialGroup:
+    """One model's runs: the configurations and ε it was attacked at."""
+
+    model: str
+    rows: list[Run]
+
+    @property
+    def slug(self) -> str:
+        return self.model.replace("/", "_")
+
+    @property
+    def title(self) -> str:
+        return f"sequential attacker, {self.model}"
+
+
+def groups(runs: Sequence[Run]) -> list[SequentialGroup]:
+    by_model: dict[str, list[Run]] = {}
+    for run in sorted(finished_runs(runs, EXPERIMENT), key=_key):
+        by_model.setdefault(str(run.data.get("model")), []).append(run)
+    return [SequentialGroup(model, rows) for model, rows in by_model.items()]
+
+
+def _ci(m: dict[str, Any], key: str) -> str:
+    v, lo, hi = m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")
+    if v is None:
+        return "—"
+    return f"{v:.1f}" + ("" if lo is None or hi is None else f" [{lo:.1f}, {hi:.1f}]")
+
+
+def _setting(run: Run) -> str:
+    eps = run.data.get("epsilon")
+    return f"{run.data.get('configuration')}" + ("" if eps is None else f" ε={eps:g}")
+
+
+def table_md(rows: Sequence[Run]) -> str:
+    body = []
+    for run in rows:
+        m = run.data.get("metrics", {})
+        body.append([tagged(_setting(run), run.tags), str(run.data.get("mode", "—")), str(m.get("n_positions", "—")),
+                     _ci(m, "sequential_top1"), _ci(m, "sequential_map_top1"), _ci(m, "prior_top1"),
+                     _ci(m, "map_minus_prior"),
+                     " / ".join("—" if m.get(k) is None else f"{m[k]:.2f}" for _, _, k in _ATTACKERS),
+                     f"**{m.get('verdict', '—')}**" if m.get("verdict") == "leak" else str(m.get("verdict", "—")),
+                     str(m.get("verdict_reason", ""))])
+    return md_table(["setting", "mode", "positions", "likelihood top-1 %", "MAP top-1 %", "prior top-1 %",
+                     "MAP − prior pp", "min. pruning recall (lik. / MAP)", "verdict", "reason"], body,
+                    align="llrrrrrrll")
+
+
+def plot(group: SequentialGroup, path: Path) -> None:
+    """Top-1 against ε for the likelihood attacker, MAP and the prior alone (the runs with an ε), 95% intervals."""
+    pts = [r for r in group.rows if r.data.get("epsilon") is not None]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, (label, key) in enumerate((("likelihood", "sequential_top1"), ("MAP", "sequential_map_top1"),
+                                      ("prior alone", "prior_top1"))):
+        xs, ys, lo, hi = [], [], [], []
+        for r in pts:
+            m = r.data["metrics"]
+            if m.get(key) is None:
+                continue
+            xs.append(float(r.data["epsilon"]))
+            ys.append(m[key])
+            lo.append(m[key] - m.get(f"{key}_ci_lo", m[key]))
+            hi.append(m.get(f"{key}_ci_hi", m[key]) - m[key])
+        style = series_style(i)
+        ax.errorbar(xs, ys, yerr=[lo, hi], linestyle="-", capsize=3, label=label, **style)
+    ax.set_xscale("log")
+    ax.set_xlabel("ε per exposure")
+    ax.set_ylabel("top-1 recovery %")
+    ax.set_ylim(-2, 102)
+    save_axes(fig, ax, path, group.title)
+
+
+def markdown(items: Sequence[SequentialGroup], figure: Figures) -> list[str]:
+    md = ["## Sequential all-exposure attacker (issues 32, 36)", "", INTRO, ""]
+    for i, group in enumerate(items):
+        md += [f"### {group.model}", "", table_md(group.rows), ""]
+        if any(r.data.get("epsilon") is not None for r in group.rows):
+            md += figure("sequential", i, group, plot, "top-1 against ε: likelihood, MAP and the prior alone")
+    return md
+
+
+def summary(items: Sequence[SequentialGroup]) -> list[str]:
+    lines = []
+    for group in items:
+        for run in group.rows:
+            m = run.data.get("metrics", {})
+            lines.append(f"  {_setting(run):<14} MAP {_ci(m, 'sequential_map_top1')} vs prior {_ci(m, 'prior_top1')}: "
+                         f"{m.get('verdict', '—')}")
+    return lines
