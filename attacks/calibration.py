@@ -24,7 +24,6 @@ layer-0 codebook once. Adding a system is one more `Entry` factory in `REGISTRY`
 from __future__ import annotations
 
 import math
-
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

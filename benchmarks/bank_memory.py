@@ -36,8 +36,8 @@ def child(configuration: str, bank: str | None, new_tokens: int) -> None:
     from hydra import compose, initialize_config_dir
 
     import harness.schema  # noqa: F401  (the sb.* resolvers)
-    from runners.common import load_inputs
     from harness.split.engine import EngineSettings, SplitEngine
+    from runners.common import load_inputs
 
     overrides = [f"configuration={configuration}"] + ([f"engine.bank_bytes={bank}"] if bank not in (None, "default") else [])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import sys
 import shlex
+import sys
 import time
 from pathlib import Path
 

@@ -9,8 +9,8 @@ import functools
 import hashlib
 import importlib.metadata
 import platform
-import subprocess
 import shlex
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path

@@ -40,7 +40,14 @@ from harness.collab import config as collab_config
 from harness.errors import UserError
 from harness.grad_audit import config as grad_audit_config
 from harness.group_schemas import (  # noqa: F401  (the model and workload schemas are part of this one)
-    MODEL_SCHEMAS, GgufPackageModelConfig, HubModelConfig, ModelConfig, RandomModelConfig, WorkloadConfig, check_model)
+    MODEL_SCHEMAS,
+    GgufPackageModelConfig,
+    HubModelConfig,
+    ModelConfig,
+    RandomModelConfig,
+    WorkloadConfig,
+    check_model,
+)
 from harness.sanitize import config as sanitize_config
 from harness.splitft import config as splitft_config
 from harness.text_corpus import paragraphs
@@ -358,7 +365,7 @@ def _check_shared_tokenizers(cfg: DictConfig) -> None:
     pairs = [p for p in pairs if p[1].name != cfg.model.name]
     if not pairs:
         return
-    from harness.models import first_token_difference, load_tokenizer   # transformers: only when needed
+    from harness.models import first_token_difference, load_tokenizer  # transformers: only when needed
 
     ours = load_tokenizer(cfg.model, cache_dir=cfg.paths.cache_dir)
     for key, other, role, why in pairs:

@@ -30,7 +30,6 @@ from sacrebleu.metrics import BLEU
 from metrics.intervals import Estimate, bootstrap_ci, mean_ci
 from metrics.proportions import proportion_ci
 
-
 # ---------------------------------------------------------------------------------------------------
 # Token level
 # ---------------------------------------------------------------------------------------------------

@@ -57,10 +57,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
     from attacks import collab_decodeleak as leak
     from harness.adversary_view import view_meta
-    from harness.collab import benchmarks, engine, prompts, protocol
+    from harness.collab import benchmarks, edge_baselines, engine, prompts, protocol
     from harness.collab.defences import make_defence
     from harness.models import load_model
-    from harness.collab import edge_baselines
     from metrics.answers import constant_answer_floor, option_correct, scored_correct
     from metrics.evidence_recall import Vocabulary, tokenise_evidence
     from metrics.intervals import mean_ci

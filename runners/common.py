@@ -110,9 +110,9 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
 def _splitee_placement() -> dict[str, Any]:
     """SpliTEE's models: float32 on the CPU (the TEE side); the engines put the offloaded ops on the accelerator
     and record it under provenance.engines."""
-    from harness.devices import describe_device
-
     import torch
+
+    from harness.devices import describe_device
 
     return {"model": {"device": describe_device(torch.device("cpu")), "dtype": "float32", "device_map": None,
                       "note": "offloaded ops on each engine's accelerator (provenance.engines)"}}

@@ -24,8 +24,16 @@ from omegaconf import DictConfig
 from harness import configurations, schema
 from harness.results import RunContext
 from runners import identity
-from runners.common import (epsilon_ignored_note, finish, generate_batches, load_inputs, load_semantic, make_engine,
-                            results_header, summary_head)
+from runners.common import (
+    epsilon_ignored_note,
+    finish,
+    generate_batches,
+    load_inputs,
+    load_semantic,
+    make_engine,
+    results_header,
+    summary_head,
+)
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:

@@ -20,9 +20,24 @@ from harness import accounting, configurations, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
 from metrics.replicates import pool as replicates_pool
 from runners import identity
-from runners.common import (BatchedGeneration, Inputs, epsilon_ignored_note, finish, generate_batches, load_inputs,
-                            load_semantic, make_engine, mask_seeds, metric_lines, resolve_baseline, results_header,
-                            summary_head, test_side, tradeoff, workload_record)
+from runners.common import (
+    BatchedGeneration,
+    Inputs,
+    epsilon_ignored_note,
+    finish,
+    generate_batches,
+    load_inputs,
+    load_semantic,
+    make_engine,
+    mask_seeds,
+    metric_lines,
+    resolve_baseline,
+    results_header,
+    summary_head,
+    test_side,
+    tradeoff,
+    workload_record,
+)
 
 # Samples columns mirrored to W&B (token id lists stay in samples.jsonl).
 _TABLE_COLUMNS = ("id", "prompt", "baseline_text", "output_text", "exact_match", "token_match_rate", "bleu",
@@ -110,7 +125,7 @@ def _tradeoff(cfg: DictConfig, m: dict[str, Any], baseline: str) -> dict[str, An
     name = cfg.configuration.name
     point = None
     if configurations.get(name).system == configurations.SANITIZE:
-        from harness.sanitize.config import point_label   # torch-free
+        from harness.sanitize.config import point_label  # torch-free
 
         point = point_label(cfg.sanitize, name)
     return tradeoff(utility_metric=key, utility=m[key], utility_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),

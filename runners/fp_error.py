@@ -28,8 +28,15 @@ from omegaconf import DictConfig, OmegaConf
 from harness import configurations, schema
 from harness.results import RunContext
 from runners import identity
-from runners.common import (Inputs, epsilon_ignored_note, finish, load_inputs, results_header, summary_head,
-                            workload_record)
+from runners.common import (
+    Inputs,
+    epsilon_ignored_note,
+    finish,
+    load_inputs,
+    results_header,
+    summary_head,
+    workload_record,
+)
 
 TABLE_COLUMNS = ("precision", "kernel", "op", "accumulate", "n_trials", "mean_true_error", "mean_bound",
                  "bound_ratio", "bound_violation_rate", "first_order_violation_rate", "n_overflow")

@@ -26,8 +26,8 @@ from omegaconf import DictConfig
 
 from harness import configurations, schema
 from harness.errors import UserError
-from harness.sanitize.config import point_label
 from harness.results import RunContext
+from harness.sanitize.config import point_label
 from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note

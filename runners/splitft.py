@@ -26,8 +26,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
-from harness.splitft.config import grad_guard, variant_label   # torch-free
 from harness.results import RunContext
+from harness.splitft.config import grad_guard, variant_label  # torch-free
 from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note

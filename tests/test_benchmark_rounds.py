@@ -115,8 +115,9 @@ def test_paired_log_ratio_cancels_what_slows_both_arms():
     ratio of the arms' mean times would not be; the interval is Student t on the log-ratios."""
     import math
 
-    from benchmarks.rounds import paired_log_ratio
     from scipy import stats
+
+    from benchmarks.rounds import paired_log_ratio
 
     load = [1, 3, 8, 2, 5]
     a, b = [1.1 * f for f in load], [1.0 * f for f in load]

@@ -14,10 +14,27 @@ from scipy import stats
 from harness.errors import UserError
 from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import (INT8_EXACT_WIDTH, INT8_MAX_ROWS, SLALOM_MODULUS, SLALOM_SCALINGS, ExactProduct,
-                                      IntegerWeights, centre, centred_difference, digits_needed, exact_matmul_mod, exact_wraps, int8_digits,
-                                      norms_past_limits, quantise, row_bounds, row_shifts, safe_norm_limits,
-                                      widened_norms, worst_case_products)
+from harness.split.mechanisms import (
+    INT8_EXACT_WIDTH,
+    INT8_MAX_ROWS,
+    SLALOM_MODULUS,
+    SLALOM_SCALINGS,
+    ExactProduct,
+    IntegerWeights,
+    centre,
+    centred_difference,
+    digits_needed,
+    exact_matmul_mod,
+    exact_wraps,
+    int8_digits,
+    norms_past_limits,
+    quantise,
+    row_bounds,
+    row_shifts,
+    safe_norm_limits,
+    widened_norms,
+    worst_case_products,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 

@@ -15,8 +15,14 @@ from harness.errors import UserError
 from harness.models import load_model
 from harness.split.engine import EngineSettings, SplitEngine
 from harness.split.mechanisms import SLALOM_MODULUS, ExactProduct, exact_matmul_mod
-from harness.split.noise_bank import (PIECE_ROWS, NoiseBank, gaussian_chunk_maker, row_bytes, slalom_chunk_maker,
-                                      stream_seed)
+from harness.split.noise_bank import (
+    PIECE_ROWS,
+    NoiseBank,
+    gaussian_chunk_maker,
+    row_bytes,
+    slalom_chunk_maker,
+    stream_seed,
+)
 
 from .conftest import run_cli_in_process
 

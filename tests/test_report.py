@@ -958,3 +958,39 @@ def test_series_styles_are_distinct_pairs() -> None:
     pairs = [(series_style(i)["color"], series_style(i)["marker"]) for i in range(N_STYLES)]
     assert len(set(pairs)) == N_STYLES
     assert len({p[0] for p in pairs[:10]}) == 10 and len({p[1] for p in pairs[:7]}) == 7
+
+
+def _sequential(eps: float, map_top1: float, prior: float, verdict: str, reason: str) -> dict:
+    m = {"n_positions": 40, "sequential_top1": 15.0, "sequential_top1_ci_lo": 7.1, "sequential_top1_ci_hi": 29.1,
+         "sequential_map_top1": map_top1, "sequential_map_top1_ci_lo": map_top1 - 10,
+         "sequential_map_top1_ci_hi": map_top1 + 10, "prior_top1": prior, "prior_top1_ci_lo": prior - 9,
+         "prior_top1_ci_hi": prior + 12, "map_minus_prior": map_top1 - prior,
+         "map_minus_prior_ci_lo": map_top1 - prior - 15, "map_minus_prior_ci_hi": map_top1 - prior + 12,
+         "sequential_pruning_recall_min": 0.175, "sequential_map_pruning_recall_min": 0.725,
+         "verdict": verdict, "verdict_reason": reason}
+    return {"experiment": "sequential_attack", "status": "ok", "configuration": "ep1", "epsilon": eps,
+            "model": "smollm2-135m", "workload": "dolly", "n_prompts": 10, "mode": "teacher_forced", "metrics": m,
+            "tags": [], "provenance": {"git_hash": "abc"}}
+
+
+def test_sequential_attack_section_names_the_verdict_its_reason_and_draws_the_epsilon_curve(tmp_path: Path,
+                                                                                             capsys) -> None:
+    """The sequential attacker's section (issues 32, 36): one table per model with the likelihood, MAP and
+    prior top-1, the paired difference, the pruning recall and the verdict with its reason, in ε order; one
+    figure of top-1 against ε."""
+    runs = tmp_path / "runs"
+    write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=15/default",
+              _sequential(15.0, 70.0, 20.0, "leak", "MAP: paired difference lies above +1 pp"))
+    write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=1/default",
+              _sequential(1.0, 21.0, 20.0, "inconclusive", "pruning recall 0.72 < 0.99"))
+    code, out, err = run_report([str(runs), "--out", str(tmp_path / "rep")], capsys)
+    assert code == 0, err
+    text = (tmp_path / "rep" / "report.md").read_text()
+    section = text.split("## Sequential all-exposure attacker")[1]
+    _, rows = _table_rows(section)
+    assert [r[0] for r in rows] == ["ep1 ε=1", "ep1 ε=15"]
+    assert rows[1][4:7] == ["70.0 [60.0, 80.0]", "20.0 [11.0, 32.0]", "50.0 [35.0, 62.0]"]
+    assert rows[1][8] == "**leak**" and rows[0][8] == "inconclusive" and rows[0][9] == "pruning recall 0.72 < 0.99"
+    assert rows[0][7] == "0.17 / 0.72"
+    [png] = [p for p in (tmp_path / "rep").glob("*sequential*.png")]
+    assert png.read_bytes().startswith(PNG_MAGIC)

@@ -9,10 +9,10 @@ import pytest
 
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES
-from runners.restore import read_source
 from runners.report import restore as restore_section
 from runners.report.plotting import Figures
 from runners.report.runs import scan
+from runners.restore import read_source
 
 from .conftest import run_cli_in_process
 

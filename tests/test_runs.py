@@ -383,7 +383,8 @@ def test_wandb_failure_is_one_warning_and_still_finishes(tmp_path, monkeypatch, 
 def test_source_digest_follows_computing_code_not_reports(tmp_path):
     """Caches (baselines, trained attackers) are keyed on this digest: an edit to computing code must change
     it, an edit to the report (runners/report/, which only reads finished results) must not."""
-    from harness.provenance import SOURCE_DIRS, source_digest as cached
+    from harness.provenance import SOURCE_DIRS
+    from harness.provenance import source_digest as cached
 
     source_digest = cached.__wrapped__     # the process-wide memo would hide the edits below
     for name in SOURCE_DIRS:

@@ -26,8 +26,8 @@ import torch
 
 from attacks import controls
 from metrics.intervals import Estimate, mean_ci
-from metrics.proportions import proportion_ci
 from metrics.privacy import token_prf
+from metrics.proportions import proportion_ci
 
 Attacker = Callable[[Sequence[Sequence[int]]], list[torch.Tensor]]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from attacks import controls
 from metrics.intervals import mean_ci
-from metrics.proportions import proportion_ci
 from metrics.privacy import token_prf
+from metrics.proportions import proportion_ci
 
 
 def _top1(ref: Sequence[int], hyp: Sequence[int]) -> float:

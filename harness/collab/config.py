@@ -12,11 +12,11 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness import placement as placement_check
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
-from harness.placement import Placement
-from harness import placement as placement_check
 from harness.group_schemas import check_model
+from harness.placement import Placement
 
 FUSION_MODES = ("cloud", "edge")
 BENCHMARKS = ("builtin", "pubmedqa", "dolly")

@@ -11,10 +11,10 @@ from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness import placement as placement_check
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
-from harness import placement as placement_check
 
 CORPUS_SOURCES = ("builtin", "text", "hub")
 PROBE_TARGETS = ("current", "next")

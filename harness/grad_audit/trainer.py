@@ -23,7 +23,6 @@ the view and used only to score the attacks.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import torch

@@ -23,7 +23,6 @@ share 1 − q of them is clipped and the noise scales with the clipped norm.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

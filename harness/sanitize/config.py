@@ -16,9 +16,9 @@ from typing import Any, List, Optional
 from omegaconf import MISSING, DictConfig
 
 from harness import checks
+from harness import placement as placement_check
 from harness.errors import UserError
 from harness.placement import Placement
-from harness import placement as placement_check
 
 DISTANCES = ("euclidean", "cosine")
 EMBEDDINGS = ("victim",)           # or a path to a .pt / .npy table of shape (vocab, d)

@@ -18,14 +18,22 @@ from torch import nn
 
 from harness import configurations
 from harness.adversary_view import AdversaryView
-from harness.devices import detect_tee_kind, resolve_accelerator, set_tee_threads, cpu_description
+from harness.devices import cpu_description, detect_tee_kind, resolve_accelerator, set_tee_threads
 from harness.errors import UserError
 from harness.progress import progress
 from harness.split.architectures import OFFLOADABLE, architecture_of
 from harness.split.boundary import Boundary, Stopwatch
 from harness.split.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
 from harness.split.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_bytes
-from harness.split.offload import CATEGORY, Installed, MemberLinear, OffloadedOp, TimedLinear, all_op_instances, op_linears
+from harness.split.offload import (
+    CATEGORY,
+    Installed,
+    MemberLinear,
+    OffloadedOp,
+    TimedLinear,
+    all_op_instances,
+    op_linears,
+)
 from harness.split.sensitivity import as_dicts, sensitivity_table
 
 CONF_PRIMARY = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"

@@ -10,10 +10,10 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from harness import placement as placement_check
 from harness.checks import check_at_least, check_choice, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
-from harness import placement as placement_check
 
 DATA_SOURCES = ("builtin", "text", "jsonl", "hub")
 PARTITIONS = ("iid", "dirichlet")

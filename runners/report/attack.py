@@ -22,8 +22,18 @@ from typing import Any
 
 from attacks import controls
 from harness import configurations
-from runners.report.format import (ci, configuration_label, file_slug, fmt_ci, fmt_eps, gaussian, md_table, num,
-                                   rank, tagged)
+from runners.report.format import (
+    ci,
+    configuration_label,
+    file_slug,
+    fmt_ci,
+    fmt_eps,
+    gaussian,
+    md_table,
+    num,
+    rank,
+    tagged,
+)
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.report import example_responses
 from harness import configurations
+from runners.report import example_responses
 from runners.report.fidelity_rows import FidelityGroup, FidelityRow
-from runners.report.format import (fmt_ci, md_table, num, rank, uses_epsilon)
+from runners.report.format import fmt_ci, md_table, num, rank, uses_epsilon
 from runners.report.plotting import DASHES, Figures, pyplot, save, series_style
 from runners.report.runs import Run, finished_runs
 

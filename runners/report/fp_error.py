@@ -11,8 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runners.report.format import (configuration_label, file_slug, fmt_auto, fmt_pct, md_table, num, rank, tagged,
-                                   uses_epsilon)
+from runners.report.format import (
+    configuration_label,
+    file_slug,
+    fmt_auto,
+    fmt_pct,
+    md_table,
+    num,
+    rank,
+    tagged,
+    uses_epsilon,
+)
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 

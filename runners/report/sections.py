@@ -16,8 +16,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from runners.report import (attack, calibration, collab, controlled_error, fidelity, fp_error, grad_audit, restore,
-                            sanitize, sequential_attack, splitft, timing, tradeoff)
+from runners.report import (
+    attack,
+    calibration,
+    collab,
+    controlled_error,
+    fidelity,
+    fp_error,
+    grad_audit,
+    restore,
+    sanitize,
+    sequential_attack,
+    splitft,
+    timing,
+    tradeoff,
+)
 from runners.report.plotting import Figures
 from runners.report.runs import Run
 

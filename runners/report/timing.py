@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from harness import configurations
-from runners.report.format import (configuration_label, file_slug, fmt_ratio, fmt_seconds, md_table,
-                                   num, tagged, uses_epsilon)
+from runners.report.format import (
+    configuration_label,
+    file_slug,
+    fmt_ratio,
+    fmt_seconds,
+    md_table,
+    num,
+    tagged,
+    uses_epsilon,
+)
 from runners.report.plotting import Figures, pyplot, save
 from runners.report.runs import Run, cpu_fallback, finished_runs
 
