@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from runners.report import wandb_report
 from runners.report.document import ReportError, build
-from runners.report.runs import Selection
+from runners.report.runs import Selection, scan
 from runners.report.sections import SECTIONS
 
 PROG = "splitbench-report"
@@ -56,13 +56,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _wandb(args: argparse.Namespace, result: dict[str, Any], out: Path) -> str:
     """The W&B step of `--wandb`: save the report, or write its definition and say how to push it."""
     entity, project = wandb_report.parse_target(args.wandb)
-    definition = wandb_report.plan(result["selection"].finished, entity, project, str(args.dir))
+    finished = result["selection"].finished
+    definition = wandb_report.plan(finished, entity, project, str(args.dir))
     online, why = wandb_report.can_go_online()
     if online:
         return f"{PROG}: saved the W&B report {wandb_report.save(definition)}"
     path = wandb_report.write_definition(definition, out)
+    offline = wandb_report.offline_runs(args.dir)
+    # The report's run sets select mirrored runs: offline ones must reach the project before it is pushed.
+    sync = (f"wandb sync --entity {entity} --project {project} {' '.join(str(p) for p in offline)} && "
+            if offline else "")
     return (f"{PROG}: W&B offline ({why}): wrote the report definition {path}; push it from a machine with "
-            f"W&B access: {PROG} --wandb-push {path}")
+            f"W&B access: {sync}{PROG} --wandb-push {path}")
 
 
 def _push(path: Path) -> int:
@@ -85,8 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tags = [t.strip() for item in args.include_tagged for t in item.split(",") if t.strip()]
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     try:
+        if args.wandb:  # before report.md is written: a report on the wrong project would select no run
+            wandb_report.check_target([r for r in scan(args.dir) if r.state == "ok"],
+                                      *wandb_report.parse_target(args.wandb))
         result = build(args.dir, args.out or args.dir, tags, command=command)
-    except ReportError as exc:
+    except (wandb_report.WandbReportError, ReportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(summary_text(result), flush=True)
