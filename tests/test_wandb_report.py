@@ -141,3 +141,25 @@ def test_offline_message_gives_the_sync_command_for_offline_runs(tmp_path, monke
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith(
         f"push it from a machine with W&B access: wandb sync --entity team --project proj {offline} && "
         f"splitbench-report --wandb-push {definition}")
+
+
+def test_mirror_replays_never_mirrored_runs_into_offline_wandb_runs(tmp_path, monkeypatch, capsys):
+    """--mirror: a finished logger=none run becomes an offline W&B run (the real wandb, WANDB_MODE=offline)
+    under its directory, and the sync command names it."""
+    root = tmp_path / "runs"
+    _run(root, "splitft/a", experiment="splitft", experiment_name="splitft", configuration="t3", epsilon=None,
+         metrics={"train_loss": 2.0}, provenance={"config": {
+             "runner": "splitft", "experiment_name": "splitft", "tags": [], "seed": 0,
+             "logger": {"name": "none", "entity": None, "project": "splitbench", "mode": "offline", "group": None}}})
+    (root / "splitft" / "a" / "samples.jsonl").write_text('{"id": "p0", "ce": 1.5}\n')
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert cli.main([str(root), "--out", str(tmp_path / "rep"), "--wandb", "team/proj", "--mirror"]) == 0
+    (offline,) = wandb_report.offline_runs(root)
+    assert offline.parent == root / "splitft" / "a" / "wandb"
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2] == "splitbench-report: mirrored 1 never-mirrored run(s) offline"
+    assert f"wandb sync --entity team --project proj {offline} && splitbench-report --wandb-push" in out[-1]
+    # A second --mirror finds it mirrored already and replays nothing.
+    assert cli.main([str(root), "--out", str(tmp_path / "rep"), "--wandb", "team/proj", "--mirror"]) == 0
+    assert "mirrored 0 never-mirrored" in capsys.readouterr().out and len(wandb_report.offline_runs(root)) == 1

@@ -154,6 +154,30 @@ def offline_runs(root: Path) -> list[Path]:
     return sorted(Path(root).rglob("wandb/offline-run-*"))
 
 
+def replay(runs: Sequence[Run], entity: str, project: str) -> list[Run]:
+    """Mirror the finished runs that never were (logger=none) into offline W&B runs under their run
+    directories (`wandb sync` pushes them), from results.json, samples.jsonl and the resolved config in
+    their provenance, through the same mirror a run uses (harness/wandb_mirror.py). Offline always: the
+    report's sync command then covers them. Returns the runs mirrored."""
+    from omegaconf import OmegaConf
+
+    from harness.wandb_mirror import mirror
+
+    done = []
+    for run in runs:
+        config = run.provenance.get("config")
+        if run.state != "ok" or not config or mirrored_projects([run]) or offline_runs(run.path):
+            continue
+        cfg = OmegaConf.create(config)
+        cfg.logger.update({"name": "wandb", "entity": entity, "project": project, "mode": "offline"})
+        samples_file = run.path / "samples.jsonl"
+        samples = ([json.loads(line) for line in samples_file.read_text().splitlines() if line.strip()]
+                   if samples_file.exists() else [])
+        if mirror(cfg, run.path, run.data, samples, name=run.rel):
+            done.append(run)
+    return done
+
+
 def plan(runs: Sequence[Run], entity: str, project: str, source: str, title: str | None = None) -> dict[str, Any]:
     """The report's definition: JSON, no W&B objects, so it can be written offline and pushed later."""
     sections: list[dict[str, Any]] = []
