@@ -95,7 +95,8 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
             reinit="finish_previous",
         )
         metrics = {k: v for k, v in (results.get("metrics") or {}).items() if _scalar(v)}
-        for key in ("status", "configuration", "epsilon", "n_prompts"):
+        # tokens_per_second: generation runners record one aggregate rate, no per-step series.
+        for key in ("status", "configuration", "epsilon", "n_prompts", "tokens_per_second"):
             if results.get(key) is not None:
                 metrics[key] = results[key]
         run.summary.update(metrics)

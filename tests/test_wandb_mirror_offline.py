@@ -116,3 +116,10 @@ def test_grad_audit_run_mirrors_one_loss_curve_per_scored_seed(tmp_path, init_ca
     keys = {f"loss/{s['phase']}_seed{s['seed']}" for s in results["seeds"]}
     assert set(history[0][1]) == keys
     assert {s["final_loss"] for s in results["seeds"]} == set(history[-1][1].values())
+
+
+def test_generation_rate_reaches_the_summary(tmp_path, init_calls):
+    _, run = init_calls
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {"bleu": 1.0}, "tokens_per_second": 42.5},
+                               [], name="x")
+    assert run.summary["tokens_per_second"] == 42.5 and run.summary["bleu"] == 1.0
