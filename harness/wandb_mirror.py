@@ -74,14 +74,14 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
         _warn("the wandb package is not installed (pip install wandb)")
         return False
     mode = os.environ.get("WANDB_MODE") or logger.mode
-    if mode == "online":
-        why = unreachable(float(logger.connect_timeout_s))
-        if why is not None:
-            print(f"splitbench: warning: W&B host {why} is unreachable; mirroring offline instead "
-                  f"(push later with `wandb sync {run_dir}/wandb/offline-run-*`)", file=sys.stderr)
-            mode = "offline"
     run = None
     try:
+        if mode == "online":  # inside the try: a config without connect_timeout_s (an old run's) only warns
+            why = unreachable(float(logger.connect_timeout_s))
+            if why is not None:
+                print(f"splitbench: warning: W&B host {why} is unreachable; mirroring offline instead "
+                      f"(push later with `wandb sync {run_dir}/wandb/offline-run-*`)", file=sys.stderr)
+                mode = "offline"
         run = wandb.init(
             project=logger.project,
             entity=logger.entity,
@@ -95,7 +95,8 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
             reinit="finish_previous",
         )
         metrics = {k: v for k, v in (results.get("metrics") or {}).items() if _scalar(v)}
-        for key in ("status", "configuration", "epsilon", "n_prompts"):
+        # tokens_per_second: generation runners record one aggregate rate, no per-step series.
+        for key in ("status", "configuration", "epsilon", "n_prompts", "tokens_per_second"):
             if results.get(key) is not None:
                 metrics[key] = results[key]
         run.summary.update(metrics)

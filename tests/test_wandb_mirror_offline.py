@@ -100,3 +100,26 @@ def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
     steps = [step for step, _ in run.logged if step is not None]
     assert steps == [r["round"] for r in results["rounds"]] and len(steps) >= 1
     assert all("train_loss" in data for step, data in run.logged if step is not None)
+
+
+def test_grad_audit_run_mirrors_one_loss_curve_per_scored_seed(tmp_path, init_calls):
+    import json
+
+    from .conftest import run_cli_in_process
+
+    _, run = init_calls
+    res = run_cli_in_process(["experiment=grad_audit_smoke", "logger=wandb"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (results,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("results.json")]
+    history = [(step, data) for step, data in run.logged if step is not None]
+    assert len(history) >= 2 and [step for step, _ in history] == list(range(len(history)))
+    keys = {f"loss/{s['phase']}_seed{s['seed']}" for s in results["seeds"]}
+    assert set(history[0][1]) == keys
+    assert {s["final_loss"] for s in results["seeds"]} == set(history[-1][1].values())
+
+
+def test_generation_rate_reaches_the_summary(tmp_path, init_calls):
+    _, run = init_calls
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {"bleu": 1.0}, "tokens_per_second": 42.5},
+                               [], name="x")
+    assert run.summary["tokens_per_second"] == 42.5 and run.summary["bleu"] == 1.0

@@ -37,8 +37,10 @@ def test_plan_lays_out_table2_and_table6_per_group(tmp_path):
     _sweep(tmp_path)
     plan = wandb_report.plan(scan(tmp_path), "team", "splitbench", str(tmp_path))
     headings = [s["heading"] for s in plan["sections"]]
-    assert headings == ["Table 2: output fidelity (table2-sweep)", "Table 6: prompt reconstruction (attack)"]
-    table2, table6 = plan["sections"]
+    assert headings == ["Table 2: output fidelity (table2-sweep)", "Table 6: prompt reconstruction (attack)",
+                        "timing (timing)"]   # every other experiment gets a generic section
+    table2, table6, timing = plan["sections"]
+    assert timing["panels"] == []   # the timing run here reports no numeric metric
     # One run set per configuration, selecting the mirror's job type, group and configuration.
     assert [rs["name"] for rs in table2["runsets"]] == ["t3", "ep1"]
     assert table2["runsets"][1]["filters"] == ("JobType = 'fidelity' and Group = 'table2-sweep' and "
@@ -99,3 +101,65 @@ def test_bad_wandb_arguments_are_one_line(tmp_path, monkeypatch, capsys, argv, m
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"splitbench-report: error: {message}")
+
+
+def _mirrored(root: Path, rel: str, experiment: str, project: str, **metrics) -> None:
+    _run(root, rel, experiment=experiment, experiment_name=experiment, configuration="t3", epsilon=None,
+         metrics=metrics, provenance={"config": {"runner": experiment, "logger": {
+             "name": "wandb", "entity": None, "project": project, "group": None}}})
+
+
+def test_every_system_gets_a_generic_section(tmp_path):
+    """A split fine-tuning sweep (no Table 2/6 runs) is a report too: its shared numeric metrics per configuration."""
+    _mirrored(tmp_path, "splitft/a", "splitft", "proj", train_loss=2.0, H=0.1, note_only_here=1.0)
+    _mirrored(tmp_path, "splitft/b", "splitft", "proj", train_loss=1.5, H=0.2)
+    (section,) = wandb_report.plan(scan(tmp_path), "team", "proj", str(tmp_path))["sections"]
+    assert section["heading"] == "splitft (splitft)"
+    assert section["panels"][0]["metrics"] == ["H", "train_loss"]
+    assert section["runsets"][0]["filters"].startswith("JobType = 'splitft' and Group = 'splitft'")
+
+
+def test_a_project_the_runs_were_not_mirrored_to_is_refused(tmp_path, monkeypatch, capsys):
+    _mirrored(tmp_path / "runs", "splitft/a", "splitft", "proj", train_loss=2.0)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(SystemExit) as stop:
+        cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--wandb", "team/other"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("splitbench-report: error: the runs were mirrored to ENTITY/proj, not team/other; "
+                    "give --wandb ENTITY/proj")
+    assert not (tmp_path / "rep").exists()   # refused before anything is written
+
+
+def test_offline_message_gives_the_sync_command_for_offline_runs(tmp_path, monkeypatch, capsys):
+    _mirrored(tmp_path / "runs", "splitft/a", "splitft", "proj", train_loss=2.0)
+    offline = tmp_path / "runs" / "splitft" / "a" / "wandb" / "offline-run-20261204_000000-abc"
+    offline.mkdir(parents=True)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--wandb", "team/proj"]) == 0
+    definition = tmp_path / "rep" / wandb_report.DEFINITION_FILE
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith(
+        f"push it from a machine with W&B access: wandb sync --entity team --project proj {offline} && "
+        f"splitbench-report --wandb-push {definition}")
+
+
+def test_mirror_replays_never_mirrored_runs_into_offline_wandb_runs(tmp_path, monkeypatch, capsys):
+    """--mirror: a finished logger=none run becomes an offline W&B run (the real wandb, WANDB_MODE=offline)
+    under its directory, and the sync command names it."""
+    root = tmp_path / "runs"
+    _run(root, "splitft/a", experiment="splitft", experiment_name="splitft", configuration="t3", epsilon=None,
+         metrics={"train_loss": 2.0}, provenance={"config": {
+             "runner": "splitft", "experiment_name": "splitft", "tags": [], "seed": 0,
+             "logger": {"name": "none", "entity": None, "project": "splitbench", "mode": "offline", "group": None}}})
+    (root / "splitft" / "a" / "samples.jsonl").write_text('{"id": "p0", "ce": 1.5}\n')
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert cli.main([str(root), "--out", str(tmp_path / "rep"), "--wandb", "team/proj", "--mirror"]) == 0
+    (offline,) = wandb_report.offline_runs(root)
+    assert offline.parent == root / "splitft" / "a" / "wandb"
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2] == "splitbench-report: mirrored 1 never-mirrored run(s) offline"
+    assert f"wandb sync --entity team --project proj {offline} && splitbench-report --wandb-push" in out[-1]
+    # A second --mirror finds it mirrored already and replays nothing.
+    assert cli.main([str(root), "--out", str(tmp_path / "rep"), "--wandb", "team/proj", "--mirror"]) == 0
+    assert "mirrored 0 never-mirrored" in capsys.readouterr().out and len(wandb_report.offline_runs(root)) == 1

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from runners.report import wandb_report
 from runners.report.document import ReportError, build
-from runners.report.runs import Selection
+from runners.report.runs import Selection, scan
 from runners.report.sections import SECTIONS
 
 PROG = "splitbench-report"
@@ -42,9 +42,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="also build a W&B comparison report of the sweep (runs mirrored with logger=wandb): "
                              "saved when W&B is reachable, else its definition is written to OUT/"
                              f"{wandb_report.DEFINITION_FILE}")
+    parser.add_argument("--mirror", action="store_true",
+                        help="with --wandb: first mirror the finished runs that never were (logger=none) into "
+                             "offline W&B runs under their directories, replayed from results.json")
     parser.add_argument("--wandb-push", metavar="FILE", type=Path, default=None,
                         help="save a report definition written offline by --wandb (needs W&B online)")
     args = parser.parse_args(argv)
+    if args.mirror and args.wandb is None:
+        parser.error("--mirror needs --wandb ENTITY/PROJECT (the project the runs are mirrored to)")
     if (args.dir is None) == (args.wandb_push is None):
         parser.error("give a run or sweep directory, or --wandb-push FILE (not both)")
     if args.wandb is not None:
@@ -58,13 +63,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _wandb(args: argparse.Namespace, result: dict[str, Any], out: Path) -> str:
     """The W&B step of `--wandb`: save the report, or write its definition and say how to push it."""
     entity, project = wandb_report.parse_target(args.wandb)
-    definition = wandb_report.plan(result["selection"].finished, entity, project, str(args.dir))
+    finished = result["selection"].finished
+    replayed = wandb_report.replay(finished, entity, project) if args.mirror else []
+    definition = wandb_report.plan(finished, entity, project, str(args.dir))
+    note = f"{PROG}: mirrored {len(replayed)} never-mirrored run(s) offline\n" if args.mirror else ""
+    # The report's run sets select mirrored runs: offline ones must reach the project to show in it.
+    offline = wandb_report.offline_runs(args.dir)
+    sync = (f"wandb sync --entity {entity} --project {project} {' '.join(str(p) for p in offline)}"
+            if offline else "")
     online, why = wandb_report.can_go_online()
     if online:
-        return f"{PROG}: saved the W&B report {wandb_report.save(definition)}"
+        return (f"{note}{PROG}: saved the W&B report {wandb_report.save(definition)}"
+                + (f"; runs mirrored offline show in it once synced: {sync}" if sync else ""))
     path = wandb_report.write_definition(definition, out)
-    return (f"{PROG}: W&B offline ({why}): wrote the report definition {path}; push it from a machine with "
-            f"W&B access: {PROG} --wandb-push {path}")
+    return (f"{note}{PROG}: W&B offline ({why}): wrote the report definition {path}; push it from a machine "
+            f"with W&B access: {sync + ' && ' if sync else ''}{PROG} --wandb-push {path}")
 
 
 def _push(path: Path) -> int:
@@ -87,8 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tags = [t.strip() for item in args.include_tagged for t in item.split(",") if t.strip()]
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     try:
+        if args.wandb:  # before report.md is written: a report on the wrong project would select no run
+            wandb_report.check_target([r for r in scan(args.dir) if r.state == "ok"],
+                                      *wandb_report.parse_target(args.wandb))
         result = build(args.dir, args.out or args.dir, tags, command=command)
-    except ReportError as exc:
+    except (wandb_report.WandbReportError, ReportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(summary_text(result), flush=True)

@@ -9,7 +9,9 @@ to decide what the report shows (which experiments, groups and configurations it
   configuration, and the paper's Table 2 panel (every metric per configuration, bars);
 - per group of attack runs: the Table 6 panel (reconstruction token F1 / precision / recall, semantic
   similarity and the Bayes attacker's top-1 per configuration and attacked component), token F1 against
-  ε, and the chance floor beside it.
+  ε, and the chance floor beside it;
+- per group of any other experiment's runs (split fine-tuning, timing, the gradient audit, ...): a generic
+  comparison panel, every numeric summary metric the group's runs share, per configuration.
 
 The definition (`plan`) is plain JSON. With W&B reachable (an API key, WANDB_MODE neither offline nor
 disabled) the report is saved and its URL printed; otherwise the definition is written to a file, with
@@ -104,17 +106,91 @@ def _attack_section(group: str, runs: Sequence[Run]) -> dict[str, Any]:
             "runsets": _runsets("attack", group, configurations), "panels": panels}
 
 
+GENERIC_METRICS_MAX = 12  # a bar panel with more metrics than this is unreadable; the rest stay in report.md
+
+
+def _job_type(run: Run) -> str:
+    """The W&B job_type the mirror gave the run: the runner (cfg.runner)."""
+    return str((run.provenance.get("config") or {}).get("runner") or run.experiment)
+
+
+def _generic_section(group: str, runs: Sequence[Run]) -> dict[str, Any]:
+    configurations = _configurations(runs)
+    shared = set.intersection(*({k for k, v in r.metrics.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)} for r in runs))
+    metrics = sorted(shared)[:GENERIC_METRICS_MAX]
+    experiment = runs[0].experiment
+    panels = [{"type": "bar", "title": f"{experiment}: metrics per configuration", "metrics": metrics,
+               "groupby": "configuration.name"}] if metrics else []
+    return {"heading": f"{experiment} ({group})",
+            "text": (f"{len(runs)} finished {experiment} run(s), configurations {', '.join(configurations)}; "
+                     f"{len(metrics)} of the {len(shared)} numeric metrics every run reports (alphabetical); "
+                     "the full tables are in the local report.md."),
+            "runsets": _runsets(_job_type(runs[0]), group, configurations), "panels": panels}
+
+
+def mirrored_projects(runs: Sequence[Run]) -> set[tuple[str | None, str]]:
+    """(entity, project) of every run mirrored with logger=wandb, as its provenance records the config."""
+    found = set()
+    for r in runs:
+        logger = (r.provenance.get("config") or {}).get("logger") or {}
+        if logger.get("name") == "wandb":
+            found.add((logger.get("entity"), str(logger.get("project"))))
+    return found
+
+
+def check_target(runs: Sequence[Run], entity: str, project: str) -> None:
+    """Refuse a report on a project the runs were not mirrored to: its run sets would match no run."""
+    # entity null in the config: the API key's default entity, which only the server knows; ENTITY stands for it.
+    wrong = sorted({f"{e or 'ENTITY'}/{p}" for e, p in mirrored_projects(runs)
+                    if p != project or (e is not None and e != entity)})
+    if wrong:
+        raise WandbReportError(f"the runs were mirrored to {', '.join(wrong)}, not {entity}/{project}"
+                               + (f"; give --wandb {wrong[0]}" if len(wrong) == 1 else ""))
+
+
+def offline_runs(root: Path) -> list[Path]:
+    """The offline W&B run directories the mirror left under the run directories (`wandb sync` pushes them)."""
+    return sorted(Path(root).rglob("wandb/offline-run-*"))
+
+
+def replay(runs: Sequence[Run], entity: str, project: str) -> list[Run]:
+    """Mirror the finished runs that never were (logger=none) into offline W&B runs under their run
+    directories (`wandb sync` pushes them), from results.json, samples.jsonl and the resolved config in
+    their provenance, through the same mirror a run uses (harness/wandb_mirror.py). Offline always: the
+    report's sync command then covers them. Returns the runs mirrored."""
+    from omegaconf import OmegaConf
+
+    from harness.wandb_mirror import mirror
+
+    done = []
+    for run in runs:
+        config = run.provenance.get("config")
+        if run.state != "ok" or not config or mirrored_projects([run]) or offline_runs(run.path):
+            continue
+        cfg = OmegaConf.create(config)
+        cfg.logger.update({"name": "wandb", "entity": entity, "project": project, "mode": "offline"})
+        samples_file = run.path / "samples.jsonl"
+        samples = ([json.loads(line) for line in samples_file.read_text().splitlines() if line.strip()]
+                   if samples_file.exists() else [])
+        if mirror(cfg, run.path, run.data, samples, name=run.rel):
+            done.append(run)
+    return done
+
+
 def plan(runs: Sequence[Run], entity: str, project: str, source: str, title: str | None = None) -> dict[str, Any]:
     """The report's definition: JSON, no W&B objects, so it can be written offline and pushed later."""
     sections: list[dict[str, Any]] = []
-    for experiment, build in (("fidelity", _fidelity_section), ("attack", _attack_section)):
-        chosen = [r for r in runs if r.state == "ok" and r.experiment == experiment]
+    finished = [r for r in runs if r.state == "ok"]
+    specific = {"fidelity": _fidelity_section, "attack": _attack_section}
+    experiments = [*specific, *sorted({r.experiment for r in finished} - set(specific))]
+    for experiment in experiments:
+        build = specific.get(experiment, _generic_section)
+        chosen = [r for r in finished if r.experiment == experiment]
         for group in sorted({_group(r) for r in chosen}):
             sections.append(build(group, [r for r in chosen if _group(r) == group]))
     if not sections:
-        found = sorted({r.experiment for r in runs})
-        raise WandbReportError(f"no finished fidelity or attack runs to put in a W&B report (found: "
-                               f"{', '.join(found) or 'none'})")
+        raise WandbReportError("no finished runs to put in a W&B report")
     return {"format": FORMAT, "entity": entity, "project": project,
             "title": title or f"splitbench: {Path(source).name or source}",
             "description": f"splitbench comparison report of the sweep in {source} (runs mirrored with logger=wandb)",
