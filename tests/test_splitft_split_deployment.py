@@ -70,10 +70,11 @@ def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = fr
 GUARD = {"grad_up": {"clip": 0.01, "noise_multiplier": 0.5}}
 
 
-# The default suite keeps NoPeek (the replayed forward is the subtle part); splitft_none is covered by the
-# two-round comparison below, and the other variants run with -m slow (each is a Flower simulation, ~40 s).
+# Each variant is a Flower simulation (~35 s on 2 cores): they run with -m slow; the default suite keeps the
+# two-round comparison with federation.simulate below (splitft_none).
 @pytest.mark.parametrize("configuration,epsilon,extra", [
-    pytest.param("splitft_none", None, {}, marks=pytest.mark.slow), ("nopeek", 0.5, {}),
+    pytest.param("splitft_none", None, {}, marks=pytest.mark.slow),
+    pytest.param("nopeek", 0.5, {}, marks=pytest.mark.slow),
     pytest.param("splitft_none", None, {"train_head": False}, marks=pytest.mark.slow),
     pytest.param("splitft_none", None, GUARD, marks=pytest.mark.slow)],
                          ids=["none", "nopeek", "a_frozen", "grad_up_guard"])

@@ -87,6 +87,7 @@ def test_step_history_merges_series_by_step():
         {"step": 0, "loss/a": 3.0, "loss/b": 4.0}, {"step": 1, "loss/a": 2.0}]
 
 
+@pytest.mark.slow   # a Flower simulation (~40 s); the grad audit test below covers the history path by default
 def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
     """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""
     import json
