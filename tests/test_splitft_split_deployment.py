@@ -18,6 +18,7 @@ from harness.models import load_model
 from harness.splitft.client import ClientTrainer, Recipe, write_recipe
 from harness.splitft.data import load_split_data
 
+from . import test_splitft
 from .conftest import CONF
 from .conftest import model_cfg as _model_cfg
 
@@ -141,37 +142,9 @@ def test_the_split_client_holds_no_b(tmp_path):
         client.part.body(s_a, client.part.context(s_a))
 
 
-APP_TOML = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "splitftsplit"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "splitbench"
-
-[tool.flwr.app.components]
-serverapp = "harness.splitft.split_deployment:serverapp"
-clientapp = "harness.splitft.split_deployment:clientapp"
-
-[tool.flwr.app.config]
-recipe = "{recipe}"
-sink = "{sink}"
-"""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The deployment test's Flower app (tests/test_splitft.py), naming the split deployment's apps instead.
+APP_TOML = (test_splitft.APP_TOML.replace('name = "splitftapp"', 'name = "splitftsplit"')
+            .replace("harness.splitft.deployment:", "harness.splitft.split_deployment:"))
 
 
 @pytest.mark.slow
@@ -185,7 +158,7 @@ def test_split_deployment_on_loopback(tmp_path):
     app = tmp_path / "app"
     app.mkdir()
     (app / "pyproject.toml").write_text(APP_TOML.format(recipe=path, sink=sink))
-    link = _free_port()
+    link = test_splitft._free_port()
     home = tmp_path / "flwr"
     home.mkdir()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
@@ -205,7 +178,7 @@ def test_split_deployment_on_loopback(tmp_path):
         for partition in (0, 1):
             procs.append(subprocess.Popen(
                 [bin_dir / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}", "--host", "127.0.0.1",
-                 "--port", str(_free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
+                 "--port", str(test_splitft._free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
                 env=env, cwd=tmp_path, stdout=logs[1 + partition], stderr=subprocess.STDOUT))
         time.sleep(8)
         done = subprocess.run([bin_dir / "flwr", "run", str(app), "loopback", "--stream"], env=env, cwd=tmp_path,

@@ -309,13 +309,7 @@ class SplitEngine:
         self._reset_slalom()
         counters_before = self.boundary.counters()
         device = self.run_device
-        ids = torch.full((batch, longest), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, longest), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, longest - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[row, longest - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = left_padded(prompts, longest, pad_token_id, device)
 
         from transformers import DynamicCache
 
@@ -418,13 +412,7 @@ class SplitEngine:
         self._prepare_banks(batch * longest, batch * longest)   # every position reaches the LM head here
         self._reset_slalom()
         device = self.run_device
-        ids = torch.full((batch, longest), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, longest), dtype=torch.long)
-        for row, s in enumerate(sequences):
-            ids[row, longest - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[row, longest - len(s):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = left_padded(sequences, longest, pad_token_id, device)
         moved = device.type != "cpu"
         if moved:
             self.model.to(device)
@@ -497,6 +485,19 @@ class SplitEngine:
             "refills": sum(b.stats.refills for b in banks),
             "pieces": sum(b.stats.pieces for b in banks),
         }
+
+
+def left_padded(sequences: list[list[int]], longest: int, pad_token_id: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids, attention mask and position ids of a left-padded batch: row r holds sequence r in its last
+    len_r positions (the layout attacks/capture.py reads back), positions counted from each row's first token."""
+    ids = torch.full((len(sequences), longest), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, longest - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[row, longest - len(seq):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _timings(totals: dict, total_s: float, prefill_s: float, bank_precompute: float) -> dict[str, float]:
