@@ -9,10 +9,10 @@ table; none of them spells a configuration's rule out again.
 Every configuration belongs to one system (SpliTEE's split inference, the token sanitisers, split
 fine-tuning, cloud-edge decoding, the gradient audit): its `system` says which runners can run it
 (runners/registry.py SYSTEMS) and which channel of the adversary view its attacks read. Each system
-declares its configurations in its own tuple below; REGISTRY is their union, so names are unique across
-systems.
+declares its configurations in its entry of the systems registry (harness/systems.py); REGISTRY here is
+their union, so names are unique across systems.
 
-Adding a configuration: one `Configuration(...)` entry in its system's tuple and one
+Adding a configuration: one `Configuration(...)` in its system's entry of harness/systems.py and one
 conf/configuration/NAME.yaml (its name and a description). A SpliTEE mechanism that does not exist yet also
 needs a class in harness/split/mechanisms.py, named by `mechanism`.
 """
@@ -20,130 +20,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from harness import systems
 from harness.errors import UserError
 
-# Where the whole model (or, for split configurations, everything but the offloaded ops) runs.
-HOST_CPU, ACCELERATOR, TEE = "host_cpu", "accelerator", "tee"
-# How a privacy parameter becomes a per-row ε (the factor is then sigma_scale / ε):
-CONSTANT = "constant"              # the `epsilon` knob itself, for every row (EP1)
-INVERSE_SQRT_N = "inverse_sqrt_n"  # ε = 1/√n for a prompt of n tokens; no knob (EPN, paper §7.3.1)
-# The knob is the mechanism's own privacy parameter, passed to it as it is (η of a dχ sanitiser, the ε of
-# CusText+, a defence's strength); no Gaussian masks are derived from it here.
-OWN_PARAMETER = "own_parameter"
-# The unit of a dχ-privacy parameter η: the mechanism's guarantee scales with η·d(x, x').
-DCHI = "dχ-privacy per unit of embedding distance"
-# Systems (results.json `system`, adversary-view meta `system`).
-SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT = "splitee", "sanitize", "splitft", "collab", "grad_audit"
-
-
-@dataclass(frozen=True)
-class Configuration:
-    name: str
-    runs_on: str                      # host_cpu | accelerator | tee; the other systems: clients | edge | local
-    split: bool = False               # linear ops offloaded through the Boundary to the accelerator
-    mechanism: str | None = None      # harness/split/mechanisms.py: plain | gaussian | slalom (split only)
-    epsilon_rule: str | None = None   # CONSTANT | INVERSE_SQRT_N: Gaussian masks whose σ follows ε
-    # The name the mechanism's own paper gives its privacy parameter, and what its value measures (results.json
-    # `privacy_parameter`, beside `epsilon`: privacy_parameter below).
-    parameter_name: str | None = None
-    parameter_unit: str | None = None
-    system: str = SPLITEE
-
-    @property
-    def uses_epsilon(self) -> bool:
-        """Whether the `epsilon` knob changes what this configuration computes."""
-        return self.epsilon_rule in (CONSTANT, OWN_PARAMETER)
-
-    @property
-    def gaussian(self) -> bool:
-        """Whether what crosses carries SpliTEE's Gaussian masks calibrated to an ε (EP1, EPN)."""
-        return self.epsilon_rule in (CONSTANT, INVERSE_SQRT_N)
-
-    @property
-    def in_tee(self) -> bool:
-        """Whether part of the computation runs inside the TEE (so the TEE kind is detected and recorded)."""
-        return self.runs_on == TEE
-
-
-# SpliTEE (paper 000): split inference between a TEE and an untrusted accelerator.
-SPLITEE_CONFIGURATIONS: tuple[Configuration, ...] = (
-    Configuration("cpu", HOST_CPU),
-    Configuration("gpu", ACCELERATOR),
-    Configuration("tdx", TEE),
-    Configuration("t3", TEE, split=True, mechanism="plain"),
-    Configuration("ep1", TEE, split=True, mechanism="gaussian", epsilon_rule=CONSTANT, parameter_name="epsilon",
-                  parameter_unit="ε-GDP per exposure"),
-    Configuration("epn", TEE, split=True, mechanism="gaussian", epsilon_rule=INVERSE_SQRT_N),
-    Configuration("slalom", TEE, split=True, mechanism="slalom"),
-)
-# Token-level prompt sanitisers (paper 001; harness/sanitize/).
-# The prompt is sanitised on the client/TEE side, then runs on the accelerator as `gpu` does; the name
-# is the mechanism's (harness/sanitize/mechanisms.py). Stencil is deterministic: no privacy parameter.
-SANITIZE_CONFIGURATIONS: tuple[Configuration, ...] = (
-    Configuration("stencil", ACCELERATOR, system=SANITIZE),
-    Configuration("dx_noise", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta",
-                  parameter_unit=DCHI, system=SANITIZE),
-    Configuration("dx_stencil", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="eta",
-                  parameter_unit=DCHI, system=SANITIZE),
-    Configuration("custext_plus", ACCELERATOR, epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="ε-DP per token (exponential mechanism)", system=SANITIZE),
-)
-# Split federated fine-tuning and its defences (paper 002; harness/splitft/).
-# The knob of each defence is its own strength (harness/splitft/defences.py); splitft_central is the
-# centralised (unsplit, unfederated) fine-tuning reference, splitft_none split FL without a defence.
-SPLITFT_CONFIGURATIONS: tuple[Configuration, ...] = (
-    Configuration("splitft_central", "clients", system=SPLITFT),
-    Configuration("splitft_none", "clients", system=SPLITFT),
-    Configuration("privpair", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="lambda",
-                  parameter_unit="coupling weight (no DP claim)", system=SPLITFT),
-    Configuration("smashed_dp_gaussian", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="(ε, δ)-DP per token and exposure, δ = splitft.dp.delta", system=SPLITFT),
-    Configuration("smashed_dp_laplace", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="ε-DP per token and exposure", system=SPLITFT),
-    Configuration("embedding_dx", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="eta",
-                  parameter_unit=DCHI, system=SPLITFT),
-    Configuration("nopeek", "clients", epsilon_rule=OWN_PARAMETER, parameter_name="alpha",
-                  parameter_unit="weight of the dCor loss (no DP claim)", system=SPLITFT),
-)
-# Cloud-edge collaborative decoding and its defences (paper 003; harness/collab/).
-COLLAB_CONFIGURATIONS: tuple[Configuration, ...] = (
-    Configuration("collab_none", "edge", system=COLLAB),
-    Configuration("coveil", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="lambda",
-                  parameter_unit="penalty weight of the privacy term (no DP claim)", system=COLLAB),
-    Configuration("collab_cogenesis", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="B",
-                  parameter_unit="probabilities uploaded per step (no DP claim)", system=COLLAB),
-    Configuration("collab_dp_logit", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="(ε, δ)-DP per step, δ = collab.dp_delta", system=COLLAB),
-    Configuration("collab_dp_fusion", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="Rényi divergence bound per step, order collab.renyi_order", system=COLLAB),
-    Configuration("collab_custext", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="ε-DP per token (exponential mechanism)", system=COLLAB),
-    Configuration("collab_ldp_sampler", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="ε-LDP per token", system=COLLAB),
-    # Its unit follows collab.invisibleink.accounting (runners/collab.py): this one is `sequence`'s.
-    Configuration("collab_invisibleink", "edge", epsilon_rule=OWN_PARAMETER, parameter_name="epsilon",
-                  parameter_unit="(ε, δ)-DP per answer, δ = collab.dp_delta", system=COLLAB),
-)
-# The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
-GRAD_AUDIT_CONFIGURATIONS: tuple[Configuration, ...] = (
-    # The trainer as audited: the returned gradient goes back as it is (exactly zero on the decoys).
-    Configuration("decoy_trainer", "local", system=GRAD_AUDIT),
-    # The mitigation: the returned gradient clipped per row and noised (grad_audit.mitigation, not ε).
-    # Its σ is grad_audit.mitigation.noise_multiplier, not the `epsilon` knob (runners/grad_audit.py records it).
-    Configuration("decoy_mitigated", "local", parameter_name="sigma",
-                  parameter_unit="noise std per unit of the row clip (no DP claim)", system=GRAD_AUDIT),
+# The types and rule names are the systems registry's (harness/systems.py), where every configuration is declared.
+from harness.systems import (  # noqa: F401  (re-exported: every reader names them through this module)
+    ACCELERATOR,
+    COLLAB,
+    CONSTANT,
+    DCHI,
+    GRAD_AUDIT,
+    HOST_CPU,
+    INVERSE_SQRT_N,
+    OWN_PARAMETER,
+    SANITIZE,
+    SPLITEE,
+    SPLITFT,
+    TEE,
+    Configuration,
 )
 
+# Built from the systems registry: every system's configurations, in its entries' order; names are unique
+# across systems.
 REGISTRY: dict[str, Configuration] = {}
-for _c in (SPLITEE_CONFIGURATIONS + SANITIZE_CONFIGURATIONS + SPLITFT_CONFIGURATIONS + COLLAB_CONFIGURATIONS
-           + GRAD_AUDIT_CONFIGURATIONS):
-    assert _c.name not in REGISTRY, f"configuration {_c.name!r} declared twice"
-    REGISTRY[_c.name] = _c
+for _s in systems.SYSTEMS:
+    for _c in _s.configurations:
+        assert _c.name not in REGISTRY, f"configuration {_c.name!r} declared twice"
+        assert _c.system == _s.name, f"configuration {_c.name!r} declared under {_s.name} with system={_c.system!r}"
+        REGISTRY[_c.name] = _c
 NAMES: tuple[str, ...] = tuple(REGISTRY)
-SYSTEMS: tuple[str, ...] = (SPLITEE, SANITIZE, SPLITFT, COLLAB, GRAD_AUDIT)
+SYSTEMS: tuple[str, ...] = systems.NAMES
 
 
 def get(name: str) -> Configuration:

@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib
 import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness import calibration_config, configurations, placement
+from harness import configurations, placement, systems
 from harness.checks import check_at_least, check_choice, check_positive
-from harness.collab import config as collab_config
 from harness.errors import UserError
-from harness.grad_audit import config as grad_audit_config
 from harness.group_schemas import (  # noqa: F401  (the model and workload schemas are part of this one)
     MODEL_SCHEMAS,
     GgufPackageModelConfig,
@@ -48,8 +47,6 @@ from harness.group_schemas import (  # noqa: F401  (the model and workload schem
     WorkloadConfig,
     check_model,
 )
-from harness.sanitize import config as sanitize_config
-from harness.splitft import config as splitft_config
 from harness.text_corpus import paragraphs
 from harness.workloads import check_workload, read_text
 
@@ -260,7 +257,10 @@ class PathsConfig:
 
 
 @dataclass
-class SplitbenchConfig:
+class _SharedConfig:
+    """The keys every system shares (and SpliTEE's, which predate sections); SplitbenchConfig adds each
+    system's section after `restore`."""
+
     model: ModelConfig = MISSING
     configuration: ConfigurationConfig = MISSING
     workload: WorkloadConfig = MISSING
@@ -281,15 +281,34 @@ class SplitbenchConfig:
     controlled_error: ControlledErrorConfig = MISSING
     attack: AttackConfig = MISSING
     restore: RestoreConfig = MISSING
-    # The other systems' sections: each one's schema lives beside its code (harness/<system>/config.py).
-    sanitize: sanitize_config.SanitizeConfig = MISSING
-    splitft: splitft_config.SplitFtConfig = MISSING
-    collab: collab_config.CollabConfig = MISSING
-    grad_audit: grad_audit_config.GradAuditConfig = MISSING
-    calibration: calibration_config.CalibrationConfig = MISSING
+    # The systems' own sections come here, from the systems registry (SYSTEM_SECTIONS below).
     semantic_model: Optional[str] = MISSING
     tags: List[str] = MISSING
     rerun: bool = MISSING
+
+
+# The systems' sections and the modules that type and check them, from the systems registry
+# (harness/systems.py): each entry's section, typed by its `module:Class` and checked by the module's check().
+SYSTEM_SECTIONS = {section: importlib.import_module(schema.partition(":")[0])
+                   for section, (_, schema) in systems.sections().items()}
+# The system each section belongs to (a cross-system entry's section: that entry's name).
+SECTION_SYSTEMS = {section: system for section, (system, _) in systems.sections().items()}
+
+
+def _splitbench_config() -> type:
+    """The schema of the whole config: the shared keys with every system's section after `restore` (a
+    section's key typed by its dataclass, MISSING until conf/SECTION/default.yaml sets it)."""
+    shared = [(f.name, hint, field(default=MISSING)) for f, hint in
+              zip(fields(_SharedConfig), get_type_hints(_SharedConfig).values())]
+    at = next(i for i, f in enumerate(shared) if f[0] == "restore") + 1
+    sections = [(section, getattr(SYSTEM_SECTIONS[section], schema.partition(":")[2]), field(default=MISSING))
+                for section, (_, schema) in systems.sections().items()]
+    node = make_dataclass("SplitbenchConfig", [*shared[:at], *sections, *shared[at:]])
+    node.__module__ = __name__
+    return node
+
+
+SplitbenchConfig = _splitbench_config()
 
 
 def register_configs() -> None:
@@ -431,12 +450,10 @@ def _check_environment(cfg: DictConfig) -> None:
                         "set SPLITBENCH_CACHE to a writable folder")
 
 
-# The placement nodes each runner reads (harness/placement.py); SpliTEE's runners read none (the engine places
-# its parts itself), and fidelity runs a sanitiser's mechanism only, never its model placement.
-RUNNER_PLACEMENTS: dict[str, tuple[str, ...]] = {
-    "sanitize": ("sanitize.placement",), "splitft": ("splitft.placement",), "grad_audit": ("grad_audit.placement",),
-    "collab": ("collab.placement.edge", "collab.placement.cloud"),
-}
+# The placement nodes each runner reads (harness/placement.py), from the systems registry; SpliTEE's runners read
+# none (the engine places its parts itself), and fidelity runs a sanitiser's mechanism only, never its model
+# placement.
+RUNNER_PLACEMENTS: dict[str, tuple[str, ...]] = {r.name: r.placements for _, r in systems.runners() if r.placements}
 
 
 def placements(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -592,11 +609,6 @@ def _check_engine(engine: DictConfig) -> None:
     check_choice("engine.slalom_scaling", engine.slalom_scaling, SLALOM_SCALINGS)
     check_at_least("engine.sigma_scale", engine.sigma_scale, 0)
     check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
-
-
-# The other systems' sections and the modules that type and check them.
-SYSTEM_SECTIONS = {"sanitize": sanitize_config, "splitft": splitft_config, "collab": collab_config,
-                   "grad_audit": grad_audit_config, "calibration": calibration_config}
 
 
 def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dict[str, Any]:

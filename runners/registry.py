@@ -9,8 +9,8 @@ A runner is a module with three functions:
 
 Runners never import each other: what two of them share lives in runners/common.py or in a library module.
 Modules are imported when a job runs, so composing or rejecting a config never imports torch. Adding an
-experiment: a runner module, one line in RUNNERS, one in READS and one in SYSTEMS here, a
-conf/experiment/NAME.yaml, and a report section (runners/report/sections.py).
+experiment: a runner module, one `Runner(...)` in its system's entry of harness/systems.py (its module, the
+keys it reads), a conf/experiment/NAME.yaml, and a report section (the entry's report_sections).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, systems
 
 
 class Runner(Protocol):
@@ -30,44 +30,13 @@ class Runner(Protocol):
     def describe_skip(self, cfg: DictConfig) -> str | None: ...
 
 
-RUNNERS: dict[str, str] = {
-    # SpliTEE (paper 000)
-    "fidelity": "runners.fidelity",
-    "timing": "runners.timing",
-    "fp_error": "runners.fp_error",
-    "controlled_error": "runners.controlled_error",
-    "attack": "runners.attack",
-    "sequential_attack": "runners.sequential_attack",
-    "restore": "runners.restore",
-    # sanitize (paper 001)
-    "sanitize": "runners.sanitize",
-    # splitft (paper 002)
-    "splitft": "runners.splitft",
-    # collab (paper 003)
-    "collab": "runners.collab",
-    # grad_audit (paper 004)
-    "grad_audit": "runners.grad_audit",
-    # every system's verdict calibrated against nulls (issue 31)
-    "calibration": "runners.calibration",
-}
+# Built from the systems registry (harness/systems.py), where each runner is declared once with its system.
+RUNNERS: dict[str, str] = {r.name: r.module for _, r in systems.runners()}
 
-# Which systems' configurations (harness/configurations.py `system`) each runner can run; a runner left
-# out runs SpliTEE's only. schema.validate refuses any other pairing in one line.
-SYSTEMS: dict[str, tuple[str, ...]] = {
-    # sanitize (paper 001); fidelity also runs the sanitisers (sanitised prompt, then the plain engine)
-    "sanitize": (configurations.SANITIZE,),
-    "fidelity": (configurations.SPLITEE, configurations.SANITIZE),
-    # splitft (paper 002)
-    "splitft": (configurations.SPLITFT,),
-    # collab (paper 003)
-    "collab": (configurations.COLLAB,),
-    # grad_audit (paper 004)
-    "grad_audit": (configurations.GRAD_AUDIT,),
-    # calibration runs no configuration of its own: it calibrates every system's verdict whatever is selected
-    "calibration": (configurations.SPLITEE, configurations.SANITIZE, configurations.SPLITFT, configurations.COLLAB,
-                    configurations.GRAD_AUDIT),
-}
-
+# Which systems' configurations (harness/configurations.py `system`) each runner can run: its own system's,
+# those it also runs, every system's for a cross-system runner. schema.validate refuses any other pairing in
+# one line.
+SYSTEMS: dict[str, tuple[str, ...]] = {r.name: systems.runs(s, r) for s, r in systems.runners()}
 
 # The config keys each runner reads: a run's identity (runners/identity.py). Its config hash covers these
 # keys only and its run directory is named by overrides of these keys only, so a parameter the runner never
@@ -75,34 +44,9 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
 # splitft, collab, grad_audit) counts only for a configuration of that system: fidelity reads `sanitize`
 # for the sanitisers, not for SpliTEE's configurations. Labels (logger, paths, tags, experiment_name, rerun)
 # are never part of a run's identity.
-_SPLITEE_READS = ("runner", "seed", "model", "configuration", "epsilon", "workload", "generation", "engine",
-                  "epn_n", "mask_seeds", "semantic_model")
-READS: dict[str, tuple[str, ...]] = {
-    # SpliTEE (paper 000); timing times the configurations of its own section, not the `configuration` group
-    "fidelity": (*_SPLITEE_READS, "baseline", "sanitize"),
-    "timing": ("runner", "seed", "model", "epsilon", "workload", "generation", "engine", "epn_n", "mask_seeds",
-               "timing"),
-    "fp_error": ("runner", "seed", "model", "configuration", "epsilon", "workload", "engine", "epn_n", "mask_seeds",
-                 "fp_error"),
-    "controlled_error": (*_SPLITEE_READS, "controlled_error"),
-    "attack": (*_SPLITEE_READS, "attack"),
-    "sequential_attack": (*_SPLITEE_READS, "attack"),
-    # restore: the source attack run fixed the configuration, workload and generation
-    "restore": ("runner", "seed", "model", "semantic_model", "restore"),
-    # sanitize (paper 001)
-    "sanitize": ("runner", "seed", "model", "configuration", "epsilon", "workload", "sanitize"),
-    # splitft (paper 002)
-    "splitft": ("runner", "seed", "model", "configuration", "epsilon", "splitft"),
-    # collab (paper 003)
-    "collab": ("runner", "seed", "model", "configuration", "epsilon", "semantic_model", "collab"),
-    # grad_audit (paper 004): its seeds are grad_audit.seeds
-    "grad_audit": ("runner", "model", "configuration", "epsilon", "grad_audit"),
-    # every system's verdict against nulls (issue 31): its own section and each system's margins
-    "calibration": ("runner", "model", "calibration", "collab", "sanitize", "splitft", "grad_audit", "attack",
-                    "engine"),
-}
+READS: dict[str, tuple[str, ...]] = {r.name: r.reads for _, r in systems.runners()}
 # Runners that read several systems' sections whatever the configuration: their READS count whole.
-CROSS_SYSTEM = ("calibration",)
+CROSS_SYSTEM: tuple[str, ...] = tuple(r.name for s in systems.CROSS_SYSTEM for r in s.runners)
 
 
 def systems_of(runner: str) -> tuple[str, ...]:

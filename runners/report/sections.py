@@ -8,29 +8,18 @@ A section is a module for one experiment (`cfg.runner`, runners/registry.py) wit
                                             drawing plots through `figure` (plotting.Figures)
     summary(items) -> list[str]             its lines of the terminal summary
 
-Adding an experiment's section: one module beside this one and one line in SECTIONS. Experiments without
+Adding an experiment's section: one module beside this one, named in its system's `report_sections`
+(harness/systems.py). Experiments without
 a section still appear, in generic tables (other.py).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from runners.report import (
-    attack,
-    calibration,
-    collab,
-    controlled_error,
-    fidelity,
-    fp_error,
-    grad_audit,
-    restore,
-    sanitize,
-    sequential_attack,
-    splitft,
-    timing,
-    tradeoff,
-)
+from harness import systems
+from runners.report import tradeoff
 from runners.report.plotting import Figures
 from runners.report.runs import Run
 
@@ -45,12 +34,8 @@ class Section(Protocol):
     def summary(self, items: Sequence[Any]) -> list[str]: ...
 
 
-SECTIONS: tuple[Section, ...] = (fidelity, timing, fp_error, controlled_error, attack, sequential_attack, restore,
-                                 sanitize,   # paper 001
-                                 splitft,    # paper 002
-                                 collab,     # paper 003
-                                 grad_audit,  # paper 004
-                                 calibration,  # every system's verdict against nulls (issue 31)
-                                 # the cross-system chart reads every experiment's `tradeoff` blocks: last
-                                 tradeoff)
+# Built from the systems registry (harness/systems.py): each entry's report sections in the entries' order;
+# the cross-system chart reads every experiment's `tradeoff` blocks: last.
+SECTIONS: tuple[Section, ...] = (*(importlib.import_module(m) for s in systems.ENTRIES for m in s.report_sections),
+                                 tradeoff)  # type: ignore[assignment]
 EXPERIMENTS: tuple[str, ...] = tuple(s.EXPERIMENT for s in SECTIONS)

@@ -1,0 +1,76 @@
+"""The systems registry (harness/systems.py): every list of systems is built from it, and every registered
+system has the folders docs/architecture.md names ("A whole new system"), so adding a system is its folders
+plus one entry."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from harness import configurations, schema, systems
+from runners import registry
+from runners.report import sections
+
+from .conftest import CONF, REPO, compose_config
+
+
+def test_configuration_registry_is_the_entries_configurations():
+    declared = [c for s in systems.SYSTEMS for c in s.configurations]
+    assert list(configurations.REGISTRY.values()) == declared
+    assert configurations.SYSTEMS == tuple(s.name for s in systems.SYSTEMS)
+    for s in systems.SYSTEMS:
+        assert configurations.names(system=s.name) == tuple(c.name for c in s.configurations)
+    assert not any(s.configurations for s in systems.CROSS_SYSTEM)
+
+
+def test_runner_registry_is_the_entries_runners():
+    declared = [(s, r) for s in systems.ENTRIES for r in s.runners]
+    assert registry.RUNNERS == {r.name: r.module for _, r in declared}
+    assert registry.READS == {r.name: r.reads for _, r in declared}
+    assert registry.CROSS_SYSTEM == tuple(r.name for s in systems.CROSS_SYSTEM for r in s.runners) == ("calibration",)
+    for s, r in declared:
+        expected = systems.NAMES if s in systems.CROSS_SYSTEM else (s.name, *r.also_runs)
+        assert registry.systems_of(r.name) == expected
+    assert registry.systems_of("fidelity") == (configurations.SPLITEE, configurations.SANITIZE)
+    assert schema.RUNNER_PLACEMENTS == {r.name: r.placements for _, r in declared if r.placements}
+
+
+def test_report_sections_are_the_entries_sections():
+    declared = [m for s in systems.ENTRIES for m in s.report_sections] + ["runners.report.tradeoff"]
+    assert [m.__name__ for m in sections.SECTIONS] == declared
+    assert sections.EXPERIMENTS[-1] == "tradeoff"
+
+
+def test_schema_sections_are_the_entries_sections():
+    declared = {s.section: s for s in systems.ENTRIES if s.section is not None}
+    assert set(schema.SYSTEM_SECTIONS) == set(declared) == {"sanitize", "splitft", "collab", "grad_audit",
+                                                            "calibration"}
+    types = {f.name: f.type for f in fields(schema.SplitbenchConfig)}
+    for section, entry in declared.items():
+        module, _, cls = entry.schema.partition(":")
+        assert schema.SYSTEM_SECTIONS[section].__name__ == module
+        assert types[section] is getattr(importlib.import_module(module), cls)
+        assert callable(schema.SYSTEM_SECTIONS[section].check)
+        assert schema.SECTION_SYSTEMS[section] == entry.name
+    # conf/config.yaml composes each section's defaults
+    defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
+    groups = {k for d in defaults if isinstance(d, dict) for k in d}
+    assert set(declared) <= groups
+
+
+@pytest.mark.parametrize("entry", systems.ENTRIES, ids=lambda s: s.name)
+def test_every_entry_names_what_exists(entry, hydra_conf):
+    for runner in entry.runners:
+        module = importlib.import_module(runner.module)
+        assert all(callable(getattr(module, f)) for f in ("semantic_config", "run", "describe_skip")), runner.name
+        assert {"runner", "model"} <= set(runner.reads)
+    for name in entry.report_sections:
+        assert importlib.import_module(name).EXPERIMENT in {r.name for r in entry.runners}
+    for name in entry.smoke:
+        cfg = compose_config([f"experiment={name}"])
+        assert cfg.runner in {r.name for r in entry.runners} and "smoke" in cfg.tags, name
+    if entry.section is not None:
+        assert (CONF / entry.section / "default.yaml").is_file()
+    assert (REPO / entry.docs).is_file()
