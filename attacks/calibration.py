@@ -285,7 +285,7 @@ def collab_entry(data: CollabData, *, ids_per_step: int, k: int, margin_pp: floa
     signal, an independent draw for its null signal and another for the negative control (harsher than the
     runner, whose null shares the run's seed); dose d: each of the evidence's content tokens joins the
     signal with probability d/100. Positive control: the whole evidence injected."""
-    from attacks import collab_decodeleak as leak
+    from attacks.collab import decodeleak as leak
 
     def draw(rng) -> list[list[list[int]]]:
         return [[rng.choice(data.vocab_size, ids_per_step, replace=False).tolist() for _ in range(data.steps)]

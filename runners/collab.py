@@ -5,7 +5,7 @@ in one fusion mode (`collab.fusion`), on one benchmark. It decodes every example
 records what the cloud receives (adversary view, view.pt), and reports
 
 - private evidence recall Token-ER / ROUGE1-ER / Span-ER / AUC at every K of collab.metrics.ks, each with
-  its no-signal floor (the cloud alone) and the paired excess over it (attacks/collab_decodeleak.py);
+  its no-signal floor (the cloud alone) and the paired excess over it (attacks/collab/decodeleak.py);
 - private-context inversion ROUGE-1 recall / F1, floor and excess;
 - utility: option accuracy (the stated option, or likelihood option scoring with
   `collab.option_scoring=likelihood`) or ROUGE-L to the reference, and the cloud alone's;
@@ -55,7 +55,7 @@ def _parameter_unit(cfg: DictConfig) -> str | None:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks import collab_decodeleak as leak
+    from attacks.collab import decodeleak as leak
     from harness.adversary_view import view_meta
     from harness.collab import benchmarks, edge_baselines, engine, prompts, protocol
     from harness.collab.defences import make_defence
@@ -138,7 +138,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     curves = leak.score_sets(run_sets, evidence, vocab_info, ks)
     floor_curves = leak.score_sets(floor.sets, evidence, vocab_info, ks)
     # The verdict: the informed attacker (signal ∪ its own no-signal guesses) on the signal against the same
-    # attacker on the null signal; the controls likewise (attacks/collab_decodeleak.py).
+    # attacker on the null signal; the controls likewise (attacks/collab/decodeleak.py).
     null_sets = sets_of(null)
     informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=floor.sets)
     informed_null = leak.score_sets(null_sets, evidence, vocab_info, ks, prior=floor.sets)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attacks import collab_decodeleak as leak
+from attacks.collab import decodeleak as leak
 from harness import configurations
 from harness.collab import benchmarks, engine, prompts
 from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, Upload, fuse, renyi_divergence
