@@ -213,7 +213,7 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
     `probe.dosed_control`, a code worth d pp to a perfect reader injected into the floor arm."""
     import torch
 
-    from attacks import grad_audit_probe as probe
+    from attacks.grad_audit import probe
 
     def features(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.as_tensor(rng.choice(5, size=n, p=[0.3, 0.2, 0.2, 0.15, 0.15]) + 100)

@@ -2,7 +2,7 @@
 
 One run = one configuration (decoy_trainer as audited, or decoy_mitigated) of the trainer of
 harness/grad_audit/ at one topology (cut_after, resume_at, latent_dim) on one model, through the locked
-protocol of attacks/grad_audit_protocol.py: the explore seeds choose the probe's regularisation, the
+protocol of attacks/grad_audit/protocol.py: the explore seeds choose the probe's regularisation, the
 protocol is written to protocol.json, then every replicate and test seed trains the trainer, records what
 the cloud receives, and is scored (zero-support partition, norm-rank partition with controls,
 frequent-token probe per arm with its negative and positive controls, held-out CE increase); the seeds are
@@ -51,7 +51,7 @@ def settings(g: DictConfig, configuration: str):
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks import grad_audit_protocol as protocol
+    from attacks.grad_audit import protocol
     from harness import adversary_view
     from harness.grad_audit.data import load_text, make_blocks
     from harness.grad_audit.seed_run import train_seed

@@ -12,8 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attacks import grad_audit_partition as partition
-from attacks import grad_audit_probe as probe
+from attacks.grad_audit import partition, probe
 from harness import configurations, schema
 from harness.adversary_view import AdversaryView
 from harness.errors import UserError

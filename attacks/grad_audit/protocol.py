@@ -5,7 +5,7 @@
 2. lock: the protocol (seeds to score, per-arm l2, top_k, target, thresholds, α and the Bonferroni count m,
    the control dose, the decision rules) is written to protocol.json in the run directory *before* any
    scored seed is trained; results.json records its sha256.
-3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit_partition.py), the
+3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit/partition.py), the
    probe per arm with its locked l2 and its shuffled-label twin (the probe's bias), the dosed positive
    controls on the gradient arm put at the floor (attacks/grad_audit_probe.dosed_control: dose 0 and
    gates.injected_doses_pp), the held-out cross-entropy increase over the unsplit model and its curve.
@@ -18,7 +18,7 @@
 
 Verdicts (attacks/controls.py vocabulary): the probe's is `classify` of the headline arm's pooled effect
 interval against 0 with margin probe_margin_pp and the probe controls of every scored seed; the partition's
-is the norm-rank attacker's (attacks/grad_audit_partition.py); the run's `verdict` is the worst of the two.
+is the norm-rank attacker's (attacks/grad_audit/partition.py); the run's `verdict` is the worst of the two.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from attacks import controls
-from attacks.grad_audit_partition import partition_attack, returned_gradients
-from attacks.grad_audit_probe import (
+from attacks.grad_audit.partition import partition_attack, returned_gradients
+from attacks.grad_audit.probe import (
     arm_tensors,
     dosed_control,
     probe_rows,
