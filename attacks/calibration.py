@@ -341,7 +341,7 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
     engine's σ)."""
     import torch
 
-    from attacks import sequential as sq
+    from attacks.splitee import sequential as sq
 
     priors, where = [], []
     with torch.no_grad():

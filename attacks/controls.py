@@ -25,7 +25,7 @@ An attack measurement means something only if it can fail and can succeed:
   orders the verdicts leak > inconclusive > at_chance; a configuration's verdict is the worst over the
   attackers run against it (`worst`). `attack_gate` (kept from the two-way gate) is true exactly when the
   verdict is at_chance.
-- the Bayes attacker (attacks/bayes.py) gets the same rule on its token F1 (`bayes_verdict`), with its own
+- the Bayes attacker (attacks/splitee/bayes.py) gets the same rule on its token F1 (`bayes_verdict`), with its own
   reference: `exposure_free_f1`, the F1 its guess for prompt j scores against prompt i ≠ j (mean over
   ordered pairs). Its guesses are not text — under heavy noise they are tokens drawn across the whole
   vocabulary — so the real-prompt floor is not what it scores without information (it scores far below
@@ -218,7 +218,7 @@ def repeat_leak_k(m: dict[str, Any]) -> int | None:
 def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_forced: bool,
                        pruning_recall: Sequence[float] | None, min_recall: float, reference: str
                        ) -> tuple[str, str]:
-    """The verdict of a sequential attacker (attacks/sequential.py) and why, from the 95% interval
+    """The verdict of a sequential attacker (attacks/splitee/sequential.py) and why, from the 95% interval
     [lo, hi] (percentage points) of its paired top-1 difference against its `reference` on the same
     positions (MAP: the prior alone; likelihood: the same attacker on a null view), with m = margin_pp:
 

@@ -63,7 +63,7 @@ HEADS = ("lm", "evidence")
 @dataclass
 class TrainSettings:
     """How the inverter trains. No defaults: the SpliTEE attack's values are conf/config.yaml `attack.train`
-    (attacks/suite.py passes them); the other systems' inverters (attacks/sanitize/decoder.py,
+    (attacks/splitee/suite.py passes them); the other systems' inverters (attacks/sanitize/decoder.py,
     attacks/splitft/inverter.py) state theirs."""
 
     mode: str                             # projection | body | full

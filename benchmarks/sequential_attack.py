@@ -1,4 +1,4 @@
-"""Seconds per recovered position of the sequential attacker (attacks/sequential.py) against the fraction of
+"""Seconds per recovered position of the sequential attacker (attacks/splitee/sequential.py) against the fraction of
 the vocabulary it runs through the model, for several pruning schedules, on one recorded view.
 
 The built-in prompts (chat template on) are submitted once under ep1 at --epsilon and recorded; each schedule
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from attacks import sequential as sq
+    from attacks.splitee import sequential as sq
     from benchmarks.models import load_named_model
     from harness.workloads import load_workload
 

@@ -197,7 +197,7 @@ class AttackControlsConfig:
 
 @dataclass
 class SequentialAttackConfig:
-    """The sequential all-exposure attacker (runner sequential_attack; attacks/sequential.py Settings)."""
+    """The sequential all-exposure attacker (runner sequential_attack; attacks/splitee/sequential.py Settings)."""
 
     mode: str = MISSING                   # teacher_forced | free_running
     prior: str = MISSING                  # none (likelihood only) | model (also MAP with the model's prior)
@@ -548,7 +548,7 @@ def _check_attack(attack: DictConfig) -> None:
     _check_sequential(attack.sequential)
 
 
-SEQUENTIAL_MODES = ("teacher_forced", "free_running")   # attacks/sequential.py
+SEQUENTIAL_MODES = ("teacher_forced", "free_running")   # attacks/splitee/sequential.py
 SEQUENTIAL_PRIORS = ("none", "model")
 SEQUENTIAL_OPS = ("qkv", "o", "gate_up")
 SEQUENTIAL_POSITIONS = ("text", "all")

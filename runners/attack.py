@@ -9,13 +9,13 @@ ep1 / epn) × a `component` (qkv, composite, lm_head, ...) at one configuration 
   control (the noise-free attacker trained on shuffled pairs, on T3) and the verdict `attack_verdict`:
   leak | at_chance | inconclusive (attacks/controls.py);
 - the Bayes-optimal token attacker on the layer-0 QKV exposure under the same configuration, with the
-  repeated-submission curve (attacks/bayes.py) and its own verdict `bayes_verdict`;
+  repeated-submission curve (attacks/splitee/bayes.py) and its own verdict `bayes_verdict`;
 - `verdict`: the worst of the two (leak > inconclusive > at_chance);
 - the privacy accounting of the configuration: nominal ε and the composed GDP / (ε, δ) bound
   (harness/accounting.py), for `generation.max_new_tokens` generated tokens.
 
-The cell itself is attacks/suite.py; everything expensive (captures, trained attackers, reconstructions,
-Bayes curves) is cached under paths.cache_dir/attacks (attacks/pipeline.py), so a sweep trains each
+The cell itself is attacks/splitee/suite.py; everything expensive (captures, trained attackers, reconstructions,
+Bayes curves) is cached under paths.cache_dir/attacks (attacks/splitee/pipeline.py), so a sweep trains each
 attacker once.
 
     splitbench experiment=attack_smoke
@@ -61,7 +61,7 @@ def _log(message: str) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks import suite
+    from attacks.splitee import suite
     from harness.models import load_model
 
     a = cfg.attack

@@ -29,7 +29,7 @@ from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
 from runners import common, identity
 
-# Which samples.jsonl field holds each attacker's reconstruction (attacks/suite.py `samples`).
+# Which samples.jsonl field holds each attacker's reconstruction (attacks/splitee/suite.py `samples`).
 RECONSTRUCTION_FIELDS = {"learned": "output_ids", "bayes": "bayes_output_ids"}
 HEADLINE = ("token_precision", "token_recall", "token_f1", "exact_match", "bleu", "rouge_l", "semantic_similarity")
 

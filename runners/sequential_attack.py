@@ -1,4 +1,4 @@
-"""Sequential all-exposure attack runner (issues 32, 36; attacks/sequential.py, docs/sequential_attack.md).
+"""Sequential all-exposure attack runner (issues 32, 36; attacks/splitee/sequential.py, docs/sequential_attack.md).
 
 The prompts are submitted once through the split engine under the configuration (prefill, every layer's
 QKV / O / Gate-Up input recorded); the attacker reads that view alone and recovers the prompt position by
@@ -37,7 +37,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks import sequential as sq
+    from attacks.splitee import sequential as sq
 
     s = sq.Settings.from_config(OmegaConf.to_container(cfg.attack.sequential, resolve=True))
     configuration = cfg.configuration.name

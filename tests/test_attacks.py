@@ -15,11 +15,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attacks import bayes, controls
-from attacks.capture import CaptureSpec, capture, features_from_view, truncated
+from attacks import controls
 from attacks.corpus import chunk, load_corpus, paragraphs
 from attacks.inversion import Example, TrainSettings, shuffle_pairs
-from attacks.pipeline import Pipeline, Store
+from attacks.splitee import bayes
+from attacks.splitee.capture import CaptureSpec, capture, features_from_view, truncated
+from attacks.splitee.pipeline import Pipeline, Store
 from harness.errors import UserError
 from metrics.intervals import Estimate
 from metrics.privacy import corpus_token_prf
@@ -641,7 +642,7 @@ def test_check_decoder_compares_the_whole_vocabulary():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from attacks.suite import check_decoder
+    from attacks.splitee.suite import check_decoder
 
     def loaded(name, vocab):
         tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")))

@@ -174,7 +174,7 @@ def test_splitee_scores_are_the_sequential_attackers():
     stage): the same argmax for the same exposure."""
     import torch
 
-    from attacks import sequential as sq
+    from attacks.splitee import sequential as sq
 
     data = _splitee_data()
     y = data.book[3] + 0.1 * torch.ones(data.book.shape[1])

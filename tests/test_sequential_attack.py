@@ -1,4 +1,4 @@
-"""The sequential all-exposure attacker (attacks/sequential.py) on the tiny random Llama: σ equal to the
+"""The sequential all-exposure attacker (attacks/splitee/sequential.py) on the tiny random Llama: σ equal to the
 engine's, exact recovery from one deep layer under T3, the MAP − prior difference at chance under a huge σ
 and a leak at a small one, the verdict rule, Newcombe's paired interval, Slalom's reused mask, and
 experiment=sequential_attack_smoke with its bad inputs through the CLI."""
@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks import controls
-from attacks import sequential as sq
+from attacks.splitee import sequential as sq
 from harness.split.engine import EngineSettings, SplitEngine
 from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
 
@@ -148,7 +148,7 @@ def test_slalom_reused_mask_gives_the_tokens_away(tiny):
     """A fresh mask: the exposures of two different tokens are alike (uniform in Z_q). The same mask on two
     submissions: their difference mod q is the difference of the quantised inputs, from which the pair of
     tokens is recovered exactly."""
-    from attacks.slalom_reuse import blind, pairs_from_difference, quantised_codebook, reused_difference
+    from attacks.splitee.slalom_reuse import blind, pairs_from_difference, quantised_codebook, reused_difference
     from harness.split.mechanisms import SLALOM_MODULUS, quantise
 
     book = sq.layer0_codebook(tiny.model)

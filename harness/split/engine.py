@@ -490,7 +490,7 @@ class SplitEngine:
 def left_padded(sequences: list[list[int]], longest: int, pad_token_id: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token ids, attention mask and position ids of a left-padded batch: row r holds sequence r in its last
-    len_r positions (the layout attacks/capture.py reads back), positions counted from each row's first token."""
+    len_r positions (the layout attacks/splitee/capture.py reads back), positions counted from each row's first token."""
     ids = torch.full((len(sequences), longest), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), longest), dtype=torch.long)
     for row, seq in enumerate(sequences):

@@ -74,7 +74,7 @@ VERDICTS_INTRO = ("Verdict per configuration and ε: the worst over every attack
                   "fresh masks: the fewest k whose averaged exposures give the Bayes attacker a top-1 lower bound "
                   "above the top-1 of truth-independent guesses + the margin:")
 BAYES_INTRO = ("Bayes-optimal token attacker on the layer-0 QKV exposure (no training: nearest codeword "
-               "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/bayes.py). "
+               "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/splitee/bayes.py). "
                "Top-1 / top-5: % of prompt positions recovered; *k*: the same prompt submitted k times with "
                "fresh masks and the exposures averaged, beside the recovery predicted for σ/√k:")
 ACCOUNTING_INTRO = ("Privacy accounting (harness/accounting.py): the per-token ε the paper quotes, and the "

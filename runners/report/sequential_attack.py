@@ -1,4 +1,4 @@
-"""The report section of experiment=sequential_attack (issues 32, 36; attacks/sequential.py): per
+"""The report section of experiment=sequential_attack (issues 32, 36; attacks/splitee/sequential.py): per
 configuration and ε, the likelihood-only and MAP attackers' top-1 against their references (the prior alone
 for MAP, paired on the same positions; the same attacker on another prompt's view for the likelihood), the
 pruning recall that says whether pruning or the mask decided, and the verdict with its reason."""

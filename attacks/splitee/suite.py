@@ -5,7 +5,7 @@ Settings (`attack.setting`): `noise_free` attacks the unmasked inputs of the `pl
 with an attacker trained on them; `noise_oblivious` attacks masked inputs (ep1, epn, slalom) with that same
 noise-free attacker; `noise_aware` with one trained on masked captures of the same configuration and ε.
 Controls (attacks/controls.py): the component's noise-free attacker on t3 (positive) and that attacker
-trained on shuffled pairs, on t3 (negative). Everything expensive is cached by attacks/pipeline.py.
+trained on shuffled pairs, on t3 (negative). Everything expensive is cached by attacks/splitee/pipeline.py.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from attacks import controls
-from attacks.capture import ATTACKABLE, BAYES_MODELLED, UNMASKED, Capture, check_component
 from attacks.corpus import load_corpus
 from attacks.inversion import TrainSettings
-from attacks.pipeline import Pipeline, Store
+from attacks.splitee.capture import ATTACKABLE, BAYES_MODELLED, UNMASKED, Capture, check_component
+from attacks.splitee.pipeline import Pipeline, Store
 from harness import configurations, provenance
 from harness.errors import UserError
 

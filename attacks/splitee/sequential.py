@@ -22,7 +22,7 @@ position does not grow with the number of positions already attacked, beyond att
 
 Staged pruning (`prune`: (layers_upto, keep) pairs). Stage `0` scores the whole vocabulary with the
 layer-0 QKV exposure alone, which needs no forward pass: its input is RMSNorm(E[v]), a codebook (as in
-attacks/bayes.py), plus the prior for MAP. A stage `k` > 0 runs the survivors through layers 0..k−1 and
+attacks/splitee/bayes.py), plus the prior for MAP. A stage `k` > 0 runs the survivors through layers 0..k−1 and
 scores them with every used exposure of those layers. Each stage keeps its `keep` best by the score so
 far; after the last stage the survivors are scored with every used exposure and the best is the guess. A
 stage whose layers hold no used exposure (layers=[8] and a stage 0) is dropped: it would prune by nothing.
@@ -241,8 +241,8 @@ def op_sigmas(model: nn.Module, configuration: str, epsilon: float | None, epsil
 
 @torch.no_grad()
 def layer0_codebook(model: nn.Module, chunk: int = 8192) -> torch.Tensor:
-    """μ_qkv0(v) = RMSNorm₀(E[v]) for every token, [V, d] (attacks/bayes.py codebook)."""
-    from attacks.bayes import codebook
+    """μ_qkv0(v) = RMSNorm₀(E[v]) for every token, [V, d] (attacks/splitee/bayes.py codebook)."""
+    from attacks.splitee.bayes import codebook
 
     return codebook(model, chunk)
 
@@ -288,7 +288,7 @@ def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor,
     are read once, not copied per candidate."""
     from transformers import DynamicCache
 
-    from attacks.capture import truncated
+    from attacks.splitee.capture import truncated
 
     wanted = [k for k in keys if k[1] < upto]
     if not wanted:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from attacks import bayes
-from attacks.capture import Capture, CaptureSpec, capture, sigma_qkv0
 from attacks.inversion import Inverter, TrainSettings, build, make_examples, shuffle_pairs, train
+from attacks.splitee import bayes
+from attacks.splitee.capture import Capture, CaptureSpec, capture, sigma_qkv0
 from harness import configurations
 from harness.results import atomic_torch_save, atomic_write_json, cache_key, read_json
 

@@ -5,7 +5,7 @@ exposure is independent of the input, so no attacker, sequential or other, beats
 If the same r masks two inputs, (e₁ − e₂) mod q = (x₁,q − x₂,q) mod q, and re-centred into (−q/2, q/2] it is
 the exact difference of the quantised inputs whenever that difference lies within ±(q−1)/2 (always for
 quantised RMSNorm outputs). At layer 0 the QKV input is a function of the token alone (μ_v = RMSNorm₀(E[v]),
-attacks/bayes.py), so the attacker looks for the token pairs (a, b) with Q(μ_a) − Q(μ_b) equal to that
+attacks/splitee/bayes.py), so the attacker looks for the token pairs (a, b) with Q(μ_a) − Q(μ_b) equal to that
 difference: one pass over the vocabulary with a hash of the quantised codewords (`pairs_from_difference`).
 """
 from __future__ import annotations
