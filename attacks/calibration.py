@@ -265,8 +265,8 @@ def collab_data(model: Any, n_examples: int, steps: int, top: int) -> CollabData
     """The built-in examples through the cloud alone (model in the cloud's role), `steps` tokens."""
     from omegaconf import OmegaConf
 
+    from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
     from harness.collab import benchmarks, engine, protocol
-    from metrics.evidence_recall import Vocabulary, tokenise_evidence
 
     examples = benchmarks.load_benchmark(OmegaConf.create(dict(
         name="builtin", path=None, hub_id=None, n_examples=n_examples, max_context_words=None,

@@ -1,5 +1,5 @@
 """Words and content words of English text: what the collab system's evidence rule
-(harness/collab/benchmarks.py) selects its evidence by and what Evidence Recall (metrics/evidence_recall.py)
+(harness/collab/benchmarks.py) selects its evidence by and what Evidence Recall (attacks/collab/evidence_recall.py)
 counts, in one place so that both read a text the same way.
 
 A word is a run of letters, digits, apostrophes and hyphens starting with a letter or digit; a content word

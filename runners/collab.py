@@ -56,12 +56,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from attacks.collab import decodeleak as leak
+    from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
     from harness.adversary_view import view_meta
     from harness.collab import benchmarks, edge_baselines, engine, prompts, protocol
     from harness.collab.defences import make_defence
     from harness.models import load_model
     from metrics.answers import constant_answer_floor, option_correct, scored_correct
-    from metrics.evidence_recall import Vocabulary, tokenise_evidence
     from metrics.intervals import mean_ci
     from metrics.text import rouge_l
 

@@ -13,11 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks.collab import decodeleak as leak
+from attacks.collab.evidence_recall import Vocabulary, first_rank, recall_curves, tokenise_evidence
 from harness import configurations
 from harness.collab import benchmarks, engine, prompts
 from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, Upload, fuse, renyi_divergence
 from metrics.answers import constant_answer_floor, option_correct, stated_option
-from metrics.evidence_recall import Vocabulary, first_rank, recall_curves, tokenise_evidence
 
 from .conftest import CONF, run_cli_in_process
 
@@ -547,8 +547,8 @@ class _RandomIds(Defence):
 def null_runs(pair):
     """The tiny pair on 6 built-in examples, 4 tokens: each test signal, its null signal (the same mechanism
     and seed, the edge without x_priv) and a second null (seed 1); the cloud alone's sets; the evidence."""
+    from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
     from harness.collab import protocol
-    from metrics.evidence_recall import Vocabulary, tokenise_evidence
 
     edge, cloud = pair
     vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)

@@ -5,7 +5,7 @@ plus what it owns: its model and x_pub (itself in the view, `public_query`).
 
 - Exposure sets (eq. 5): cloud-side, the uploaded ids of each step ranked by uploaded probability;
   edge-side, TopK(p_L(· | y_<t, x_pub)) that the cloud computes from the synced tokens.
-- Private evidence recall (metrics/evidence_recall.py) at every K.
+- Private evidence recall (attacks/collab/evidence_recall.py) at every K.
 - Private-context inversion (§3.3, Prompt D): the cloud model prompted with x_pub and the per-step top-k
   exposure sequence; ROUGE-1 recall and F1 of its output against x_priv.
 - The no-signal floor (beyond the paper): the same metrics on what the cloud guesses with no signal at
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 
 from attacks import controls
+from attacks.collab.evidence_recall import Evidence, Vocabulary, first_rank, recall_curves
 from harness.adversary_view import AdversaryView
 from harness.collab import engine
-from metrics.evidence_recall import Evidence, Vocabulary, first_rank, recall_curves
 from metrics.intervals import Estimate, mean_ci
 
 METRICS = ("token_er", "rouge1_er", "span_er", "auc")
