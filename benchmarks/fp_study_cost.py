@@ -5,7 +5,7 @@ Llama-3.2-3B's shapes (28 layers, d = 3072; q 3072, k/v 1024, o 3072, gate/up 81
 depends on the shapes only. Only drawn rows enter the computation, so each matrix is represented by a
 random sample of `--rows` of its rows (the LM head's 1.5 GB never has to exist).
 
-Side by side in one run: the vectorised study (harness/numerics/study.run_study: every trial of an
+Side by side in one run: the vectorised study (harness/splitee/numerics/study.run_study: every trial of an
 instance at once, exact reference, bound, both kernels) against a per-trial implementation of the same
 computations (Python loop over the dot product for the sequential kernel, math.fsum for the exact
 reference), timed on a few trials and extrapolated. The ratio is the result; absolute times are this
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from benchmarks.rounds import emit
-from harness.numerics.bound import bound_from_sums
-from harness.numerics.kernels import probe_accumulation
-from harness.numerics.precisions import PRECISIONS
-from harness.numerics.study import OpInstance, run_study
+from harness.splitee.numerics.bound import bound_from_sums
+from harness.splitee.numerics.kernels import probe_accumulation
+from harness.splitee.numerics.precisions import PRECISIONS
+from harness.splitee.numerics.study import OpInstance, run_study
 
 # Llama-3.2-3B-Instruct (hidden 3072, 24 heads of 128, 8 KV heads, intermediate 8192, vocab 128256).
 SHAPES = {"q": (3072, 3072), "k": (1024, 3072), "v": (1024, 3072), "o": (3072, 3072), "gate": (8192, 3072),

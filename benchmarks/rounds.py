@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.provenance import git_state
 from harness.results import atomic_write_bytes
-from harness.rotation import rotated
+from harness.splitee.rotation import rotated
 
 
 def wall_seconds(fn: Callable[[], object]) -> Callable[[], float]:

@@ -12,7 +12,7 @@ ep1 / epn) × a `component` (qkv, composite, lm_head, ...) at one configuration 
   repeated-submission curve (attacks/splitee/bayes.py) and its own verdict `bayes_verdict`;
 - `verdict`: the worst of the two (leak > inconclusive > at_chance);
 - the privacy accounting of the configuration: nominal ε and the composed GDP / (ε, δ) bound
-  (harness/accounting.py), for `generation.max_new_tokens` generated tokens.
+  (harness/splitee/accounting.py), for `generation.max_new_tokens` generated tokens.
 
 The cell itself is attacks/splitee/suite.py; everything expensive (captures, trained attackers, reconstructions,
 Bayes curves) is cached under paths.cache_dir/attacks (attacks/splitee/pipeline.py), so a sweep trains each
@@ -30,9 +30,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import accounting, configurations, schema
+from harness import configurations, schema
 from harness.errors import UserError
 from harness.results import RunContext
+from harness.splitee import accounting
 from runners import common, identity
 
 _TABLE_COLUMNS = ("id", "prompt", "output_text", "token_precision", "token_recall", "token_f1", "exact_match", "bleu",

@@ -6,7 +6,7 @@ first):
 - T3: split without masking, zero error: the reference;
 - natural: the configuration (EP1 at `epsilon`, or EPN) as it is, its mean absolute error measured;
 - one level per target in controlled_error.levels: the same configuration, every offloaded op call's
-  natural error pattern rescaled to that mean absolute error (harness/numerics/controlled_error.py).
+  natural error pattern rescaled to that mean absolute error (harness/splitee/numerics/controlled_error.py).
 The engines share the seed, so every level draws the same masks.
 
 results.json: `table` (one row per level: target, realised and natural mean absolute error, the fidelity
@@ -47,7 +47,7 @@ describe_skip = epsilon_ignored_note
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.errors import UserError
-    from harness.numerics import controlled_error as ce
+    from harness.splitee.numerics import controlled_error as ce
     from metrics.text import compare_generations
 
     configuration = cfg.configuration.name

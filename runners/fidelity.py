@@ -16,8 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import accounting, configurations, provenance, schema
+from harness import configurations, provenance, schema
 from harness.results import GenerationCache, RunContext, cache_key
+from harness.splitee import accounting
 from metrics.replicates import pool as replicates_pool
 from runners import identity
 from runners.common import (

@@ -1,17 +1,17 @@
 """Floating-point error runner (paper §7.3.2, Table 4): measured unmasking error against the proven bound.
 
-1. Capture (harness/numerics/op_inputs.py): T3 greedy generation over the workload with the adversary view
+1. Capture (harness/splitee/numerics/op_inputs.py): T3 greedy generation over the workload with the adversary view
    recorded; `fp_error.vectors_per_prompt` real positions per prompt kept for every op instance (the
    Down input through a forward pre-hook: it never crosses). Cached under paths.cache_dir, keyed by
    everything that changes it, so an ε sweep captures once.
-2. Instances (harness/numerics/study.py): every weight matrix of every offloaded op (q, k, v, o, gate, up
+2. Instances (harness/splitee/numerics/study.py): every weight matrix of every offloaded op (q, k, v, o, gate, up
    per layer, the LM head), each with its op's Δ; Down per layer as the non-offloaded reference with its
    own Δ (harness/split/sensitivity.down_sensitivity). σ = Δ times the configuration's noise factor
    (harness/configurations.py: 1/ε for ep1, √n for epn, 0 for t3).
 3. Trials: `fp_error.trials` output elements per instance, in every precision of `fp_error.precisions`
    (Down: `fp_error.down_precisions`) and every kernel, against the exact reference and the bound.
 
-results.json `metrics` (harness/numerics/summary.py): the headline (the first precision and kernel listed:
+results.json `metrics` (harness/splitee/numerics/summary.py): the headline (the first precision and kernel listed:
 fp32 with torch's own kernel by default, as the engine computes) over all offloaded instances —
 mean_true_error (with a 95% t interval over instances), mean_bound, bound_ratio, bound_violation_rate (a
 fraction, 0–1) — then per op type, per precision × kernel, and Down. `table` holds every summary row;
@@ -58,7 +58,7 @@ describe_skip = epsilon_ignored_note
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.errors import UserError
-    from harness.numerics import op_inputs, study, summary
+    from harness.splitee.numerics import op_inputs, study, summary
 
     fp = cfg.fp_error
     configuration = cfg.configuration.name

@@ -1,7 +1,7 @@
 """Restore runner (paper §7.4.4, Table 7): do broken reconstructions hold more than their raw scores say?
 
 One run restores the reconstructions of one finished attack run (`restore.source`) with the instruct model
-`model` (harness/restoration.py) and scores the restored texts against the prompts with the attack's own
+`model` (harness/splitee/restoration.py) and scores the restored texts against the prompts with the attack's own
 metrics (attacks/controls.py `score`), beside the raw reconstructions:
 
 - per attacker (`restore.attackers`: the learned inverter, the Bayes attacker): token P/R/F1, exact match,
@@ -79,7 +79,7 @@ def read_source(path: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks import controls
     from harness.models import load_model
-    from harness.restoration import restore_texts
+    from harness.splitee.restoration import restore_texts
     from metrics.intervals import mean_ci
 
     source = Path(str(cfg.restore.source)) if cfg.restore.source else None

@@ -4,7 +4,7 @@ For every configuration in `timing.configurations` and every limit in `timing.ma
 workload runs in batches of `generation.batch_size` (the paper: 45 prompts, batches of 15, limits
 100/200/400/800) and the engine's timings (GenerationResult.timings) are summed over batches and divided
 by the number of prompts. All rows come from one process on one machine, measured side by side: each
-batch runs every configuration in turn, in an order rotated by the batch (harness/rotation.py), so a
+batch runs every configuration in turn, in an order rotated by the batch (harness/splitee/rotation.py), so a
 slow spell of a shared machine falls on all configurations alike rather than on whichever ran then.
 
 `timing.mode=prefix` (the default) generates each batch once, to the largest limit, and reads every
@@ -104,7 +104,7 @@ def _time_side_by_side(cfg: DictConfig, inputs: Inputs, engines: dict[str, Any],
     """Every batch through every configuration (order rotated by the batch) at every limit, joined per
     configuration and limit."""
     from harness.progress import progress
-    from harness.rotation import rotated
+    from harness.splitee.rotation import rotated
 
     gen, prompts = cfg.generation, inputs.prompts
     common = {"pad_token_id": inputs.pad, "eos_token_id": inputs.eos, "stop_at_eos": gen.stop_at_eos}

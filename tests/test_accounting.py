@@ -1,4 +1,4 @@
-"""Privacy accounting (harness/accounting.py): the exposure count, the GDP composition, the (ε, δ) conversion.
+"""Privacy accounting (harness/splitee/accounting.py): the exposure count, the GDP composition, the (ε, δ) conversion.
 
 The count is checked twice: against a hand count on a tiny case, and against the engine itself, by
 recording the adversary view of two prompts that differ in one token and counting the exposure rows that
@@ -13,8 +13,8 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from harness import accounting
-from harness.accounting import composed_mu, dp_epsilon, exposure_count, privacy_summary
+from harness.splitee import accounting
+from harness.splitee.accounting import composed_mu, dp_epsilon, exposure_count, privacy_summary
 
 
 def test_exposure_count_hand_computed():

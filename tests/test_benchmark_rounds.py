@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.rounds import median_range, round_ratios, run_rounds
-from harness.rotation import rotated
+from harness.splitee.rotation import rotated
 
 
 def test_rounds_rotate_the_order_and_pair_times_by_round():

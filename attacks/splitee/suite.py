@@ -116,7 +116,7 @@ class Cell:
     bayes_metrics: dict[str, Any]
 
     def metrics(self, privacy: Mapping[str, Any]) -> dict[str, Any]:
-        """results.json `metrics`, with the accounting's flat `privacy` keys (harness.accounting)."""
+        """results.json `metrics`, with the accounting's flat `privacy` keys (harness.splitee.accounting)."""
         m: dict[str, Any] = {"chance_floor_token_f1": self.floor, **self.scores.metrics, **self.verdict,
                              "gate_margin_pp": self.margin}
         m.update(self.positive.f1.flat("positive_control_token_f1"))

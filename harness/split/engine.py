@@ -131,7 +131,7 @@ class _Context:
         self.refill_size = 1
         # Optional hook(op, x, outputs) -> outputs, called with every offloaded op's TEE-side input and
         # its unmasked outputs (one per member); None (the default) leaves every configuration as is.
-        # The controlled-error study (harness/numerics/) uses it to set each call's error; the engine knows
+        # The controlled-error study (harness/splitee/numerics/) uses it to set each call's error; the engine knows
         # nothing of the studies built on it.
         self.inject = None
         # Real (non-padding) positions of the current forward, [batch, seq] bool; None = all real.

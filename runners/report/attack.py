@@ -77,7 +77,7 @@ BAYES_INTRO = ("Bayes-optimal token attacker on the layer-0 QKV exposure (no tra
                "LN(E[t]) to the exposure, i.e. maximum likelihood under the Gaussian mask; attacks/splitee/bayes.py). "
                "Top-1 / top-5: % of prompt positions recovered; *k*: the same prompt submitted k times with "
                "fresh masks and the exposures averaged, beside the recovery predicted for σ/√k:")
-ACCOUNTING_INTRO = ("Privacy accounting (harness/accounting.py): the per-token ε the paper quotes, and the "
+ACCOUNTING_INTRO = ("Privacy accounting (harness/splitee/accounting.py): the per-token ε the paper quotes, and the "
                     "Gaussian-DP composition over every exposure one prompt token reaches (every op, layer, later "
                     "position and decode step), with its (ε, δ)-DP equivalent (dp-accounting):")
 

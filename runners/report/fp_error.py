@@ -271,7 +271,7 @@ def markdown(items: Sequence[FpErrorGroup], figure: Figures) -> list[str]:
                precision_md(group), ""]
         probes = probes_md(group)
         if probes:
-            md += ["How torch's kernels accumulate here (harness/numerics/kernels.probe_accumulation):", "",
+            md += ["How torch's kernels accumulate here (harness/splitee/numerics/kernels.probe_accumulation):", "",
                    probes, ""]
         md += figure("fp_error", i, group, plot, "error and bound against ε")
     return md

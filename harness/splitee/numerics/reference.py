@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from harness.numerics.precisions import U64, gamma
+from harness.splitee.numerics.precisions import U64, gamma
 
 _SPLITTER = 2.0**27 + 1.0
 

@@ -141,7 +141,7 @@ METRIC_DEFINITIONS = {
     "epsilon_nominal": "per-exposure epsilon of the Gaussian masks (ep1: epsilon/sigma_scale; epn: largest 1/sqrt(n)); "
                        "the paper's per-token figure, composition ignored",
     "gdp_exposures_composed": "exposures one prompt token can influence (position 0 of the longest prompt: every "
-                              "layer, later position and decode step; harness/accounting.py)",
+                              "layer, later position and decode step; harness/splitee/accounting.py)",
     "gdp_mu_composed": "mu-GDP of their composition, sqrt(sum eps_k^2), worst prompt",
     "dp_epsilon_composed": "(epsilon, dp_delta)-DP equivalent of gdp_mu_composed (dp-accounting, exact Gaussian)",
     "dp_delta": "delta of that conversion",

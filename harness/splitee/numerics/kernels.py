@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.numerics.bound import evaluation_factor
-from harness.numerics.precisions import PRECISIONS, Precision, gamma, precision
-from harness.numerics.reference import reference_dot_grid
+from harness.splitee.numerics.bound import evaluation_factor
+from harness.splitee.numerics.precisions import PRECISIONS, Precision, gamma, precision
+from harness.splitee.numerics.reference import reference_dot_grid
 
 KERNELS = ("library", "sequential")
 

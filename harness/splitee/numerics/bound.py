@@ -15,7 +15,7 @@ with d ≥ 256, fp16 with d ≥ 2048): Higham's γ_d does not exist there.
 
 Operands. w, x and η are the working-precision numbers the TEE holds (x and w rounded from the fp32 model
 once, η drawn and rounded); the reference ⟨w, x⟩ is the exact dot product of those operands
-(harness/numerics/reference.py), so the error measured is the unmasking's alone, not the cost of storing
+(harness/splitee/numerics/reference.py), so the error measured is the unmasking's alone, not the cost of storing
 the model in that precision.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from harness.numerics.precisions import U64, Precision, gamma, precision, to_working
-from harness.numerics.reference import exact_dot
+from harness.splitee.numerics.precisions import U64, Precision, gamma, precision, to_working
+from harness.splitee.numerics.reference import exact_dot
 
 
 def bound_coefficients(d: int, prec: str | Precision, accumulate: str | Precision | None = None) -> tuple[float, float]:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness.numerics.study import member_names
+from harness.splitee.numerics.study import member_names
 
 # The fidelity metrics (metrics/text.compare_generations) recorded per level, and the W&B table's columns.
 FIDELITY_KEYS = ("semantic_similarity", "exact_match", "token_match_rate", "bleu", "rouge_l")

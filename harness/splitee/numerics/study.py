@@ -2,11 +2,11 @@
 the σ the engine would mask their inputs with, and the trials that measure the unmasking error of each
 against the exact reference and the bound.
 
-For each op instance (a weight matrix and the captured real inputs of that op, harness/numerics/op_inputs.py)
+For each op instance (a weight matrix and the captured real inputs of that op, harness/splitee/numerics/op_inputs.py)
 `draw` picks `trials` output elements as a grid: ⌈trials/r⌉ captured input vectors, each masked once with
 η ~ N(0, σ²I) as the engine masks a token (one mask for all output rows), times r weight rows drawn
-without replacement; every precision and kernel (harness/numerics/kernels.py) sees the same draws.
-`study_model` runs the whole protocol on a model; harness/numerics/summary.py pools the trials.
+without replacement; every precision and kernel (harness/splitee/numerics/kernels.py) sees the same draws.
+`study_model` runs the whole protocol on a model; harness/splitee/numerics/summary.py pools the trials.
 """
 from __future__ import annotations
 
@@ -20,18 +20,18 @@ import torch
 from torch import nn
 
 from harness import configurations
-from harness.numerics import kernels as kernel_grids
-from harness.numerics.bound import bound_from_sums, evaluation_factor, first_order_bound
-from harness.numerics.precisions import U64, precision
-from harness.numerics.reference import reference_dot_grid, reference_error_bound
 from harness.progress import progress as progress_bar
 from harness.split.architectures import OP_MEMBERS, decoder_layers
 from harness.split.noise_bank import stream_seed
 from harness.split.offload import all_op_instances, op_linears
 from harness.split.sensitivity import down_sensitivity, sensitivity_table
+from harness.splitee.numerics import kernels as kernel_grids
+from harness.splitee.numerics.bound import bound_from_sums, evaluation_factor, first_order_bound
+from harness.splitee.numerics.precisions import U64, precision
+from harness.splitee.numerics.reference import reference_dot_grid, reference_error_bound
 
 if TYPE_CHECKING:
-    from harness.numerics.op_inputs import CapturedInputs
+    from harness.splitee.numerics.op_inputs import CapturedInputs
 
 
 def studied_configurations() -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.numerics.study import InstanceStats
+from harness.splitee.numerics.study import InstanceStats
 
 # Paper order of the op types (§7.3.2: Q, K, V, O, Gate, Up, LM head), Down last (not offloaded).
 OP_ORDER = ("q", "k", "v", "o", "gate", "up", "lm_head", "down")
