@@ -460,7 +460,7 @@ def test_out_that_is_a_file_exits_2(tmp_path: Path, capsys) -> None:
 
 
 def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
-    # An experiment without a dedicated section (fp_error has one now: tests/test_fp_error.py).
+    # An experiment without a dedicated section (fp_error has one now: tests/splitee/test_fp_error.py).
     fp = copy.deepcopy(FIDELITY)
     fp.update(experiment="gradient_audit", configuration="ep1", epsilon=1.0,
               metrics={"mean_true_error": 1.5e-6, "mean_bound": 6.0e-6, "bound_violation_rate": 0.5,

@@ -19,7 +19,7 @@ harness) must neither hide nor add anything. Padded rows are dropped, never atta
 
 Speed. Exposures of layer ℓ depend only on layers 0..ℓ, so components other than the LM head are
 captured on a view of the victim cut after layer ℓ (`truncated`): the same modules, the same noise-bank
-streams (they are keyed by seed and op label), the same exposures (tests/test_attacks.py checks they are
+streams (they are keyed by seed and op label), the same exposures (tests/splitee/test_attacks.py checks they are
 identical), a fraction of the cost.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ would be for each candidate token v given the prefix, μ_e(v), and scores
 over every used exposure e of that position. With a known prefix, the likelihood's argmax is the
 maximum-likelihood token and the MAP's the Bayes-optimal guess under the model's prior (0-1 loss). σ_e =
 Δ_e·sigma_scale/ε is computed from the public weights and the configuration exactly as the engine does
-(`op_sigmas`; tests/test_sequential_attack.py checks equality with the engine's own σ). T3 sends inputs
+(`op_sigmas`; tests/splitee/test_sequential_attack.py checks equality with the engine's own σ). T3 sends inputs
 in the clear: σ_e = 1 there, so the score is −½ Σ‖y − μ‖²: exact matching, the nearest candidate.
 
 Prefix (`mode`): `teacher_forced` gives the true prefix (an upper bound for every attacker of this family);

@@ -22,7 +22,7 @@ labels, ∂ℓ(f_C(s'_B), Y)/∂s'_B, matches g; each position's guess is argmax
   Gaussian noise), which the protocol publishes, each row that arrives at norm c is first scaled back up to
   the norm of the gradient the model's own next-token guesses would give. A clipped row keeps only the
   direction of J_Cᵀ(p − Y); with V ≫ d many dense small changes of Y share it, and matching at norm c finds
-  one of them, not the label (tests/test_splitft.py checks this on the tiny model), while the one-hot label
+  one of them, not the label (tests/splitft/test_splitft.py checks this on the tiny model), while the one-hot label
   is the only distribution that also has the unclipped norm. The noise it cannot undo.
 - Under the guard's noise (`prior`, the default), it is a MAP estimate, not a plain match: the guard
   publishes σ = z·c, so the loss is the Gaussian negative log-likelihood Σ‖ĝ − g‖²/(2σ_r²) (σ_r the noise

@@ -23,7 +23,7 @@ optimizer the clients use (`splitft.optimizer`):
 
 Adam normalises each entry, so every row moves by about η per entry (where |g| ≫ ε; on the tiny random
 model the bulk's first-step gradients are near ε, so norms still rank there once, not after) and a norm-based
-score carries nothing (tests/test_splitft.py checks both); the sign pattern is what survives. So the
+score carries nothing (tests/splitft/test_splitft.py checks both); the sign pattern is what survives. So the
 attacker scores each row by its direction against the bulk's:
 
     b = median_v Δ_v   (coordinate-wise, over the V rows of the head's update)
@@ -49,7 +49,7 @@ Where it does not apply, and what it cannot see (docs/splitft.md):
   earlier steps of the round (the optimizer is fresh each round, harness/splitft/client.py): the first pair
   of a round is exactly the sign step above; later ones are a mix, m̂ of step j weighing step j−1's
   gradient ≈ 47 % at j = 2, so earlier batches' labels enter the prediction and precision falls
-  (tests/test_splitft_weights.py). SGD has no memory.
+  (tests/splitft/test_splitft_weights.py). SGD has no memory.
 - AdamW's decoupled decay −ηλW_v (λ = 0.01) is in Δ; it is ≈ 1 % of the sign step's size per entry and
   changes no sign except where |g_v| ≲ ε, so it is left in.
 - Float resolution: Δ_v is a difference of float32 weights. On a real model with SGD at a small step the

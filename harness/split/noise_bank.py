@@ -12,7 +12,7 @@ engine.bank_bytes, docs/noise_bank.md). A segment drawn in pieces gives bit for 
 of the whole segment gave: every piece but a segment's last has a multiple of 16 rows (torch's CPU
 `randn` transforms its uniforms in blocks of 16 values, so a stream cut at a multiple of 16 continues
 where it stopped) and at least 16 rows (so `masks @ W.T` takes the same BLAS path as on the whole
-segment; tests/test_noise_bank.py checks both against one full draw).
+segment; tests/splitee/test_noise_bank.py checks both against one full draw).
 """
 from __future__ import annotations
 

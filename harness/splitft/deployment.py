@@ -9,7 +9,7 @@ written by harness.splitft.client.write_recipe (model entry, split section, the 
 the same file, and each SuperNode picks its blocks by its `--node-config "partition-id=I"`), and `sink`,
 where the ServerApp saves what the server saw (the view's crossings, per-round metrics, the final A/C).
 The steps to start a SuperLink and SuperNodes are in docs/splitft.md "Deployment runtime";
-tests/test_splitft.py::test_deployment_runtime_on_loopback runs them on 127.0.0.1 (marked slow).
+tests/splitft/test_splitft.py::test_deployment_runtime_on_loopback runs them on 127.0.0.1 (marked slow).
 """
 from __future__ import annotations
 

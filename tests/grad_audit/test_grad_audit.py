@@ -33,7 +33,7 @@ from metrics.proportions import wilson
 from metrics.random_effects import dersimonian_laird
 from runners.registry import runner_systems
 
-from .conftest import CONF, compose_config, run_cli_in_process
+from ..conftest import CONF, compose_config, run_cli_in_process
 
 # --- transforms -------------------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ from harness.splitft.step import (
     split_step,
 )
 
-from .conftest import CONF, run_cli_in_process
-from .conftest import model_cfg as _model_cfg
+from ..conftest import CONF, run_cli_in_process
+from ..conftest import model_cfg as _model_cfg
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
 BISR_B_STEPS = 30
@@ -330,7 +330,7 @@ def test_bad_values_are_refused_by_validate(hydra_conf, args, expected):
     from harness.errors import UserError
     from runners.registry import runner_systems
 
-    from .conftest import compose_config
+    from ..conftest import compose_config
 
     with pytest.raises(UserError) as err:
         schema.validate(compose_config(["experiment=splitft_smoke", *args]), runner_systems())

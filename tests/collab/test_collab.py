@@ -19,7 +19,7 @@ from harness.collab import benchmarks, engine, prompts
 from harness.collab.defences import CoGenesis, CoVeil, Defence, DPFusion, DPLogit, Upload, fuse, renyi_divergence
 from metrics.answers import constant_answer_floor, option_correct, stated_option
 
-from .conftest import CONF, run_cli_in_process
+from ..conftest import CONF, run_cli_in_process
 
 
 def _dists(seed: int, v: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
@@ -624,7 +624,7 @@ def smoke_cfg():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from .conftest import compose_config
+    from ..conftest import compose_config
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

@@ -17,7 +17,7 @@ from attacks.splitee import sequential as sq
 from harness.split.engine import EngineSettings, SplitEngine
 from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
 
-from .conftest import CONF, run_cli_in_process
+from ..conftest import CONF, run_cli_in_process
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 OPS = ("qkv", "o", "gate_up")

@@ -9,7 +9,7 @@ import pytest
 
 from metrics.replicates import pool
 
-from .conftest import run_cli_in_process
+from ..conftest import run_cli_in_process
 
 TINY = ["experiment=smoke", "workload.n_prompts=2", "generation.max_new_tokens=6", "generation.batch_size=2",
         "semantic_model=null"]

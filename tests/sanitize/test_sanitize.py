@@ -18,7 +18,7 @@ from harness.sanitize.embeddings import Table
 from harness.sanitize.mechanisms import Settings
 from harness.sanitize.tasks import MINI_SST2, Scored
 
-from .conftest import compose_config, run_cli_in_process
+from ..conftest import compose_config, run_cli_in_process
 
 
 def _table(v=40, d=6, distance="euclidean", seed=0, candidates=None):
@@ -171,7 +171,7 @@ def test_a_filter_that_leaves_no_token_is_one_user_error_line(tiny_sanitizer):
 
     from harness.sanitize import sanitizer
 
-    from .conftest import CONF
+    from ..conftest import CONF
 
     loaded = tiny_sanitizer[0]
     section = OmegaConf.load(CONF / "sanitize" / "default.yaml")
@@ -204,7 +204,7 @@ def tiny_sanitizer():
     from harness.sanitize import sanitizer
     from harness.workloads import load_workload
 
-    from .conftest import CONF
+    from ..conftest import CONF
 
     loaded = load_model(model_entry("tiny-llama"))
     wl = OmegaConf.load(CONF / "workload" / "builtin.yaml")
@@ -439,7 +439,7 @@ def test_learned_decoder_reads_a_sanitiser_that_keeps_tokens_and_not_shuffled_pa
     from harness.sanitize.sanitizer import Sanitizer
     from harness.workloads import load_workload
 
-    from .conftest import CONF
+    from ..conftest import CONF
 
     loaded, _, stencil = tiny_sanitizer
     keeper = Sanitizer(stencil.table, Settings("dx_noise", parameter=1e6), None, stencil.chunk)

@@ -36,7 +36,7 @@ from harness.split.mechanisms import (
     worst_case_products,
 )
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 
 def input_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -575,7 +575,7 @@ def test_settings_defaults_live_in_the_yaml(hydra_conf):
 
     from attacks.inversion import TrainSettings
 
-    from .conftest import compose_config
+    from ..conftest import compose_config
 
     cfg = compose_config([])
     engine = {k: v for k, v in OmegaConf.to_container(cfg.engine).items() if k != "_target_"}

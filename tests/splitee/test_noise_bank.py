@@ -24,9 +24,9 @@ from harness.split.noise_bank import (
     stream_seed,
 )
 
-from .conftest import run_cli_in_process
+from ..conftest import run_cli_in_process
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 
 @functools.lru_cache(maxsize=None)

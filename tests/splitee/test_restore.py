@@ -14,7 +14,7 @@ from runners.report.plotting import Figures
 from runners.report.runs import scan
 from runners.restore import read_source
 
-from .conftest import run_cli_in_process
+from ..conftest import run_cli_in_process
 
 VICTIM = {"name": "tiny-llama-tied", "kind": "random", "revision": None, "architecture": "llama", "seed": 0,
           "hf_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -18,9 +18,9 @@ from harness.models import load_model
 from harness.splitft.client import ClientTrainer, Recipe, write_recipe
 from harness.splitft.data import load_split_data
 
+from ..conftest import CONF
+from ..conftest import model_cfg as _model_cfg
 from . import test_splitft
-from .conftest import CONF
-from .conftest import model_cfg as _model_cfg
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -142,7 +142,7 @@ def test_the_split_client_holds_no_b(tmp_path):
         client.part.body(s_a, client.part.context(s_a))
 
 
-# The deployment test's Flower app (tests/test_splitft.py), naming the split deployment's apps instead.
+# The deployment test's Flower app (tests/splitft/test_splitft.py), naming the split deployment's apps instead.
 APP_TOML = (test_splitft.APP_TOML.replace('name = "splitftapp"', 'name = "splitftsplit"')
             .replace("harness.splitft.deployment:", "harness.splitft.split_deployment:"))
 
@@ -164,7 +164,7 @@ def test_split_deployment_on_loopback(tmp_path):
     (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
                                       f'address = "127.0.0.1:{link}"\ninsecure = true\n')
     # this checkout's harness first on every process's path (the venv may hold another copy of splitbench)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "FLWR_HOME": str(home), "HF_HUB_OFFLINE": "1", "FLWR_TELEMETRY_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     bin_dir = Path(sys.executable).parent

@@ -18,7 +18,7 @@ from harness.splitee.numerics import bound, kernels, precisions, reference, stud
 from harness.splitee.numerics.controlled_error import ErrorRescaler, rescale_to_mae
 from harness.splitee.numerics.study import member_names
 
-from .conftest import compose_config, run_cli_in_process
+from ..conftest import compose_config, run_cli_in_process
 
 NARROW = ("fp32", "bf16", "fp16")
 

@@ -17,8 +17,8 @@ from harness.splitft.client import make_optimizer
 from harness.splitft.data import load_split_data
 from harness.splitft.step import CLIENT_WEIGHTS, Recorder, split_step
 
-from .conftest import CONF
-from .conftest import model_cfg as _model_cfg
+from ..conftest import CONF
+from ..conftest import model_cfg as _model_cfg
 
 SECTION = OmegaConf.load(CONF / "splitft" / "default.yaml")
 

@@ -25,7 +25,7 @@ from harness.errors import UserError
 from metrics.intervals import Estimate
 from metrics.privacy import corpus_token_prf
 
-from .conftest import CONF, run_cli, run_cli_in_process
+from ..conftest import CONF, run_cli, run_cli_in_process
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,7 +13,7 @@ from harness.models import load_model
 from harness.split.architectures import architecture_of, decoder_layers, final_norm
 from harness.split.sensitivity import sensitivity_table
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 PAIRS = 10_000
 
 
