@@ -18,14 +18,12 @@ records what the cloud receives (adversary view, view.pt), and reports
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from typing import Any
 
 from omegaconf import DictConfig
 
 from harness import configurations, schema
-from harness.errors import UserError
 from harness.results import RunContext
 from runners import common, identity
 
@@ -55,219 +53,76 @@ def _parameter_unit(cfg: DictConfig) -> str | None:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks.collab import decodeleak as leak
-    from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
-    from harness.adversary_view import view_meta
-    from harness.collab import benchmarks, edge_baselines, engine, prompts, protocol
-    from harness.collab.defences import make_defence
-    from harness.models import load_model
-    from metrics.answers import constant_answer_floor, option_correct, scored_correct
-    from metrics.intervals import mean_ci
-    from metrics.text import rouge_l
+    from attacks.collab import suite
+    from harness.collab import benchmarks, experiment
 
     c = cfg.collab
     name, lam = cfg.configuration.name, parameter(cfg)
     if c.threads is not None:
         torch.set_num_threads(int(c.threads))
     ks, k_rep = sorted(int(k) for k in c.metrics.ks), int(c.metrics.report_k)
-    edge = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=c.placement.edge)
-    # One model for both parties only where both are placed alike; else each party loads its own copy.
-    cloud = (edge if c.cloud is None and c.placement.cloud == c.placement.edge else
-             load_model(c.cloud if c.cloud is not None else cfg.model, cache_dir=cfg.paths.cache_dir,
-                        placement=c.placement.cloud))
-    try:
-        vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
-    except ValueError:
-        raise UserError(f"the edge model {edge.name} and the cloud model {cloud.name} have different tokenizers; "
-                        "collaborative decoding fuses distributions over one shared vocabulary") from None
-    critical = bool(c.benchmark.answer_critical)
-    bench = benchmarks.load_benchmark(c.benchmark, n_examples=None if critical else c.benchmark.n_examples)
-    pad, eos = common.special_ids(edge.tokenizer)
-    pair = protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos)
-    if critical:
-        if not bench.has_options:
-            raise UserError(f"collab.benchmark.answer_critical=true needs an option benchmark; {bench.name} has references")
-        bench.examples = protocol.answer_critical(pair, bench.examples, n=c.benchmark.n_examples)
-        bench.filter["answer_critical"] = True
-        if len(bench.examples) < 2:
-            raise UserError(f"collab.benchmark.answer_critical=true kept {len(bench.examples)} example(s); the paired "
-                            "intervals need at least 2")
+    parties = experiment.load_parties(cfg, common.special_ids)
+    bench = experiment.load_examples(cfg, parties.pair)
     examples = bench.examples
-    top = max(ks)
-    settings = dict(alpha=float(c.alpha), candidates=int(c.candidates), dp_delta=float(c.dp_delta),
-                    renyi_order=float(c.renyi_order),
-                    baselines=edge_baselines.options_of(c, name, edge.model, edge.tokenizer))
-    defence = make_defence(name, lam, **settings)
-    common_kw = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=int(cfg.seed), view_top=int(c.view_top))
-    meta = view_meta(cfg, system=configurations.COLLAB, workload=bench.name, epsilon=lam if lam is not None else cfg.epsilon)
-    meta.update(fusion=c.fusion, alpha=float(c.alpha), cloud_model=cloud.name, edge_model=edge.name)
+    runs = experiment.decode(cfg, parties, bench, name, lam, top=max(ks))
+    audit = suite.audit(c, cfg.paths.cache_dir, parties, examples, runs, ks, k_rep)
+    use = experiment.utility(cfg, parties, bench, runs)
+    util, v, curves_out, rep = use.value, audit.verdict, audit.curves_out, str(k_rep)
 
-    key = dict(edge=edge.source, cloud=cloud.source, examples=[dataclasses.asdict(e) for e in examples],
-               max_new_tokens=int(c.max_new_tokens), top=top)
-    floor = protocol.cached(cfg.paths.cache_dir, {**key, "run": "cloud_alone"}, lambda: protocol.cloud_alone(
-        pair, examples, max_new_tokens=int(c.max_new_tokens), top=top))
-    key.update(common_kw, alpha=float(c.alpha))
-    undefended = protocol.cached(cfg.paths.cache_dir, {**key, "run": "undefended"}, lambda: protocol.collaborate_all(
-        pair, examples, make_defence("collab_none", None, **settings), desc="positive control (undefended)",
-        **common_kw))
-    if name == "collab_none":  # the undefended point is its own positive control
-        signals, undefended = undefended, None
-        signals.view.meta = meta
-    else:
-        signals = protocol.collaborate_all(pair, examples, defence, meta=meta,
-                                           desc=f"{name} ({c.fusion}-side)", **common_kw)
-    no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
-        pair, examples, make_defence("collab_none", None, **settings), private=False,
-        desc="null of the undefended run (edge without x_priv)", **common_kw))
-    # The verdict's null signal: this defence, parameter and seed with an edge that does not hold x_priv.
-    null = no_context if name == "collab_none" else protocol.collaborate_all(
-        pair, examples, make_defence(name, lam, **settings), private=False,
-        desc=f"null signal: {name} without x_priv", **common_kw)
-    # The negative control's second null: the same, another seed (identical for a deterministic defence).
-    null_again = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), private=False,
-                                          desc="negative control: null signal, seed + 1",
-                                          **{**common_kw, "seed": int(cfg.seed) + 1})
-
-    vocab_info = Vocabulary(edge.tokenizer)
-    evidence = [tokenise_evidence(e.evidence, vocab_info, bool(c.evidence.leading_space)) for e in examples]
-
-    def sets_of(sig: protocol.Signals) -> list[list[list[int]]]:
-        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top) for e in examples]
-
-    run_sets = sets_of(signals)
-    curves = leak.score_sets(run_sets, evidence, vocab_info, ks)
-    floor_curves = leak.score_sets(floor.sets, evidence, vocab_info, ks)
-    # The verdict: the informed attacker (signal ∪ its own no-signal guesses) on the signal against the same
-    # attacker on the null signal; the controls likewise (attacks/collab/decodeleak.py).
-    null_sets = sets_of(null)
-    informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=floor.sets)
-    informed_null = leak.score_sets(null_sets, evidence, vocab_info, ks, prior=floor.sets)
-    pos = None if undefended is None else (
-        leak.score_sets(sets_of(undefended), evidence, vocab_info, ks, prior=floor.sets),
-        leak.score_sets(sets_of(no_context), evidence, vocab_info, ks, prior=floor.sets))
-    neg = (leak.score_sets(sets_of(null_again), evidence, vocab_info, ks, prior=floor.sets), informed_null)
-    inv = c.inversion
-    if inv.enabled:
-        def inversions(all_sets: list[list[list[int]]]) -> list[str]:
-            return [leak.invert(cloud.model, cloud.tokenizer, prompts.encode(cloud.tokenizer, prompts.inversion_text(
-                e, cloud.tokenizer, s, int(inv.k), int(inv.max_steps))), int(inv.max_new_tokens))
-                for e, s in zip(examples, all_sets)]
-
-        inv_key = {"edge": edge.source, "cloud": cloud.source, "examples": key["examples"], "top": top,
-                   "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion"}
-        guesses = {"run": inversions(run_sets),
-                   "floor": protocol.cached(cfg.paths.cache_dir, inv_key, lambda: inversions(floor.sets))}
-        for curves_, texts in ((curves, guesses["run"]), (floor_curves, guesses["floor"])):
-            curves_.inversion = [leak.rouge1(e.context, g) for e, g in zip(examples, texts)]
-            curves_.inversion_text = list(texts)
-
-    option_scores = None
-    if bench.has_options and c.option_scoring == "likelihood":
-        utility_metric = "accuracy"
-        option_scores = protocol.option_loglik(pair, examples, defence, mode=c.fusion, seed=int(cfg.seed))
-        cloud_scores = protocol.cached(cfg.paths.cache_dir, {"edge": edge.source, "cloud": cloud.source,
-                                                             "examples": key["examples"], "run": "cloud_option_loglik"},
-                                       lambda: protocol.option_loglik(pair, examples, None, mode=c.fusion, seed=0))
-        per = [scored_correct(sc, e.answer) for sc, e in zip(option_scores, examples)]
-        cloud_per = [scored_correct(sc, e.answer) for sc, e in zip(cloud_scores, examples)]
-    elif bench.has_options:
-        utility_metric = "accuracy"
-        per = [option_correct(t, e.options, e.answer) for t, e in zip(signals.texts, examples)]
-        cloud_per = [option_correct(t, e.options, e.answer) for t, e in zip(floor.texts, examples)]
-    else:
-        utility_metric = "rouge_l"
-        per = [rouge_l(e.reference, t) for t, e in zip(signals.texts, examples)]
-        cloud_per = [rouge_l(e.reference, t) for t, e in zip(floor.texts, examples)]
-    util, cloud_util = mean_ci(per, bounds=(0.0, 100.0)), mean_ci(cloud_per, bounds=(0.0, 100.0))
-    # Accuracy that does not clear the constant answer's (always the most frequent gold option) shows no skill:
-    # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
-    accuracy_floor = constant_answer_floor([e.answer for e in examples]) if utility_metric == "accuracy" else None
-
-    curves_out = leak.summarise(curves, floor_curves, ks)
-    v = leak.verdict(informed, informed_null, pos, neg, k_rep, float(c.controls.gate_margin_pp),
-                     float(c.controls.positive_margin_pp))
-    informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
-                    if not k.startswith("floor_") and "inversion" not in k}
-    rep = str(k_rep)
-    metrics: dict[str, Any] = {}
-    for m in leak.METRICS:
-        metrics[f"{m}_at_{k_rep}"] = curves_out[f"{m}_at_k"][rep]
-        metrics[f"floor_{m}_at_{k_rep}"] = curves_out[f"floor_{m}_at_k"][rep]
-        metrics[f"excess_{m}_at_{k_rep}"] = curves_out[f"excess_{m}_at_k"][rep]
-    metrics[f"informed_token_er_at_{k_rep}"] = informed_out["informed_token_er_at_k"][rep]
-    metrics[f"informed_excess_token_er_at_{k_rep}"] = informed_out["informed_excess_token_er_at_k"][rep]
-    metrics[f"null_excess_token_er_at_{k_rep}"] = v["null_excess_token_er"]
-    metrics[f"null_excess_token_er_at_{k_rep}_ci"] = v["null_excess_token_er_ci"]
-    metrics.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
-                                               "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
-                    if k in curves_out})
-    metrics.update(util.flat(utility_metric))
-    metrics[f"cloud_only_{utility_metric}"] = cloud_util.mean
-    if accuracy_floor is not None:
-        metrics["accuracy_floor"] = accuracy_floor
-        metrics["accuracy_skill"] = util.lo is not None and util.lo > accuracy_floor
+    metrics: dict[str, Any] = {**suite.metrics(audit, k_rep), **util.flat(use.metric),
+                               f"cloud_only_{use.metric}": use.cloud_only.mean}
+    if use.accuracy_floor is not None:
+        metrics["accuracy_floor"] = use.accuracy_floor
+        metrics["accuracy_skill"] = util.lo is not None and util.lo > use.accuracy_floor
     metrics.update({k: v[k] for k in ("verdict", "positive_control_pass", "negative_control_pass")})
-    steps = signals.step_seconds
+    steps = runs.signals.step_seconds
     metrics["seconds_per_step"] = statistics.fmean(steps) if steps else None
-    metrics["defence_seconds_per_step"] = signals.defence_seconds / len(steps) if steps else None
-
-    leak_ci = curves_out["token_er_at_k_ci"][rep]
+    metrics["defence_seconds_per_step"] = runs.signals.defence_seconds / len(steps) if steps else None
+    accuracy = use.metric == "accuracy"
     results = {
-        **_header(cfg, edge, bench),
-        "system": configurations.COLLAB,
-        "configuration": name,
-        "epsilon": lam,
-        "privacy_parameter": configurations.privacy_parameter(name, lam, unit=_parameter_unit(cfg)),
-        "fusion": c.fusion,
-        "alpha": float(c.alpha),
-        "candidates": int(c.candidates) if name == "coveil" else None,
-        "cloud_model": cloud.name,
-        "cloud_model_source": cloud.source,
+        **experiment.header(cfg, parties.edge, bench), "system": configurations.COLLAB, "configuration": name,
+        "epsilon": lam, "privacy_parameter": configurations.privacy_parameter(name, lam, unit=_parameter_unit(cfg)),
+        "fusion": c.fusion, "alpha": float(c.alpha), "candidates": int(c.candidates) if name == "coveil" else None,
+        "cloud_model": parties.cloud.name, "cloud_model_source": parties.cloud.source,
         "evidence_tokenisation": "leading_space" if c.evidence.leading_space else "bare",
-        "option_scoring": c.option_scoring if bench.has_options else None,
-        "ks": ks,
-        "metrics": metrics,
-        **curves_out,
-        **informed_out,
-        "accuracy": util.mean if utility_metric == "accuracy" else None,
-        "accuracy_ci": [util.lo, util.hi] if utility_metric == "accuracy" else None,
-        "utility": {"metric": utility_metric, "value": util.mean, "ci": [util.lo, util.hi],
-                    "cloud_only": cloud_util.mean, "constant_answer_floor": accuracy_floor},
-        "controls": v,
-        "verdict": v["verdict"],
-        "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}",
-                                    leakage=curves_out["token_er_at_k"][rep], leakage_ci=leak_ci,
+        "option_scoring": c.option_scoring if bench.has_options else None, "ks": ks, "metrics": metrics,
+        **curves_out, **audit.informed_out,
+        "accuracy": util.mean if accuracy else None, "accuracy_ci": [util.lo, util.hi] if accuracy else None,
+        "utility": {"metric": use.metric, "value": util.mean, "ci": [util.lo, util.hi],
+                    "cloud_only": use.cloud_only.mean, "constant_answer_floor": use.accuracy_floor},
+        "controls": v, "verdict": v["verdict"],
+        "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}", leakage=curves_out["token_er_at_k"][rep],
+                                    leakage_ci=curves_out["token_er_at_k_ci"][rep],
                                     attacker="decodeleak (the paper's exposure sets)",
-                                    leakage_floor=curves_out["floor_token_er_at_k"][rep], utility_metric=utility_metric,
+                                    leakage_floor=curves_out["floor_token_er_at_k"][rep], utility_metric=use.metric,
                                     utility=util.mean, utility_ci=[util.lo, util.hi],
-                                    reference="gold answer" if utility_metric == "accuracy" else "reference response"),
-        "benchmark": benchmarks.describe(bench),
-        "metric_definitions": _definitions(cfg),
+                                    reference="gold answer" if accuracy else "reference response"),
+        "benchmark": benchmarks.describe(bench), "metric_definitions": _definitions(cfg),
     }
-    samples = []
-    for i, e in enumerate(examples):
-        row = {"id": e.id, "query": e.query, "evidence": list(e.evidence), "output_ids": signals.output_ids[i],
-               "output_text": signals.texts[i], "cloud_only_text": floor.texts[i], "utility": per[i],
-               **{f"{m}_at_{k_rep}": curves.rows[i][m][k_rep] for m in leak.METRICS},
-               **{f"floor_{m}_at_{k_rep}": floor_curves.rows[i][m][k_rep] for m in leak.METRICS}}
-        if curves.inversion:
-            row.update(curves.inversion[i], inversion_text=curves.inversion_text[i])
-        if bench.has_options:
-            row["gold"] = e.answer
-        if option_scores is not None:
-            row["option_loglik"] = option_scores[i]
-        samples.append(row)
+    samples = [_sample(i, e, runs, audit, use, k_rep, bench.has_options) for i, e in enumerate(examples)]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
-                         placement={"edge": edge.placement(), "cloud": cloud.placement()},
-                         before_done=lambda: signals.view.save(ctx.run_dir.path / "view.pt"),
+                         placement={"edge": parties.edge.placement(), "cloud": parties.cloud.placement()},
+                         before_done=lambda: runs.signals.view.save(ctx.run_dir.path / "view.pt"),
                          mirror_columns=("id", "output_text", f"token_er_at_{k_rep}", "utility"))
 
 
-def _header(cfg: DictConfig, edge: Any, bench: Any) -> dict[str, Any]:
-    return {"experiment": "collab", "experiment_name": cfg.experiment_name, "status": "ok", "model": edge.name,
-            "model_source": edge.source, "workload": f"collab:{bench.name}", "n_prompts": len(bench.examples),
-            "generation": {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}}
+def _sample(i: int, e: Any, runs: Any, audit: Any, use: Any, k_rep: int, has_options: bool) -> dict[str, Any]:
+    """samples.jsonl's row of example `e` (the i-th)."""
+    from attacks.collab.decodeleak import METRICS
+
+    curves, floor_curves = audit.curves, audit.floor_curves
+    row = {"id": e.id, "query": e.query, "evidence": list(e.evidence), "output_ids": runs.signals.output_ids[i],
+           "output_text": runs.signals.texts[i], "cloud_only_text": runs.floor.texts[i], "utility": use.per[i],
+           **{f"{m}_at_{k_rep}": curves.rows[i][m][k_rep] for m in METRICS},
+           **{f"floor_{m}_at_{k_rep}": floor_curves.rows[i][m][k_rep] for m in METRICS}}
+    if curves.inversion:
+        row.update(curves.inversion[i], inversion_text=curves.inversion_text[i])
+    if has_options:
+        row["gold"] = e.answer
+    if use.option_scores is not None:
+        row["option_loglik"] = use.option_scores[i]
+    return row
 
 
 def _definitions(cfg: DictConfig) -> dict[str, str]:

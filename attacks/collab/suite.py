@@ -1,0 +1,90 @@
+"""DecodeLeak's audit of one collab run (paper 003 §3): the exposure sets of every decoding the run made
+(harness/collab/experiment.py Decodings), scored on the private evidence against the cloud alone's floor;
+the informed attacker on the signal against the same attacker on the null signal (the verdict), with the
+undefended run as positive and a second null as negative control; and the cloud's inversion of x_priv
+(`collab.inversion.enabled`). Only the view and what the cloud owns reach the attacker
+(attacks/collab/decodeleak.py); the evidence reaches the scoring."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from attacks.collab import decodeleak as leak
+from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
+from harness.collab import prompts, protocol
+from harness.collab.experiment import Decodings, Parties
+
+
+@dataclass
+class Audit:
+    curves: leak.Curves              # the run's exposure sets, per example
+    floor_curves: leak.Curves        # the cloud alone's
+    curves_out: dict[str, Any]       # leak.summarise: every metric at every K, its floor and excess
+    informed_out: dict[str, Any]     # the informed attacker's, `informed_` keys
+    verdict: dict[str, Any]          # leak.verdict with its controls
+
+
+def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], runs: Decodings, ks: list[int],
+          k_rep: int) -> Audit:
+    """The audit of `runs` on `examples` at every K of `ks`, its verdict at `k_rep` (c: the collab section;
+    cache_dir: where the floor's inversion is cached)."""
+    cloud, vocab, top = parties.cloud, parties.vocab, max(ks)
+    vocab_info = Vocabulary(parties.edge.tokenizer)
+    evidence = [tokenise_evidence(e.evidence, vocab_info, bool(c.evidence.leading_space)) for e in examples]
+
+    def sets_of(sig: protocol.Signals) -> list[list[list[int]]]:
+        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top) for e in examples]
+
+    run_sets = sets_of(runs.signals)
+    curves = leak.score_sets(run_sets, evidence, vocab_info, ks)
+    floor_curves = leak.score_sets(runs.floor.sets, evidence, vocab_info, ks)
+    # The verdict: the informed attacker (signal ∪ its own no-signal guesses) on the signal against the same
+    # attacker on the null signal; the controls likewise (attacks/collab/decodeleak.py).
+    null_sets = sets_of(runs.null)
+    informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=runs.floor.sets)
+    informed_null = leak.score_sets(null_sets, evidence, vocab_info, ks, prior=runs.floor.sets)
+    pos = None if runs.undefended is None else (
+        leak.score_sets(sets_of(runs.undefended), evidence, vocab_info, ks, prior=runs.floor.sets),
+        leak.score_sets(sets_of(runs.no_context), evidence, vocab_info, ks, prior=runs.floor.sets))
+    neg = (leak.score_sets(sets_of(runs.null_again), evidence, vocab_info, ks, prior=runs.floor.sets), informed_null)
+    inv = c.inversion
+    if inv.enabled:
+        def inversions(all_sets: list[list[list[int]]]) -> list[str]:
+            return [leak.invert(cloud.model, cloud.tokenizer, prompts.encode(cloud.tokenizer, prompts.inversion_text(
+                e, cloud.tokenizer, s, int(inv.k), int(inv.max_steps))), int(inv.max_new_tokens))
+                for e, s in zip(examples, all_sets)]
+
+        inv_key = {"edge": parties.edge.source, "cloud": cloud.source, "examples": runs.key["examples"], "top": top,
+                   "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion"}
+        guesses = {"run": inversions(run_sets),
+                   "floor": protocol.cached(cache_dir, inv_key, lambda: inversions(runs.floor.sets))}
+        for curves_, texts in ((curves, guesses["run"]), (floor_curves, guesses["floor"])):
+            curves_.inversion = [leak.rouge1(e.context, g) for e, g in zip(examples, texts)]
+            curves_.inversion_text = list(texts)
+    curves_out = leak.summarise(curves, floor_curves, ks)
+    v = leak.verdict(informed, informed_null, pos, neg, k_rep, float(c.controls.gate_margin_pp),
+                     float(c.controls.positive_margin_pp))
+    informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
+                    if not k.startswith("floor_") and "inversion" not in k}
+    return Audit(curves, floor_curves, curves_out, informed_out, v)
+
+
+def metrics(a: Audit, k_rep: int) -> dict[str, Any]:
+    """results.json `metrics`' leakage part: every metric at the verdict's K with its floor and excess, the
+    informed attacker's, the verdict's statistic, the inversion's, in this order."""
+    rep, curves_out, v = str(k_rep), a.curves_out, a.verdict
+    out: dict[str, Any] = {}
+    for m in leak.METRICS:
+        out[f"{m}_at_{k_rep}"] = curves_out[f"{m}_at_k"][rep]
+        out[f"floor_{m}_at_{k_rep}"] = curves_out[f"floor_{m}_at_k"][rep]
+        out[f"excess_{m}_at_{k_rep}"] = curves_out[f"excess_{m}_at_k"][rep]
+    out[f"informed_token_er_at_{k_rep}"] = a.informed_out["informed_token_er_at_k"][rep]
+    out[f"informed_excess_token_er_at_{k_rep}"] = a.informed_out["informed_excess_token_er_at_k"][rep]
+    out[f"null_excess_token_er_at_{k_rep}"] = v["null_excess_token_er"]
+    out[f"null_excess_token_er_at_{k_rep}_ci"] = v["null_excess_token_er_ci"]
+    out.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
+                                           "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
+                if k in curves_out})
+    return out

@@ -1,0 +1,168 @@
+"""One collaborative-decoding run end to end, as library calls the runner composes (paper 003): the two
+parties, the benchmark, every decoding the audit reads (the run under its defence, the cloud alone, the
+undefended positive control, the null signals: the edge without x_priv) and the answer's utility. The
+DecodeLeak audit of these decodings is attacks/collab/suite.py; the runner (runners/collab.py) writes both
+into results.json."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness import configurations
+from harness.adversary_view import view_meta
+from harness.collab import benchmarks, edge_baselines, engine, protocol
+from harness.collab.defences import make_defence
+from harness.errors import UserError
+from harness.models import load_model
+from metrics.answers import constant_answer_floor, option_correct, scored_correct
+from metrics.intervals import Estimate, mean_ci
+from metrics.text import rouge_l
+
+
+@dataclass
+class Parties:
+    """The edge model (it holds x_priv), the cloud model, their shared vocabulary and the decoding pair."""
+
+    edge: Any
+    cloud: Any
+    vocab: int
+    pair: protocol.Pair
+
+
+@dataclass
+class Decodings:
+    """What the audit reads: the run's signals and the controls' (protocol.Signals each)."""
+
+    signals: protocol.Signals
+    floor: Any                       # the cloud alone from x_pub: its texts and its own top-K sets
+    undefended: Any | None           # the positive control (None: the run is itself undefended)
+    no_context: Any                  # the undefended edge without x_priv (the positive control's null)
+    null: Any                        # the verdict's null signal: this defence without x_priv
+    null_again: Any                  # the negative control: the null signal, seed + 1
+    defence: Any
+    key: dict[str, Any]              # the cache key of this run's examples and models
+
+
+@dataclass
+class Utility:
+    metric: str                      # accuracy | rouge_l
+    per: list[float]                 # per example
+    cloud_per: list[float]
+    value: Estimate
+    cloud_only: Estimate
+    accuracy_floor: float | None     # the constant answer's accuracy (accuracy only)
+    option_scores: list[Any] | None  # per-option log-likelihoods (collab.option_scoring=likelihood)
+
+
+def load_parties(cfg: DictConfig, special_ids: Callable[[Any], tuple[int, int | None]]) -> Parties:
+    """The edge and cloud models where collab.placement puts them (one model for both parties only where both
+    are placed alike), refused in one line when their vocabularies differ; `special_ids` gives (pad, eos)."""
+    c = cfg.collab
+    edge = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=c.placement.edge)
+    # One model for both parties only where both are placed alike; else each party loads its own copy.
+    cloud = (edge if c.cloud is None and c.placement.cloud == c.placement.edge else
+             load_model(c.cloud if c.cloud is not None else cfg.model, cache_dir=cfg.paths.cache_dir,
+                        placement=c.placement.cloud))
+    try:
+        vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
+    except ValueError:
+        raise UserError(f"the edge model {edge.name} and the cloud model {cloud.name} have different tokenizers; "
+                        "collaborative decoding fuses distributions over one shared vocabulary") from None
+    _, eos = special_ids(edge.tokenizer)
+    return Parties(edge, cloud, vocab, protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos))
+
+
+def load_examples(cfg: DictConfig, pair: protocol.Pair) -> Any:
+    """The benchmark (collab.benchmark), kept to its answer-critical examples where asked."""
+    c = cfg.collab
+    critical = bool(c.benchmark.answer_critical)
+    bench = benchmarks.load_benchmark(c.benchmark, n_examples=None if critical else c.benchmark.n_examples)
+    if critical:
+        if not bench.has_options:
+            raise UserError(f"collab.benchmark.answer_critical=true needs an option benchmark; {bench.name} has references")
+        bench.examples = protocol.answer_critical(pair, bench.examples, n=c.benchmark.n_examples)
+        bench.filter["answer_critical"] = True
+        if len(bench.examples) < 2:
+            raise UserError(f"collab.benchmark.answer_critical=true kept {len(bench.examples)} example(s); the paired "
+                            "intervals need at least 2")
+    return bench
+
+
+def decode(cfg: DictConfig, parties: Parties, bench: Any, name: str, lam: float | None, top: int) -> Decodings:
+    """Every decoding of the run, the deterministic controls cached (protocol.cached): the cloud alone, the
+    undefended run and its null; then the run under its defence, its null signal and the null at seed + 1."""
+    c = cfg.collab
+    edge, cloud, pair, examples = parties.edge, parties.cloud, parties.pair, bench.examples
+    settings = dict(alpha=float(c.alpha), candidates=int(c.candidates), dp_delta=float(c.dp_delta),
+                    renyi_order=float(c.renyi_order),
+                    baselines=edge_baselines.options_of(c, name, edge.model, edge.tokenizer))
+    defence = make_defence(name, lam, **settings)
+    common_kw = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=int(cfg.seed), view_top=int(c.view_top))
+    meta = view_meta(cfg, system=configurations.COLLAB, workload=bench.name, epsilon=lam if lam is not None else cfg.epsilon)
+    meta.update(fusion=c.fusion, alpha=float(c.alpha), cloud_model=cloud.name, edge_model=edge.name)
+
+    key = dict(edge=edge.source, cloud=cloud.source, examples=[dataclasses.asdict(e) for e in examples],
+               max_new_tokens=int(c.max_new_tokens), top=top)
+    floor = protocol.cached(cfg.paths.cache_dir, {**key, "run": "cloud_alone"}, lambda: protocol.cloud_alone(
+        pair, examples, max_new_tokens=int(c.max_new_tokens), top=top))
+    key.update(common_kw, alpha=float(c.alpha))
+    undefended = protocol.cached(cfg.paths.cache_dir, {**key, "run": "undefended"}, lambda: protocol.collaborate_all(
+        pair, examples, make_defence("collab_none", None, **settings), desc="positive control (undefended)",
+        **common_kw))
+    if name == "collab_none":  # the undefended point is its own positive control
+        signals, undefended = undefended, None
+        signals.view.meta = meta
+    else:
+        signals = protocol.collaborate_all(pair, examples, defence, meta=meta,
+                                           desc=f"{name} ({c.fusion}-side)", **common_kw)
+    no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
+        pair, examples, make_defence("collab_none", None, **settings), private=False,
+        desc="null of the undefended run (edge without x_priv)", **common_kw))
+    # The verdict's null signal: this defence, parameter and seed with an edge that does not hold x_priv.
+    null = no_context if name == "collab_none" else protocol.collaborate_all(
+        pair, examples, make_defence(name, lam, **settings), private=False,
+        desc=f"null signal: {name} without x_priv", **common_kw)
+    # The negative control's second null: the same, another seed (identical for a deterministic defence).
+    null_again = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), private=False,
+                                          desc="negative control: null signal, seed + 1",
+                                          **{**common_kw, "seed": int(cfg.seed) + 1})
+    return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key)
+
+
+def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> Utility:
+    """The answer's utility and the cloud alone's: option accuracy (the stated option, or the likeliest with
+    collab.option_scoring=likelihood) or ROUGE-L to the reference, with the constant answer's accuracy."""
+    c, examples, pair = cfg.collab, bench.examples, parties.pair
+    option_scores = None
+    if bench.has_options and c.option_scoring == "likelihood":
+        metric = "accuracy"
+        option_scores = protocol.option_loglik(pair, examples, runs.defence, mode=c.fusion, seed=int(cfg.seed))
+        cloud_scores = protocol.cached(cfg.paths.cache_dir, {"edge": parties.edge.source, "cloud": parties.cloud.source,
+                                                             "examples": runs.key["examples"],
+                                                             "run": "cloud_option_loglik"},
+                                       lambda: protocol.option_loglik(pair, examples, None, mode=c.fusion, seed=0))
+        per = [scored_correct(sc, e.answer) for sc, e in zip(option_scores, examples)]
+        cloud_per = [scored_correct(sc, e.answer) for sc, e in zip(cloud_scores, examples)]
+    elif bench.has_options:
+        metric = "accuracy"
+        per = [option_correct(t, e.options, e.answer) for t, e in zip(runs.signals.texts, examples)]
+        cloud_per = [option_correct(t, e.options, e.answer) for t, e in zip(runs.floor.texts, examples)]
+    else:
+        metric = "rouge_l"
+        per = [rouge_l(e.reference, t) for t, e in zip(runs.signals.texts, examples)]
+        cloud_per = [rouge_l(e.reference, t) for t, e in zip(runs.floor.texts, examples)]
+    # Accuracy that does not clear the constant answer's (always the most frequent gold option) shows no skill:
+    # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
+    floor = constant_answer_floor([e.answer for e in examples]) if metric == "accuracy" else None
+    return Utility(metric, per, cloud_per, mean_ci(per, bounds=(0.0, 100.0)), mean_ci(cloud_per, bounds=(0.0, 100.0)),
+                   floor, option_scores)
+
+
+def header(cfg: DictConfig, edge: Any, bench: Any) -> dict[str, Any]:
+    return {"experiment": "collab", "experiment_name": cfg.experiment_name, "status": "ok", "model": edge.name,
+            "model_source": edge.source, "workload": f"collab:{bench.name}", "n_prompts": len(bench.examples),
+            "generation": {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}}
