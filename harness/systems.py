@@ -129,7 +129,7 @@ SYSTEMS: tuple[System, ...] = (
                          "runners.report.sequential_attack", "runners.report.restore"),
         smoke=("smoke", "timing_smoke", "fp_error_smoke", "controlled_error_smoke", "attack_smoke",
                "sequential_attack_smoke", "restore_smoke"),
-        docs="docs/design.md",
+        docs="docs/splitee.md",
     ),
     # Token-level prompt sanitisers (paper 001; harness/sanitize/). The prompt is sanitised on the client/TEE
     # side, then runs on the accelerator as `gpu` does; the name is the mechanism's

@@ -74,3 +74,23 @@ def test_every_entry_names_what_exists(entry, hydra_conf):
     if entry.section is not None:
         assert (CONF / entry.section / "default.yaml").is_file()
     assert (REPO / entry.docs).is_file()
+
+
+@pytest.mark.parametrize("system", systems.SYSTEMS, ids=lambda s: s.name)
+def test_every_system_has_the_same_folders(system):
+    """harness/NAME/, attacks/NAME/, runners/NAME.py (or the runners it declares), runners/report/NAME.py (or
+    the report sections it declares), conf/NAME/ (its section's defaults), docs/NAME.md, tests/NAME/."""
+    name = system.name
+    assert (REPO / "harness" / name / "__init__.py").is_file()
+    assert (REPO / "attacks" / name / "__init__.py").is_file()
+    assert (REPO / "tests" / name / "__init__.py").is_file()
+    modules = [r.module for r in system.runners] + list(system.report_sections)
+    assert all((REPO / (m.replace(".", "/") + ".py")).is_file() for m in modules)
+    if len(system.runners) == 1:
+        assert system.runners[0].module == f"runners.{name}"
+        assert system.report_sections == (f"runners.report.{name}",)
+    # SpliTEE's keys predate sections (engine, attack, ... at the top of conf/config.yaml): no conf/splitee/
+    assert system.section == (None if name == systems.SPLITEE else name)
+    if system.section is not None:
+        assert (CONF / name / "default.yaml").is_file()
+    assert system.docs == f"docs/{name}.md" and (REPO / system.docs).is_file()
