@@ -181,9 +181,8 @@ class Inverter(nn.Module):
     evidence head's unit embedding rows (`unit_embeddings`) when they come from another copy of the same
     table (build passes its caller's); None: those of `decoder`'s table."""
 
-    def __init__(self, decoder: nn.Module, d_in: int, mode: str = "projection", hidden: int | None = None,
-                 layout: str = "prefix", head: str = "lm", evidence_scale: float = 10.0,
-                 units: torch.Tensor | None = None) -> None:
+    def __init__(self, decoder: nn.Module, d_in: int, mode: str, hidden: int | None, layout: str, head: str,
+                 evidence_scale: float, units: torch.Tensor | None) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

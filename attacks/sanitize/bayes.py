@@ -43,14 +43,17 @@ from harness.sanitize.mechanisms import Settings
 
 # Tags the attacker's random stream, so that it never coincides with the sanitiser's (seeded by `seed` itself).
 ATTACKER_STREAM = 0x5A_B4_7E
+# Positions whose posteriors are computed at once: a memory bound, not part of the method.
+POSITIONS_PER_BATCH = 8
 
 
 @dataclass(frozen=True)
 class BayesSettings:
-    candidates: int = 32
-    samples: int = 64
-    local_vocab: int = 256
-    positions_per_batch: int = 8
+    """sanitize.attack's bayes_candidates, bayes_samples and bayes_local_vocab (conf/sanitize/default.yaml)."""
+
+    candidates: int
+    samples: int
+    local_vocab: int
 
 
 @dataclass
@@ -144,8 +147,8 @@ def _simulated(ids, segment, cands, table, settings, bayes, generator) -> tuple[
     n, c = cands.shape
     lik, se = torch.zeros(n, c), torch.zeros(n, c)
     eta = float(settings.parameter) if not stencil else 0.0
-    for start in range(0, n, bayes.positions_per_batch):
-        sl = slice(start, start + bayes.positions_per_batch)
+    for start in range(0, n, POSITIONS_PER_BATCH):
+        sl = slice(start, start + POSITIONS_PER_BATCH)
         mu = table.vectors[cands[sl]]                                           # (b, c, d)
         if settings.uses_window:
             mu = own[sl].unsqueeze(2) * mu + context[sl].unsqueeze(1)

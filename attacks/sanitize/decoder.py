@@ -41,6 +41,9 @@ from harness.sanitize import mechanisms
 from harness.sanitize.embeddings import Table
 
 HALF_WINDOW = learned.HALF_WINDOW
+# The decoder's optimiser: fixed parts of the method, like the rest of train_settings (not options).
+BATCH_SIZE = 8
+LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -48,14 +51,12 @@ class DecoderSettings:
     steps: int                 # Adam steps at most
     minutes: float             # wall-clock budget of the training
     corpus_tokens: int         # public training tokens (the built-in corpus, first tokens)
-    window: int = 32           # positions per decoded window (prompts are tiled left to right)
-    batch_size: int = 8
-    lr: float = 1e-3
-    evidence_scale: float = 30.0   # the evidence head's starting scale s (attacks/inversion.py; its default is 10)
+    window: int                # positions per decoded window (prompts are tiled left to right)
+    evidence_scale: float      # the evidence head's starting scale s (attacks/inversion.py)
 
     def train_settings(self, seed: int) -> TrainSettings:
         return TrainSettings(mode="projection", layout="aligned", head="evidence", evidence_scale=self.evidence_scale,
-                             window=self.window, batch_size=self.batch_size, lr=self.lr, max_steps=self.steps,
+                             window=self.window, batch_size=BATCH_SIZE, lr=LR, max_steps=self.steps,
                              max_minutes=self.minutes,
                              eval_every=max(1, self.steps // 4), val_windows=32, warmup_steps=min(20, self.steps),
                              max_target_tokens=self.window, seed=seed,

@@ -220,7 +220,7 @@ def test_custext_bayes_posterior_is_the_exact_likelihood_ranking():
     t = _table(v=30)
     s = Settings("custext_plus", parameter=2.0, custext_k=5)
     observed = [[4, 9, 13]]
-    guesses = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=30), seed=0)[0]
+    guesses = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=30, samples=64, local_vocab=256), seed=0)[0]
     sets, probs = M.custext_sets(t, torch.arange(30), 5, 2.0)
     for pos, tp in enumerate(observed[0]):
         lik = torch.tensor([float(probs[c][sets[c] == tp].sum()) for c in range(30)])
@@ -238,7 +238,7 @@ def test_bayes_attacker_beats_neighbours_on_stencil_and_inverts_it_when_noise_fr
     s = Settings("stencil", 1, 1.0)      # L = 1: t' is the nearest other token to E[t]
     observed = M.sanitize(originals, t, s, torch.Generator().manual_seed(0))
     nb = neighbours.rank(observed, t, 5)
-    by = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=60, local_vocab=60), seed=0)
+    by = bayes.rank(observed, t, s, 5, bayes.BayesSettings(candidates=60, local_vocab=60, samples=64), seed=0)
     wi = window.rank(observed, t, s, 5)
     top1 = lambda guesses: np.mean(scoring.hit_rates(originals, guesses, 5)[0])  # noqa: E731
     assert top1(nb) == 0.0
@@ -450,7 +450,7 @@ def test_learned_decoder_reads_a_sanitiser_that_keeps_tokens_and_not_shuffled_pa
     originals, observed = out.original_text_ids, out.text_ids()
     assert observed == originals
     # A wall-clock budget far above what 40 steps take, so the step cap ends training on a loaded machine too.
-    settings = DecoderSettings(steps=40, minutes=60.0, corpus_tokens=1500, window=16)
+    settings = DecoderSettings(steps=40, minutes=60.0, corpus_tokens=1500, window=16, evidence_scale=30.0)
     results = {}
     for shuffled in (False, True):
         dec = DecoderInverter(keeper, loaded.model, loaded.tokenizer, settings, seed=0, shuffled=shuffled)
