@@ -26,7 +26,8 @@ the saved stream state to backpropagate through it. The same functions run in Fl
 
 Scope: the defences that send s_A unchanged (`splitft_none`, `nopeek`). PrivPair's bursts and the
 evaluator's plain s_B of the noising defences need B on the client; they run in the simulation path
-(harness/splitft/federation.py) only, and asking for them here is a one-line error.
+(harness/splitft/federation.py) only, and asking for them here is a one-line error that says why
+(harness/splitft/config.py NOT_SPLIT). The runner takes this path with `splitft.runtime=split_deployment`.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from harness.splitft.client import (
     make_defence,
     step_id,
 )
+from harness.splitft.config import SPLIT_DEPLOYMENT_CONFIGURATIONS, split_deployment_refusal
 from harness.splitft.defences import GradientGuard
 from harness.splitft.federation import Sink, _recipe_from_run_config, _recording_fedavg
 from harness.splitft.privpair import sq_norm, token_ce
@@ -58,14 +60,13 @@ from harness.splitft.step import (
 )
 
 FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
-SPLIT_CONFIGURATIONS = ("splitft_none", "nopeek")
+SPLIT_CONFIGURATIONS = SPLIT_DEPLOYMENT_CONFIGURATIONS
 NODE_WAIT_S, REPLY_TIMEOUT_S = 600.0, 1200.0
 
 
 def check_supported(recipe: Recipe) -> None:
-    if recipe.configuration not in SPLIT_CONFIGURATIONS:
-        raise UserError(f"the split deployment runs configurations {', '.join(SPLIT_CONFIGURATIONS)}; "
-                        f"{recipe.configuration} needs B on the client (docs/splitft.md \"Running split across machines\")")
+    if refusal := split_deployment_refusal(recipe.configuration):
+        raise UserError(refusal)
 
 
 def recorded(section: Any, rnd: int, local: int) -> bool:
