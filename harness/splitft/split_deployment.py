@@ -49,7 +49,14 @@ from harness.splitft.client import (
 )
 from harness.splitft.config import SPLIT_DEPLOYMENT_CONFIGURATIONS, split_deployment_refusal
 from harness.splitft.defences import GradientGuard
-from harness.splitft.federation import Sink, _recipe_from_run_config, _recording_fedavg
+from harness.splitft.federation import (
+    Sink,
+    _recipe_from_run_config,
+    _recording_fedavg,
+    quiet_flower,
+    round_bar,
+    show_round,
+)
 from harness.splitft.privpair import sq_norm, token_ce
 from harness.splitft.step import (
     CLIENT_WEIGHTS,
@@ -352,6 +359,10 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         r = recipe or _recipe_from_run_config(context)
+        with round_bar(int(r.section["rounds"])) as bar:
+            rounds(grid, context, r, bar)
+
+    def rounds(grid: Grid, context: Context, r: Recipe, bar: Any) -> None:
         server = _cached(_SERVERS, r, _server_trainer)
         part, section = server.part, server.section
         global_state = initial if initial is not None else server.initial_state()
@@ -409,6 +420,7 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
             global_state = new.to_torch_state_dict()
             if evaluate is not None:
                 sink.evaluations[rnd] = evaluate(global_state)
+            show_round(bar, sink.rounds.get(rnd, {}), sink.evaluations.get(rnd, {}))
         sink.final = global_state
         if recipe is None and context.run_config.get("sink"):   # deployment: the caller reads it from disk
             import dataclasses
@@ -435,11 +447,9 @@ def _wait_for_nodes(grid: Any, n: int) -> list[int]:
 
 def simulate_split(recipe: Recipe, initial: dict[str, torch.Tensor] | None = None, evaluate: Any = None) -> Sink:
     """The split deployment's apps on Flower's Simulation Runtime (Ray backend), N virtual SuperNodes."""
-    import logging
-
     from flwr.simulation import run_simulation
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    quiet_flower()
     sink = Sink()
     cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
     run_simulation(server_app=split_server_app(recipe, sink, initial, evaluate),
