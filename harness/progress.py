@@ -6,9 +6,11 @@ when done (leave=False) so the terminal keeps the results table.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -22,6 +24,21 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=None,
                 dynamic_ncols=True, **kwargs)
+
+
+@contextlib.contextmanager
+def progress_with_logs(*, desc: str, total: int, unit: str, loggers: Iterable[str] = ()) -> Iterator[Any]:
+    """A manual `progress` bar for a loop that logs while it runs (Flower's rounds): while the bar is open,
+    the console handlers of the root logger and of `loggers` (by name) write through tqdm, which clears the
+    bar, prints the line and redraws the bar below it, so a log line never lands on the bar's own line."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    bar = progress(desc=desc, total=total, unit=unit)
+    try:
+        with logging_redirect_tqdm(loggers=[logging.root, *(logging.getLogger(n) for n in loggers)]):
+            yield bar
+    finally:
+        bar.close()
 
 
 # Read by tqdm when it is first imported (its defaults: TQDM_<ARG>, so lm-eval's and transformers' GGUF bars),

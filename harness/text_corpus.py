@@ -37,6 +37,14 @@ def load_hub_dataset(hub_id: str, hub_config: str | None, split: str, *, local_h
     """`datasets.load_dataset(hub_id, hub_config, split=split)`. Offline, an unknown id or split, or no
     `datasets` package is a UserError of one line that ends in `local_hint` (how to pass a local file
     instead, e.g. "pass a local file: attack.corpus.source=text attack.corpus.path=/path/to/text.txt")."""
+    return load_hub(hub_id, hub_config, split, local_hint=local_hint)[0]
+
+
+def load_hub(hub_id: str, hub_config: str | None, split: str, *, local_hint: str) -> tuple[Any, str]:
+    """`load_hub_dataset`, and the provenance of what it loaded: `hub:id/config/split@REVISION fingerprint=F`.
+    REVISION is the hub commit the builder resolved (datasets' DatasetModule hash), and the load is pinned to
+    it, so a commit landing between the two calls cannot make the record lie; `fingerprint` is datasets' hash
+    of the loaded table. A builder hash that is not a commit (a local folder) is recorded but not pinned."""
     where = f"{hub_id} ({f'config {hub_config}, ' if hub_config else ''}split {split})"
     try:
         import datasets  # slow import, and optional for users who only read local files
@@ -44,19 +52,28 @@ def load_hub_dataset(hub_id: str, hub_config: str | None, split: str, *, local_h
         raise UserError(f"cannot load {where} from the Hugging Face hub: the datasets package is not installed; "
                         f"{local_hint}") from None
     try:
-        return datasets.load_dataset(hub_id, hub_config, split=split)
+        revision = getattr(datasets.load_dataset_builder(hub_id, hub_config), "hash", None)
+        pinned = revision if isinstance(revision, str) and _COMMIT.fullmatch(revision) else None
+        ds = datasets.load_dataset(hub_id, hub_config, split=split, revision=pinned)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         # Offline: ConnectionError (an OSError) or DatasetNotFoundError; a bad split or config: ValueError.
         raise UserError(f"cannot load {where} from the Hugging Face hub ({type(e).__name__}); offline, "
                         f"{local_hint}") from e
+    provenance = f"hub:{hub_id}/{hub_config or '-'}/{split}@{revision or 'unknown'}"
+    fingerprint = getattr(ds, "_fingerprint", None)
+    return ds, provenance + (f" fingerprint={fingerprint}" if fingerprint else "")
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def hub_text(hub_id: str, hub_config: str | None, split: str, text_field: str, *, key: str,
              local_hint: str) -> tuple[str, str]:
-    """The `text_field` column of a hub dataset, one row a line, and its provenance `hub:id/config/split`.
-    `key` is the config node the options came from (a missing column names `{key}.text_field`)."""
-    ds = load_hub_dataset(hub_id, hub_config, split, local_hint=local_hint)
+    """The `text_field` column of a hub dataset, one row a line, and its provenance (`load_hub`:
+    `hub:id/config/split@revision fingerprint=...`). `key` is the config node the options came from (a missing
+    column names `{key}.text_field`)."""
+    ds, provenance = load_hub(hub_id, hub_config, split, local_hint=local_hint)
     if text_field not in ds.column_names:
         raise UserError(f"{hub_id} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); "
                         f"set {key}.text_field")
-    return "\n".join(str(t) for t in ds[text_field]), f"hub:{hub_id}/{hub_config or '-'}/{split}"
+    return "\n".join(str(t) for t in ds[text_field]), provenance

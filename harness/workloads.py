@@ -105,7 +105,7 @@ def load_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Wo
         records, _ = _read_jsonl(BUILTIN_PATH)
         provenance = f"builtin:{BUILTIN_RELPATH} sha256={_sha256(BUILTIN_PATH)}"
     else:
-        records, provenance = _load_dolly_hub(), f"hub:{DOLLY_HUB_ID}"
+        records, provenance = _load_dolly_hub()
 
     filt = {"min_tokens": min_tokens, "max_tokens": max_tokens, "n": n, "seed": seed,
             "require_context": require_context}
@@ -279,11 +279,12 @@ def _to_records(rows: Iterable[tuple[str, Mapping[str, Any]]], where: str, id_pr
     return records
 
 
-def _load_dolly_hub() -> list[_Record]:
-    from harness.text_corpus import load_hub_dataset  # `datasets` is a slow import; only the hub path needs it
+def _load_dolly_hub() -> tuple[list[_Record], str]:
+    """Dolly's records from the hub and their provenance (the resolved commit: harness.text_corpus.load_hub)."""
+    from harness.text_corpus import load_hub  # `datasets` is a slow import; only the hub path needs it
 
-    ds = load_hub_dataset(DOLLY_HUB_ID, None, "train", local_hint="pass a local JSONL with instruction/context "
-                          "fields as workload.path=/path/to/dolly.jsonl")
+    ds, provenance = load_hub(DOLLY_HUB_ID, None, "train", local_hint="pass a local JSONL with instruction/context "
+                              "fields as workload.path=/path/to/dolly.jsonl")
     # Hub rows carry no id; `dolly-<row index>` matches the ids of the Dolly JSONL in ../shared/data.
     return _to_records(((f"record {i}", row) for i, row in enumerate(ds)), where=f"hub:{DOLLY_HUB_ID}",
-                       id_prefix="dolly-")
+                       id_prefix="dolly-"), provenance

@@ -62,7 +62,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         raise UserError("the sanitiser attacks need at least 2 prompts (their controls compare prompts)")
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
     sanitize = sanitizer.build(section, configuration, epsilon, model, tokenizer)
-    docs = {name: tasks.load_docs(name, section.task_paths[name], section.task_limit, cfg.seed) for name in section.tasks}
+    loaded_docs = {name: tasks.load_docs_with_source(name, section.task_paths[name], section.task_limit, cfg.seed)
+                   for name in section.tasks}
+    docs = {name: d for name, (d, _) in loaded_docs.items()}
 
     clock["load"] = time.perf_counter()
     sanitized = prompts.sanitize_prompts(sanitize, inputs.workload.prompts, tokenizer, cfg.seed)
@@ -107,7 +109,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "mechanism": asdict(sanitize.settings),
         "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
                      "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},
-        "tasks": {name: {"n_examples": len(d)} for name, d in docs.items()},
+        "tasks": {name: {"n_examples": len(d), "source": loaded_docs[name][1]} for name, d in docs.items()},
         "attack_training": attacks.training,
         "metrics": metrics,
         "metric_definitions": _definitions(int(section.attack.top_k)),

@@ -34,9 +34,14 @@ describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it)."""
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it).
+    `splitft.runtime: simulation` is what every run computed before the key existed, so it stays out and those
+    runs keep their hash; the split deployment (other processes, the same numbers to float tolerance) goes in."""
+    out = schema.semantic_config(cfg, identity.keys(cfg),
+                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    if isinstance(out.get("splitft"), dict) and out["splitft"].get("runtime") == "simulation":
+        del out["splitft"]["runtime"]
+    return out
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

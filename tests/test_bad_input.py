@@ -138,6 +138,17 @@ CASES = {
                                   "collab.placement.edge.device=cuda:1 needs CUDA", no_cuda=True),
     "splitft on no GPU": Case(["experiment=splitft_smoke", "splitft.placement.device=cuda"],
                               "splitft.placement.device=cuda needs CUDA", no_cuda=True),
+    # --- splitft.runtime=split_deployment (harness/splitft/config.py NOT_SPLIT): a defence that cannot be split
+    # across processes is refused with its reason before any model loads
+    "privpair split across processes": Case(["experiment=splitft_smoke", "splitft.runtime=split_deployment"],
+                                            "splitft.runtime=split_deployment runs splitft_none, nopeek; privpair "
+                                            "cannot be split across processes: its bursts train W1 through B"),
+    "smashed DP split across processes": Case(["experiment=splitft_smoke", "configuration=smashed_dp_laplace",
+                                               "epsilon=10", "splitft.runtime=split_deployment"],
+                                              "smashed_dp_laplace cannot be split across processes: its H and the "
+                                              "attacks' truth need the plain s_B = B(s_A)"),
+    "unknown splitft runtime": Case(["experiment=splitft_smoke", "splitft.runtime=grpc"],
+                                    "splitft.runtime='grpc' is not one of simulation, split_deployment"),
     "grad audit on no GPU": Case(["experiment=grad_audit_smoke", "grad_audit.placement.device=cuda"],
                                  "grad_audit.placement.device=cuda needs CUDA", no_cuda=True),
     "sanitize on no GPU": Case([*SANITIZE, "sanitize.placement.device=cuda"],

@@ -428,3 +428,15 @@ def test_render_error_is_one_line(hydra_conf):
     assert line.startswith("no config option 'model/nope' (available: ") and "tiny-llama" in line
     assert "\n" not in line
 
+
+
+def test_the_default_splitft_runtime_keeps_finished_runs_hashes(hydra_conf):
+    """`splitft.runtime=simulation` (the default, what every run computed before the key existed) stays out of
+    the hash; the split deployment moves it."""
+    from runners import splitft
+
+    plain = splitft.semantic_config(compose_config(["experiment=splitft_smoke", "configuration=splitft_none"]))
+    assert "runtime" not in plain["splitft"]
+    split = splitft.semantic_config(compose_config(["experiment=splitft_smoke", "configuration=splitft_none",
+                                                    "splitft.runtime=split_deployment"]))
+    assert split["splitft"]["runtime"] == "split_deployment" and config_hash(split) != config_hash(plain)

@@ -86,3 +86,101 @@ print("ours drew" if "our bar" in drawn else "ours silent")
     assert res.returncode == 0, res.stderr
     assert "library bar" not in res.stderr and not BAR.search(res.stderr), res.stderr
     assert res.stdout.strip() == "ours drew"
+
+
+def _log_during(bar_context, term) -> list[str]:
+    """The lines written to `term` while a log line prints inside `bar_context` (a bar on `term`)."""
+    import logging
+
+    log = logging.getLogger("flwr")
+    handler, level = logging.StreamHandler(term), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with bar_context as bar:
+            bar.update(1)
+            bar.refresh()
+            log.info("aggregated train_loss 2.5")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return term.getvalue().split("\n")
+
+
+def test_a_log_line_prints_above_the_round_bar_not_on_it(monkeypatch):
+    """Flower's rounds (harness/splitft/federation.py round_bar, harness.progress.progress_with_logs): a log
+    line written while the bar is open clears the bar's line and prints on its own; with a plain bar the same
+    line lands after the bar's text. The bar counts rounds and shows the round's loss."""
+    import contextlib
+
+    from harness.progress import progress
+    from harness.splitft.federation import round_bar, show_round
+
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    lines = _log_during(round_bar(3), term)
+    assert "aggregated train_loss 2.5" in [line.split("\r")[-1] for line in lines]   # a clean line of its own
+
+    plain = _Terminal()
+    monkeypatch.setattr("sys.stderr", plain)
+    lines = _log_during(contextlib.closing(progress(desc="federated rounds", total=3, unit="round")), plain)
+    spoilt = [line.split("\r")[-1] for line in lines if "aggregated" in line]
+    assert spoilt and spoilt[0].startswith("federated rounds") and spoilt[0].endswith("aggregated train_loss 2.5")
+
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    with round_bar(3) as bar:
+        show_round(bar, {"train_loss": 2.5}, {"heldout_ce": 3.25})
+    assert re.search(r"federated rounds: +33%\|.*\| 1/3 .*train_loss=2\.5, heldout_ce=3\.25", term.getvalue())
+
+
+def test_the_round_bar_is_silent_off_a_terminal(monkeypatch):
+    from harness.splitft.federation import round_bar, show_round
+
+    pipe = io.StringIO()
+    monkeypatch.setattr("sys.stderr", pipe)
+    with round_bar(2) as bar:
+        show_round(bar, {"train_loss": 1.0}, {})
+    assert pipe.getvalue() == ""
+
+
+def test_flower_runs_drop_rays_accelerator_tip_and_nothing_else():
+    """harness/splitft/federation.py quiet_flower (before every Flower simulation): Ray's per-run FutureWarning tip
+    is dropped by its text; another FutureWarning, and a DeprecationWarning, still show."""
+    import warnings
+
+    from harness.splitft.federation import quiet_flower
+
+    tip = ("Tip: In future versions of Ray, Ray will no longer override accelerator visible devices env var if "
+           "num_gpus=0 or num_gpus=None (default). To enable this behavior and turn off this error message, set "
+           "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_flower()
+        warnings.warn(tip, FutureWarning)
+        warnings.warn("Pydantic v1 is deprecated and will no longer be supported", FutureWarning)
+        warnings.warn(tip, DeprecationWarning)
+    assert [(w.category, str(w.message)[:20]) for w in caught] == [
+        (FutureWarning, "Pydantic v1 is depre"), (DeprecationWarning, tip[:20])]
+
+
+def test_flower_runs_drop_their_two_notices_and_keep_other_warnings():
+    """quiet_flower: Flower's logger drops the run_simulation deprecation notice and FedAvg's skipped-evaluation
+    notice (printed on every run, once on stdout and once on stderr); its other warnings still reach a handler."""
+    import logging
+
+    from harness.splitft.federation import quiet_flower
+
+    quiet_flower()
+    log, seen = logging.getLogger("flwr"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log.addHandler(handler)
+    try:
+        log.warning("DEPRECATED FEATURE: The `run_simulation` function is deprecated")
+        log.warning("fraction_evaluate is set to 0.0. Federated evaluation will be skipped.")
+        log.warning("ClientApp raised an exception")
+        log.info("[ROUND 1/3]")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["ClientApp raised an exception"]

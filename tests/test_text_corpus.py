@@ -19,35 +19,55 @@ HINT = "pass a local file: attack.corpus.source=text attack.corpus.path=/path/to
 
 
 class _Table:
-    def __init__(self, columns: dict[str, list]) -> None:
+    def __init__(self, columns: dict[str, list], fingerprint: str | None = "f00d") -> None:
         self.columns = columns
         self.column_names = list(columns)
+        if fingerprint is not None:
+            self._fingerprint = fingerprint     # datasets' hash of the loaded table
 
     def __getitem__(self, key: str) -> list:
         return self.columns[key]
 
 
-def _fake_datasets(monkeypatch, load) -> list:
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _fake_datasets(monkeypatch, load, revision: str | None = COMMIT) -> list:
+    """`load_dataset_builder` resolves `revision` (the builder's hash: a hub commit); `load_dataset` records its
+    arguments, the revision it was pinned to among them."""
     calls = []
     errors = types.SimpleNamespace(DatasetsError=type("DatasetsError", (Exception,), {}))
 
-    def load_dataset(hub_id, config, split):
-        calls.append((hub_id, config, split))
+    def load_dataset_builder(hub_id, config):
+        return types.SimpleNamespace(hash=revision)
+
+    def load_dataset(hub_id, config, split, revision=None):
+        calls.append((hub_id, config, split, revision))
         return load(errors)
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset, exceptions=errors))
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
+        load_dataset=load_dataset, load_dataset_builder=load_dataset_builder, exceptions=errors))
     return calls
 
 
 def test_hub_text_joins_the_column_and_names_its_source(monkeypatch):
     calls = _fake_datasets(monkeypatch, lambda errors: _Table({"text": [" = T = ", "one", 2], "label": [0, 1, 2]}))
     text, source = hub_text("wikitext", "wikitext-2-raw-v1", "test", "text", key="attack.corpus", local_hint=HINT)
-    assert calls == [("wikitext", "wikitext-2-raw-v1", "test")]
+    assert calls == [("wikitext", "wikitext-2-raw-v1", "test", COMMIT)]    # pinned to the resolved commit
     assert text == " = T = \none\n2" and paragraphs(text) == ["one", "2"]
-    assert source == "hub:wikitext/wikitext-2-raw-v1/test"
+    assert source == f"hub:wikitext/wikitext-2-raw-v1/test@{COMMIT} fingerprint=f00d"
     with pytest.raises(UserError, match=r"^wikitext has no column 'body' \(columns: text, label\); "
                                          r"set splitft\.data\.text_field$"):
         hub_text("wikitext", None, "test", "body", key="splitft.data", local_hint=HINT)
+
+
+def test_a_builder_hash_that_is_no_commit_is_recorded_not_pinned(monkeypatch):
+    """A local folder's builder hash is no hub commit: the load is not pinned to it, the record keeps it; a table
+    without a fingerprint records none."""
+    calls = _fake_datasets(monkeypatch, lambda errors: _Table({"text": ["a"]}, fingerprint=None), revision="9f1c2e")
+    _, source = hub_text("/data/wiki", None, "train", "text", key="attack.corpus", local_hint=HINT)
+    assert calls == [("/data/wiki", None, "train", None)]
+    assert source == "hub:/data/wiki/-/train@9f1c2e"
 
 
 @pytest.mark.parametrize("error, kind", [(ConnectionError("no network\nretrying"), "ConnectionError"),

@@ -3,6 +3,7 @@
 import hashlib
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -181,10 +182,13 @@ def test_dolly_hub_records_are_converted(tok, monkeypatch):
         calls.append((args, kwargs))
         return hub_rows
 
+    commit = "b" * 40
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(datasets, "load_dataset_builder", lambda *a, **k: types.SimpleNamespace(hash=commit))
     w = load_workload(cfg(name="dolly", source="dolly", n_prompts=2), tok, seed=0)
-    assert calls == [((DOLLY_HUB_ID, None), {"split": "train"})]   # no config name: the default
-    assert w.source == "hub:databricks/databricks-dolly-15k"
+    # no config name: the default; the load pinned to the commit the builder resolved, which the record names
+    assert calls == [((DOLLY_HUB_ID, None), {"split": "train", "revision": commit})]
+    assert w.source == f"hub:databricks/databricks-dolly-15k/-/train@{commit}"
     assert [p.id for p in w.prompts] == ["dolly-1", "dolly-2"]
     assert w.prompts[0].text == "When did he move to Oita?\n\n" + ctx
 
@@ -196,6 +200,7 @@ def test_dolly_hub_offline_is_a_user_error(tok, monkeypatch):
         raise ConnectionError("Couldn't reach 'databricks/databricks-dolly-15k' on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr(datasets, "load_dataset_builder", offline)
     with pytest.raises(UserError, match=r"workload\.path=") as e:
         load_workload(cfg(name="dolly", source="dolly"), tok, seed=0)
     assert "\n" not in str(e.value)

@@ -232,24 +232,25 @@ def _pubmedqa_records(bench: Any) -> tuple[list[tuple[str, dict]], str]:
         if not isinstance(data, dict):
             raise UserError(f"collab.benchmark.path={path}: expected PubMedQA's {{pubid: record}} object")
         return sorted(data.items(), key=lambda kv: kv[0]), f"local:{path}"
-    rows = _hub_rows(bench, "pubmedqa")
-    return [(str(r["pubid"]), r) for r in rows], f"hub:{HUB_IDS['pubmedqa'][0]}"
+    rows, source = _hub_rows(bench, "pubmedqa")
+    return [(str(r["pubid"]), r) for r in rows], source
 
 
 def _dolly_records(bench: Any) -> tuple[list[dict], str]:
     if bench.path:
         path = Path(bench.path).expanduser()
         return _read_jsonl(path, "collab.benchmark.path"), f"local:{path}"
-    return _hub_rows(bench, "dolly"), f"hub:{HUB_IDS['dolly'][0]}"
+    return _hub_rows(bench, "dolly")
 
 
-def _hub_rows(bench: Any, name: str) -> list[dict]:
+def _hub_rows(bench: Any, name: str) -> tuple[list[dict], str]:
+    """The rows and their provenance (the resolved hub commit and fingerprint: harness.text_corpus.load_hub)."""
     hub_id, config = HUB_IDS[name]
-    from harness.text_corpus import load_hub_dataset  # offline, unknown id, no `datasets`: one line
+    from harness.text_corpus import load_hub  # offline, unknown id, no `datasets`: one line
 
-    ds = load_hub_dataset(bench.hub_id or hub_id, config, "train",
+    ds, source = load_hub(bench.hub_id or hub_id, config, "train",
                           local_hint=f"give a local file for collab.benchmark {name} with collab.benchmark.path")
-    return [dict(r) for r in ds]
+    return [dict(r) for r in ds], source
 
 
 def describe(benchmark: Benchmark) -> dict[str, Any]:

@@ -17,6 +17,7 @@ else); otherwise null loads the hub dataset through `datasets` (fails offline wi
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
 import tempfile
@@ -54,18 +55,37 @@ _DATASET_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs", "training_spl
 
 def load_docs(name: str, path: str | None, limit: int | None, seed: int) -> list[dict[str, Any]]:
     """The task's examples in the template's field layout; with `limit`, a seeded sample (in file order)."""
+    return load_docs_with_source(name, path, limit, seed)[0]
+
+
+def load_docs_with_source(name: str, path: str | None, limit: int | None, seed: int) -> tuple[list[dict[str, Any]], str]:
+    """`load_docs`, and where the examples came from: the bundled mini SST-2's or a local file's (a folder's:
+    its files in name order) sha256, or the hub dataset's resolved commit and fingerprint (text_corpus.load_hub)."""
     if path is None and name == "sst2":
-        docs = _jsonl(MINI_SST2, name)
+        docs, source = _jsonl(MINI_SST2, name), f"builtin:harness/data/{MINI_SST2.name} sha256={_digest(MINI_SST2)}"
     elif path is None:
-        docs = _hub(name)
+        docs, source = _hub(name)
     else:
-        docs = _local(name, Path(path).expanduser())
+        local = Path(path).expanduser()
+        docs = _local(name, local)
+        source = f"file:{local.resolve()} sha256={_digest(local)}"
     if not docs:
         raise UserError(f"sanitize.tasks: {name} has no examples")
     if limit is not None and limit < len(docs):
         keep = sorted(random.Random(seed).sample(range(len(docs)), limit))
         docs = [docs[i] for i in keep]
-    return docs
+    return docs, source
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative name, then bytes, in name order)."""
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(q for q in path.rglob("*") if q.is_file()):
+            digest.update(f.relative_to(path).as_posix().encode("utf-8") + b"\0" + f.read_bytes())
+    else:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _jsonl(path: Path, name: str) -> list[dict[str, Any]]:
@@ -106,13 +126,13 @@ def _tsv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
-def _hub(name: str) -> list[dict[str, Any]]:
-    from harness.text_corpus import load_hub_dataset
+def _hub(name: str) -> tuple[list[dict[str, Any]], str]:
+    from harness.text_corpus import load_hub
 
     hub_id, config, split = SPECS[name].hub
-    ds = load_hub_dataset(hub_id, config, split, local_hint=f"give a local file for sanitize task {name} as "
+    ds, source = load_hub(hub_id, config, split, local_hint=f"give a local file for sanitize task {name} as "
                           f"sanitize.task_paths.{name}=/path/to/file")
-    return [dict(r) for r in ds]
+    return [dict(r) for r in ds], source
 
 
 def sanitize_docs(docs: Sequence[dict[str, Any]], name: str, sanitizer: Any, tokenizer: Any, seed: int

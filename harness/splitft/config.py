@@ -27,6 +27,28 @@ BISR_WEIGHTS = ("client", "pretrained")
 INVERTER_MODES = ("projection", "body", "full")  # attacks/inversion.py MODES, LAYOUTS, HEADS (torch-free copy)
 INVERTER_LAYOUTS = ("prefix", "aligned")
 INVERTER_HEADS = ("lm", "evidence")
+RUNTIMES = ("simulation", "split_deployment")
+# The configurations the split deployment (harness/splitft/split_deployment.py) runs, and why each other one
+# cannot be split across processes: one line each, the reason `splitft.runtime=split_deployment` gives.
+SPLIT_DEPLOYMENT_CONFIGURATIONS = ("splitft_none", "nopeek")
+_PLAIN_S_B = ("H and the attacks' truth need the plain s_B = B(s_A) of the un-noised private batch, which only "
+              "B's holder (the server) can compute, and handing the server s_A would undo the defence")
+NOT_SPLIT = {
+    "privpair": f"its bursts train W1 through B (a B forward and backward per adapter step), and its {_PLAIN_S_B}",
+    "smashed_dp_gaussian": f"its {_PLAIN_S_B}",
+    "smashed_dp_laplace": f"its {_PLAIN_S_B}",
+    "embedding_dx": f"its {_PLAIN_S_B}",
+    "splitft_central": "it is the centralised reference: one party holds the whole model, nothing is split",
+}
+
+
+def split_deployment_refusal(configuration: str) -> str | None:
+    """The one-line reason the split deployment refuses `configuration`, or None if it runs it."""
+    if configuration in SPLIT_DEPLOYMENT_CONFIGURATIONS:
+        return None
+    reason = NOT_SPLIT.get(configuration, "it is not a split fine-tuning defence")
+    return (f"splitft.runtime=split_deployment runs {', '.join(SPLIT_DEPLOYMENT_CONFIGURATIONS)}; {configuration} "
+            f"cannot be split across processes: {reason} (use splitft.runtime=simulation)")
 
 
 @dataclass
@@ -153,6 +175,7 @@ class SplitFtConfig:
     threads: Optional[int] = MISSING
     ray_cpus: Optional[int] = MISSING
     save_view: bool = MISSING               # write the adversary view (view.pt) beside the results
+    runtime: str = MISSING                  # RUNTIMES: B in each ClientApp, or in the ServerApp (split_deployment)
     placement: Placement = MISSING          # the model's device and dtype (harness/placement.py)
     lora: SplitFtLoraConfig = MISSING
     data: SplitFtDataConfig = MISSING
@@ -180,6 +203,9 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("splitft.threads", s.threads, 1, nullable=True)
     placement_check.check("splitft.placement", s.placement, shardable=False)
     check_at_least("splitft.ray_cpus", s.ray_cpus, 1, nullable=True)
+    check_choice("splitft.runtime", s.runtime, RUNTIMES)
+    if s.runtime == "split_deployment" and (refusal := split_deployment_refusal(cfg.configuration.name)):
+        raise UserError(refusal)
     if s.lora.enabled:
         check_at_least("splitft.lora.r", s.lora.r, 1)
         check_positive("splitft.lora.alpha", s.lora.alpha)

@@ -59,20 +59,27 @@ def headline(scores: dict[str, list[float]]) -> dict[str, float]:
 
 
 def train(recipe: Recipe) -> Training:
-    """Federated split fine-tuning on Flower's simulation runtime, or (splitft_central) the centralised
-    reference: one party with every client's blocks, the whole model, no cut and no FedAvg."""
+    """Federated split fine-tuning on Flower's simulation runtime (`splitft.runtime`: B in each ClientApp, or
+    split_deployment: B in the ServerApp), or (splitft_central) the centralised reference: one party with every
+    client's blocks, the whole model, no cut and no FedAvg."""
     evaluation = ServerEvaluation(recipe)
     start = evaluation.trainer.initial_state()
     initial = evaluation.scores(start)
     if recipe.configuration == CENTRAL:
         return _central(recipe, evaluation, start, initial)
-    from harness.splitft.federation import simulate
+    if recipe.section.get("runtime") == "split_deployment":
+        from harness.splitft.split_deployment import simulate_split
 
-    sink = simulate(recipe, start, evaluate=evaluation)
+        sink = simulate_split(recipe, start, evaluate=evaluation)
+        runtime = "flwr simulation (ray backend), split deployment: B in the ServerApp"
+    else:
+        from harness.splitft.federation import simulate
+
+        sink = simulate(recipe, start, evaluate=evaluation)
+        runtime = "flwr simulation (ray backend)"
     rounds = [{"round": r, **sink.rounds.get(r, {}), **sink.evaluations.get(r, {})}
               for r in range(1, int(recipe.section["rounds"]) + 1)]
-    return Training(rounds, initial, evaluation.scores(sink.final), sink.exposures, evaluation.trainer.names,
-                    "flwr simulation (ray backend)")
+    return Training(rounds, initial, evaluation.scores(sink.final), sink.exposures, evaluation.trainer.names, runtime)
 
 
 def _central(recipe: Recipe, evaluation: ServerEvaluation, start: dict[str, torch.Tensor],

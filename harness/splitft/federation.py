@@ -137,8 +137,15 @@ def server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tenso
             return MetricRecord(scores)
 
         strategy = _recording_fedavg(sink, r.n_clients)
-        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(torch_state_dict=start),
-                                num_rounds=int(r.section["rounds"]), evaluate_fn=evaluate_fn)
+        with round_bar(int(r.section["rounds"])) as bar:
+            def evaluate_and_show(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+                out = evaluate_fn(server_round, arrays)
+                if server_round > 0:          # round 0 scores the starting model
+                    show_round(bar, sink.rounds.get(server_round, {}), sink.evaluations.get(server_round, {}))
+                return out
+
+            result = strategy.start(grid=grid, initial_arrays=ArrayRecord(torch_state_dict=start),
+                                    num_rounds=int(r.section["rounds"]), evaluate_fn=evaluate_and_show)
         sink.final = result.arrays.to_torch_state_dict()
         if recipe is None and context.run_config.get("sink"):   # deployment: the caller reads it from disk
             torch.save(dataclasses.asdict(sink), str(context.run_config["sink"]))
@@ -146,23 +153,57 @@ def server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tenso
     return app
 
 
+def round_bar(rounds: int) -> Any:
+    """The bar over a federation's rounds (harness/progress.py: drawn on a terminal only); Flower's and our log
+    lines print above it rather than on it."""
+    from harness.progress import progress_with_logs
+
+    return progress_with_logs(desc="federated rounds", total=rounds, unit="round", loggers=("flwr",))
+
+
+def show_round(bar: Any, train: dict[str, float], evaluation: dict[str, float]) -> None:
+    """One round done: the bar moves on and shows the round's mean train loss and held-out cross-entropy."""
+    shown = {k: f"{v:.4g}" for k, v in (("train_loss", train.get("train_loss")),
+                                         ("heldout_ce", evaluation.get("heldout_ce"))) if v is not None}
+    bar.update(1)
+    bar.set_postfix(shown)      # and draw now: a round takes minutes, far beyond tqdm's redraw interval
+
+
+# Ray's driver warns on every ray.init that a future Ray will stop overriding CUDA_VISIBLE_DEVICES for actors that
+# ask for no GPU (ray/_private/worker.py). Our actors ask for none; the tip is dropped by its text, nothing else.
+RAY_ACCELERATOR_TIP = r"Tip: In future versions of Ray, Ray will no longer override accelerator visible devices"
+
+
+def quiet_flower() -> None:
+    """Before a Flower simulation: Flower's logger at WARNING without its per-run deprecation notice, and
+    Ray's per-run FutureWarning tip dropped, each matched by its own text (client errors still print)."""
+    import warnings
+
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if not any(isinstance(f, _NoDeprecationNotice) for f in flwr_log.filters):
+        flwr_log.addFilter(_NoDeprecationNotice())
+    warnings.filterwarnings("ignore", message=RAY_ACCELERATOR_TIP, category=FutureWarning)
+
+
 class _NoDeprecationNotice(logging.Filter):
-    """Drops Flower's notice that `run_simulation` is deprecated in favour of the `flwr run` CLI, printed on
-    every simulated run (the CLI route is harness/splitft/deployment.py's). Flower's other warnings, client
-    errors among them, still print."""
+    """Drops Flower's two notices of every simulated run that say nothing about it: `run_simulation` is deprecated
+    in favour of the `flwr run` CLI (the CLI route is harness/splitft/deployment.py's), and FedAvg's "federated
+    evaluation will be skipped" (fraction_evaluate=0 is ours: the server evaluates the global model itself,
+    harness/splitft/experiment.py). Flower's other warnings, client errors among them, still print."""
+
+    DROPPED = ("DEPRECATED FEATURE", "fraction_evaluate is set to 0.0. Federated evaluation will be skipped")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "DEPRECATED FEATURE" not in record.getMessage()
+        message = record.getMessage()
+        return not any(text in message for text in self.DROPPED)
 
 
 def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = None) -> Sink:
     """N clients on Flower's Simulation Runtime (Ray backend) on this machine."""
     from flwr.simulation import run_simulation
 
-    flwr_log = logging.getLogger("flwr")
-    flwr_log.setLevel(logging.WARNING)
-    if not any(isinstance(f, _NoDeprecationNotice) for f in flwr_log.filters):
-        flwr_log.addFilter(_NoDeprecationNotice())
+    quiet_flower()
     sink = Sink()
     cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
     run_simulation(server_app=server_app(recipe, sink, initial, evaluate), client_app=client_app(recipe),

@@ -144,7 +144,6 @@ class PrivPair(Defence):
             return None
         opt1 = torch.optim.Adam(self.w1.parameters(), lr=float(self.s.align_lr))
         opt2 = torch.optim.Adam(self.w2.parameters(), lr=float(self.s.align_lr))
-        last: dict[str, float] = {}
         for i in range(n):
             rows = torch.randint(0, align.shape[0], (min(int(self.s.align_batch_size), align.shape[0]),),
                                  generator=generator)
@@ -160,8 +159,8 @@ class PrivPair(Defence):
                 opt2.step()
             if record is not None and i == 0:
                 record.align(out["s_a"], out["s_a_obf"])
-            last = {k: float(v.detach()) for k, v in out.items() if v.dim() == 0}
-        return last
+        # only the last step's numbers are reported: one read-back per burst (a device sync each on a GPU)
+        return {k: float(v.detach()) for k, v in out.items() if v.dim() == 0}
 
     def state(self) -> dict[str, torch.Tensor]:
         return {**{f"w1.{k}": v.detach().clone() for k, v in self.w1.state_dict().items()},

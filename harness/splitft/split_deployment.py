@@ -26,7 +26,8 @@ the saved stream state to backpropagate through it. The same functions run in Fl
 
 Scope: the defences that send s_A unchanged (`splitft_none`, `nopeek`). PrivPair's bursts and the
 evaluator's plain s_B of the noising defences need B on the client; they run in the simulation path
-(harness/splitft/federation.py) only, and asking for them here is a one-line error.
+(harness/splitft/federation.py) only, and asking for them here is a one-line error that says why
+(harness/splitft/config.py NOT_SPLIT). The runner takes this path with `splitft.runtime=split_deployment`.
 """
 from __future__ import annotations
 
@@ -46,8 +47,16 @@ from harness.splitft.client import (
     make_defence,
     step_id,
 )
+from harness.splitft.config import SPLIT_DEPLOYMENT_CONFIGURATIONS, split_deployment_refusal
 from harness.splitft.defences import GradientGuard
-from harness.splitft.federation import Sink, _recipe_from_run_config, _recording_fedavg
+from harness.splitft.federation import (
+    Sink,
+    _recipe_from_run_config,
+    _recording_fedavg,
+    quiet_flower,
+    round_bar,
+    show_round,
+)
 from harness.splitft.privpair import sq_norm, token_ce
 from harness.splitft.step import (
     CLIENT_WEIGHTS,
@@ -58,14 +67,13 @@ from harness.splitft.step import (
 )
 
 FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
-SPLIT_CONFIGURATIONS = ("splitft_none", "nopeek")
+SPLIT_CONFIGURATIONS = SPLIT_DEPLOYMENT_CONFIGURATIONS
 NODE_WAIT_S, REPLY_TIMEOUT_S = 600.0, 1200.0
 
 
 def check_supported(recipe: Recipe) -> None:
-    if recipe.configuration not in SPLIT_CONFIGURATIONS:
-        raise UserError(f"the split deployment runs configurations {', '.join(SPLIT_CONFIGURATIONS)}; "
-                        f"{recipe.configuration} needs B on the client (docs/splitft.md \"Running split across machines\")")
+    if refusal := split_deployment_refusal(recipe.configuration):
+        raise UserError(refusal)
 
 
 def recorded(section: Any, rnd: int, local: int) -> bool:
@@ -351,6 +359,10 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         r = recipe or _recipe_from_run_config(context)
+        with round_bar(int(r.section["rounds"])) as bar:
+            rounds(grid, context, r, bar)
+
+    def rounds(grid: Grid, context: Context, r: Recipe, bar: Any) -> None:
         server = _cached(_SERVERS, r, _server_trainer)
         part, section = server.part, server.section
         global_state = initial if initial is not None else server.initial_state()
@@ -408,6 +420,7 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
             global_state = new.to_torch_state_dict()
             if evaluate is not None:
                 sink.evaluations[rnd] = evaluate(global_state)
+            show_round(bar, sink.rounds.get(rnd, {}), sink.evaluations.get(rnd, {}))
         sink.final = global_state
         if recipe is None and context.run_config.get("sink"):   # deployment: the caller reads it from disk
             import dataclasses
@@ -434,11 +447,9 @@ def _wait_for_nodes(grid: Any, n: int) -> list[int]:
 
 def simulate_split(recipe: Recipe, initial: dict[str, torch.Tensor] | None = None, evaluate: Any = None) -> Sink:
     """The split deployment's apps on Flower's Simulation Runtime (Ray backend), N virtual SuperNodes."""
-    import logging
-
     from flwr.simulation import run_simulation
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    quiet_flower()
     sink = Sink()
     cpus = int(recipe.section.get("ray_cpus") or recipe.n_clients)
     run_simulation(server_app=split_server_app(recipe, sink, initial, evaluate),

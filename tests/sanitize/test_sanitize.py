@@ -614,3 +614,41 @@ def test_fidelity_runs_a_sanitiser_on_the_plain_engine(tmp_path):
     r = json.loads(path.read_text())
     assert r["configuration"] == "stencil" and r["epsilon"] is None and r["status"] == "ok"
     assert r["provenance"]["engines"]["test"]["configuration"] == r["baseline"]   # the plain engine
+
+
+def test_task_examples_record_where_they_came_from(tmp_path, monkeypatch):
+    """harness/sanitize/tasks.py load_docs_with_source (results.json tasks.<name>.source): the bundled mini SST-2
+    and a local file by sha256, a local MMLU folder by the digest of its files, a hub dataset by the commit its
+    load was pinned to (harness.text_corpus.load_hub)."""
+    import hashlib
+    import sys
+    import types
+
+    from harness.sanitize.tasks import load_docs_with_source
+
+    docs, source = load_docs_with_source("sst2", None, None, 0)
+    assert docs and source == f"builtin:harness/data/sst2_mini.jsonl sha256={hashlib.sha256(MINI_SST2.read_bytes()).hexdigest()}"
+    local = tmp_path / "qnli.jsonl"
+    local.write_text('{"question": "q?", "sentence": "s.", "label": 0}\n', encoding="utf-8")
+    docs, source = load_docs_with_source("qnli", str(local), None, 0)
+    assert len(docs) == 1 and source == f"file:{local.resolve()} sha256={hashlib.sha256(local.read_bytes()).hexdigest()}"
+    folder = tmp_path / "mmlu"
+    folder.mkdir()
+    (folder / "a_test.csv").write_text("question,choice0,choice1,choice2,choice3,answer\nq,w,x,y,z,B\n", encoding="utf-8")
+    _, first = load_docs_with_source("mmlu", str(folder), None, 0)
+    (folder / "a_test.csv").write_text("question,choice0,choice1,choice2,choice3,answer\nq,w,x,y,z,C\n", encoding="utf-8")
+    _, second = load_docs_with_source("mmlu", str(folder), None, 0)
+    assert first.startswith(f"file:{folder.resolve()} sha256=") and first != second   # the content, not the name
+
+    commit = "c" * 40
+    calls = []
+
+    def load_dataset(hub_id, config, split, revision=None):
+        calls.append(revision)
+        return [{"question": "q?", "sentence": "s.", "label": 1}]
+
+    errors = types.SimpleNamespace(DatasetsError=type("DatasetsError", (Exception,), {}))
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
+        load_dataset=load_dataset, load_dataset_builder=lambda *a: types.SimpleNamespace(hash=commit), exceptions=errors))
+    docs, source = load_docs_with_source("qnli", None, None, 0)
+    assert calls == [commit] and source == f"hub:nyu-mll/glue/qnli/validation@{commit}"

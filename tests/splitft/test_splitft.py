@@ -146,6 +146,52 @@ def test_privpair_identity_w2_recovers_nothing_and_trains_only_w1(ids):
     assert out["H"] == pytest.approx(out["H_recv"], rel=1e-6)
 
 
+@pytest.mark.parametrize("w2", ["learned", "identity"])
+def test_privpair_burst_equals_the_reference_loop(w2, ids):
+    """A burst (its numbers read back once, after its last step) gives, to the bit, the adapters and last-step
+    losses of the loop written out from the module docstring: L_W1 on W1 and L_W2 on W2 by their own Adam,
+    fresh per burst. What a faster burst must keep (benchmarks/splitft_step.py)."""
+    import copy
+
+    model = _model()
+    part, _ = trainable.make_trainable(model, 1, 3, None)
+    settings = OmegaConf.merge(SECTION.privpair, {"warmup_align_steps": 3, "w2": w2, "align_batch_size": 2})
+    pp = PrivPair(coupling_weight=0.5, settings=settings)
+    pp.setup(part, ids, torch.Generator().manual_seed(0))
+    ref, start = copy.deepcopy(pp), pp.state()
+    got = pp.burst(0, part, ids, torch.Generator().manual_seed(3))
+
+    gen = torch.Generator().manual_seed(3)
+    opt1 = torch.optim.Adam(ref.w1.parameters(), lr=float(settings.align_lr))
+    opt2 = torch.optim.Adam(ref.w2.parameters(), lr=float(settings.align_lr))
+    for _ in range(3):
+        batch = ids[torch.randint(0, ids.shape[0], (2,), generator=gen)]
+        with torch.no_grad():
+            s_a, ctx = part.head(batch)
+            s_b = part.body(s_a, ctx)
+        s_a_obf = ref.w1(s_a)
+        delta = s_a_obf - s_a
+        s_b_obf = part.body(s_a_obf, ctx)
+        s_b_hat = s_b_obf if w2 == "identity" else ref.w2(s_b_obf, delta, s_a_obf)
+        ce_hat = token_ce(part.tail(s_b_hat, ctx), batch).mean()
+        privacy = token_ce(part.tail(s_b_obf, ctx), batch).clamp(max=math.log(model.config.vocab_size)).mean()
+        coupling = delta.pow(2).sum(-1).mean() / s_a.pow(2).sum(-1).mean()
+        recovery = (s_b_hat - s_b).pow(2).sum(-1).mean() / s_b.pow(2).sum(-1).mean()
+        l_w1 = ce_hat - float(settings.beta) * privacy + 0.5 * coupling
+        for p, g in zip(ref.w1.parameters(), torch.autograd.grad(l_w1, list(ref.w1.parameters()),
+                                                                 retain_graph=True)):
+            p.grad = g
+        opt1.step()
+        if w2 != "identity":
+            for p, g in zip(ref.w2.parameters(), torch.autograd.grad(recovery, list(ref.w2.parameters()))):
+                p.grad = g
+            opt2.step()
+    want = {"l_w1": l_w1, "ce_hat": ce_hat, "privacy": privacy, "coupling": coupling, "recovery": recovery}
+    assert {k: got[k] for k in want} == {k: float(v.detach()) for k, v in want.items()}
+    assert all(torch.equal(v, ref.state()[k]) for k, v in pp.state().items())
+    assert any(not torch.equal(v, start[k]) for k, v in pp.state().items() if k.startswith("w1."))   # it moved
+
+
 def test_smashed_dp_noise_matches_the_mechanisms():
     assert defences.gaussian_sigma(1.5, 2.0, 1e-5) == pytest.approx(2 * 1.5 * math.sqrt(2 * math.log(1.25e5)) / 2.0)
     assert defences.laplace_scale(1.5, 2.0) == pytest.approx(1.5)

@@ -121,13 +121,46 @@ def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_pat
         torch.testing.assert_close(got.final[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
 
 
-def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(tmp_path):
+@pytest.mark.parametrize("configuration,reason", [
+    ("privpair", "its bursts train W1 through B"), ("smashed_dp_gaussian", "its H and the attacks' truth need"),
+    ("smashed_dp_laplace", "its H and the attacks' truth need"), ("embedding_dx", "its H and the attacks' truth need"),
+    ("splitft_central", "it is the centralised reference")])
+def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(configuration, reason, tmp_path):
+    """Each configuration the split deployment cannot run is refused in one line that says why (the runner's
+    validate gives the same line: tests/test_bad_input.py)."""
     from harness.errors import UserError
     from harness.splitft.split_deployment import SplitClient
 
-    with pytest.raises(UserError, match=r"^the split deployment runs configurations splitft_none, nopeek; privpair "
-                                        r"needs B on the client"):
-        SplitClient(_recipe("privpair", 1.0, tmp_path))
+    with pytest.raises(UserError, match=rf"^splitft.runtime=split_deployment runs splitft_none, nopeek; {configuration} "
+                                        rf"cannot be split across processes: {reason}.* \(use splitft.runtime=simulation\)$"):
+        SplitClient(_recipe(configuration, 1.0, tmp_path))
+
+
+@pytest.mark.slow
+def test_the_runner_trains_through_the_split_deployment(tmp_path):
+    """`splitft.runtime=split_deployment` (experiment=splitft_smoke, no defence, 1 round): the runner's results
+    name the runtime, and its rounds' training metrics, held-out scores and view channels equal the same run's
+    on the default runtime (B in each ClientApp)."""
+    import json
+
+    from .conftest import run_cli_in_process
+
+    base = ["experiment=splitft_smoke", "configuration=splitft_none", "splitft.rounds=1"]
+    results = {}
+    for runtime in ("simulation", "split_deployment"):
+        out = tmp_path / runtime
+        res = run_cli_in_process([*base, f"splitft.runtime={runtime}"], out, tmp_path / "cache")
+        assert res.returncode == 0, res.stderr[-3000:]
+        (path,) = list(out.rglob("results.json"))
+        results[runtime] = json.loads(path.read_text())
+    got, want = results["split_deployment"], results["simulation"]
+    assert got["runtime"] == "flwr simulation (ray backend), split deployment: B in the ServerApp"
+    assert want["runtime"] == "flwr simulation (ray backend)"
+    assert got["view_channels"] == want["view_channels"]
+    assert len(got["rounds"]) == len(want["rounds"]) == 1
+    for key in ("train_loss", "H", "H_A", "heldout_ce", "heldout_top1"):
+        assert got["rounds"][0][key] == pytest.approx(want["rounds"][0][key], rel=1e-5, abs=1e-9), key
+    assert got["heldout_blocks_ce"]["final"] == pytest.approx(want["heldout_blocks_ce"]["final"], rel=1e-5)
 
 
 def test_the_split_client_holds_no_b(tmp_path):
