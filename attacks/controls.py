@@ -49,8 +49,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from metrics.intervals import Estimate
-from metrics.privacy import _prf_from_counts, chance_floor, corpus_token_prf, token_prf
+from metrics.privacy import chance_floor, corpus_token_prf, pairwise_f1, token_prf
 
 PRF_MODE, PRF_AVERAGE = "multiset", "macro"
 _DROP = ("mean_first_divergence", "n_diverging", "token_match_rate", "token_match_rate_ci_lo", "token_match_rate_ci_hi")
@@ -167,21 +169,8 @@ def exposure_free_f1(prompts: Sequence[Sequence[int]], guesses: Sequence[Sequenc
     floor."""
     if len(prompts) != len(guesses) or len(prompts) < 2:
         raise ValueError(f"need at least 2 prompts and one guess each, got {len(prompts)} and {len(guesses)}")
-    # token_prf's multiset F1 from token-count matrices (n² pairs: the calibration's trials score thousands):
-    # overlap = Σ_v min(count in prompt, count in guess), then the same precision/recall/F1 arithmetic.
-    import numpy as np
-
-    ids = {t: k for k, t in enumerate({t for row in [*prompts, *guesses] for t in row})}
-    refs, hyps = np.zeros((len(prompts), len(ids)), np.int32), np.zeros((len(guesses), len(ids)), np.int32)
-    for mat, rows in ((refs, prompts), (hyps, guesses)):
-        for i, row in enumerate(rows):
-            np.add.at(mat[i], [ids[t] for t in row], 1)
-    hyp_size, ref_size = hyps.sum(1), refs.sum(1)
-    f1s = []
-    for i in range(len(prompts)):
-        overlap = np.minimum(refs[i], hyps).sum(1)
-        f1s += [_prf_from_counts(int(overlap[j]), int(hyp_size[j]), int(ref_size[i]))[2]
-                for j in range(len(guesses)) if j != i]
+    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
+    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
     return sum(f1s) / len(f1s)
 
 
