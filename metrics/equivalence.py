@@ -106,10 +106,15 @@ def unpaired_sd_pp(p1: float, p2: float) -> float:
 
 
 def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, dose_pp: float, *,
-              interval: str = "t", bias_pp: float = 0.0, confidence: float = 0.95) -> Plan:
+              interval: str = "t", bias_pp: float = 0.0, shift_pp: float | None = None,
+              spread_null_pp: float | None = None, spread_dosed_pp: float | None = None,
+              confidence: float = 0.95) -> Plan:
     """The verdict's predicted certification probability (null at `bias_pp`) and power (true difference
-    `dose_pp`) for n units of per-unit spreads sd_null (the null) and sd_dosed (at the dose), with a
-    Student-t (`interval="t"`) or Wald (`"z"`) 95% interval (module comment above)."""
+    `shift_pp`, the statistic's shift at the dose: `dose_pp` unless the attacker reads only part of it) for
+    n units of per-unit spreads sd_null (the null) and sd_dosed (at the dose), with a Student-t
+    (`interval="t"`) or Wald (`"z"`) 95% interval (module comment above). The interval's width is
+    c·sd/√n; the estimate itself varies by spread/√n, which is sd unless given: a statistic against a
+    reference computed on the same units (the exposure-free F1) varies less than its interval assumes."""
     if n < 2 or min(sd_null_pp, sd_dosed_pp) < 0 or margin_pp <= 0:
         raise ValueError(f"need n >= 2, spreads >= 0 and a margin > 0, got {n}, {sd_null_pp}, {sd_dosed_pp}, {margin_pp}")
     if interval not in ("t", "z"):
@@ -117,12 +122,18 @@ def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, d
     q = (1 + confidence) / 2
     c = float(stats.t.ppf(q, n - 1)) if interval == "t" else float(stats.norm.ppf(q))
     se0, se1 = sd_null_pp / math.sqrt(n), sd_dosed_pp / math.sqrt(n)
-    if se0 == 0:
-        certify = float(abs(bias_pp) <= margin_pp)
+    sp0 = se0 if spread_null_pp is None else spread_null_pp / math.sqrt(n)
+    sp1 = se1 if spread_dosed_pp is None else spread_dosed_pp / math.sqrt(n)
+    room = margin_pp - c * se0          # |estimate| up to this certifies
+    if room <= 0:
+        certify = 0.0
+    elif sp0 == 0:
+        certify = float(abs(bias_pp) <= room)
     else:
-        hi, lo = (margin_pp - c * se0 - bias_pp) / se0, (-margin_pp + c * se0 - bias_pp) / se0
-        certify = max(0.0, float(stats.norm.cdf(hi) - stats.norm.cdf(lo)))
-    power = float(dose_pp > margin_pp) if se1 == 0 else float(stats.norm.sf((margin_pp + c * se1 - dose_pp) / se1))
+        certify = float(stats.norm.cdf((room - bias_pp) / sp0) - stats.norm.cdf((-room - bias_pp) / sp0))
+    shift = dose_pp if shift_pp is None else shift_pp
+    need = margin_pp + c * se1          # an estimate above this reads leak
+    power = float(shift > need) if sp1 == 0 else float(stats.norm.sf((need - shift) / sp1))
     return Plan(n, margin_pp, dose_pp, se0, se1, certify, power)
 
 

@@ -161,7 +161,13 @@ def pairwise_f1(refs: Sequence[Sequence[Hashable]], hyps: Sequence[Sequence[Hash
         return mat
 
     r, h = counts(refs), counts(hyps)
-    overlap = np.stack([np.minimum(r[i], h).sum(1) for i in range(len(refs))]) if len(refs) else np.zeros((0, len(hyps)))
+    # Σ_v min(r_v, h_v) = Σ_{t ≥ 1} Σ_v [r_v ≥ t]·[h_v ≥ t]: one matrix product per count level, over the
+    # tokens some row holds t times (few beyond t = 1); float32 sums of 0/1 products are exact below 2²⁴.
+    overlap = np.zeros((len(refs), len(hyps)))
+    top_r, top_h = r.max(0, initial=0), h.max(0, initial=0)
+    for t in range(1, int(min(top_r.max(initial=0), top_h.max(initial=0))) + 1):
+        cols = np.flatnonzero((top_r >= t) & (top_h >= t))
+        overlap += (r[:, cols] >= t).astype(np.float32) @ (h[:, cols] >= t).astype(np.float32).T
     ref_size, hyp_size = r.sum(1)[:, None].astype(float), h.sum(1)[None, :].astype(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = overlap / hyp_size
