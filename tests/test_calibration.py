@@ -199,7 +199,7 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert "| collab | 340 | 340 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 420 | 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):
