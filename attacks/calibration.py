@@ -12,14 +12,29 @@ returns the verdict (leak | at_chance | inconclusive) and the value of its stati
 - `certify_rate`: the share of null trials read at_chance (the verdict's power to certify);
 - `power`: per dose, the share of dosed trials read as leak;
 - `null_sd`: the spread of the null trials' statistic, and `certifiable_margin_pp`: the margin the
-  entry's sample size can certify with 80 % probability at that spread (metrics/equivalence.py).
+  entry's sample size can certify with 80 % probability at that spread (metrics/equivalence.py);
+- `sizing` (`sizing`): why the entry's n is what it is. "at chance" is an equivalence test, so the margin m
+  and n go together: with the estimate's standard error se and the 95% interval ± c·se, a null is certified
+  with probability ≥ 80 % only if m ≥ (c + 1.28)·se, and a dose of 2m is called a leak with probability
+  ≥ 80 % only if m ≥ (c + 0.84)·se. metrics/equivalence.py computes both probabilities at a given n (and the
+  n that meets a target) from per-unit spreads (t or Wald intervals) or a paired proportion's base and
+  discordance rates (Newcombe's interval); the record holds them at the configured planning values and at
+  the values the run measured.
+
+A dose d is in the unit of the verdict's statistic: a reader that reads all of it moves the statistic by
+d pp in expectation (the text entries' identity attacker, the collab informed attacker and MAP on a
+dosed exposure do; the gradient probe reads most of a strong code), and it is injected into a null
+signal, an arm at the floor, never into one that already leaks.
 
 Trials are cheap on purpose: they operate on recorded or constructed signals and call the verdict code the
-runners call (attacks/collab_decodeleak.verdict, attacks/sanitize/scoring.score_attacker,
+runners call (attacks/collab/decodeleak.verdict, attacks/sanitize/scoring.score_attacker,
 attacks/splitft/cell.assess, attacks/controls.classify on the gradient probe, attacks/controls.
 sequential_verdict for SpliTEE), never the systems' models, except the collab entry, which computes its
 cloud's no-signal guesses once, and the SpliTEE entry, which computes one prior forward per prompt and the
-layer-0 codebook once. Adding a system is one more `Entry` factory in `REGISTRY`.
+layer-0 codebook once. What trials share is computed once (the truths, the floor's sets, the priors and
+the codebook); each trial redraws every random part of its signal (ids, rows, masks, other prompts, which
+units a dose reaches), so trials are independent given the shared part. Adding a system is one more
+`Entry` factory in `REGISTRY`.
 """
 from __future__ import annotations
 
@@ -32,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from attacks import controls
+from metrics import equivalence
 from metrics.equivalence import certifiable_margin
 from metrics.proportions import clopper_pearson
 
@@ -44,6 +60,8 @@ class Trial:
     parts: dict[str, str] | None = None
     # the verdict's own 95% interval of the statistic (pp), where it is not a t interval of a mean
     interval: tuple[float, float] | None = None
+    # the paired table (both, first only, second only, neither) of a Newcombe verdict (SpliTEE: MAP vs prior)
+    table: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -60,6 +78,11 @@ class Entry:
     gate_dose_pp: float                         # the dose the verdict must call a leak (power ≥ 80 %)
     margin_pp: float
     n_examples: int
+    unit: str = "examples"                      # what one of the verdict's n units is
+    interval: str = "t"                         # the verdict's interval: t | z (means) | newcombe (paired)
+    # the planning values the sizing rule chose n with (metrics/equivalence.py): sd_null_pp and sd_dosed_pp
+    # per unit for t | z, base and discordance for newcombe
+    planning: dict[str, float] | None = None
 
 
 def proportion(k: int, n: int) -> dict[str, Any]:
@@ -67,7 +90,8 @@ def proportion(k: int, n: int) -> dict[str, Any]:
     return {"k": k, "n": n, "rate": k / n, "ci": [lo, hi]}
 
 
-def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = None) -> dict[str, Any]:
+def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = None, target: float = 0.8
+              ) -> dict[str, Any]:
     """`trials` null trials and `dosed_trials` (default: as many) per dose of one entry, each trial with its
     own generator (spawned from `seed`)."""
     dosed_trials = trials if dosed_trials is None else dosed_trials
@@ -76,9 +100,11 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     seeds = np.random.SeedSequence(seed).spawn(1 + len(entry.doses_pp))
     null_rngs = [np.random.default_rng(s) for s in seeds[0].spawn(trials)]
     nulls = [entry.null_trial(rng) for rng in null_rngs]
-    power, dosed_stats = {}, {}
+    power, dosed_stats, gate_runs = {}, {}, []
     for dose, ss in zip(entry.doses_pp, seeds[1:]):
         runs = [entry.dosed_trial(float(dose), np.random.default_rng(s)) for s in ss.spawn(dosed_trials)]
+        if float(dose) == float(entry.gate_dose_pp):
+            gate_runs = runs
         power[f"{float(dose):g}"] = proportion(sum(t.verdict == controls.LEAK for t in runs), dosed_trials)
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
     values = [t.statistic for t in nulls]
@@ -102,7 +128,7 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
             "certify_rate": proportion(sum((t.parts or {}).get(a) == controls.AT_CHANCE for t in nulls), trials),
         } for a in by_attacker}
     # The null statistic's spread across trials is that of the mean over n examples: σ_example = sd·√n.
-    if all(t.interval is not None for t in nulls):
+    if entry.interval == "newcombe":
         # The verdict's interval is not a t interval (SpliTEE: Newcombe's, on proportions near 0), so the
         # t-based helper does not apply: the margin the null trials' own intervals lie within 80 % of the time.
         reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.interval for t in nulls))
@@ -111,6 +137,7 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     elif entry.n_examples >= 2:
         out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples)
         out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
+    out["sizing"] = sizing(entry, nulls, gate_runs, target)
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
         "power_at_gate_dose_ge_80pct": out["power_at_gate_dose"] is not None
@@ -120,92 +147,192 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     return out
 
 
+def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], target: float = 0.8
+           ) -> dict[str, Any]:
+    """Why n is what it is (metrics/equivalence.py): the verdict's predicted certification probability and
+    power at the gate's dose at n, and the n the margin needs for both ≥ `target` and ≥ 80 % (the issue's
+    bar), at the planning values the configured n was chosen with and at the values this run measured.
+    Measured: for a t or Wald interval, the per-unit spread its intervals imply (sd: half-width / critical
+    value × √n, mean over the null and over the gate-dose trials; what a pilot run reports), the estimate's
+    own spread across trials × √n (spread) and the statistic's shift at the gate dose; for Newcombe, the null
+    tables' mean base rate and discordance."""
+    from scipy import stats
+
+    n, m, d = entry.n_examples, entry.margin_pp, entry.gate_dose_pp
+    if entry.interval == "newcombe":
+        def plan(values: dict[str, float]) -> Callable[[int], equivalence.Plan]:
+            return lambda k: equivalence.paired_plan(k, values["base"], values["discordance"], m, d)
+        tables = [t.table for t in nulls if t.table is not None]
+        measured = None
+        if tables:
+            base = statistics.fmean((t[0] + t[2]) / sum(t) for t in tables)
+            disc = statistics.fmean((t[1] + t[2]) / sum(t) for t in tables)
+            measured = {"base": base, "discordance": min(disc, 2 * min(base, 1 - base))}
+    else:
+        def plan(values: dict[str, float]) -> Callable[[int], equivalence.Plan]:
+            return lambda k: equivalence.mean_plan(values["sd_null_pp"], values["sd_dosed_pp"], k, m, d,
+                                                   interval=entry.interval, shift_pp=values["gate_shift_pp"],
+                                                   spread_null_pp=values["spread_null_pp"],
+                                                   spread_dosed_pp=values["spread_dosed_pp"])
+        crit = float(stats.t.ppf(0.975, n - 1) if entry.interval == "t" else stats.norm.ppf(0.975))
+
+        def spread(trials: Sequence[Trial]) -> float | None:
+            widths = [(t.interval[1] - t.interval[0]) / 2 for t in trials if t.interval is not None]
+            return statistics.fmean(widths) / crit * math.sqrt(n) if widths else None
+
+        sd0, sd1 = spread(nulls), spread(gate_runs)
+        measured = None if sd0 is None or sd1 is None else {
+            "sd_null_pp": sd0, "sd_dosed_pp": sd1,
+            "spread_null_pp": statistics.stdev(t.statistic for t in nulls) * math.sqrt(n),
+            "spread_dosed_pp": statistics.stdev(t.statistic for t in gate_runs) * math.sqrt(n),
+            "gate_shift_pp": statistics.fmean(t.statistic for t in gate_runs)
+            - statistics.fmean(t.statistic for t in nulls)}
+
+    def needed(values: dict[str, float], goal: float) -> int | None:
+        try:
+            return equivalence.units_needed(plan(values), goal)
+        except ValueError:
+            return None
+
+    def at(values: dict[str, float] | None) -> dict[str, Any] | None:
+        if values is None:
+            return None
+        try:
+            p = plan(values)(n)
+        except ValueError as e:    # e.g. a dose larger than the units the null leaves to leak
+            return {**values, "not_planned": str(e)}
+        return {**values, "se_null_pp": p.se_null_pp, "se_dosed_pp": p.se_dosed_pp,
+                "predicted_certify_probability": p.certify_probability, "predicted_power_at_gate_dose": p.power,
+                "n_needed": needed(values, target), "n_needed_80pct": needed(values, 0.8)}
+
+    return {"unit": entry.unit, "n": n, "margin_pp": m, "gate_dose_pp": d, "interval": entry.interval,
+            "target": target,
+            "rule": ("metrics.equivalence.paired_plan (Newcombe's interval on simulated tables)"
+                     if entry.interval == "newcombe" else
+                     f"metrics.equivalence.mean_plan ({'Student-t' if entry.interval == 't' else 'Wald'} interval)"),
+            "planned": at(entry.planning), "measured": at(measured)}
+
+
 # --- the entries ---------------------------------------------------------------------------------------------
 
 
-def _others(pool: Sequence[Sequence[int]], n: int, rng: np.random.Generator) -> list[list[int]]:
-    """n rows of `pool` (text that is none of the evaluated examples) in a random order: a signal built
-    independently of every example's truth. (Another *evaluated* example's truth would not do: the
-    exposure-free reference scores each guess against every other example, its source included.)"""
-    return [list(pool[j]) for j in rng.permutation(len(pool))[:n]]
+def corpus_stream(tokenizer: Any) -> list[int]:
+    """The built-in corpus as one stream of token ids (real text's token frequencies)."""
+    from harness.text_corpus import BUILTIN_CORPUS, paragraphs
 
-
-def _dose(truth: Sequence[int], other: Sequence[int], dose_pp: float, rng: np.random.Generator) -> list[int]:
-    """`other` with each position replaced by the truth's with probability dose/100."""
-    keep = rng.random(len(truth)) < dose_pp / 100.0
-    return [int(t) if k else int(o) for t, o, k in zip(truth, other, keep)]
+    return [int(i) for p in paragraphs(BUILTIN_CORPUS.read_text()) for i in tokenizer(p)["input_ids"]]
 
 
 def text_rows(tokenizer: Any, n: int, length: int) -> list[list[int]]:
-    """n rows of `length` token ids cut from the built-in corpus (real text's token frequencies)."""
-    from harness.text_corpus import BUILTIN_CORPUS, paragraphs
-
-    stream = [int(i) for p in paragraphs(BUILTIN_CORPUS.read_text()) for i in tokenizer(p)["input_ids"]]
+    """n rows of `length` token ids cut from the built-in corpus (real text, in order)."""
+    stream = corpus_stream(tokenizer)
     if len(stream) < n * length:
         raise ValueError(f"the built-in corpus has {len(stream)} tokens, fewer than {n} rows of {length}")
     return [stream[i * length:(i + 1) * length] for i in range(n)]
 
 
-def sanitize_entry(rows: list[list[int]], pool: list[list[int]], margin_pp: float, doses_pp: Sequence[float],
-                   gate_dose_pp: float) -> Entry:
+def unigram_rows(stream: Sequence[int], n: int, length: int, rng: np.random.Generator) -> list[list[int]]:
+    """n rows of `length` token ids drawn independently from the token frequencies of `stream`. The text
+    verdicts score multiset token F1, which ignores order, so such rows keep what their null depends on (the
+    vocabulary's frequencies) while the built-in corpus (6.3k tokens) is far shorter than the n·L the sizing
+    rule asks for."""
+    a = np.asarray(stream, dtype=np.int64)
+    return a[rng.integers(len(a), size=(n, length))].tolist()
+
+
+def _dose(truth: Sequence[int], other: Sequence[int], dose_pp: float, rng: np.random.Generator) -> list[int]:
+    """`other` carrying a dose of `truth` worth d pp of multiset token F1 in expectation (equal lengths L:
+    F1 = matches/L). Each of the U truth tokens `other` does not match is written, with probability
+    p = d·L/(100·U), over a position of `other` whose token matches nothing: each write adds exactly one
+    match, so F1 rises by p·U/L = d/100 (p capped at 1)."""
+    from collections import Counter
+
+    if len(truth) != len(other):
+        raise ValueError(f"a dose needs equal lengths, got {len(truth)} and {len(other)}")
+    missing = list((Counter(truth) - Counter(other)).elements())
+    spare = Counter(other) - Counter(truth)
+    free = []
+    for j, t in enumerate(other):
+        if spare[t] > 0:
+            free.append(j)
+            spare[t] -= 1
+    out = [int(t) for t in other]
+    if not missing:
+        return out
+    p = min(1.0, dose_pp / 100.0 * len(truth) / len(missing))
+    for tok, j in zip(rng.permutation(missing).tolist(), free):
+        if rng.random() < p:
+            out[j] = int(tok)
+    return out
+
+
+def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, doses_pp: Sequence[float],
+                   gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
     """Paper 001: the sanitisers' verdict (attacks/sanitize/scoring.score_attacker, the identity attacker that
-    reads the sanitised tokens as its guess). Null: every prompt sanitised independently of the truth (its
-    positions filled with a row of other text, `pool`, in a random order per trial); dose d: each position
-    passes its true token with probability d/100."""
+    reads the sanitised tokens as its guess). Null: every prompt sanitised independently of the truth (a
+    fresh row of the corpus's token frequencies, `stream`, per prompt and trial); dose d: that row carrying
+    d pp of the truth's token F1 (`_dose`)."""
     import torch
 
     from attacks.sanitize import scoring
+
+    length = len(rows[0])
 
     def identity(observed):
         return [torch.tensor(o, dtype=torch.long).view(-1, 1) for o in observed]
 
     def trial(observed: list[list[int]]) -> Trial:
         s, _ = scoring.score_attacker("identity", identity, rows, observed, 1, margin_pp, True)
-        return Trial(s.verdict, s.f1.mean - s.reference)
+        return Trial(s.verdict, s.f1.mean - s.reference, interval=(s.f1.lo - s.reference, s.f1.hi - s.reference))
 
     def null(rng):
-        return trial(_others(pool, len(rows), rng))
+        return trial(unigram_rows(stream, len(rows), length, rng))
 
     def dosed(dose, rng):
-        return trial([_dose(t, o, dose, rng) for t, o in zip(rows, _others(pool, len(rows), rng))])
+        return trial([_dose(t, o, dose, rng) for t, o in zip(rows, unigram_rows(stream, len(rows), length, rng))])
 
     return Entry("sanitize", "prompts sanitised independently of the truth (each prompt's tokens replaced by a "
-                 "row of other text of the same corpus)",
+                 "fresh row drawn from the corpus's token frequencies)",
                  "a verdict that calls the sanitiser's output a leak from the text's shared vocabulary alone",
-                 "% of positions whose true token passes through", null, dosed, doses_pp, gate_dose_pp, margin_pp,
-                 len(rows))
+                 "pp of token F1 the sanitised prompt carries from its truth (a perfect reader's gain)", null, dosed,
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"prompts of {length} tokens", "t", planning)
 
 
-def splitft_entry(rows: list[list[int]], pool: list[list[int]], margin_pp: float, positive_margin_pp: float,
-                  doses_pp: Sequence[float], gate_dose_pp: float) -> Entry:
+def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, positive_margin_pp: float,
+                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
     """Paper 002: the label attack's verdict (attacks/splitft/cell.assess, reference = the larger of the
     exposure-free reference and the constant most-frequent-label guess). Null: shuffled labels (the guesses
-    are the labels of other text, `pool`, in a random order); dose d: each guessed label is the true one
-    with probability d/100."""
+    are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
+    of the true labels' token F1 (`_dose`)."""
     from attacks.splitft.cell import assess
     from attacks.splitft.label import constant_guesses
 
     constant = constant_guesses(rows)
+    length = len(rows[0])
 
     def trial(guesses: list[list[int]]) -> Trial:
         m = assess("label", rows, guesses, rows, rows, margin_pp, positive_margin_pp, prior_guesses=constant,
                    plain_prior_guesses=constant)
-        return Trial(m["label_verdict"], m["label_token_f1"] - m["label_reference_token_f1"])
+        ref = m["label_reference_token_f1"]
+        return Trial(m["label_verdict"], m["label_token_f1"] - ref,
+                     interval=(m["label_token_f1_ci_lo"] - ref, m["label_token_f1_ci_hi"] - ref))
 
     def null(rng):
-        return trial(_others(pool, len(rows), rng))
+        return trial(unigram_rows(stream, len(rows), length, rng))
 
     def dosed(dose, rng):
-        return trial([_dose(t, o, dose, rng) for t, o in zip(rows, _others(pool, len(rows), rng))])
+        return trial([_dose(t, o, dose, rng) for t, o in zip(rows, unigram_rows(stream, len(rows), length, rng))])
 
-    return Entry("splitft", "shuffled labels (the label attack's guesses are labels of other text)",
+    return Entry("splitft", "shuffled labels (the label attack's guesses are labels drawn independently of the "
+                 "truth, from the corpus's token frequencies)",
                  "a label verdict that reads the labels' common tokens as a leak",
-                 "% of label positions guessed right beyond the shuffled guess", null, dosed, doses_pp,
-                 gate_dose_pp, margin_pp, len(rows))
+                 "pp of token F1 the guesses carry from the true labels (a perfect reader's gain)", null, dosed,
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"label rows of {length} tokens", "t", planning)
 
 
 def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float, *,
-                     top_k: int, l2: float, max_iter: int) -> Entry:
+                     top_k: int, l2: float, max_iter: int, code_strength: float = 3.0,
+                     planning: dict[str, float] | None = None) -> Entry:
     """Paper 004: the frequent-token probe's verdict (attacks/controls.classify of one cell's effect interval
     against the gate's moved reference, min(0, the shuffled-label probe's effect)). Features: 8 Gaussian
     features carrying a fixed code of each row's token (5 tokens, 30/20/20/15/15 %), the probe's unit test's
@@ -229,7 +356,7 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
         lo, hi = cell.ci_pp
         v = controls.classify(lo, hi, reference, margin_pp, positive_passed=True,
                               negative_passed=neg.ci_pp[1] <= margin_pp)
-        return Trial(v, cell.effect_pp - reference)
+        return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference))
 
     def null(rng):
         seed = int(rng.integers(1 << 30))
@@ -239,14 +366,14 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
     def dosed(dose, rng):
         seed = int(rng.integers(1 << 30))
         train, test = features(rows, rng), features(rows, rng)
-        cell, _ = probe.dosed_control(train, test, dose_pp=dose, seed=seed, **kw)
+        cell, _ = probe.dosed_control(train, test, dose_pp=dose, seed=seed, strength=code_strength, **kw)
         floor = probe.floor_arm(train, seed + 3), probe.floor_arm(test, seed + 4)
         return read(*floor, cell, seed)
 
     return Entry("grad_audit", "shuffled labels (the probe's feature rows permuted against their tokens)",
                  "a probe verdict that reads the probe's own bias or the token frequencies as a leak",
                  "pp a perfect reader of an injected token code gains over the constant guess",
-                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows)
+                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows, "probe rows (test split)", "z", planning)
 
 
 @dataclass
@@ -278,44 +405,65 @@ def collab_data(model: Any, n_examples: int, steps: int, top: int) -> CollabData
     return CollabData([tokenise_evidence(e.evidence, info, True) for e in examples], floor, info, vocab, steps)
 
 
-def collab_entry(data: CollabData, *, ids_per_step: int, k: int, margin_pp: float, positive_margin_pp: float,
-                 doses_pp: Sequence[float], gate_dose_pp: float) -> Entry:
-    """Paper 003: the collab verdict (attacks/collab_decodeleak.verdict on the informed attacker's Token-ER
-    against its null signal). Null: random ids, `ids_per_step` uniformly drawn token ids a step for the
-    signal, an independent draw for its null signal and another for the negative control (harsher than the
-    runner, whose null shares the run's seed); dose d: each of the evidence's content tokens joins the
-    signal with probability d/100. Positive control: the whole evidence injected."""
+def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, margin_pp: float,
+                 positive_margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float,
+                 planning: dict[str, float] | None = None) -> Entry:
+    """Paper 003: the collab verdict (attacks/collab/decodeleak.verdict on the informed attacker's Token-ER
+    against its null signal) over `units` examples: the built-in examples in turn (unit i is example
+    i mod 12, with its evidence and its cloud's no-signal sets), each unit with its own random signal. The
+    built-in set has 12 examples, and the sizing rule asks for far more units than that (a 2 pp leak of
+    Token-ER is a fraction of one evidence token per example), so units repeat examples: the verdict is
+    calibrated at n units of built-in-like examples, the randomness of every unit independent.
+
+    Null: random ids, `ids_per_step` uniformly drawn token ids a step for the signal (only the first k of a
+    step count at Token-ER@k, so k are drawn), an independent draw for its null signal and another for the
+    negative control (harsher than the runner, whose null shares the run's seed). Dose d: each evidence
+    token that neither the signal nor the floor already covers joins the signal with probability
+    p = d·E/(100·U) (E evidence tokens, U uncovered; capped at 1), so the informed attacker's Token-ER rises
+    by d pp in expectation. Positive control: the whole evidence injected."""
     from attacks.collab import decodeleak as leak
 
+    n_ex = len(data.evidence)
+    evidence = [data.evidence[i % n_ex] for i in range(units)]
+    floor = [data.floor[i % n_ex] for i in range(units)]
+    drawn = min(ids_per_step, k)
+
     def draw(rng) -> list[list[list[int]]]:
-        return [[rng.choice(data.vocab_size, ids_per_step, replace=False).tolist() for _ in range(data.steps)]
-                for _ in data.evidence]
+        return [[rng.choice(data.vocab_size, drawn, replace=False).tolist() for _ in range(data.steps)]
+                for _ in evidence]
 
     def score(sets):
-        return leak.score_sets(sets, data.evidence, data.vocab, [k], prior=data.floor)
+        # the verdict's statistic is Token-ER@k; the other curves (ROUGE1-ER decodes every id) are not scored
+        return leak.score_sets(sets, evidence, data.vocab, [k], prior=floor, metrics=("token_er",))
 
     def trial(signal, rng) -> Trial:
         null_sets, again = draw(rng), draw(rng)
-        full = [[sorted(ev.token_ids)] + s for ev, s in zip(data.evidence, null_sets)]
-        v = leak.verdict(score(signal), score(null_sets), (score(full), score(null_sets)),
-                         (score(again), score(null_sets)), k, margin_pp, positive_margin_pp)
-        return Trial(v["verdict"], v["null_excess_token_er"])
+        full = [[sorted(ev.token_ids)] + s for ev, s in zip(evidence, null_sets)]
+        null_scores = score(null_sets)
+        v = leak.verdict(score(signal), null_scores, (score(full), null_scores), (score(again), null_scores), k,
+                         margin_pp, positive_margin_pp)
+        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]))
 
     def null(rng):
         return trial(draw(rng), rng)
 
     def dosed(dose, rng):
         signal = draw(rng)
-        injected = [[[t for t in sorted(ev.token_ids) if rng.random() < dose / 100.0]] + s
-                    for ev, s in zip(data.evidence, signal)]
+        injected = []
+        for ev, fl, sets in zip(evidence, floor, signal):
+            covered = {t for st in (*sets, *fl) for t in st[:k]}
+            open_ = [t for t in sorted(ev.token_ids) if t not in covered]
+            p = min(1.0, dose / 100.0 * len(ev.token_ids) / len(open_)) if open_ else 0.0
+            injected.append([[t for t in open_ if rng.random() < p]] + sets)
         return trial(injected, rng)
 
     return Entry("collab", f"random ids ({ids_per_step} uniform token ids a step, signal and null drawn "
                  "independently)",
                  "a leak statistic that credits a signal for coverage it gains without information (the informed "
                  "excess over the floor did: +4.3 pp on random ids, issue 31)",
-                 "% of the evidence's content tokens injected into the signal", null, dosed, doses_pp,
-                 gate_dose_pp, margin_pp, len(data.evidence))
+                 "pp of Token-ER@K the signal gains from injected evidence tokens the signal and floor do not cover",
+                 null, dosed, doses_pp, gate_dose_pp, margin_pp, units,
+                 f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning)
 
 
 @dataclass
@@ -326,7 +474,7 @@ class SpliteeData:
 
     tokens: list[list[int]]          # the pool prompts
     where: list[tuple[int, int]]     # (prompt, position) of each pool position
-    log_prior: Any                   # [positions, V] float64
+    log_prior: Any                   # [positions, V] float32
     prior_guess: list[int]
     book: Any                        # [V, d]
     book_sq: Any                     # [V]
@@ -337,7 +485,7 @@ class SpliteeData:
 def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_epsilon: float, sigma_scale: float,
                  sensitivity_rule: str) -> SpliteeData:
     """The pool's priors (one forward per prompt, teacher-forced: position p's prior reads tokens 0..p−1)
-    and the layer-0 QKV exposure's σ under ep1 at ε and at the dose's ε (attacks/sequential.op_sigmas, the
+    and the layer-0 QKV exposure's σ under ep1 at ε and at the dose's ε (attacks/splitee/sequential.op_sigmas, the
     engine's σ)."""
     import torch
 
@@ -346,19 +494,20 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
     priors, where = [], []
     with torch.no_grad():
         for r, row in enumerate(tokens):
-            logits = model(input_ids=torch.as_tensor([row], dtype=torch.long)).logits[0].double()
+            logits = model(input_ids=torch.as_tensor([row], dtype=torch.long)).logits[0].float()
             priors.append(torch.log_softmax(logits[:-1], -1))     # row p−1 predicts position p
             where += [(r, p) for p in range(1, len(row))]
     log_prior = torch.cat(priors)
     book = sq.layer0_codebook(model).float()
     sigma = [sq.op_sigmas(model, "ep1", e, [len(tokens[0])], [("qkv", 0)], sigma_scale=sigma_scale,
                           sensitivity_rule=sensitivity_rule)[0][("qkv", 0)] for e in (epsilon, dose_epsilon)]
-    return SpliteeData(tokens, where, log_prior.float(), log_prior.argmax(-1).tolist(), book, (book * book).sum(-1),
+    return SpliteeData(tokens, where, log_prior, log_prior.argmax(-1).tolist(), book, (book * book).sum(-1),
                        sigma[0], sigma[1])
 
 
 def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
-                  doses_pp: Sequence[float], gate_dose_pp: float) -> Entry:
+                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None,
+                  chunk: int = 128) -> Entry:
     """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
     worst of MAP against the prior alone and the likelihood attacker against itself on a null view), on
     the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
@@ -367,62 +516,93 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     A trial draws `positions` pool positions without replacement. Null: at each, the attacker reads the
     exposure of a *different* prompt (a random other pool prompt's token at that position, masked afresh
     at ε: y = μ(t_q) + σ·η, the engine's Gaussian mask) and is scored against the true token; the
-    likelihood attacker's reference reads a second, independent other prompt's view. Dose d: each position
-    reads instead, with probability d/100, its own prompt's exposure masked at the dose's ε (σ small enough
-    that the exposure names its token), for MAP and the likelihood attacker alike (the reference stays
-    null): a leak of about d pp of the positions beyond the prior, `dosed_statistic_mean_pp` the shift of
-    MAP − prior it made."""
+    likelihood attacker's reference reads a second, independent other prompt's view. Dose d: among the
+    positions where the prior alone is wrong, each reads instead, with probability d/(100·(1 − π)) (π the
+    prior's hit rate on the trial's positions), its own prompt's exposure masked at the dose's ε (σ small
+    enough that the exposure names its token), for MAP and the likelihood attacker alike (the reference
+    stays null): MAP − prior rises by about d pp. What the trials share: the pool's prompts, priors and
+    codebook (computed once); each trial draws its positions, other prompts and masks afresh.
+
+    Scores are computed `chunk` positions at a time: the Gaussian log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of
+    every token v (sequential.gaussian_scores up to the shared constant), its argmax (the likelihood
+    attacker), then plus the prior, its argmax (MAP)."""
     import torch
 
     from metrics.proportions import newcombe_paired, paired_table
 
-    tokens, book, book_sq = data.tokens, data.book, data.book_sq
-    n_pool = len(data.where)
+    tokens, book = data.tokens, data.book
+    n_pool, n_prompts = len(data.where), len(tokens)
     if positions > n_pool:
         raise ValueError(f"a SpliTEE trial draws {positions} positions from a pool of {n_pool}")
-    if len(tokens) < 3:
+    if n_prompts < 3:
         raise ValueError("the SpliTEE null needs at least 3 prompts (two other prompts per position)")
+    book_t = book.T.contiguous()
+    half_sq = -0.5 * data.book_sq
+    where_row = np.asarray([r for r, _ in data.where])
+    where_pos = np.asarray([p for _, p in data.where])
+    token_at = np.full((n_prompts, max(len(t) for t in tokens)), -1, dtype=np.int64)
+    for r, row in enumerate(tokens):
+        token_at[r, :len(row)] = row
+    truth_all = token_at[where_row, where_pos]
+    prior_right = np.asarray(data.prior_guess) == truth_all
 
-    def scores(idx, sources, sigmas, rng) -> torch.Tensor:
-        """The Gaussian log-likelihood [n, V] of every token (sequential.gaussian_scores, up to the shared
-        constant) given fresh masked layer-0 QKV exposures of the source prompts' tokens at those positions."""
-        clear = book[[tokens[q][data.where[i][1]] for i, q in zip(idx, sources)]]
-        sig = torch.as_tensor(sigmas, dtype=clear.dtype)[:, None]
-        y = clear + sig * torch.as_tensor(rng.standard_normal(clear.shape), dtype=clear.dtype)
-        return (2.0 * (y @ book.T) - book_sq) / (2.0 * sig * sig)
+    def other(rows: np.ndarray, rng, avoid: np.ndarray | None = None) -> np.ndarray:
+        """A uniformly random other prompt per position (≠ its own, and ≠ `avoid` where given)."""
+        out = (rows + 1 + rng.integers(n_prompts - 1, size=len(rows))) % n_prompts
+        if avoid is not None:
+            bad = out == avoid
+            while bad.any():   # rejection: uniform over the prompts left
+                out[bad] = (rows[bad] + 1 + rng.integers(n_prompts - 1, size=int(bad.sum()))) % n_prompts
+                bad = out == avoid
+        return out
 
-    def other(r: int, rng, avoid: int = -1) -> int:
-        choices = [q for q in range(len(tokens)) if q != r and q != avoid]
-        return int(choices[int(rng.integers(len(choices)))])
+    def view(sources: np.ndarray, pos: np.ndarray, sigma: np.ndarray, rng) -> torch.Tensor:
+        """Fresh masked layer-0 QKV exposures of the source prompts' tokens at those positions."""
+        clear = book[torch.as_tensor(token_at[sources, pos])]
+        noise = torch.as_tensor(rng.standard_normal(clear.shape), dtype=clear.dtype)
+        return clear + torch.as_tensor(sigma, dtype=clear.dtype)[:, None] * noise
+
+    def guesses(y: torch.Tensor, sigma: np.ndarray, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """argmax of the likelihood and (with `idx`, the pool rows of the prior) of likelihood + prior."""
+        inv = torch.as_tensor(1.0 / (sigma * sigma), dtype=y.dtype)[:, None]
+        lik, post = [], []
+        for s in range(0, len(y), chunk):
+            scores = torch.addmm(half_sq, y[s:s + chunk], book_t).mul_(inv[s:s + chunk])
+            lik.append(scores.argmax(-1))
+            if idx is not None:
+                post.append(scores.add_(data.log_prior[torch.as_tensor(idx[s:s + chunk])]).argmax(-1))
+        return torch.cat(lik).numpy(), (torch.cat(post).numpy() if idx is not None else None)
 
     def verdict(first, second, reference: str):
-        theta, lo, hi = newcombe_paired(*paired_table(first, second))
+        table = paired_table(first.tolist(), second.tolist())
+        theta, lo, hi = newcombe_paired(*table)
         v, _why = controls.sequential_verdict(100 * lo, 100 * hi, margin_pp, teacher_forced=True,
                                               pruning_recall=None, min_recall=min_recall, reference=reference)
-        return v, 100 * theta, (100 * lo, 100 * hi)
+        return v, 100 * theta, (100 * lo, 100 * hi), table
 
     def trial(dose: float, rng) -> Trial:
-        idx = rng.choice(n_pool, positions, replace=False).tolist()
-        rows = [data.where[i][0] for i in idx]
-        truth = torch.as_tensor([tokens[r][data.where[i][1]] for i, r in zip(idx, rows)])
-        own = rng.random(positions) < dose / 100.0
-        first = [r if o else other(r, rng) for r, o in zip(rows, own)]
-        second = [other(r, rng, avoid=q) for r, q in zip(rows, first)]
-        s1 = scores(idx, first, [data.dose_sigma if o else data.sigma for o in own], rng)
-        s2 = scores(idx, second, [data.sigma] * positions, rng)
-        hits = lambda guess: (guess == truth).tolist()
-        map_hits, lik_hits = hits((s1 + data.log_prior[idx]).argmax(-1)), hits(s1.argmax(-1))
-        ref_hits = hits(s2.argmax(-1))
-        prior_hits = hits(torch.as_tensor([data.prior_guess[i] for i in idx]))
-        v_map, diff, interval = verdict(map_hits, prior_hits, "the prior alone")
-        v_lik, _, _ = verdict(lik_hits, ref_hits, "the same attacker on a null view")
-        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik}, interval)
+        idx = rng.choice(n_pool, positions, replace=False)
+        rows, pos, truth = where_row[idx], where_pos[idx], truth_all[idx]
+        prior_hits = prior_right[idx]
+        share = dose / 100.0 / max(1e-12, 1.0 - float(prior_hits.mean()))
+        own = (rng.random(positions) < min(1.0, share)) & ~prior_hits
+        first = np.where(own, rows, other(rows, rng))
+        second = other(rows, rng, avoid=first)
+        sigma1 = np.where(own, data.dose_sigma, data.sigma)
+        lik1, map1 = guesses(view(first, pos, sigma1, rng), sigma1, idx)
+        sigma2 = np.full(positions, data.sigma)
+        ref, _ = guesses(view(second, pos, sigma2, rng), sigma2, None)
+        v_map, diff, interval, table = verdict(map1 == truth, prior_hits, "the prior alone")
+        v_lik, _, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
+        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik}, interval, table)
 
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
                  "exposure, masked afresh; the likelihood reference a second other prompt's)",
                  "a verdict that calls the model's prior, or an exposure of unrelated text, a leak of the prompt",
-                 "% of positions whose exposure is their own prompt's (masked at the dose's ε, where it names "
-                 "the token)", lambda rng: trial(0.0, rng), trial, doses_pp, gate_dose_pp, margin_pp, positions)
+                 "pp of positions, among those the prior misses, whose exposure is their own prompt's (masked at "
+                 "the dose's ε, where it names the token): MAP − prior rises by about d pp",
+                 lambda rng: trial(0.0, rng), trial, doses_pp, gate_dose_pp, margin_pp, positions,
+                 "positions", "newcombe", planning)
 
 
 # system → factory(cfg, model) -> Entry. `cfg` is the whole composed config (each entry reads its own system's
@@ -437,37 +617,53 @@ def _register(name: str):
     return add
 
 
+def _planning(section: Any) -> dict[str, float]:
+    from omegaconf import OmegaConf
+
+    return {k: float(v) for k, v in OmegaConf.to_container(section.planning, resolve=True).items()}
+
+
 @_register("collab")
 def _collab(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.collab
     data = collab_data(model, int(c.examples), int(c.steps), int(c.k))
-    return collab_entry(data, ids_per_step=int(c.ids_per_step), k=int(c.k),
+    return collab_entry(data, units=int(c.units), ids_per_step=int(c.ids_per_step), k=int(c.k),
                         margin_pp=float(cfg.collab.controls.gate_margin_pp),
                         positive_margin_pp=float(cfg.collab.controls.positive_margin_pp),
-                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp))
+                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c))
+
+
+def _truth_rows(cfg: Any, model: Any, name: str) -> tuple[list[list[int]], list[int]]:
+    """The text entries' truths (unigram rows drawn once from the calibration seed) and their source stream."""
+    c = cfg.calibration[name]
+    stream = corpus_stream(model.tokenizer)
+    rng = np.random.default_rng([int(cfg.calibration.seed), len(name)])
+    return unigram_rows(stream, int(c.examples), int(c.tokens), rng), stream
 
 
 @_register("sanitize")
 def _sanitize(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.sanitize
-    rows = text_rows(model.tokenizer, 2 * int(c.examples), int(c.tokens))
-    return sanitize_entry(rows[:int(c.examples)], rows[int(c.examples):], float(cfg.sanitize.attack.gate_margin_pp),
-                          list(c.doses_pp), float(c.gate_dose_pp))
+    rows, stream = _truth_rows(cfg, model, "sanitize")
+    return sanitize_entry(rows, stream, float(cfg.sanitize.attack.gate_margin_pp), list(c.doses_pp),
+                          float(c.gate_dose_pp), _planning(c))
 
 
 @_register("splitft")
 def _splitft(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.splitft
-    rows = text_rows(model.tokenizer, 2 * int(c.examples), int(c.tokens))
-    return splitft_entry(rows[:int(c.examples)], rows[int(c.examples):], float(cfg.splitft.attack.gate_margin_pp), float(cfg.splitft.attack.positive_margin_pp),
-                         list(c.doses_pp), float(c.gate_dose_pp))
+    rows, stream = _truth_rows(cfg, model, "splitft")
+    return splitft_entry(rows, stream, float(cfg.splitft.attack.gate_margin_pp),
+                         float(cfg.splitft.attack.positive_margin_pp), list(c.doses_pp), float(c.gate_dose_pp),
+                         _planning(c))
 
 
 @_register("grad_audit")
 def _grad_audit(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.grad_audit
     return grad_audit_entry(int(c.rows), float(cfg.grad_audit.gates.probe_margin_pp), list(c.doses_pp),
-                            float(c.gate_dose_pp), top_k=int(c.top_k), l2=float(c.l2), max_iter=int(c.max_iter))
+                            float(c.gate_dose_pp), top_k=int(c.top_k), l2=float(c.l2), max_iter=int(c.max_iter),
+                            code_strength=float(c.code_strength), planning=_planning(c))
 
 
 @_register("splitee")
@@ -479,4 +675,4 @@ def _splitee(cfg: Any, model: Any) -> Entry:
                         sensitivity_rule=str(cfg.engine.sensitivity_rule))
     return splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
                          min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
-                         gate_dose_pp=float(c.gate_dose_pp))
+                         gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c))

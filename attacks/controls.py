@@ -49,8 +49,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from metrics.intervals import Estimate
-from metrics.privacy import chance_floor, corpus_token_prf, token_prf
+from metrics.privacy import chance_floor, corpus_token_prf, pairwise_f1, token_prf
 
 PRF_MODE, PRF_AVERAGE = "multiset", "macro"
 _DROP = ("mean_first_divergence", "n_diverging", "token_match_rate", "token_match_rate_ci_lo", "token_match_rate_ci_hi")
@@ -167,7 +169,8 @@ def exposure_free_f1(prompts: Sequence[Sequence[int]], guesses: Sequence[Sequenc
     floor."""
     if len(prompts) != len(guesses) or len(prompts) < 2:
         raise ValueError(f"need at least 2 prompts and one guess each, got {len(prompts)} and {len(guesses)}")
-    f1s = [token_prf(p, g, mode=PRF_MODE)[2] for i, p in enumerate(prompts) for j, g in enumerate(guesses) if i != j]
+    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
+    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
     return sum(f1s) / len(f1s)
 
 

@@ -18,13 +18,34 @@ SYSTEMS = ("collab", "sanitize", "splitft", "grad_audit", "splitee")   # attacks
 
 
 @dataclass
+class CalibrationMeanPlanning:
+    """Per-unit spreads (pp) the sizing rule chose n with (metrics/equivalence.mean_plan)."""
+
+    sd_null_pp: float = MISSING    # of the verdict's per-unit statistic on the null
+    sd_dosed_pp: float = MISSING   # at the gate's dose
+    gate_shift_pp: float = MISSING # the statistic's shift at the gate's dose (the dose, for an attacker that reads all of it)
+    spread_null_pp: float = MISSING   # the estimate's own per-unit spread (≤ sd where the reference shares the units)
+    spread_dosed_pp: float = MISSING
+
+
+@dataclass
+class CalibrationPairedPlanning:
+    """A paired proportion's rates the sizing rule chose n with (metrics/equivalence.paired_plan)."""
+
+    base: float = MISSING          # the reference's hit rate (SpliTEE: the prior alone)
+    discordance: float = MISSING   # share of units where the two disagree on the null
+
+
+@dataclass
 class CalibrationCollabConfig:
     examples: int = MISSING        # built-in examples (the cloud's no-signal sets are computed once)
+    units: int = MISSING           # the verdict's n: the examples in turn, each unit its own random signal
     steps: int = MISSING           # decoding steps of the signal
     k: int = MISSING               # the verdict's K (Token-ER@K)
     ids_per_step: int = MISSING    # the random-id null: uniform token ids a step
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
+    planning: CalibrationMeanPlanning = MISSING
 
 
 @dataclass
@@ -33,16 +54,19 @@ class CalibrationTextConfig:
     tokens: int = MISSING          # tokens a row
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
+    planning: CalibrationMeanPlanning = MISSING
 
 
 @dataclass
 class CalibrationGradAuditConfig:
     rows: int = MISSING            # probe rows per split (train, test)
+    code_strength: float = MISSING # the dose's token code, in feature spreads
     top_k: int = MISSING
     l2: float = MISSING
     max_iter: int = MISSING
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
+    planning: CalibrationMeanPlanning = MISSING
 
 
 @dataclass
@@ -54,6 +78,7 @@ class CalibrationSpliteeConfig:
     dose_epsilon: float = MISSING  # ε of a dosed position's own exposure
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
+    planning: CalibrationPairedPlanning = MISSING
 
 
 @dataclass
@@ -63,6 +88,7 @@ class CalibrationConfig:
     dosed_trials: int = MISSING    # trials per dose
     seed: int = MISSING
     threads: int = MISSING         # torch threads (the probe's small fits are far slower with more)
+    plan_target: float = MISSING   # the probability each system's n is sized for (certify and power at the gate dose)
     collab: CalibrationCollabConfig = MISSING
     sanitize: CalibrationTextConfig = MISSING
     splitft: CalibrationTextConfig = MISSING
@@ -79,6 +105,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("calibration.trials", c.trials, 1)
     check_at_least("calibration.dosed_trials", c.dosed_trials, 1)
     check_at_least("calibration.threads", c.threads, 1)
+    if not 0 < float(c.plan_target) < 1:
+        raise UserError(f"calibration.plan_target must lie strictly between 0 and 1, got {c.plan_target}")
     for name in SYSTEMS:
         doses = [float(d) for d in c[name].doses_pp]
         if not doses or any(not (math.isfinite(d) and d > 0) for d in doses):
@@ -90,12 +118,24 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least(f"calibration.{name}.examples", c[name].examples, 2)
         check_at_least(f"calibration.{name}.tokens", c[name].tokens, 1)
     check_at_least("calibration.collab.examples", c.collab.examples, 2)
+    check_at_least("calibration.collab.units", c.collab.units, 2)
+    for name in ("collab", "sanitize", "splitft", "grad_audit"):
+        for key in ("sd_null_pp", "sd_dosed_pp", "gate_shift_pp", "spread_null_pp", "spread_dosed_pp"):
+            v = float(c[name].planning[key])
+            if not (math.isfinite(v) and v >= 0):
+                raise UserError(f"calibration.{name}.planning.{key} must be a number >= 0, got {v}")
+    base, disc = float(c.splitee.planning.base), float(c.splitee.planning.discordance)
+    if not (0 <= base <= 1 and 0 <= disc <= 2 * min(base, 1 - base)):
+        raise UserError(f"calibration.splitee.planning needs base in [0, 1] and 0 <= discordance <= "
+                        f"2·min(base, 1 − base), got base={base}, discordance={disc}")
     check_at_least("calibration.collab.steps", c.collab.steps, 1)
     check_at_least("calibration.collab.k", c.collab.k, 1)
     check_at_least("calibration.collab.ids_per_step", c.collab.ids_per_step, 1)
     check_at_least("calibration.grad_audit.rows", c.grad_audit.rows, 10)
     check_at_least("calibration.grad_audit.top_k", c.grad_audit.top_k, 1)
     check_at_least("calibration.grad_audit.max_iter", c.grad_audit.max_iter, 1)
+    if not (math.isfinite(float(c.grad_audit.code_strength)) and float(c.grad_audit.code_strength) > 0):
+        raise UserError(f"calibration.grad_audit.code_strength must be a number > 0, got {c.grad_audit.code_strength}")
     check_at_least("calibration.splitee.prompts", c.splitee.prompts, 3)
     check_at_least("calibration.splitee.tokens", c.splitee.tokens, 2)
     check_at_least("calibration.splitee.positions", c.splitee.positions, 2)

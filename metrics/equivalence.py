@@ -15,7 +15,10 @@ normal approximation of the mean is the same one the Student-t interval makes; �
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 from scipy import stats
 
 
@@ -46,6 +49,156 @@ def examples_needed(sd: float, margin: float, power: float = 0.8, confidence: fl
     while hi - lo > 1:       # the margin falls with n: bisect for the first n that meets it
         mid = (lo + hi) // 2
         if certifiable_margin(sd, mid, power, confidence) <= margin:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# --- sizing a verdict: the margin n units certify and the n a margin needs, for the null and a dose --------
+#
+# A verdict reads leak when its interval's lower end exceeds +m, at_chance when the whole interval lies
+# within ±m (attacks/controls.classify, controls.sequential_verdict). With the estimate θ̂ ~ N(θ, se²) and
+# the interval θ̂ ± c·se (c = t_{0.975, n−1} for a Student-t interval of a mean, z_{0.975} for a Wald one):
+#
+#   P(at_chance | θ = b) = Φ((m − c·se₀ − b)/se₀) − Φ((−m + c·se₀ − b)/se₀)       (≥ 80 % needs m ≥ (c + z_{0.9})·se₀ at b = 0)
+#   P(leak | θ = dose)   = 1 − Φ((m + c·se₁ − dose)/se₁)                           (≥ 80 % at dose 2m needs m ≥ (c + z_{0.8})·se₁)
+#
+# so certification binds first: with c ≈ 1.96, se₀ ≤ m/3.24, while a gate dose of 2m needs se₁ ≤ m/2.80.
+# se = σ/√n for a mean of per-unit values of spread σ; a paired proportion difference of discordance rate δ
+# has σ = √(δ − θ²) per unit, two independent proportions p₁, p₂ of n each σ = √(p₁(1−p₁) + p₂(1−p₂)).
+# Newcombe's paired interval (metrics/proportions.newcombe_paired) is not Wald's near 0 (its Wilson margins
+# keep a width of about z²/n even with no discordant pair), so its probabilities are computed from
+# simulated tables instead (`paired_plan`).
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a verdict of n units is predicted to do: certify a null (true difference 0) and call a leak at
+    the dose, each with probability; the standard errors (pp) it assumed."""
+
+    n: int
+    margin_pp: float
+    dose_pp: float
+    se_null_pp: float
+    se_dosed_pp: float
+    certify_probability: float
+    power: float
+
+    def meets(self, target: float = 0.8) -> bool:
+        return self.certify_probability >= target and self.power >= target
+
+
+def paired_sd_pp(discordance: float, difference: float = 0.0) -> float:
+    """The per-unit spread (pp) of a paired difference of two proportions: √(δ − θ²), δ the share of units
+    where the two disagree and θ the difference."""
+    if not 0 <= discordance <= 1 or abs(difference) > discordance:
+        raise ValueError(f"need 0 <= |difference| <= discordance <= 1, got {difference}, {discordance}")
+    return 100.0 * math.sqrt(discordance - difference * difference)
+
+
+def unpaired_sd_pp(p1: float, p2: float) -> float:
+    """The per-unit-pair spread (pp) of the difference of two independent proportions of n units each:
+    se = √(p₁(1−p₁) + p₂(1−p₂))/√n."""
+    if not (0 <= p1 <= 1 and 0 <= p2 <= 1):
+        raise ValueError(f"need proportions in [0, 1], got {p1}, {p2}")
+    return 100.0 * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))
+
+
+def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, dose_pp: float, *,
+              interval: str = "t", bias_pp: float = 0.0, shift_pp: float | None = None,
+              spread_null_pp: float | None = None, spread_dosed_pp: float | None = None,
+              confidence: float = 0.95) -> Plan:
+    """The verdict's predicted certification probability (null at `bias_pp`) and power (true difference
+    `shift_pp`, the statistic's shift at the dose: `dose_pp` unless the attacker reads only part of it) for
+    n units of per-unit spreads sd_null (the null) and sd_dosed (at the dose), with a Student-t
+    (`interval="t"`) or Wald (`"z"`) 95% interval (module comment above). The interval's width is
+    c·sd/√n; the estimate itself varies by spread/√n, which is sd unless given: a statistic against a
+    reference computed on the same units (the exposure-free F1) varies less than its interval assumes."""
+    if n < 2 or min(sd_null_pp, sd_dosed_pp) < 0 or margin_pp <= 0:
+        raise ValueError(f"need n >= 2, spreads >= 0 and a margin > 0, got {n}, {sd_null_pp}, {sd_dosed_pp}, {margin_pp}")
+    if interval not in ("t", "z"):
+        raise ValueError(f"interval must be 't' or 'z', got {interval!r}")
+    q = (1 + confidence) / 2
+    c = float(stats.t.ppf(q, n - 1)) if interval == "t" else float(stats.norm.ppf(q))
+    se0, se1 = sd_null_pp / math.sqrt(n), sd_dosed_pp / math.sqrt(n)
+    sp0 = se0 if spread_null_pp is None else spread_null_pp / math.sqrt(n)
+    sp1 = se1 if spread_dosed_pp is None else spread_dosed_pp / math.sqrt(n)
+    room = margin_pp - c * se0          # |estimate| up to this certifies
+    if room <= 0:
+        certify = 0.0
+    elif sp0 == 0:
+        certify = float(abs(bias_pp) <= room)
+    else:
+        certify = float(stats.norm.cdf((room - bias_pp) / sp0) - stats.norm.cdf((-room - bias_pp) / sp0))
+    shift = dose_pp if shift_pp is None else shift_pp
+    need = margin_pp + c * se1          # an estimate above this reads leak
+    power = float(shift > need) if sp1 == 0 else float(stats.norm.sf((need - shift) / sp1))
+    return Plan(n, margin_pp, dose_pp, se0, se1, certify, power)
+
+
+def _newcombe_vec(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """metrics.proportions.newcombe_paired (lo, hi) for arrays of tables, as fractions."""
+    z = float(stats.norm.ppf(0.975))
+    n = a + b + c + d
+
+    def wilson(k):
+        p = k / n
+        den = 1 + z * z / n
+        centre = (p + z * z / (2 * n)) / den
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+        return p, np.where(k == 0, 0.0, np.maximum(0.0, centre - half)), np.where(k == n, 1.0, np.minimum(1.0, centre + half))
+
+    p1, l1, u1 = wilson(a + b)
+    p2, l2, u2 = wilson(a + c)
+    margins = ((a + b) * (c + d) * (a + c) * (b + d)).astype(float)
+    phi = np.where(margins > 0, (a * d - b * c) / np.sqrt(np.where(margins > 0, margins, 1.0)), 0.0)
+    theta = (b - c) / n
+    lo = theta - np.sqrt(np.maximum(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    hi = theta + np.sqrt(np.maximum(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    return np.maximum(-1.0, lo), np.minimum(1.0, hi)
+
+
+def paired_plan(n: int, base: float, discordance: float, margin_pp: float, dose_pp: float, *,
+                draws: int = 4000, seed: int = 0) -> Plan:
+    """The predicted certification probability and power of a verdict on Newcombe's paired interval
+    (controls.sequential_verdict: leak when lo > m, at_chance when [lo, hi] ⊂ [−m, m]) over n units, from
+    `draws` simulated tables. Null: both proportions at `base`, the units split a = base − δ/2, b = c = δ/2;
+    dose d: a share d/100 of the units where both were wrong become first-only (b += d, d −= d)."""
+    if n < 1 or not 0 <= base <= 1 or not 0 <= discordance <= 2 * min(base, 1 - base) + 1e-12:
+        raise ValueError(f"need n >= 1, base in [0, 1] and 0 <= discordance <= 2·min(base, 1 − base), got "
+                         f"{n}, {base}, {discordance}")
+    m, dose = margin_pp / 100, dose_pp / 100
+    null = [base - discordance / 2, discordance / 2, discordance / 2, 1 - base - discordance / 2]
+    dosed = [null[0], null[1] + dose, null[2], null[3] - dose]
+    if min(dosed) < -1e-12:
+        raise ValueError(f"a dose of {dose_pp} pp exceeds the units where both are wrong ({100 * null[3]:.1f} %)")
+    rng = np.random.default_rng(seed)
+    out = []
+    for probs in (null, dosed):
+        t = rng.multinomial(n, np.clip(probs, 0, None) / sum(np.clip(probs, 0, None)), size=draws)
+        out.append(_newcombe_vec(*t.T))
+    (lo0, hi0), (lo1, _) = out
+    certify = float(np.mean((lo0 >= -m) & (hi0 <= m)))
+    power = float(np.mean(lo1 > m))
+    se0 = paired_sd_pp(discordance) / math.sqrt(n)
+    se1 = 100.0 * math.sqrt(discordance + dose - dose * dose) / math.sqrt(n)
+    return Plan(n, margin_pp, dose_pp, se0, se1, certify, power)
+
+
+def units_needed(plan: Callable[[int], Plan], target: float = 0.8, start: int = 2, limit: int = 1_000_000) -> int:
+    """The smallest n ≥ start whose plan certifies a null and calls the dose a leak, each with probability
+    ≥ target (plan(n).meets(target)); both rise with n, so double then bisect. ValueError past `limit`."""
+    if plan(start).meets(target):
+        return start
+    lo, hi = start, 2 * start
+    while not plan(hi).meets(target):
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            raise ValueError(f"more than {limit} units needed")
+    while hi - lo > 1:       # plan(lo) fails, plan(hi) meets
+        mid = (lo + hi) // 2
+        if plan(mid).meets(target):
             hi = mid
         else:
             lo = mid

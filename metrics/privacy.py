@@ -25,7 +25,6 @@ Micro vs macro (`average`, over prompts):
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -138,8 +137,42 @@ def chance_floor(prompts_tokens: Sequence[Sequence[Hashable]], mode: Mode = "mul
     once each). An attack is informative only where its token F1 clearly exceeds this floor: shared
     function words, punctuation and chat-template tokens alone lift it well above 0.
     """
-    bags = [_bag(t, mode) for t in prompts_tokens]
-    if len(bags) < 2:
-        raise ValueError(f"chance_floor needs at least 2 prompts, got {len(bags)}")
-    f1s = [_prf_from_counts(*_overlap_stats(a, b))[2] for a, b in itertools.combinations(bags, 2)]
-    return float(np.mean(f1s))
+    if len(prompts_tokens) < 2:
+        raise ValueError(f"chance_floor needs at least 2 prompts, got {len(prompts_tokens)}")
+    f1 = pairwise_f1(prompts_tokens, prompts_tokens, mode)
+    return float(np.mean(f1[np.triu_indices(len(prompts_tokens), k=1)]))
+
+
+def pairwise_f1(refs: Sequence[Sequence[Hashable]], hyps: Sequence[Sequence[Hashable]],
+                mode: Mode = "multiset") -> np.ndarray:
+    """F1 (%) of every (reference i, hypothesis j) pair, [len(refs), len(hyps)], exactly as `token_prf`
+    computes it (the same counts and arithmetic, from token-count matrices: the all-pairs floors score n²
+    pairs, thousands in the calibration's trials)."""
+    ids: dict[Hashable, int] = {}
+    for row in [*refs, *hyps]:
+        for t in row:
+            ids.setdefault(t, len(ids))
+
+    def counts(rows: Sequence[Sequence[Hashable]]) -> np.ndarray:
+        mat = np.zeros((len(rows), max(1, len(ids))), np.int64)
+        for i, row in enumerate(rows):
+            for t, c in _bag(row, mode).items():
+                mat[i, ids[t]] = c
+        return mat
+
+    r, h = counts(refs), counts(hyps)
+    # Σ_v min(r_v, h_v) = Σ_{t ≥ 1} Σ_v [r_v ≥ t]·[h_v ≥ t]: one matrix product per count level, over the
+    # tokens some row holds t times (few beyond t = 1); float32 sums of 0/1 products are exact below 2²⁴.
+    overlap = np.zeros((len(refs), len(hyps)))
+    top_r, top_h = r.max(0, initial=0), h.max(0, initial=0)
+    for t in range(1, int(min(top_r.max(initial=0), top_h.max(initial=0))) + 1):
+        cols = np.flatnonzero((top_r >= t) & (top_h >= t))
+        overlap += (r[:, cols] >= t).astype(np.float32) @ (h[:, cols] >= t).astype(np.float32).T
+    ref_size, hyp_size = r.sum(1)[:, None].astype(float), h.sum(1)[None, :].astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = overlap / hyp_size
+        rec = overlap / ref_size
+        f1 = np.where(p + rec > 0, 2 * p * rec / (p + rec), 0.0)
+    f1 = np.where((hyp_size == 0) | (ref_size == 0), 0.0, f1)
+    f1 = np.where((hyp_size == 0) & (ref_size == 0), 1.0, f1)
+    return 100.0 * f1

@@ -57,7 +57,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     for i, name in enumerate(c.systems):
         start = time.perf_counter()
         entry = calibration.REGISTRY[name](cfg, loaded)
-        systems[name] = calibration.calibrate(entry, int(c.trials), int(c.seed) + i, int(c.dosed_trials))
+        systems[name] = calibration.calibrate(entry, int(c.trials), int(c.seed) + i, int(c.dosed_trials),
+                                              float(c.plan_target))
         seconds[name] = time.perf_counter() - start
     metrics: dict[str, Any] = {}
     for name, r in systems.items():
@@ -95,6 +96,11 @@ DEFINITIONS = {
                                    "splitee_map_false_leak_rate is MAP's",
     "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
                                    "certify rate >= 80%; measured, not enforced",
+    "systems.<system>.sizing": "why n is what it is (metrics/equivalence.py): the unit, n, margin and gate dose; "
+                               "`planned`: at the planning values of the config (per-unit spreads, or a paired "
+                               "proportion's base and discordance rates) the predicted certification probability and "
+                               "power at the gate dose at n, and n_needed (for both >= target, calibration.plan_target) "
+                               "and n_needed_80pct; `measured`: the same at the values this run measured",
 }
 
 
@@ -103,7 +109,9 @@ def summary(results: dict[str, Any]) -> str:
     for name, r in results["systems"].items():
         fl, cert = r["false_leak_rate"], r["certify_rate"]
         power = ", ".join(f"{d} pp {p['rate']:.0%}" for d, p in r["power"].items())
+        planned = (r.get("sizing") or {}).get("planned") or {}
         lines.append(f"  {name:<11} false leak {fl['k']}/{fl['n']} (≤ {fl['ci'][1]:.1%}), at chance {cert['k']}/"
                      f"{cert['n']}, power {power}; certifiable margin "
-                     f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']}")
+                     f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']} "
+                     f"(sized for {planned.get('n_needed', '?')})")
     return "\n".join(lines)

@@ -79,8 +79,18 @@ def run_overrides_dirname(runner: Any, configuration: Any, overrides: Any, exclu
     return schema.overrides_dirname(",".join(sorted(named)))
 
 
+def configuration_dirname(runner: Any, configuration: Any, epsilon: Any) -> str:
+    """The run directory's `<configuration>/<eps=ε | eps=na>` components. A cross-system runner
+    (calibration) runs no configuration of the `configuration` group and reads no ε, so its runs sit under
+    `<runner>/eps=na` instead of under whatever SpliTEE configuration and ε the defaults select."""
+    if str(runner) in CROSS_SYSTEM:
+        return f"{runner}/eps=na"
+    return f"{configuration}/{schema.eps_dirname(configuration, epsilon)}"
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("sb.run_overrides", run_overrides_dirname, replace=True)
+    OmegaConf.register_new_resolver("sb.configuration_dir", configuration_dirname, replace=True)
 
 
 register_resolvers()

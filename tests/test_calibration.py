@@ -10,11 +10,13 @@ from scipy import stats
 
 from attacks import calibration, controls
 from harness import calibration_config
+from metrics import equivalence
 from metrics.equivalence import certifiable_margin, examples_needed
 from metrics.intervals import mean_ci
-from metrics.proportions import clopper_pearson
+from metrics.privacy import pairwise_f1, token_prf
+from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import run_cli_in_process
+from .conftest import compose_config, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -77,39 +79,119 @@ def test_every_configured_system_has_a_registry_entry():
 
 
 def test_text_entries_null_sits_at_its_reference():
-    """The sanitiser and label nulls are built from text outside the evaluated rows: their statistic is
-    centred on 0 (another evaluated row's truth would inflate the exposure-free reference by ~100/(n−1))."""
+    """The sanitiser and label nulls are rows drawn independently of the truths (from the corpus's token
+    frequencies): their statistic is centred on 0, and a dose well past the gate reads leak."""
     rng = np.random.default_rng(0)
     vocab = np.arange(50, 400)
     p = 1.0 / np.arange(1, len(vocab) + 1)
-    rows = [rng.choice(vocab, 16, p=p / p.sum()).tolist() for _ in range(40)]
-    entry = calibration.splitft_entry(rows[:20], rows[20:], 1.0, 5.0, [10.0], 10.0)
+    stream = rng.choice(vocab, 5000, p=p / p.sum()).tolist()
+    rows = calibration.unigram_rows(stream, 20, 16, rng)
+    entry = calibration.splitft_entry(rows, stream, 1.0, 5.0, [10.0], 10.0)
     values = [entry.null_trial(np.random.default_rng(s)).statistic for s in range(30)]
     assert abs(np.mean(values)) < 3 * np.std(values) / np.sqrt(len(values)) + 0.2
     assert entry.dosed_trial(50.0, np.random.default_rng(0)).verdict == controls.LEAK
 
 
-def test_calibration_smoke_through_the_cli(tmp_path):
+def test_text_dose_raises_token_f1_by_the_dose():
+    """`_dose`: a perfect reader's (multiset) token F1 of the dosed row rises by d pp in expectation."""
+    rng = np.random.default_rng(1)
+    stream = (rng.zipf(1.5, 4000) % 300).tolist()
+    gains = []
+    for _ in range(400):
+        truth, other = calibration.unigram_rows(stream, 2, 64, rng)
+        dosed = calibration._dose(truth, other, 5.0, rng)
+        gains.append(token_prf(truth, dosed)[2] - token_prf(truth, other)[2])
+    assert np.mean(gains) == pytest.approx(5.0, abs=3 * np.std(gains) / 20)
+    assert calibration._dose([1, 2], [1, 2], 50.0, rng) == [1, 2]     # nothing left to leak
+
+
+def test_pairwise_f1_is_token_prf_of_every_pair():
+    rng = np.random.default_rng(2)
+    rows = [rng.integers(0, 12, int(rng.integers(0, 9))).tolist() for _ in range(14)] + [[], [3, 3, 3, 3]]
+    for mode in ("multiset", "set"):
+        f1 = pairwise_f1(rows, rows[::-1], mode)
+        assert f1.tolist() == [[token_prf(a, b, mode)[2] for b in rows[::-1]] for a in rows]
+
+
+def test_sizing_rule_predicts_the_verdicts_it_sizes():
+    """metrics/equivalence: mean_plan's certification probability and power are those of classify on
+    simulated per-unit data; paired_plan's those of Newcombe's interval on simulated tables; units_needed is
+    the smallest n that meets its target."""
+    rng = np.random.default_rng(3)
+    n, sd = 200, 5.0
+    plan = equivalence.mean_plan(sd, sd, n, 1.0, 2.0)
+    cert = power = 0
+    for _ in range(400):
+        null, dosed = mean_ci(rng.normal(0.0, sd, n)), mean_ci(rng.normal(2.0, sd, n))
+        cert += controls.classify(null.lo, null.hi, 0.0, 1.0, positive_passed=True, negative_passed=True) == \
+            controls.AT_CHANCE
+        power += controls.classify(dosed.lo, dosed.hi, 0.0, 1.0, positive_passed=True, negative_passed=True) == \
+            controls.LEAK
+    assert cert / 400 == pytest.approx(plan.certify_probability, abs=0.07)
+    assert power / 400 == pytest.approx(plan.power, abs=0.07)
+    # Newcombe: the vectorised tables agree with newcombe_paired, the probabilities with a direct simulation
+    pp = equivalence.paired_plan(600, 0.3, 0.04, 1.0, 4.0, draws=3000, seed=1)
+    hits = leaks = 0
+    for _ in range(300):
+        t = rng.multinomial(600, [0.28, 0.02, 0.02, 0.68])
+        _, lo, hi = newcombe_paired(*t)
+        hits += -0.01 <= lo and hi <= 0.01
+        t = rng.multinomial(600, [0.28, 0.06, 0.02, 0.64])
+        leaks += newcombe_paired(*t)[1] > 0.01
+    assert hits / 300 == pytest.approx(pp.certify_probability, abs=0.07)
+    assert leaks / 300 == pytest.approx(pp.power, abs=0.08)
+    # the smallest n: n − 1 falls short of the target
+    rule = lambda k: equivalence.mean_plan(4.7, 5.0, k, 1.0, 2.0, spread_null_pp=2.6, spread_dosed_pp=4.6)
+    need = equivalence.units_needed(rule, 0.95)
+    assert rule(need).meets(0.95) and not rule(need - 1).meets(0.95)
+    # a margin below c·sd/√n is never certified; the spreads of paired and unpaired differences
+    assert equivalence.mean_plan(10.0, 10.0, 30, 1.0, 2.0).certify_probability == 0.0
+    assert equivalence.paired_sd_pp(0.04) == pytest.approx(20.0)
+    assert equivalence.unpaired_sd_pp(0.5, 0.5) == pytest.approx(100 * 0.5 ** 0.5)
+
+
+def test_calibration_runs_under_its_own_directory(hydra_conf):
+    """Not under the SpliTEE configuration and ε the defaults select: calibration reads neither."""
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = compose_config(["paths.output_dir=out", "experiment=calibration_smoke", "epsilon=5", "configuration=epn"],
+                         hydra_node=True)
+    HydraConfig.instance().set_config(cfg)
+    assert str(cfg.hydra.run.dir) == "out/calibration_smoke/tiny-llama/calibration/eps=na/default"
+
+
+def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
+    """Issue 31's acceptance, read from experiment=calibration_smoke's results.json: per system (collab,
+    sanitize, splitft, grad_audit, splitee with MAP against the prior) the false-leak rate's Clopper–Pearson
+    upper bound ≤ 10 %, power at the gate's dose ≥ 80 %, nulls certified at_chance ≥ 80 %, and the sizing that
+    chose each n recorded beside them."""
     res = run_cli_in_process(["experiment=calibration_smoke"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results.json"))
+    assert path.parent.relative_to(tmp_path / "out").as_posix() == "calibration_smoke/tiny-llama/calibration/eps=na/default"
     r = json.loads(path.read_text())
     assert r["experiment"] == "calibration" and "smoke" in r["tags"]
     assert set(r["systems"]) == {"collab", "sanitize", "splitft", "grad_audit", "splitee"}
+    for name, s in r["systems"].items():
+        fl, cert, gate = s["false_leak_rate"], s["certify_rate"], s["power_at_gate_dose"]
+        assert fl["n"] == 36 and fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 36)))
+        assert fl["ci"][1] <= 0.10, (name, fl)
+        assert gate == s["power"]["2"] and gate["n"] == 20 and gate["rate"] >= 0.80, (name, gate)
+        assert cert["rate"] >= 0.80, (name, cert)
+        assert all(s["acceptance"].values()), (name, s["acceptance"])
+        assert r["metrics"][f"{name}_false_leak_rate"] == fl["rate"]
+        # the sizing: n, margin and the predicted probabilities at the planning values n was chosen with
+        z = s["sizing"]
+        assert z["n"] == s["n_examples"] and z["margin_pp"] == s["margin_pp"] == 1.0 and z["gate_dose_pp"] == 2.0
+        assert z["planned"]["n_needed"] <= z["n"] and z["planned"]["predicted_certify_probability"] >= z["target"]
+        assert z["measured"]["predicted_certify_probability"] is not None
+        if "10" in s["power"]:     # a leak 5× the gate's dose is called at least as often
+            assert s["power"]["10"]["rate"] >= gate["rate"]
     # SpliTEE: MAP's own false-leak rate against the prior floor, beside the entry's (worst of MAP, likelihood)
     sp = r["systems"]["splitee"]
     assert set(sp["by_attacker"]) == {"map", "likelihood"}
     assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
     assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
-    for name, s in r["systems"].items():
-        fl = s["false_leak_rate"]
-        assert fl["n"] == 36 and fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 36)))
-        assert set(s["power"]) == {"2", "10"} and all(p["n"] == 20 for p in s["power"].values())
-        assert s["power_at_gate_dose"] == s["power"]["2"] and set(s["acceptance"]) == {
-            "false_leak_upper_le_10pct", "power_at_gate_dose_ge_80pct", "certify_rate_ge_80pct"}
-        assert r["metrics"][f"{name}_false_leak_rate"] == fl["rate"]
-        # a leak 5× the gate's dose is called more often than at the gate's dose
-        assert s["power"]["10"]["rate"] >= s["power"]["2"]["rate"]
     # the report section: one row per system with its null, counts and acceptance marks
     from runners.report.document import build
 
@@ -117,7 +199,7 @@ def test_calibration_smoke_through_the_cli(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert "| collab | 12 | random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 420 | 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):

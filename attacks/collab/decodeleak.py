@@ -79,9 +79,11 @@ class Curves:
 
 
 def score_sets(all_sets: Sequence[Sequence[Sequence[int]]], evidence: Sequence[Evidence], vocab: Vocabulary,
-               ks: Sequence[int], prior: Sequence[Sequence[Sequence[int]]] | None = None) -> Curves:
-    """Recall curves of each example's exposure sets; with `prior` (the floor's sets), of the *informed*
-    attacker that adds its own no-signal guesses: E^K = E^K_signal ∪ E^K_floor (merged best ranks)."""
+               ks: Sequence[int], prior: Sequence[Sequence[Sequence[int]]] | None = None,
+               metrics: Sequence[str] = METRICS) -> Curves:
+    """Recall curves (`metrics`, all by default; the verdict reads token_er) of each example's exposure sets;
+    with `prior` (the floor's sets), of the *informed* attacker that adds its own no-signal guesses:
+    E^K = E^K_signal ∪ E^K_floor (merged best ranks)."""
     rows = []
     for i, (sets, ev) in enumerate(zip(all_sets, evidence)):
         ranks = first_rank(sets)
@@ -89,7 +91,7 @@ def score_sets(all_sets: Sequence[Sequence[Sequence[int]]], evidence: Sequence[E
             for token, r in first_rank(prior[i]).items():
                 if r < ranks.get(token, r + 1):
                     ranks[token] = r
-        rows.append(recall_curves(ranks, ev, vocab, ks))
+        rows.append(recall_curves(ranks, ev, vocab, ks, metrics))
     return Curves(rows)
 
 

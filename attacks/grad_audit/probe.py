@@ -190,18 +190,19 @@ def floor_arm(split: tuple[torch.Tensor, torch.Tensor], seed: int) -> tuple[torc
 
 
 def dosed_control(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], *,
-                  top_k: int, l2: float, max_iter: int, max_rows: int, seed: int, dose_pp: float
-                  ) -> tuple[CellScore, float]:
+                  top_k: int, l2: float, max_iter: int, max_rows: int, seed: int, dose_pp: float,
+                  strength: float = 3.0) -> tuple[CellScore, float]:
     """The positive control at a known dose (issue 31): an arm at the floor (`floor_arm`) with the token code
     of `inject` added to the share of rows that gives a perfect reader of the code `dose_pp` points over the
-    constant guess on the test rows (share = dose / (P(label in top_k) − P(label = top-1)), at most 1).
+    constant guess on the test rows (share = dose / (P(label in top_k) − P(label = top-1)), at most 1), the
+    code `strength` feature spreads long.
     Returns the probe's cell and the dose a perfect reader would get (below `dose_pp` where the share caps)."""
     tr, te = floor_arm(train, seed + 3), floor_arm(test, seed + 4)
     values, counts = torch.unique(tr[1], return_counts=True)
     classes = values[torch.argsort(counts, descending=True, stable=True)][:top_k]
     gain = float(torch.isin(te[1], classes).double().mean() - (te[1] == classes[0]).double().mean())
     share = min(1.0, dose_pp / (100 * gain)) if gain > 0 else 1.0
-    xtr = inject(tr[0], tr[1], classes, share, code_seed=seed, pick_seed=seed + 1)
-    xte = inject(te[0], te[1], classes, share, code_seed=seed, pick_seed=seed + 2)
+    xtr = inject(tr[0], tr[1], classes, share, code_seed=seed, pick_seed=seed + 1, strength=strength)
+    xte = inject(te[0], te[1], classes, share, code_seed=seed, pick_seed=seed + 2, strength=strength)
     cell = run_probe((xtr, tr[1]), (xte, te[1]), top_k=top_k, l2=l2, max_iter=max_iter, max_rows=max_rows, seed=seed)
     return cell, 100 * share * gain

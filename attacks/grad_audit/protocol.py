@@ -7,7 +7,7 @@
    scored seed is trained; results.json records its sha256.
 3. score (replicate and test seeds): per seed, the partition attacks (attacks/grad_audit/partition.py), the
    probe per arm with its locked l2 and its shuffled-label twin (the probe's bias), the dosed positive
-   controls on the gradient arm put at the floor (attacks/grad_audit_probe.dosed_control: dose 0 and
+   controls on the gradient arm put at the floor (attacks/grad_audit/probe.dosed_control: dose 0 and
    gates.injected_doses_pp), the held-out cross-entropy increase over the unsplit model and its curve.
 4. pool and gate: per arm, the DerSimonian–Laird pool of the per-seed paired effects
    (metrics/random_effects.py). The privacy gate fails when any scored cell's Bonferroni–Wilson upper bound

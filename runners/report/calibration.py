@@ -14,7 +14,8 @@ INTRO = ("Each system's verdict run as its runner runs it, on null trials (a sig
          "statistic). *False leaks*: null trials read leak, with the Clopper–Pearson 95% upper bound; *at "
          "chance*: null trials read at_chance (the verdict's power to certify); *power*: dosed trials read leak; "
          "*certifiable margin*: the margin the sample size certifies with 80 % probability at the nulls' spread "
-         "(metrics/equivalence.py). Issue 31's acceptance: false-leak bound ≤ 10 %, power at the gate's dose "
+         "(metrics/equivalence.py); *n the rule asks*: the n the sizing rule (metrics/equivalence.py) needs at the "
+         "configured planning values for the configured target, with its predicted certification and power at n. Issue 31's acceptance: false-leak bound ≤ 10 %, power at the gate's dose "
          "≥ 80 %, nulls at chance ≥ 80 % (✓/✗ per check, measured, not enforced).")
 
 
@@ -33,14 +34,19 @@ def run_md(run: Run) -> str:
         power = "; ".join(f"{d} pp: {_pct(p)}" for d, p in s["power"].items())
         margin = s.get("certifiable_margin_pp")
         acc = s.get("acceptance") or {}
-        rows.append([name, str(s["n_examples"]), s["null"], f"{_pct(fl)} ≤ {100 * fl['ci'][1]:.1f} %",
+        planned = (s.get("sizing") or {}).get("planned") or {}
+        sized = ("—" if "predicted_certify_probability" not in planned else
+                 f"{planned['n_needed']} (at n: certify {100 * planned['predicted_certify_probability']:.0f} %, "
+                 f"power {100 * planned['predicted_power_at_gate_dose']:.0f} %)")
+        rows.append([name, str(s["n_examples"]), sized, s["null"], f"{_pct(fl)} ≤ {100 * fl['ci'][1]:.1f} %",
                      _pct(s["certify_rate"]), power, f"{s['gate_dose_pp']:g}",
                      "—" if margin is None else f"{margin:.2f} (m = {s['margin_pp']:g})",
                      " ".join("✓" if acc.get(k) else "✗" for k in ("false_leak_upper_le_10pct",
                                                                   "power_at_gate_dose_ge_80pct",
                                                                   "certify_rate_ge_80pct"))])
-    return md_table(["system", "n", "null", "false leaks", "at chance", "power per dose", "gate dose pp",
-                     "certifiable margin pp", "acceptance (fl / power / certify)"], rows, align="lrllllrrc")
+    return md_table(["system", "n", "n the rule asks (predicted at n)", "null", "false leaks", "at chance",
+                     "power per dose", "gate dose pp", "certifiable margin pp", "acceptance (fl / power / certify)"],
+                    rows, align="lrlllllrrc")
 
 
 def markdown(items: Sequence[Run], figure: Any) -> list[str]:
