@@ -11,10 +11,12 @@ from typing import List
 
 from omegaconf import MISSING, DictConfig
 
+from harness import systems as systems_registry
 from harness.checks import check_at_least
 from harness.errors import UserError
 
-SYSTEMS = ("collab", "sanitize", "splitft", "grad_audit", "splitee")   # attacks/calibration.REGISTRY's entries
+# every system of the systems registry has a calibration entry (attacks/calibration.REGISTRY)
+SYSTEMS = systems_registry.NAMES
 
 
 @dataclass
