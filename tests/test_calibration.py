@@ -206,7 +206,7 @@ def test_bad_calibration_values_are_one_line_errors(tmp_path):
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.systems=[collab,spliteee]"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1
-    assert "calibration.systems must be distinct values from collab, sanitize, splitft, grad_audit, splitee" in res.stderr_lines[0]
+    assert "calibration.systems must be distinct values from splitee, sanitize, splitft, collab, grad_audit" in res.stderr_lines[0]
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.gate_dose_pp=3"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and "calibration.collab.gate_dose_pp must be one of its doses_pp" in res.stderr_lines[0]
