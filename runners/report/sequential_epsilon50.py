@@ -188,14 +188,16 @@ def build(root: Path, table6: Path | None) -> tuple[str, dict[str, Any]]:
           "upper and lower ends):", "",
           md_table(["attacker", "ε at 50 % top-1", "bracket", "ε measured"], body, align="lrrl"), "",
           f"What the composed μ-GDP accounting allows: the ε below which no attacker's top-1 can reach {TARGET:g} % "
-          f"(Φ(Φ⁻¹(κ) + ε·√K) averaged over the {len(ks)} attacked positions; K(n, i) from harness/accounting.py "
+          f"(Φ(Φ⁻¹(κ) + ε·√K) averaged over the {len(ks)} attacked positions; K(n, i) from "
+          "harness/accounting.py "
           f"for one prefill-only submission, {min(ks)}–{max(ks)} here):", "",
           md_table(["prior", "exposures", "ε lower bound"], gdp_rows, align="llr"), ""]
     return "\n".join(md), record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description="the ε of 50 % top-1 (runners/report/sequential_epsilon50.py)")
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description="the ε of 50 % top-1 (runners/report/sequential_epsilon50.py)")
     parser.add_argument("root", type=Path, help="a sweep directory holding sequential_attack runs")
     parser.add_argument("--table6", type=Path, default=None, help="a Table 6 report.md (the layer-0 Bayes attacker)")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown here (and .json beside it)")
