@@ -1004,6 +1004,9 @@ def test_sequential_attack_section_draws_the_layer_curve_and_both_modes(tmp_path
         data = _sequential(15.0, 40.0 + n, 20.0, "leak", "MAP")
         data["layers_used"] = list(range(n))
         write_run(runs, f"sequential_attack/smollm2-135m/ep1/eps=15/layers{n}", data)
+    longer = _sequential(15.0, 75.0, 20.0, "leak", "MAP")     # the ε curve's run: all layers, more positions
+    longer["layers_used"], longer["metrics"]["n_positions"] = list(range(30)), 320
+    write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=15/long", longer)
     free = _sequential(15.0, 60.0, 20.0, "inconclusive", "free-running")
     free.update(mode="free_running", layers_used=list(range(30)))
     write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=15/free", free)
@@ -1012,10 +1015,11 @@ def test_sequential_attack_section_draws_the_layer_curve_and_both_modes(tmp_path
     section = (tmp_path / "rep" / "report.md").read_text().split("## Sequential all-exposure attacker")[1]
     header, rows = _table_rows(section)
     assert header[10] == "layers used"
-    assert [(r[1], r[10]) for r in rows] == [("free_running", "0–29 (30)"), ("teacher_forced", "0–29 (30)"),
-                                             ("teacher_forced", "0–1 (2)"), ("teacher_forced", "[0]")]
+    assert [(r[1], r[2], r[10]) for r in rows] == [
+        ("free_running", "40", "0–29 (30)"), ("teacher_forced", "40", "0–29 (30)"),
+        ("teacher_forced", "320", "0–29 (30)"), ("teacher_forced", "40", "0–1 (2)"), ("teacher_forced", "40", "[0]")]
     pngs = sorted(p.name for p in (tmp_path / "rep").glob("*sequential*.png"))
-    assert len(pngs) == 2 and any("sequential_layers" in p for p in pngs)
+    assert len(pngs) == 2 and sum("sequential_layers" in p for p in pngs) == 1   # 40 positions; 320: one n only
     assert all((tmp_path / "rep" / p).read_bytes().startswith(PNG_MAGIC) for p in pngs)
 
 

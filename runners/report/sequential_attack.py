@@ -99,11 +99,21 @@ def table_md(rows: Sequence[Run]) -> str:
                      "s / position"], body, align="llrrrrrrllrr")
 
 
+def _positions(run: Run) -> int:
+    return int(run.data.get("metrics", {}).get("n_positions") or 0)
+
+
 def _full(group: SequentialGroup) -> list[Run]:
-    """The runs with an ε that use the most layers of any run of the group (the ε curve's runs)."""
+    """The ε curve's runs: those with an ε that use the most layers of any run of the group and, among them,
+    attack the most positions of their mode (a shorter run belongs to a layer curve, not to this one)."""
     pts = [r for r in group.rows if r.data.get("epsilon") is not None]
     most = max((len(_layers(r)) for r in pts), default=0)
-    return [r for r in pts if len(_layers(r)) == most]
+    pts = [r for r in pts if len(_layers(r)) == most]
+    longest: dict[str, int] = {}
+    for r in pts:
+        mode = str(r.data.get("mode"))
+        longest[mode] = max(longest.get(mode, 0), _positions(r))
+    return [r for r in pts if _positions(r) == longest[str(r.data.get("mode"))]]
 
 
 def _series(ax, runs: Sequence[Run], x, key: str, label: str, i: int, linestyle: str) -> None:
@@ -145,7 +155,8 @@ def plot(group: SequentialGroup, path: Path) -> None:
 
 @dataclass
 class LayerCurve:
-    """The runs of one configuration, ε and mode that use layers 0..n−1 for at least two n."""
+    """The runs of one configuration, ε, mode and number of positions that use layers 0..n−1 for at least
+    two n."""
 
     model: str
     setting: str
@@ -154,19 +165,21 @@ class LayerCurve:
 
     @property
     def slug(self) -> str:
-        return f"{self.model}_{self.setting}_{self.mode}".replace("/", "_").replace(" ", "_").replace("=", "")
+        return (f"{self.model}_{self.setting}_{self.mode}_{_positions(self.rows[0])}"
+                .replace("/", "_").replace(" ", "_").replace("=", ""))
 
     @property
     def title(self) -> str:
-        return f"sequential attacker, {self.model}, {self.setting}, {self.mode.replace('_', '-')}"
+        return (f"sequential attacker, {self.model}, {self.setting}, {self.mode.replace('_', '-')}, "
+                f"{_positions(self.rows[0])} positions")
 
 
 def layer_curves(group: SequentialGroup) -> list[LayerCurve]:
-    by: dict[tuple[str, str], list[Run]] = {}
+    by: dict[tuple[str, str, int], list[Run]] = {}
     for r in group.rows:
         if _first_n(r) is not None:
-            by.setdefault((_setting(r), str(r.data.get("mode"))), []).append(r)
-    return [LayerCurve(group.model, setting, mode, rows) for (setting, mode), rows in by.items()
+            by.setdefault((_setting(r), str(r.data.get("mode")), _positions(r)), []).append(r)
+    return [LayerCurve(group.model, setting, mode, rows) for (setting, mode, _), rows in by.items()
             if len({_first_n(r) for r in rows}) >= 2]
 
 
