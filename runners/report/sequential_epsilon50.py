@@ -99,7 +99,8 @@ def table6_bayes(report: Path) -> list[tuple[float, float, float, float]]:
 
 
 def curves(root: Path) -> dict[str, list[Any]]:
-    """The finished ep1 sequential runs under `root` that use every layer, by mode, sorted by ε."""
+    """The finished ep1 sequential runs under `root` that use every layer and, per mode, attack the most
+    positions, by mode, sorted by ε."""
     from runners.report.runs import finished_runs, scan
 
     runs = [r for r in finished_runs(scan(root), "sequential_attack")
@@ -111,7 +112,10 @@ def curves(root: Path) -> dict[str, list[Any]]:
     for r in runs:
         if len(r.data.get("layers_used") or ()) == full:
             out.setdefault(str(r.data.get("mode")), []).append(r)
-    return {mode: sorted(rs, key=lambda r: float(r.data["epsilon"])) for mode, rs in out.items()}
+    # per mode, the runs that attack the most positions: a shorter all-layer run is a layer curve's point
+    longest = {mode: max(int(r.metrics.get("n_positions") or 0) for r in rs) for mode, rs in out.items()}
+    return {mode: sorted((r for r in rs if int(r.metrics.get("n_positions") or 0) == longest[mode]),
+                         key=lambda r: float(r.data["epsilon"])) for mode, rs in out.items()}
 
 
 def exposures_per_position(run: Any) -> list[int]:
