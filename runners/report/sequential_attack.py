@@ -166,7 +166,7 @@ class LayerCurve:
     @property
     def slug(self) -> str:
         return (f"{self.model}_{self.setting}_{self.mode}_{_positions(self.rows[0])}"
-                .replace("/", "_").replace(" ", "_").replace("=", ""))
+                .replace("/", "_").replace(" ", "_").replace("=", "").replace("ε", "eps"))
 
     @property
     def title(self) -> str:
