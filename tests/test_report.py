@@ -994,3 +994,54 @@ def test_sequential_attack_section_names_the_verdict_its_reason_and_draws_the_ep
     assert rows[0][7] == "0.17 / 0.72"
     [png] = [p for p in (tmp_path / "rep").glob("*sequential*.png")]
     assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_sequential_attack_section_draws_the_layer_curve_and_both_modes(tmp_path: Path, capsys) -> None:
+    """Runs that use layers 0..n−1 for several n at one ε draw the layer curve (issue 32 item 2); the ε curve
+    keeps only the runs with the most layers, teacher-forced and free-running; the table names the layers."""
+    runs = tmp_path / "runs"
+    for n in (1, 2, 30):
+        data = _sequential(15.0, 40.0 + n, 20.0, "leak", "MAP")
+        data["layers_used"] = list(range(n))
+        write_run(runs, f"sequential_attack/smollm2-135m/ep1/eps=15/layers{n}", data)
+    longer = _sequential(15.0, 75.0, 20.0, "leak", "MAP")     # the ε curve's run: all layers, more positions
+    longer["layers_used"], longer["metrics"]["n_positions"] = list(range(30)), 320
+    write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=15/long", longer)
+    free = _sequential(15.0, 60.0, 20.0, "inconclusive", "free-running")
+    free.update(mode="free_running", layers_used=list(range(30)))
+    write_run(runs, "sequential_attack/smollm2-135m/ep1/eps=15/free", free)
+    code, out, err = run_report([str(runs), "--out", str(tmp_path / "rep")], capsys)
+    assert code == 0, err
+    section = (tmp_path / "rep" / "report.md").read_text().split("## Sequential all-exposure attacker")[1]
+    header, rows = _table_rows(section)
+    assert header[10] == "layers used"
+    assert [(r[1], r[2], r[10]) for r in rows] == [
+        ("free_running", "40", "0–29 (30)"), ("teacher_forced", "40", "0–29 (30)"),
+        ("teacher_forced", "320", "0–29 (30)"), ("teacher_forced", "40", "0–1 (2)"), ("teacher_forced", "40", "[0]")]
+    pngs = sorted(p.name for p in (tmp_path / "rep").glob("*sequential*.png"))
+    assert len(pngs) == 2 and sum("sequential_layers" in p for p in pngs) == 1   # 40 positions; 320: one n only
+    assert all((tmp_path / "rep" / p).read_bytes().startswith(PNG_MAGIC) for p in pngs)
+
+
+def test_sequential_epsilon50_interpolates_in_log_epsilon_and_inverts_the_gdp_bound() -> None:
+    """runners/report/sequential_epsilon50.py: the crossing of 50 % is log-linear between the bracketing ε,
+    "≤"/">" at the ends; the μ-GDP bound Φ(Φ⁻¹(κ) + ε√K) is exactly 50 % at the ε it solves, which for one
+    K is Φ⁻¹(1 − κ)/√K; the committed Table 6's Bayes rows are read."""
+    import math
+
+    from scipy import stats
+
+    from runners.report import sequential_epsilon50 as e50
+
+    assert e50.crossing([(1.0, 0.0), (100.0, 100.0)]) == ("=", pytest.approx(10.0))
+    assert e50.crossing([(10.0, 20.0), (1.0, 10.0), (100.0, 80.0)]) == ("=", pytest.approx(10 ** (1 + 30 / 60)))
+    assert e50.crossing([(5.0, 60.0), (15.0, 90.0)]) == ("≤", 5.0)
+    assert e50.crossing([(5.0, 10.0), (15.0, 40.0)]) == (">", 15.0)
+    kappa = 1 / 49152
+    eps = e50.gdp_crossing([90] * 3, kappa)
+    assert eps == pytest.approx(float(stats.norm.ppf(1 - kappa)) / math.sqrt(90), rel=1e-6)
+    assert e50.gdp_bound(eps, [90], kappa) == pytest.approx(50.0, abs=1e-6)
+    assert e50.gdp_crossing([90, 9000], kappa) < eps              # more exposures: a smaller ε suffices
+    assert e50.gdp_crossing([90], 0.6) == 0.0                      # the prior alone is already past 50 %
+    rows = e50.table6_bayes(Path(__file__).parents[1] / "docs" / "results" / "table6" / "report.md")
+    assert [r[0] for r in rows] == [1.0, 15.0, 100.0, 1000.0, 2500.0] and all(r[2] <= r[1] <= r[3] for r in rows)

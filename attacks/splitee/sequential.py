@@ -26,7 +26,10 @@ attacks/splitee/bayes.py), plus the prior for MAP. A stage `k` > 0 runs the surv
 scores them with every used exposure of those layers. Each stage keeps its `keep` best by the score so
 far; after the last stage the survivors are scored with every used exposure and the best is the guess. A
 stage whose layers hold no used exposure (layers=[8] and a stage 0) is dropped: it would prune by nothing.
-No stages (null) scores the whole vocabulary with every used exposure. The pruning recall of a stage is the
+No stages (null) scores the whole vocabulary with every used exposure. `prune_prior` K adds a first stage
+that keeps the K tokens the model's next-token prior ranks highest, before any exposure is scored (both
+scorers prune by it): the only pruning a single deep layer alone allows without a forward of the whole
+vocabulary through every layer above it. The pruning recall of a stage is the
 fraction of positions whose true token survived it: the only use of the truth besides scoring, so that a
 verdict can tell a pruning failure from a mask that held.
 
@@ -77,6 +80,7 @@ class Settings:
     layers: tuple[int, ...] | None               # None: every layer
     ops: tuple[str, ...]
     prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
+    prune_prior: int | None                      # keep the prior's K best first; None: no such stage
     positions: str
     max_positions: int | None
     null_view: bool
@@ -91,6 +95,7 @@ class Settings:
                    layers=None if layers is None else tuple(int(x) for x in layers),
                    ops=tuple(str(o) for o in node["ops"]),
                    prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
+                   prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
                    positions=str(node["positions"]),
                    max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
                    null_view=bool(node["null_view"]), chunk=int(node["chunk"]),
@@ -121,6 +126,9 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
         if not 0 <= upto <= n_layers:
             raise UserError(f"attack.sequential.prune: stage depth {upto} is outside 0..{n_layers} (the model has "
                             f"{n_layers} layers)")
+    if settings.prune_prior is not None and settings.prune_prior < 1:
+        raise UserError(f"attack.sequential.prune_prior keeps {settings.prune_prior} candidates; a pruning width "
+                        "must be >= 1")
     if settings.max_positions is not None and settings.max_positions < 1:
         raise UserError(f"attack.sequential.max_positions must be >= 1 or null, got {settings.max_positions}")
     if not 0 < settings.min_pruning_recall <= 1:
@@ -130,17 +138,22 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     return tuple(sorted(layers))
 
 
+PRIOR_STAGE = -1   # the depth that marks prune_prior's stage: the prior alone, no exposure
+
+
 def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[int, int]]:
     """The effective pruning stages (depth, keep), each depth clamped to the deepest used layer + 1; a stage
     that adds no used exposure to the one before (or has none) is dropped; the final full scoring is not a
-    stage."""
+    stage. prune_prior's stage comes first, with depth PRIOR_STAGE."""
     depth = max(layer for _, layer in keys) + 1
     out: list[tuple[int, int]] = []
+    if settings.prune_prior is not None:
+        out.append((PRIOR_STAGE, min(settings.prune_prior, vocab)))
     for upto, keep in settings.prune or ():
         upto = min(upto, depth)
         if not _covered(keys, upto):
             continue
-        if out and _covered(keys, out[-1][0]) == _covered(keys, upto):
+        if out and out[-1][0] != PRIOR_STAGE and _covered(keys, out[-1][0]) == _covered(keys, upto):
             out[-1] = (out[-1][0], min(out[-1][1], keep))
             continue
         out.append((upto, min(keep, vocab)))
@@ -419,7 +432,7 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
     keys = list(keys)
     vocab = model.get_input_embeddings().weight.shape[0]
     plan = stages(settings, keys, vocab)
-    if book is None and plan and plan[0][0] == 0:
+    if book is None and any(upto == 0 for upto, _ in plan):
         book = layer0_codebook(model)
     book_sq = None if book is None else (book * book).sum(-1)
     scorers = scorers_for(settings)
@@ -497,6 +510,13 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             for s in group:
                 _record(results[s.name], int(alive[s.name][0]), true_token)
             break
+        if upto == PRIOR_STAGE:   # prune_prior: every scorer keeps the prior's best, no exposure read
+            top = log_prior.topk(keep).indices
+            for s in group:
+                alive[s.name] = top
+                if bool((top == true_token).any()):
+                    results[s.name].survived[i] += 1
+            continue
         used = _covered(keys, upto)
         partial: dict[str, torch.Tensor] = {}     # per view: the exposures' log-likelihood of every candidate
         if upto == 0:   # the codebook stage: the whole vocabulary, layer-0 QKV alone, no forward pass
@@ -633,7 +653,8 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "ops": list(settings.ops),
         "positions": settings.positions,
         "max_positions": settings.max_positions,
-        "stages": [{"layers_upto": upto, "keep": keep} for upto, keep in outcome.stages],
+        "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else {"layers_upto": upto, "keep": keep}
+                   for upto, keep in outcome.stages],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
         "null_view_of": outcome.null_of,
         "n_exposures_per_position": len(outcome.keys),

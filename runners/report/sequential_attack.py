@@ -28,7 +28,24 @@ _ATTACKERS = (("likelihood", "sequential_top1", "sequential_pruning_recall_min")
 def _key(run: Run) -> tuple:
     eps = run.data.get("epsilon")
     return (str(run.data.get("model")), str(run.data.get("configuration")), -1.0 if eps is None else float(eps),
-            run.rel)
+            str(run.data.get("mode")), -len(_layers(run)), _layers(run), run.rel)
+
+
+def _layers(run: Run) -> tuple[int, ...]:
+    return tuple(int(x) for x in run.data.get("layers_used") or ())
+
+
+def _first_n(run: Run) -> int | None:
+    """n when the run used layers 0..n−1 (the layer curve's runs), else None."""
+    layers = _layers(run)
+    return len(layers) if layers and layers == tuple(range(len(layers))) else None
+
+
+def _layers_label(run: Run) -> str:
+    layers, n = _layers(run), _first_n(run)
+    if not layers:
+        return "—"
+    return f"0–{n - 1} ({n})" if n is not None and n > 1 else f"[{', '.join(map(str, layers))}]"
 
 
 @dataclass
@@ -75,35 +92,109 @@ def table_md(rows: Sequence[Run]) -> str:
                      _ci(m, "map_minus_prior"),
                      " / ".join("—" if m.get(k) is None else f"{m[k]:.2f}" for _, _, k in _ATTACKERS),
                      f"**{m.get('verdict', '—')}**" if m.get("verdict") == "leak" else str(m.get("verdict", "—")),
-                     str(m.get("verdict_reason", ""))])
+                     str(m.get("verdict_reason", "")), _layers_label(run),
+                     "—" if m.get("seconds_per_position") is None else f"{m['seconds_per_position']:.2f}"])
     return md_table(["setting", "mode", "positions", "likelihood top-1 %", "MAP top-1 %", "prior top-1 %",
-                     "MAP − prior pp", "min. pruning recall (lik. / MAP)", "verdict", "reason"], body,
-                    align="llrrrrrrll")
+                     "MAP − prior pp", "min. pruning recall (lik. / MAP)", "verdict", "reason", "layers used",
+                     "s / position"], body, align="llrrrrrrllrr")
+
+
+def _positions(run: Run) -> int:
+    return int(run.data.get("metrics", {}).get("n_positions") or 0)
+
+
+def _full(group: SequentialGroup) -> list[Run]:
+    """The ε curve's runs: those with an ε that use the most layers of any run of the group and, among them,
+    attack the most positions of their mode (a shorter run belongs to a layer curve, not to this one)."""
+    pts = [r for r in group.rows if r.data.get("epsilon") is not None]
+    most = max((len(_layers(r)) for r in pts), default=0)
+    pts = [r for r in pts if len(_layers(r)) == most]
+    longest: dict[str, int] = {}
+    for r in pts:
+        mode = str(r.data.get("mode"))
+        longest[mode] = max(longest.get(mode, 0), _positions(r))
+    return [r for r in pts if _positions(r) == longest[str(r.data.get("mode"))]]
+
+
+def _series(ax, runs: Sequence[Run], x, key: str, label: str, i: int, linestyle: str) -> None:
+    xs, ys, lo, hi = [], [], [], []
+    for r in sorted(runs, key=x):
+        m = r.data["metrics"]
+        if m.get(key) is None:
+            continue
+        xs.append(x(r))
+        ys.append(m[key])
+        lo.append(m[key] - m.get(f"{key}_ci_lo", m[key]))
+        hi.append(m.get(f"{key}_ci_hi", m[key]) - m[key])
+    if xs:
+        ax.errorbar(xs, ys, yerr=[lo, hi], linestyle=linestyle, capsize=3, label=label, **series_style(i))
 
 
 def plot(group: SequentialGroup, path: Path) -> None:
-    """Top-1 against ε for the likelihood attacker, MAP and the prior alone (the runs with an ε), 95% intervals."""
-    pts = [r for r in group.rows if r.data.get("epsilon") is not None]
+    """Top-1 against ε for the likelihood attacker, MAP and the prior alone (issue 36's figure), 95% Wilson
+    intervals: the runs with an ε that use the most layers; teacher-forced solid, free-running dashed (the
+    prior alone always reads the true prefix: drawn once)."""
+    pts = _full(group)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, (label, key) in enumerate((("likelihood", "sequential_top1"), ("MAP", "sequential_map_top1"),
-                                      ("prior alone", "prior_top1"))):
-        xs, ys, lo, hi = [], [], [], []
-        for r in pts:
-            m = r.data["metrics"]
-            if m.get(key) is None:
+    modes = sorted({str(r.data.get("mode")) for r in pts}, key=lambda m: m != "teacher_forced")
+    for j, mode in enumerate(modes):
+        runs = [r for r in pts if str(r.data.get("mode")) == mode]
+        suffix = "" if len(modes) == 1 else f" ({mode.replace('_', '-')})"
+        for i, (label, key) in enumerate((("likelihood", "sequential_top1"), ("MAP", "sequential_map_top1"),
+                                          ("prior alone", "prior_top1"))):
+            if label == "prior alone" and mode != "teacher_forced":
                 continue
-            xs.append(float(r.data["epsilon"]))
-            ys.append(m[key])
-            lo.append(m[key] - m.get(f"{key}_ci_lo", m[key]))
-            hi.append(m.get(f"{key}_ci_hi", m[key]) - m[key])
-        style = series_style(i)
-        ax.errorbar(xs, ys, yerr=[lo, hi], linestyle="-", capsize=3, label=label, **style)
+            _series(ax, runs, lambda r: float(r.data["epsilon"]), key, label + suffix, i, "-" if j == 0 else "--")
     ax.set_xscale("log")
     ax.set_xlabel("ε per exposure")
     ax.set_ylabel("top-1 recovery %")
     ax.set_ylim(-2, 102)
     save_axes(fig, ax, path, group.title)
+
+
+@dataclass
+class LayerCurve:
+    """The runs of one configuration, ε, mode and number of positions that use layers 0..n−1 for at least
+    two n."""
+
+    model: str
+    setting: str
+    mode: str
+    rows: list[Run]
+
+    @property
+    def slug(self) -> str:
+        return (f"{self.model}_{self.setting}_{self.mode}_{_positions(self.rows[0])}"
+                .replace("/", "_").replace(" ", "_").replace("=", "").replace("ε", "eps"))
+
+    @property
+    def title(self) -> str:
+        return (f"sequential attacker, {self.model}, {self.setting}, {self.mode.replace('_', '-')}, "
+                f"{_positions(self.rows[0])} positions")
+
+
+def layer_curves(group: SequentialGroup) -> list[LayerCurve]:
+    by: dict[tuple[str, str, int], list[Run]] = {}
+    for r in group.rows:
+        if _first_n(r) is not None:
+            by.setdefault((_setting(r), str(r.data.get("mode")), _positions(r)), []).append(r)
+    return [LayerCurve(group.model, setting, mode, rows) for (setting, mode, _), rows in by.items()
+            if len({_first_n(r) for r in rows}) >= 2]
+
+
+def plot_layers(curve: LayerCurve, path: Path) -> None:
+    """Top-1 against the number of layers used (layers 0..n−1), likelihood, MAP and the prior alone."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, (label, key) in enumerate((("likelihood", "sequential_top1"), ("MAP", "sequential_map_top1"),
+                                      ("prior alone", "prior_top1"))):
+        _series(ax, curve.rows, lambda r: float(_first_n(r)), key, label, i, "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("layers used (0..n−1)")
+    ax.set_ylabel("top-1 recovery %")
+    ax.set_ylim(-2, 102)
+    save_axes(fig, ax, path, curve.title)
 
 
 def markdown(items: Sequence[SequentialGroup], figure: Figures) -> list[str]:
@@ -112,6 +203,9 @@ def markdown(items: Sequence[SequentialGroup], figure: Figures) -> list[str]:
         md += [f"### {group.model}", "", table_md(group.rows), ""]
         if any(r.data.get("epsilon") is not None for r in group.rows):
             md += figure("sequential", i, group, plot, "top-1 against ε: likelihood, MAP and the prior alone")
+        for j, curve in enumerate(layer_curves(group)):
+            md += figure("sequential_layers", i * 100 + j, curve, plot_layers,
+                         "top-1 against the number of layers used")
     return md
 
 

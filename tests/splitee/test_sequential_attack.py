@@ -40,7 +40,7 @@ def prompts(tiny):
 
 
 def settings(**kw) -> sq.Settings:
-    base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)),
+    base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)), prune_prior=None,
                 positions="text", max_positions=4, null_view=True, chunk=512, min_pruning_recall=0.99)
     return sq.Settings(**{**base, **kw})
 
@@ -84,6 +84,26 @@ def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
     assert len(hits) == 9 and sum(hits) / len(hits) >= 0.99
     assert out.forward_candidates == 9 * out.vocab     # no pruning: the whole vocabulary ran through the model
     assert out.keys == [("qkv", 1), ("o", 1), ("gate_up", 1)]
+
+
+def test_prune_prior_keeps_the_priors_best_and_records_its_recall(tiny, prompts):
+    """prune_prior=K: a first stage keeping the prior's K best, before any exposure; its recall is the fraction
+    of positions whose true token the prior ranks in its top K (recomputed here from the model's own logits),
+    and under T3 from layer 1 alone every surviving truth is recovered."""
+    k = 64
+    s = settings(layers=(1,), prune=None, prune_prior=k, max_positions=3, null_view=False)
+    out = attack(tiny, prompts, "t3", None, s)
+    assert out.stages == [(sq.PRIOR_STAGE, k)]
+    assert out.forward_candidates == 9 * k
+    in_top = []
+    for prompt, start in zip(prompts, [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]):
+        for p in range(start, start + 3):
+            with torch.no_grad():
+                logits = tiny.model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1]
+            in_top.append(prompt[p] in logits.topk(k).indices.tolist())
+    assert out.recall(sq.LIKELIHOOD) == out.recall(sq.MAP) == [sum(in_top) / 9]
+    assert sq._flat(out.scorers[sq.LIKELIHOOD].hits) == in_top
+    assert sq.record(out, s, (1,))["stages"] == [{"by": "prior", "keep": k}]
 
 
 def test_huge_sigma_reads_the_prior_and_small_sigma_leaks(tiny, prompts):
@@ -193,6 +213,7 @@ def test_smoke_experiment_results(tmp_path):
     (["attack.sequential.layers=[5]"], "attack.sequential.layers=[5] must be distinct layers in 0..1"),
     (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
     (["attack.sequential.prune=[[9,4]]"], "stage depth 9 is outside 0..2"),
+    (["attack.sequential.prune_prior=0"], "attack.sequential.prune_prior must be >= 1"),
     (["engine.offload=[qkv,gate_up,lm_head]"], "attack.sequential.ops needs ['o'] offloaded"),
     (["configuration=slalom"], "the sequential attacker models t3's plain inputs and Gaussian masks"),
     (["attack.sequential.mode=greedy"], "attack.sequential.mode='greedy' is not one of"),
