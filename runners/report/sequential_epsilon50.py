@@ -1,6 +1,6 @@
 """The ε at which the sequential all-exposure attacker reaches 50 % top-1 (issue 32 item 2), beside the
 layer-0 Bayes attacker's (read from a committed Table 6 report) and beside what the composed μ-GDP
-accounting (harness/accounting.py) allows.
+accounting (harness/splitee/accounting.py) allows.
 
 Measured crossings. Per attacker, the teacher-forced (or free-running) ep1 runs that use every layer give
 top-1 (%) at each ε; the crossing is interpolated linearly in log ε between the two adjacent ε whose top-1
@@ -11,7 +11,7 @@ reads "≤ ε_min", one never reaching it "> ε_max".
 
 The accounting's bound. Every exposure is ε-GDP with respect to its input (paper Prop. 6) and one prompt
 token at position i of an n-token prompt reaches K(n, i) exposures of one prefill-only submission
-(harness/accounting.py exposure_count, max_new_tokens = 1, offload qkv, o, gate_up: what the sequential
+(harness/splitee/accounting.py exposure_count, max_new_tokens = 1, offload qkv, o, gate_up: what the sequential
 runner's engine records), so the submission is μ-GDP in that token with μ = ε·√K(n, i) (Prop. 7). For an
 f-DP mechanism no reconstruction attack whose prior guesses right with probability κ succeeds with
 probability above 1 − f(κ) (Kaissis, Hayes, Ziller, Rueckert 2023, "Bounding data reconstruction attacks
@@ -119,12 +119,12 @@ def curves(root: Path) -> dict[str, list[Any]]:
 
 
 def exposures_per_position(run: Any) -> list[int]:
-    """K(n, i) of every attacked position of `run` (harness/accounting.py exposure_count; the prompt lengths
+    """K(n, i) of every attacked position of `run` (harness/splitee/accounting.py exposure_count; the prompt lengths
     from its recorded workload and tokenizer: results.json records the positions, not the lengths)."""
     from omegaconf import OmegaConf
 
-    from harness.accounting import exposure_count
     from harness.models import load_tokenizer
+    from harness.splitee.accounting import exposure_count
     from harness.workloads import load_workload
 
     cfg = OmegaConf.create(run.provenance["config"])
@@ -193,7 +193,7 @@ def build(root: Path, table6: Path | None) -> tuple[str, dict[str, Any]]:
           md_table(["attacker", "ε at 50 % top-1", "bracket", "ε measured"], body, align="lrrl"), "",
           f"What the composed μ-GDP accounting allows: the ε below which no attacker's top-1 can reach {TARGET:g} % "
           f"(Φ(Φ⁻¹(κ) + ε·√K) averaged over the {len(ks)} attacked positions; K(n, i) from "
-          "harness/accounting.py "
+          "harness/splitee/accounting.py "
           f"for one prefill-only submission, {min(ks)}–{max(ks)} here):", "",
           md_table(["prior", "exposures", "ε lower bound"], gdp_rows, align="llr"), ""]
     return "\n".join(md), record
