@@ -101,10 +101,13 @@ def table6_bayes(report: Path) -> list[tuple[float, float, float, float]]:
 def curves(root: Path) -> dict[str, list[Any]]:
     """The finished ep1 sequential runs under `root` that use every layer and, per mode, attack the most
     positions, by mode, sorted by ε."""
+    from harness import configurations
     from runners.report.runs import finished_runs, scan
 
+    # ep1: the one configuration whose masks follow the `epsilon` knob itself (its rule, not its name)
     runs = [r for r in finished_runs(scan(root), "sequential_attack")
-            if r.data.get("configuration") == "ep1" and not r.tags]
+            if getattr(configurations.REGISTRY.get(str(r.data.get("configuration"))), "epsilon_rule", None)
+            == configurations.CONSTANT and not r.tags]
     if not runs:
         raise UserError(f"no finished ep1 sequential_attack run under {root}")
     full = max(len(r.data.get("layers_used") or ()) for r in runs)
