@@ -56,6 +56,15 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+def builtin_prompt_ids(tokenizer, n_prompts: int, use_chat_template: bool) -> list[list[int]]:
+    """The first `n_prompts` built-in prompts as token ids (seed 0): the attack tests' evaluation prompts."""
+    from harness.workloads import load_workload
+
+    wl = load_workload({"name": "builtin", "source": "builtin", "n_prompts": n_prompts,
+                        "use_chat_template": use_chat_template}, tokenizer, seed=0)
+    return [list(p.input_ids) for p in wl.prompts]
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One torch thread for the test (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): on a

@@ -25,7 +25,7 @@ from harness.errors import UserError
 from metrics.intervals import Estimate
 from metrics.privacy import corpus_token_prf
 
-from ..conftest import CONF, run_cli, run_cli_in_process
+from ..conftest import CONF, builtin_prompt_ids, run_cli, run_cli_in_process
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,11 +46,7 @@ def tied():
 
 @pytest.fixture(scope="module")
 def prompts(tied):
-    from harness.workloads import load_workload
-
-    wl = load_workload({"name": "builtin", "source": "builtin", "n_prompts": 8, "use_chat_template": False},
-                       tied.tokenizer, seed=0)
-    return [list(p.input_ids) for p in wl.prompts]
+    return builtin_prompt_ids(tied.tokenizer, 8, use_chat_template=False)
 
 
 # max_minutes well above what 150 steps take: the step count, not a busy machine, must end training.

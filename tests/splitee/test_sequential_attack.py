@@ -17,7 +17,7 @@ from attacks.splitee import sequential as sq
 from harness.split.engine import EngineSettings, SplitEngine
 from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
 
-from ..conftest import CONF, run_cli_in_process
+from ..conftest import CONF, builtin_prompt_ids, run_cli_in_process
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 OPS = ("qkv", "o", "gate_up")
@@ -32,11 +32,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def prompts(tiny):
-    from harness.workloads import load_workload
-
-    wl = load_workload({"name": "builtin", "source": "builtin", "n_prompts": 3, "use_chat_template": True},
-                       tiny.tokenizer, seed=0)
-    return [list(p.input_ids) for p in wl.prompts]
+    return builtin_prompt_ids(tiny.tokenizer, 3, use_chat_template=True)
 
 
 def settings(**kw) -> sq.Settings:
