@@ -56,21 +56,32 @@ def load_inputs(cfg: DictConfig, placement: Any = None) -> Inputs:
     return Inputs(loaded, workload, [list(p.input_ids) for p in workload.prompts], pad, eos)
 
 
-def results_header(cfg: DictConfig, experiment: str, inputs: Inputs, *, generation: bool = True) -> dict[str, Any]:
-    """The results.json fields every experiment shares (DESIGN.md contract), in one order. `generation`:
-    whether the run generates with cfg.generation (and so records it)."""
-    header = {
-        "experiment": experiment,
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
-        "model": inputs.loaded.name,
-        "model_source": inputs.loaded.source,
-        "workload": inputs.workload.name,
-        "workload_info": {k: v for k, v in workload_record(inputs.workload).items() if k != "name"},
-        "n_prompts": len(inputs.prompts),
-    }
-    if generation:
+def results_header(cfg: DictConfig, experiment: str, inputs: Inputs | None = None, *,
+                   generation: bool | dict[str, Any] = True, model: Any = None, workload: str | None = None,
+                   workload_info: dict[str, Any] | None = None, n_prompts: int | None = None) -> dict[str, Any]:
+    """The results.json fields every experiment shares (DESIGN.md contract), in one order.
+
+    `inputs`: the run's model, workload and prompts (load_inputs). A runner whose model or data are its own
+    names them instead: `model` a LoadedModel (its name and source), or the name alone of a model another
+    run ran (no model_source); `workload` its name, `workload_info` its record (left out when None),
+    `n_prompts` how many examples it scored. `generation`: True records cfg.generation (the run generates
+    with it), False nothing, a dict the run's own generation settings."""
+    if inputs is not None:
+        model, workload, n_prompts = inputs.loaded, inputs.workload.name, len(inputs.prompts)
+        workload_info = {k: v for k, v in workload_record(inputs.workload).items() if k != "name"}
+    header: dict[str, Any] = {"experiment": experiment, "experiment_name": cfg.experiment_name, "status": "ok"}
+    if model is None or isinstance(model, str):
+        header["model"] = model
+    else:
+        header.update(model=model.name, model_source=model.source)
+    header["workload"] = workload
+    if workload_info is not None:
+        header["workload_info"] = workload_info
+    header["n_prompts"] = n_prompts
+    if generation is True:
         header["generation"] = OmegaConf.to_container(cfg.generation, resolve=True)
+    elif generation:
+        header["generation"] = dict(generation)
     return header
 
 

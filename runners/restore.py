@@ -2,7 +2,7 @@
 
 One run restores the reconstructions of one finished attack run (`restore.source`) with the instruct model
 `model` (harness/splitee/restoration.py) and scores the restored texts against the prompts with the attack's own
-metrics (attacks/controls.py `score`), beside the raw reconstructions:
+metrics (attacks/controls.py `score`), beside the raw reconstructions (attacks/splitee/restored.py):
 
 - per attacker (`restore.attackers`: the learned inverter, the Bayes attacker): token P/R/F1, exact match,
   BLEU, ROUGE-L and semantic similarity, raw and restored, each with its 95% interval, and the paired
@@ -24,14 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attacks.splitee.restored import HEADLINE
 from harness import schema
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
 from runners import common, identity
-
-# Which samples.jsonl field holds each attacker's reconstruction (attacks/splitee/suite.py `samples`).
-RECONSTRUCTION_FIELDS = {"learned": "output_ids", "bayes": "bayes_output_ids"}
-HEADLINE = ("token_precision", "token_recall", "token_f1", "exact_match", "bleu", "rouge_l", "semantic_similarity")
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -77,87 +74,33 @@ def read_source(path: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
-    from attacks import controls
+    from attacks.splitee.restored import restore_attackers
     from harness.models import load_model
-    from harness.splitee.restoration import restore_texts
-    from metrics.intervals import mean_ci
 
     source = Path(str(cfg.restore.source)) if cfg.restore.source else None
     src, src_samples = read_source(source)
-    victim_cfg = ((src.get("provenance") or {}).get("config") or {}).get("model")
+    recorded = (src.get("provenance") or {}).get("config") or {}
+    victim_cfg = recorded.get("model")
     if victim_cfg is None:
         raise UserError(f"restore.source={source}: its results.json records no model config (provenance.config.model)")
     restorer = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
     victim = restorer if victim_cfg.get("name") == restorer.name else load_model(victim_cfg, cache_dir=cfg.paths.cache_dir)
     tok = victim.tokenizer
-
-    def decode(ids: Any) -> str:
-        return tok.decode(list(ids), skip_special_tokens=True)
-
-    prompts = [list(s["prompt_ids"]) for s in src_samples]
-    semantic_model = common.load_semantic(cfg)
-    margin = float(((src.get("provenance") or {}).get("config") or {}).get("attack", {}).get("controls", {})
-                   .get("gate_margin_pp", cfg.attack.controls.gate_margin_pp))
+    margin = float(recorded.get("attack", {}).get("controls", {}).get("gate_margin_pp",
+                                                                      cfg.attack.controls.gate_margin_pp))
     src_m = src.get("metrics") or {}
-    per_attacker: dict[str, Any] = {}
-    restored_text: dict[str, list[str]] = {}
-    notes = []
-    for attacker in cfg.restore.attackers:
-        field = RECONSTRUCTION_FIELDS[attacker]
-        if any(field not in s for s in src_samples):
-            notes.append(f"the source run has no {attacker} reconstructions ({field}): not restored")
-            continue
-        raw_ids = [list(s[field]) for s in src_samples]
-        restored = restore_texts(restorer, [decode(r) for r in raw_ids], cfg.restore.instruction,
-                                 max_new_tokens=cfg.restore.max_new_tokens, batch_size=cfg.restore.batch_size,
-                                 desc=f"restore {attacker}")
-        restored_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in restored]
-        raw = controls.score(prompts, raw_ids, decode, semantic_model)
-        rest = controls.score(prompts, restored_ids, decode, semantic_model)
-        delta = mean_ci([b["token_f1"] - a["token_f1"] for a, b in zip(raw.rows, rest.rows)])
-        floor = controls.exposure_free_f1(prompts, restored_ids)
-        positive = bool(src_m.get("positive_control_pass", src_m.get("attack_valid"))) if attacker == "learned" \
-            else bool(src_m.get("bayes_positive_control_pass", True))
-        negative = bool(src_m.get("negative_control_pass", src_m.get("attack_valid"))) if attacker == "learned" else True
-        f1 = rest.f1
-        per_attacker[attacker] = {
-            "raw": {k: v for k, v in raw.metrics.items() if not k.startswith("bleu_signature")},
-            "restored": {k: v for k, v in rest.metrics.items() if not k.startswith("bleu_signature")},
-            "delta_token_f1": delta.mean, "delta_token_f1_ci_lo": delta.lo, "delta_token_f1_ci_hi": delta.hi,
-            "restored_floor_token_f1": floor,
-            "restored_verdict": controls.classify(f1.lo, f1.hi, floor, margin, positive_passed=positive,
-                                                  negative_passed=negative),
-            "rows": [{"raw": a, "restored": b} for a, b in zip(raw.rows, rest.rows)],
-        }
-        restored_text[attacker] = restored
+    restored = restore_attackers(restorer, tok, src_samples, cfg.restore, common.load_semantic(cfg), margin, src_m)
+    per_attacker = restored.attackers
     if not per_attacker:
         raise UserError(f"restore.source={source}: none of restore.attackers={list(cfg.restore.attackers)} "
                         "has reconstructions in that run")
-    source_verdict = src_m.get("verdict")
-    verdict = controls.worst([source_verdict, *[a["restored_verdict"] for a in per_attacker.values()]])
-    metrics = {f"{a}_{stage}_{k}": v[stage].get(k) for a, v in per_attacker.items()
-               for stage in ("raw", "restored") for k in HEADLINE}
-    metrics.update({f"{a}_{k}": v[k] for a, v in per_attacker.items()
-                    for k in ("delta_token_f1", "delta_token_f1_ci_lo", "delta_token_f1_ci_hi",
-                              "restored_floor_token_f1", "restored_verdict")})
-    metrics.update({"source_verdict": source_verdict, "verdict": verdict})
-    samples = [{"id": s.get("id"), "prompt": s.get("prompt"),
-                **{f"{a}_raw_text": decode(s[RECONSTRUCTION_FIELDS[a]]) for a in per_attacker},
-                **{f"{a}_restored_text": restored_text[a][i] for a in per_attacker},
-                **{f"{a}_{stage}_token_f1": per_attacker[a]["rows"][i][stage]["token_f1"]
-                   for a in per_attacker for stage in ("raw", "restored")}}
-               for i, s in enumerate(src_samples)]
-    for a in per_attacker.values():
-        del a["rows"]
+    samples = restored.samples(src_samples, lambda ids: tok.decode(list(ids), skip_special_tokens=True))
     results = {
-        "experiment": "restore",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
-        "model": src.get("model"),                  # the victim: the point belongs to its configuration
+        # the victim's model: the point belongs to its configuration
+        **common.results_header(cfg, "restore", model=src.get("model"), workload=src.get("workload"),
+                                n_prompts=len(src_samples), generation=False),
         "restoration_model": restorer.name,
         "restoration_model_source": restorer.source,
-        "workload": src.get("workload"),
-        "n_prompts": len(src_samples),
         "configuration": src.get("configuration"),
         "epsilon": src.get("epsilon"),
         "privacy_parameter": src.get("privacy_parameter"),   # None (older runs): derived by common.finish
@@ -166,8 +109,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                    "commit": ((src.get("provenance") or {}).get("code") or {}).get("commit")},
         "restore": OmegaConf.to_container(cfg.restore, resolve=True),
         "attackers": per_attacker,
-        "metrics": metrics,
-        "notes": notes,
+        "metrics": restored.metrics(src_m.get("verdict")),
+        "notes": restored.notes,
     }
     best = max(per_attacker, key=lambda a: per_attacker[a]["restored"]["token_f1"])
     r = per_attacker[best]["restored"]
