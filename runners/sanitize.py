@@ -48,8 +48,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
     from attacks.sanitize import suite
     from harness.adversary_view import view_meta
-    from harness.sanitize import prompts, sanitizer, tasks
-    from metrics.proportions import proportion_ci
+    from harness.sanitize import experiment, prompts, sanitizer
 
     section = cfg.sanitize
     if section.threads is not None:
@@ -62,44 +61,17 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         raise UserError("the sanitiser attacks need at least 2 prompts (their controls compare prompts)")
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
     sanitize = sanitizer.build(section, configuration, epsilon, model, tokenizer)
-    loaded_docs = {name: tasks.load_docs_with_source(name, section.task_paths[name], section.task_limit, cfg.seed)
-                   for name in section.tasks}
-    docs = {name: d for name, (d, _) in loaded_docs.items()}
-
+    task_docs = experiment.load_tasks(section, cfg.seed)
     clock["load"] = time.perf_counter()
     sanitized = prompts.sanitize_prompts(sanitize, inputs.workload.prompts, tokenizer, cfg.seed)
     view = prompts.adversary_view(sanitized, view_meta(cfg, system=configurations.SANITIZE,
                                                        model=inputs.loaded.name, workload=inputs.workload.name))
     clock["sanitize"] = time.perf_counter()
     attacks = suite.attack(view, sanitized.original_text_ids, sanitize, section.attack, cfg.seed, tokenizer, model)
-
     clock["attacks"] = time.perf_counter()
-    noisy_docs = {name: tasks.sanitize_docs(d, name, sanitize, tokenizer, cfg.seed) for name, d in docs.items()}
-    scored = tasks.accuracy(model, tokenizer, noisy_docs, int(section.eval_batch_size))
-    clean = _unsanitized_accuracy(cfg, inputs, docs)
+    use = experiment.utility(sanitize, section, inputs.loaded, task_docs, cfg.seed, cfg.paths.cache_dir)
     clock["accuracy"] = time.perf_counter()
-    metrics = dict(attacks.metrics)
-    skilled = []   # the tasks on which the unsanitised model beats the constant answer (labels are not sanitised)
-    for name in docs:
-        metrics.update(proportion_ci(scored[name].acc).flat(f"accuracy_{name}"))
-        reference = proportion_ci(clean[name])
-        metrics.update(reference.flat(f"accuracy_unsanitized_{name}"))
-        metrics[f"accuracy_floor_{name}"] = floor = scored[name].constant_floor
-        metrics[f"accuracy_skill_{name}"] = skill = reference.lo is not None and reference.lo > floor
-        if skill:
-            skilled.append(name)
-    pooled = proportion_ci([a for name in docs for a in scored[name].acc])
-    metrics.update(pooled.flat("accuracy"))
-    metrics.update(proportion_ci([a for name in docs for a in clean[name]]).flat("accuracy_unsanitized"))
-    # The chart's utility: pooled over the tasks with skill only, where any has it (a task at its constant floor
-    # would pull every sanitiser towards the same number and hide the cost); the reference says which.
-    if skilled:
-        utility = proportion_ci([a for name in skilled for a in scored[name].acc])
-        metrics.update(utility.flat("accuracy_skilled"))
-        utility_tasks = f"tasks above their constant-answer floor: {', '.join(skilled)}"
-    else:
-        utility, utility_tasks = pooled, "no task above its constant-answer floor: this accuracy cannot show a cost"
-    best = attacks.strongest
+    best, utility = attacks.strongest, use.value
     results = {
         **common.results_header(cfg, "sanitize", inputs, generation=False),
         "system": configurations.SANITIZE,
@@ -109,57 +81,26 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "mechanism": asdict(sanitize.settings),
         "sanitize": {"distance": section.distance, "embeddings": section.embeddings, "vocab_filter": section.vocab_filter,
                      "candidate_vocabulary": int(sanitize.table.candidates.numel()), "embedding_dim": sanitize.table.dim},
-        "tasks": {name: {"n_examples": len(d), "source": loaded_docs[name][1]} for name, d in docs.items()},
+        "tasks": task_docs.record(),
         "attack_training": attacks.training,
-        "metrics": metrics,
+        "metrics": {**attacks.metrics, **use.metrics},
         "metric_definitions": _definitions(int(section.attack.top_k)),
         "tradeoff": common.tradeoff(
             leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
             leakage_floor=best.reference, utility_metric="accuracy", utility=utility.mean,
-            utility_ci=(utility.lo, utility.hi), reference=f"lm-eval gold labels; {utility_tasks}",
+            utility_ci=(utility.lo, utility.hi), reference=f"lm-eval gold labels; {use.reference}",
             point=point_label(cfg.sanitize, cfg.configuration.name)),
         "timings": {k: round(clock[k] - clock[p], 3) for p, k in zip(list(clock), list(clock)[1:])},
         "notes": [],
     }
-    texts = sanitized.text_ids()
-    samples = [{"id": p.id, "prompt": p.text, "sanitized_text": tokenizer.decode(texts[i]),
-                "text_span": list(sanitized.spans[i]), "original_text_ids": sanitized.original_text_ids[i],
-                "output_ids": sanitized.input_ids[i],
-                "unchanged_rate": 100.0 * sum(a == b for a, b in zip(sanitized.original_text_ids[i], texts[i]))
-                / max(1, len(texts[i])),
-                **{f"{s.name}_{key}": value for s in attacks.scores for key, value in s.rows[i].items()},
-                **{f"{name}_guess_ids": g[i] for name, g in attacks.guesses.items()}}
-               for i, p in enumerate(inputs.workload.prompts)]
+    samples = experiment.samples(inputs.workload.prompts, sanitized, attacks, tokenizer)
     # lm-eval's per-example records beside samples.jsonl: the exact prompts its template built, the sanitised
     # inputs in them and each answer's log-likelihood, so an accuracy can be checked example by example.
     return common.finish(cfg, ctx, results, samples, summary=summary,
-                         side_files={"lm_eval_samples.json": {name: s.samples for name, s in scored.items()}},
+                         side_files={"lm_eval_samples.json": {name: s.samples for name, s in use.scored.items()}},
                          before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
                          provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS,
                          placement={"model": inputs.loaded.placement()})
-
-
-def _unsanitized_accuracy(cfg: DictConfig, inputs: common.Inputs, docs: dict[str, list]) -> dict[str, list[float]]:
-    """The unsanitised reference accuracy, the same for every sanitiser run of a model and task set: cached
-    under paths.cache_dir, keyed by the model, the examples themselves, lm-eval's version and the code."""
-    from importlib.metadata import version
-
-    from harness import provenance
-    from harness.results import GenerationCache, cache_key
-    from harness.sanitize import tasks
-
-    loaded = inputs.loaded
-    key = cache_key({"kind": "sanitize_unsanitized_accuracy", "model": {"name": loaded.name, "source": loaded.source},
-                     "docs": docs, "lm_eval": version("lm_eval"), "batch_size": int(cfg.sanitize.eval_batch_size),
-                     "code": provenance.source_digest()})
-    cache = GenerationCache(cfg.paths.cache_dir)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit["accuracy"]
-    acc = {name: scored.acc for name, scored in tasks.accuracy(loaded.model, loaded.tokenizer, docs,
-                                                                int(cfg.sanitize.eval_batch_size)).items()}
-    cache.put(key, {"accuracy": acc})
-    return acc
 
 
 def _definitions(k: int) -> dict[str, str]:
