@@ -50,9 +50,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from harness.splitft import experiment
     from harness.splitft.client import Recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.evaluate import summarise
     from harness.splitft.partition import Partition
-    from metrics.intervals import paired_difference_ci
 
     s = cfg.splitft
     configuration = cfg.configuration.name
@@ -70,19 +68,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                         data.clients, data.align, data.heldout, truth_dir)
         training = experiment.train(recipe)
         trained = time.perf_counter()
-        metrics = {**summarise(training.final_scores),
-                   "initial_heldout_ce": training.initial["heldout_ce"],
-                   "initial_heldout_top1": training.initial["heldout_top1"],
-                   # nats the fine-tuning removed, paired over the same blocks
-                   **paired_difference_ci(training.initial_scores["ce"], training.final_scores["ce"]).flat(
-                       "heldout_ce_gain")}
-        last = training.rounds[-1]
-        metrics.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "H_recv", "H_recv_rel",
-                                                 "train_loss")})
-        accounting = _accounting(s, configuration, epsilon, last, loaded.model)
-        if accounting is not None:
-            metrics.update(dp_epsilon_example=accounting["epsilon_example"], dp_epsilon_row=accounting["epsilon_row"],
-                           dp_epsilon_step=accounting["epsilon_step"], dp_delta=accounting["delta"])
+        accounting = experiment.accounting(section, configuration, epsilon, training.rounds[-1], loaded.model)
+        metrics = experiment.metrics(training, accounting)
         view, rows = None, []
         if configuration != experiment.CENTRAL:
             view = experiment.build_view(cfg, training, section)
@@ -91,15 +78,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
             metrics.update(attack)
     timings = {"train_seconds": trained - started, "attack_seconds": time.perf_counter() - trained}
     results = {
-        "experiment": "splitft",
-        "experiment_name": cfg.experiment_name,
-        "status": "ok",
+        **common.results_header(cfg, "splitft", model=loaded, workload=f"splitft:{s.data.source}",
+                                workload_info=data.record(), n_prompts=len(data.heldout), generation=False),
         "system": configurations.SPLITFT,
-        "model": loaded.name,
-        "model_source": loaded.source,
-        "workload": f"splitft:{s.data.source}",
-        "workload_info": data.record(),
-        "n_prompts": len(data.heldout),
         "configuration": configuration,
         "epsilon": epsilon,
         "privacy_parameter": configurations.privacy_parameter(configuration, epsilon),
@@ -133,20 +114,6 @@ def _placement(node: DictConfig) -> dict[str, Any]:
                       "dtype": str(node.dtype), "device_map": None},
             "attack_copy": {"device": describe_device(resolve_device("cpu", "cpu")), "dtype": "float32",
                             "device_map": None}}
-
-
-def _accounting(s: DictConfig, configuration: str, epsilon: float | None, last: dict[str, Any],
-                model: Any) -> dict[str, Any] | None:
-    """ε(δ) over the run of the DP baselines (harness/splitft/accounting.py); None for the others."""
-    from harness.splitft import accounting
-    from harness.splitft.client import MAX_SENDS
-
-    if configuration not in accounting.ACCOUNTED:
-        return None
-    return accounting.account(   # the a-priori bound: one example drawn at every draw of every step
-        configuration, float(epsilon), sends=int(last[MAX_SENDS]),
-        sends_bound=int(s.rounds) * int(s.local_steps) * int(s.batch_size), seq_len=int(s.data.seq_len),
-        delta=float(s.dp.delta), vocab_norm_max=float(model.get_input_embeddings().weight.norm(dim=-1).max()))
 
 
 def _sample(row: dict[str, Any], tokenizer: Any) -> dict[str, Any]:

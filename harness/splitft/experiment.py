@@ -101,6 +101,41 @@ def _central(recipe: Recipe, evaluation: ServerEvaluation, start: dict[str, torc
     return Training(rounds, initial, evaluation.scores(state), [], evaluation.trainer.names, "in process (no split)")
 
 
+def accounting(section: dict[str, Any], configuration: str, epsilon: float | None, last_round: dict[str, Any],
+               model: Any) -> dict[str, Any] | None:
+    """ε(δ) over the run of the DP baselines (harness/splitft/accounting.py), from the last round's largest
+    count of sends of one example; None for the other configurations."""
+    from harness.splitft import accounting as dp
+    from harness.splitft.client import MAX_SENDS
+
+    if configuration not in dp.ACCOUNTED:
+        return None
+    return dp.account(   # the a-priori bound: one example drawn at every draw of every step
+        configuration, float(epsilon), sends=int(last_round[MAX_SENDS]),
+        sends_bound=int(section["rounds"]) * int(section["local_steps"]) * int(section["batch_size"]),
+        seq_len=int(section["data"]["seq_len"]), delta=float(section["dp"]["delta"]),
+        vocab_norm_max=float(model.get_input_embeddings().weight.norm(dim=-1).max()))
+
+
+def metrics(training: Training, accounting: dict[str, Any] | None) -> dict[str, Any]:
+    """results.json `metrics` before the attacks: the final model's held-out utility with 95% intervals over
+    blocks, the pretrained model's, the gain (paired over the same blocks), the last round's H and loss, and
+    the DP baselines' ε(δ)."""
+    from metrics.intervals import paired_difference_ci
+
+    out = {**summarise(training.final_scores),
+           "initial_heldout_ce": training.initial["heldout_ce"],
+           "initial_heldout_top1": training.initial["heldout_top1"],
+           # nats the fine-tuning removed, paired over the same blocks
+           **paired_difference_ci(training.initial_scores["ce"], training.final_scores["ce"]).flat("heldout_ce_gain")}
+    last = training.rounds[-1]
+    out.update({k: last.get(k) for k in ("H", "H_A", "H_rel", "H_A_rel", "H_recv", "H_recv_rel", "train_loss")})
+    if accounting is not None:
+        out.update(dp_epsilon_example=accounting["epsilon_example"], dp_epsilon_row=accounting["epsilon_row"],
+                   dp_epsilon_step=accounting["epsilon_step"], dp_delta=accounting["delta"])
+    return out
+
+
 def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> AdversaryView:
     """Everything the server received, as the general adversary view (system splitft)."""
     exposures = [Exposure(op=e["op"], layer=e["layer"], step=int(e["step"]), shape=tuple(e["tensor"].shape),
