@@ -14,7 +14,7 @@ ep1 / epn) × a `component` (qkv, composite, lm_head, ...) at one configuration 
 - the privacy accounting of the configuration: nominal ε and the composed GDP / (ε, δ) bound
   (harness/splitee/accounting.py), for `generation.max_new_tokens` generated tokens.
 
-The cell itself is attacks/splitee/suite.py; everything expensive (captures, trained attackers, reconstructions,
+The cell itself is attacks/splitee/suite.py (its mask replicates: replicates.py); everything expensive (captures, trained attackers, reconstructions,
 Bayes curves) is cached under paths.cache_dir/attacks (attacks/splitee/pipeline.py), so a sweep trains each
 attacker once.
 
@@ -63,6 +63,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from attacks.splitee import suite
+    from attacks.splitee.replicates import attack_replicates
     from harness.models import load_model
 
     a = cfg.attack
@@ -79,7 +80,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     suite.check_decoder(victim, decoder)
     if len(inputs.prompts) < 2:
         raise UserError("the attack needs at least 2 evaluation prompts (the chance floor compares pairs)")
-    semantic_model = common.load_semantic(cfg)
     attack = _plain(a)
     pipe = suite.pipeline(victim, decoder, inputs.prompts, attack, _plain(cfg.engine), seed=cfg.seed,
                           cache_dir=cfg.paths.cache_dir, workload=inputs.workload.name,
@@ -87,23 +87,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                           victim_config=_plain(cfg.model),
                           decoder_config=attack["decoder"] if a.decoder is not None else _plain(cfg.model), log=_log)
     seeds = common.mask_seeds(cfg)
-    cells = []
-    for mask_seed in seeds:   # mask replicates: the prompts masked afresh, the attackers trained once
-        pipe.mask_seed = mask_seed
-        cells.append(suite.attack_cell(pipe, configuration, epsilon, attack, semantic_model=semantic_model))
-    cell = cells[0]
+    replicates = attack_replicates(pipe, seeds, configuration, epsilon, attack, semantic_model=common.load_semantic(cfg))
+    cell = replicates.cells[0]
 
     n_layers, offload = len(victim.model.model.layers), list(cfg.engine.offload)
     sigma_scale = float(cfg.engine.sigma_scale)
     acc = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts], n_layers,
                                      cfg.generation.max_new_tokens, tuple(offload), sigma_scale,
                                      epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
-    per_seed = [c.metrics(acc) for c in cells]
-    metrics = pool_mask_seeds(per_seed)
-    samples = cell.samples(inputs.workload.prompts)
-    if len(seeds) > 1:
-        for i, row in enumerate(samples):
-            row["output_ids_by_mask_seed"] = {str(s): c.reconstructions[i] for s, c in zip(seeds, cells)}
+    metrics, per_mask_seed = replicates.metrics(acc)
     results = {
         **common.results_header(cfg, "attack", inputs, generation=False),
         "configuration": configuration,
@@ -112,9 +104,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "decoder_source": decoder.source,
         "mask_seeds": seeds,
         "metrics": metrics,
-        "per_mask_seed": None if len(seeds) == 1 else [
-            {"mask_seed": s, "metrics": {k: m.get(k) for k in (*SEED_SPREAD, *VERDICT_KEYS)}}
-            for s, m in zip(seeds, per_seed)],
+        "per_mask_seed": per_mask_seed,
         "metric_definitions": _definitions(cfg),
         **cell.sections(pipe, attack),
         "accounting": {**acc, "n_layers": n_layers, "max_new_tokens": cfg.generation.max_new_tokens,
@@ -125,33 +115,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "notes": cell.notes(),
     }
     results["tradeoff"] = _tradeoff(metrics, attack)
-    return common.finish(cfg, ctx, results, samples, summary=summary,
+    return common.finish(cfg, ctx, results, replicates.samples(inputs.workload.prompts), summary=summary,
                          provenance_extra={"bleu_signature": metrics.get("bleu_signature"),
                                            "torch_threads": torch.get_num_threads()},
                          mirror_columns=_TABLE_COLUMNS)
-
-
-# Reported with their spread across mask seeds; the verdicts are the worst over seeds, not a mean.
-SEED_SPREAD = ("token_f1", "token_precision", "token_recall", "semantic_similarity", "bayes_top1", "bayes_token_f1")
-VERDICT_KEYS = ("attack_verdict", "bayes_verdict", "verdict")
-
-
-def pool_mask_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run's metrics over its mask replicates (metrics/replicates.py `pool`: means, each interval the
-    mean of the seeds' intervals, the spread across seeds), with each verdict the worst over the seeds, so
-    that a replicate that leaks is never averaged away."""
-    from attacks import controls
-    from metrics.replicates import pool
-
-    if len(per_seed) == 1:
-        return dict(per_seed[0])
-    m = pool(per_seed, spread=[k for k in SEED_SPREAD if per_seed[0].get(k) is not None])
-    for key in VERDICT_KEYS:
-        m[key] = controls.worst([s.get(key) for s in per_seed])
-    m["attack_gate"] = m["attack_verdict"] == controls.AT_CHANCE
-    if m.get("bayes_verdict") is not None:
-        m["bayes_gate"] = m["bayes_verdict"] == controls.AT_CHANCE
-    return m
 
 
 def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:

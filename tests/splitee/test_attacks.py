@@ -668,7 +668,7 @@ def test_attack_user_errors(tmp_path, override, expected):
 
 
 def test_mask_replicates_pool_means_and_keep_the_worst_verdict():
-    from runners.attack import pool_mask_seeds
+    from attacks.splitee.replicates import pool_mask_seeds
 
     a = {"token_f1": 10.0, "token_f1_ci_lo": 8.0, "token_f1_ci_hi": 12.0, "bayes_token_f1": 1.0,
          "attack_verdict": "at_chance", "bayes_verdict": "at_chance", "verdict": "at_chance", "attack_gate": True}
