@@ -14,9 +14,9 @@ ep1 / epn) × a `component` (qkv, composite, lm_head, ...) at one configuration 
 - the privacy accounting of the configuration: nominal ε and the composed GDP / (ε, δ) bound
   (harness/splitee/accounting.py), for `generation.max_new_tokens` generated tokens.
 
-The cell itself is attacks/splitee/suite.py (its mask replicates: replicates.py); everything expensive (captures, trained attackers, reconstructions,
-Bayes curves) is cached under paths.cache_dir/attacks (attacks/splitee/pipeline.py), so a sweep trains each
-attacker once.
+The cell itself is attacks/splitee/suite.py, its mask replicates attacks/splitee/replicates.py; everything
+expensive (captures, trained attackers, reconstructions, Bayes curves) is cached under paths.cache_dir/attacks
+(attacks/splitee/pipeline.py), so a sweep trains each attacker once.
 
     splitbench experiment=attack_smoke
     splitbench -m experiment=attack configuration=t3 attack.setting=noise_free attack.component=qkv,composite,lm_head
