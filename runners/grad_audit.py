@@ -6,7 +6,7 @@ protocol of attacks/grad_audit/protocol.py: the explore seeds choose the probe's
 protocol is written to protocol.json, then every replicate and test seed trains the trainer, records what
 the cloud receives, and is scored (zero-support partition, norm-rank partition with controls,
 frequent-token probe per arm with its negative and positive controls, held-out CE increase); the seeds are
-pooled (DerSimonian–Laird) and gated.
+pooled (DerSimonian–Laird) and gated (attacks/grad_audit/audit.py runs it).
 
     splitbench experiment=grad_audit_smoke
     splitbench -m experiment=grad_audit configuration=decoy_trainer,decoy_mitigated \\
@@ -35,27 +35,13 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     return schema.semantic_config(cfg, identity.keys(cfg), epsilon=None, grad_audit=section)
 
 
-def settings(g: DictConfig, configuration: str):
-    from harness.grad_audit.trainer import TopologySettings
-
-    mitigated = configuration == "decoy_mitigated"
-    fixed = g.mitigation.grad_clip
-    mitigation = ((None if fixed is None else float(fixed), float(g.mitigation.noise_multiplier))
-                  if mitigated else None)
-    quantile = g.mitigation.clip_quantile
-    return TopologySettings(g.cut_after, g.resume_at, g.latent_dim, float(g.clip), float(g.noise_ratio),
-                            float(g.train.lr), mitigation, str(g.train.init),
-                            None if not mitigated or quantile is None else float(quantile))
-
-
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks.grad_audit import protocol
+    from attacks.grad_audit.audit import audit
     from harness import adversary_view
     from harness.grad_audit.data import load_text, make_blocks
-    from harness.grad_audit.seed_run import train_seed
-    from harness.grad_audit.trainer import base_ce
+    from harness.grad_audit.trainer import topology_settings
     from harness.models import load_model
 
     g, configuration = cfg.grad_audit, cfg.configuration.name
@@ -63,39 +49,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         torch.set_num_threads(int(g.train.threads))
     loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir, placement=g.placement)
     text, source = load_text(g.corpus)
+    workload = source.split(" ")[0]
     blocks = make_blocks(text, source, loaded.tokenizer, block_tokens=g.block_tokens,
                          heldout_blocks=g.train.heldout_blocks, min_train_blocks=2 * g.real_rows)
-    topo = settings(g, configuration)
-    meta = adversary_view.view_meta(cfg, system=configurations.GRAD_AUDIT, epsilon=None, workload=source.split(" ")[0])
-
-    def train(seed: int, phase: str):
-        return train_seed(loaded.model, blocks, topo, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
-                          decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}",
-                          init_blocks=g.train.init_blocks, curve_points=int(g.train.curve_points))
-
-    l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
-    proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
-    digest = protocol.lock(proto, ctx.run_dir.path)            # locked before any scored seed trains
-    reference = base_ce(loaded.model, blocks.heldout)
-    losses: dict[str, list[float]] = {}   # per-step training loss of each scored seed, for the W&B mirror
-
-    def scored_seed(seed: int, phase: str) -> dict[str, Any]:
-        run = train(seed, phase)
-        losses[f"loss/{phase}_seed{seed}"] = [float(x) for x in run.losses]
-        return protocol.score_seed(run, reference, proto, phase)
-
-    scored = [scored_seed(s, phase) for phase in ("replicate", "test") for s in g.seeds[phase]]
-    metrics = protocol.summarise(scored, proto, reference)
-    th = proto["thresholds"]
-    seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
+    topo = topology_settings(g, configuration)
+    meta = adversary_view.view_meta(cfg, system=configurations.GRAD_AUDIT, epsilon=None, workload=workload)
+    out = audit(loaded, blocks, topo, g, meta, configuration=configuration, run_dir=ctx.run_dir.path)
+    metrics = out.metrics
     results = {
-        "experiment": EXPERIMENT, "experiment_name": cfg.experiment_name, "status": "ok",
+        **common.results_header(cfg, EXPERIMENT, model=loaded, workload=workload,
+                                n_prompts=int(blocks.heldout.shape[0]), generation=False),
         "system": configurations.GRAD_AUDIT, "configuration": configuration, "epsilon": None,
-        "model": loaded.name, "model_source": loaded.source, "workload": source.split(" ")[0],
         "corpus": {"source": source, "n_stream_tokens": blocks.n_stream_tokens,
                    "train_blocks": int(blocks.train.shape[0]), "heldout_blocks": int(blocks.heldout.shape[0])},
-        "n_prompts": int(blocks.heldout.shape[0]),
-        "topology": {**proto["topology"], "delegated_layers": g.resume_at - g.cut_after,
+        "topology": {**out.protocol["topology"], "delegated_layers": g.resume_at - g.cut_after,
                      "n_layers": int(loaded.model.config.num_hidden_layers)},
         "mitigation": None if topo.mitigation is None else {"grad_clip": topo.mitigation[0],
                                                             "clip_quantile": topo.clip_quantile,
@@ -103,21 +70,21 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         # the mitigation's σ (grad_audit.mitigation.noise_multiplier), not the epsilon knob; None for the trainer
         "privacy_parameter": configurations.privacy_parameter(
             configuration, None if topo.mitigation is None else topo.mitigation[1]),
-        "protocol_sha256": digest,
-        "protocol_l2": l2,
-        "exploration": exploration,
+        "protocol_sha256": out.digest,
+        "protocol_l2": out.l2,
+        "exploration": out.exploration,
         "metrics": metrics,
         # The headline keys, also at the top level.
         **{k: metrics[k] for k in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate",
                                    "heldout_ce_increase", "verdict", "clipped_fraction", "converged")},
-        "seeds": seeds,
+        "seeds": out.seeds,
         "metric_definitions": DEFINITIONS,
     }
     results["tradeoff"] = _tradeoff(metrics)
-    return common.finish(cfg, ctx, results, seeds, summary=summary,
+    return common.finish(cfg, ctx, results, out.seeds, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
                          placement={"model": loaded.placement()},
-                         mirror_history=common.step_history(losses))
+                         mirror_history=common.step_history(out.losses))
 
 
 def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,19 @@ class TopologySettings:
     mitigation: tuple[float | None, float] | None = None
     init: str = "random"        # random | least_squares (DecoyTrainer.warm_start)
     clip_quantile: float | None = None
+
+
+def topology_settings(g: Any, configuration: str) -> TopologySettings:
+    """The trainer's settings from the grad_audit section `g`: the mitigation only for decoy_mitigated (a
+    fixed clip, or null: the per-frame clip at mitigation.clip_quantile)."""
+    mitigated = configuration == "decoy_mitigated"
+    fixed = g.mitigation.grad_clip
+    mitigation = ((None if fixed is None else float(fixed), float(g.mitigation.noise_multiplier))
+                  if mitigated else None)
+    quantile = g.mitigation.clip_quantile
+    return TopologySettings(g.cut_after, g.resume_at, g.latent_dim, float(g.clip), float(g.noise_ratio),
+                            float(g.train.lr), mitigation, str(g.train.init),
+                            None if not mitigated or quantile is None else float(quantile))
 
 
 @dataclass

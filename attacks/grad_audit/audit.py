@@ -1,0 +1,54 @@
+"""One audit of the decoy trainer end to end (paper 004): the protocol of protocol.py run over the seeds the
+trainer trains (harness/grad_audit/seed_run.py). The explore seeds choose the probe's regularisation, the
+protocol is locked (protocol.json in the run directory) before any scored seed trains, then every
+replicate and test seed is trained, recorded and scored, and the scored seeds are pooled and gated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attacks.grad_audit import protocol
+
+
+@dataclass
+class Audit:
+    """What one audit measured."""
+
+    l2: dict[str, float]               # each arm's locked probe regularisation
+    exploration: list[dict[str, Any]]  # the explore seeds' effects per l2
+    protocol: dict[str, Any]           # the locked protocol
+    digest: str                        # protocol.json's sha256
+    metrics: dict[str, Any]            # pooled and gated (protocol.summarise)
+    seeds: list[dict[str, Any]]        # each scored seed's record (protocol.seed_record)
+    losses: dict[str, list[float]]     # each scored seed's per-step training loss, by "loss/<phase>_seed<seed>"
+
+
+def audit(loaded: Any, blocks: Any, topology: Any, g: Any, meta: dict[str, Any], *, configuration: str,
+          run_dir: Path) -> Audit:
+    """Audit the trainer of `topology` (harness.grad_audit.trainer.TopologySettings) on `loaded`'s model over
+    `blocks` with the grad_audit section `g`; `meta`: the adversary views' meta."""
+    from harness.grad_audit.seed_run import train_seed
+    from harness.grad_audit.trainer import base_ce
+
+    def train(seed: int, phase: str):
+        return train_seed(loaded.model, blocks, topology, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
+                          decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}",
+                          init_blocks=g.train.init_blocks, curve_points=int(g.train.curve_points))
+
+    l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
+    proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
+    digest = protocol.lock(proto, run_dir)            # locked before any scored seed trains
+    reference = base_ce(loaded.model, blocks.heldout)
+    losses: dict[str, list[float]] = {}
+
+    def scored_seed(seed: int, phase: str) -> dict[str, Any]:
+        run = train(seed, phase)
+        losses[f"loss/{phase}_seed{seed}"] = [float(x) for x in run.losses]
+        return protocol.score_seed(run, reference, proto, phase)
+
+    scored = [scored_seed(s, phase) for phase in ("replicate", "test") for s in g.seeds[phase]]
+    metrics = protocol.summarise(scored, proto, reference)
+    th = proto["thresholds"]
+    seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
+    return Audit(l2, exploration, proto, digest, metrics, seeds, losses)
