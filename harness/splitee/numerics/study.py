@@ -270,6 +270,16 @@ class StudyRun:
         offloaded = sum(1 for i in self.instances if i.offloaded)
         return {"offloaded": offloaded, "down": len(self.instances) - offloaded}
 
+    def design(self, precisions: Sequence[str], down_precisions: Sequence[str], kernels: Sequence[str], trials: int,
+               rows_per_vector: int) -> dict[str, Any]:
+        """results.json's record of what was run: the headline (the first precision and kernel), every
+        precision (Down's apart) and kernel, the instances and the trials per instance."""
+        return {"headline": {"precision": precisions[0], "kernel": kernels[0]}, "precisions": list(precisions),
+                "down_precisions": list(down_precisions), "kernels": list(kernels),
+                "n_instances": self.instance_counts(),
+                "trials_per_instance": {"requested": trials, "rows_per_vector": rows_per_vector,
+                                        "actual": trial_grid(trials, rows_per_vector)}}
+
     def sensitivities(self) -> dict[str, list[dict[str, Any]]]:
         """Δ and mean σ per op instance (op, layer), offloaded and Down (sensitivity.json)."""
         def rows(offloaded: bool) -> list[dict[str, Any]]:
