@@ -72,9 +72,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
             metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
             metrics[f"{name}_{attacker}_certify_rate"] = a["certify_rate"]["rate"]
     results = {
-        "experiment": "calibration", "experiment_name": cfg.experiment_name, "status": "ok",
-        "configuration": "calibration", "epsilon": None, "model": loaded.name, "model_source": loaded.source,
-        "workload": "calibration:null-and-dosed-trials", "n_prompts": int(c.trials),
+        **common.results_header(cfg, "calibration", model=loaded, workload="calibration:null-and-dosed-trials",
+                                n_prompts=int(c.trials), generation=False),
+        "configuration": "calibration", "epsilon": None,
         "metrics": metrics, "systems": systems, "timings": {"seconds_per_system": seconds},
         "metric_definitions": DEFINITIONS,
     }

@@ -80,7 +80,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     metrics["defence_seconds_per_step"] = runs.signals.defence_seconds / len(steps) if steps else None
     accuracy = use.metric == "accuracy"
     results = {
-        **experiment.header(cfg, parties.edge, bench), "system": configurations.COLLAB, "configuration": name,
+        **common.results_header(cfg, "collab", model=parties.edge, workload=f"collab:{bench.name}",
+                                n_prompts=len(examples), generation=experiment.generation(cfg)),
+        "system": configurations.COLLAB, "configuration": name,
         "epsilon": lam, "privacy_parameter": configurations.privacy_parameter(name, lam, unit=_parameter_unit(cfg)),
         "fusion": c.fusion, "alpha": float(c.alpha), "candidates": int(c.candidates) if name == "coveil" else None,
         "cloud_model": parties.cloud.name, "cloud_model_source": parties.cloud.source,

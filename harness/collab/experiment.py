@@ -162,7 +162,6 @@ def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> U
                    floor, option_scores)
 
 
-def header(cfg: DictConfig, edge: Any, bench: Any) -> dict[str, Any]:
-    return {"experiment": "collab", "experiment_name": cfg.experiment_name, "status": "ok", "model": edge.name,
-            "model_source": edge.source, "workload": f"collab:{bench.name}", "n_prompts": len(bench.examples),
-            "generation": {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}}
+def generation(cfg: DictConfig) -> dict[str, Any]:
+    """results.json `generation`: the collaborative decoding's own settings (greedy, to EOS)."""
+    return {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}
