@@ -61,14 +61,14 @@ class CaptureSpec:
     epsilon: float | None
     seed: int
     component: str
-    layer: int = 0
-    offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
-    sigma_scale: float = 1.0
-    sensitivity_rule: str = "paper"
-    slalom_frac_bits: int = 8
-    slalom_scaling: str = "per_token"
-    max_new_tokens: int = 1
-    batch_size: int = 8
+    layer: int
+    offload: tuple[str, ...]
+    sigma_scale: float
+    sensitivity_rule: str
+    slalom_frac_bits: int
+    slalom_scaling: str
+    max_new_tokens: int
+    batch_size: int
 
     def ops(self) -> tuple[str, ...]:
         return COMPONENTS[self.component]

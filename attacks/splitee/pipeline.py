@@ -82,21 +82,21 @@ class Pipeline:
     store: Store
     seed: int
     train_settings: TrainSettings
-    offload: tuple[str, ...] = ("qkv", "o", "gate_up", "lm_head")
-    sigma_scale: float = 1.0
-    sensitivity_rule: str = "paper"
-    slalom_frac_bits: int = 8            # Slalom's fixed point and scaling (engine.slalom_*): they change its residues
-    slalom_scaling: str = "per_token"
-    capture_batch_size: int = 8
-    capture_max_new_tokens: int = 1
-    code: str = ""
-    log: Callable[[str], None] = print
-    victim_config: dict | None = None    # the conf/model entries, part of every cache key
-    decoder_config: dict | None = None
-    workload: str | None = None          # the evaluation prompts' workload, named in the captures' meta
+    offload: tuple[str, ...]
+    sigma_scale: float
+    sensitivity_rule: str
+    slalom_frac_bits: int                # Slalom's fixed point and scaling (engine.slalom_*): they change its residues
+    slalom_scaling: str
+    capture_batch_size: int
+    capture_max_new_tokens: int
+    code: str
+    log: Callable[[str], None]
+    victim_config: dict | None           # the conf/model entries, part of every cache key
+    decoder_config: dict | None
+    workload: str | None                 # the evaluation prompts' workload, named in the captures' meta
     # Each evaluation prompt's n for EPN's ε = 1/√n (runners/common.py Inputs.epsilon_lengths); None = its
     # length. Corpus passages carry no chat template, so their length is their text.
-    eval_epsilon_lengths: list[int] | None = None
+    eval_epsilon_lengths: list[int] | None
     # The evaluation and repeated-submission masks' seed (a mask replicate); None = `seed`.
     mask_seed: int | None = None
     timings: dict[str, float] = field(default_factory=dict)

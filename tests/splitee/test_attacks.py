@@ -27,6 +27,28 @@ from metrics.privacy import corpus_token_prf
 
 from ..conftest import CONF, builtin_prompt_ids, run_cli, run_cli_in_process
 
+# The engine's and attack.capture's values of conf/ (config.yaml, experiment/attack.yaml), which the product
+# path always passes to CaptureSpec and Pipeline; layer 0, as experiment=attack's attack.layer.
+_ENGINE = OmegaConf.load(CONF / "config.yaml").engine
+_CAPTURE = OmegaConf.load(CONF / "experiment" / "attack.yaml").attack.capture
+ENGINE = dict(offload=tuple(_ENGINE.offload), sigma_scale=float(_ENGINE.sigma_scale),
+              sensitivity_rule=str(_ENGINE.sensitivity_rule), slalom_frac_bits=int(_ENGINE.slalom_frac_bits),
+              slalom_scaling=str(_ENGINE.slalom_scaling))
+
+
+def spec_of(configuration: str, epsilon: float | None, seed: int, component: str, **settings) -> CaptureSpec:
+    """A CaptureSpec with the YAML's engine and capture values, `settings` overriding them."""
+    return CaptureSpec(configuration, epsilon, seed, component, **{
+        "layer": 0, **ENGINE, "max_new_tokens": int(_CAPTURE.max_new_tokens), "batch_size": int(_CAPTURE.batch_size),
+        **settings})
+
+
+def pipeline_of(**fields) -> Pipeline:
+    """A Pipeline with the YAML's engine and capture values, no model configs, workload or ε lengths."""
+    return Pipeline(**{**ENGINE, "capture_batch_size": int(_CAPTURE.batch_size),
+                       "capture_max_new_tokens": int(_CAPTURE.max_new_tokens), "victim_config": None,
+                       "decoder_config": None, "workload": None, "eval_epsilon_lengths": None, **fields})
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -60,7 +82,7 @@ SETTINGS = TrainSettings(mode="body", layout="aligned", window=8, batch_size=16,
 def pipe(tied, prompts, tmp_path_factory):
     corpus_cfg = {"source": "builtin", "n_train": 150, "n_val": 16, "min_tokens": 16, "max_tokens": 48}
     corpus = load_corpus(corpus_cfg, tied.tokenizer, seed=0)
-    return Pipeline(victim=tied, decoder=tied, eval_prompts=prompts, corpus=corpus,
+    return pipeline_of(victim=tied, decoder=tied, eval_prompts=prompts, corpus=corpus,
                     corpus_record={**corpus_cfg, "provenance": corpus.source},
                     store=Store(tmp_path_factory.mktemp("cache")), seed=0, train_settings=SETTINGS,
                     capture_batch_size=16, code="test", log=lambda m: None)
@@ -73,7 +95,7 @@ def pipe(tied, prompts, tmp_path_factory):
 
 def test_capture_drops_left_padding(tied, prompts):
     """T3 layer-0 QKV exposures of a left-padded batch of unequal prompts are exactly LN(E[t]) per token."""
-    cap = capture(tied.model, prompts[:4], CaptureSpec("t3", None, 0, "qkv", batch_size=4), pad_token_id=2)[0]
+    cap = capture(tied.model, prompts[:4], spec_of("t3", None, 0, "qkv", batch_size=4), pad_token_id=2)[0]
     assert len({len(p) for p in prompts[:4]}) > 1
     norm = tied.model.model.layers[0].input_layernorm
     with torch.no_grad():
@@ -87,7 +109,7 @@ def test_truncated_capture_equals_full_engine(tied, prompts):
     from harness.split.engine import EngineSettings, SplitEngine
 
     batch = prompts[:3]
-    spec = CaptureSpec("ep1", 3.0, 7, "composite", layer=1, batch_size=3)
+    spec = spec_of("ep1", 3.0, 7, "composite", layer=1, batch_size=3)
     short = capture(tied.model, batch, spec, pad_token_id=2)[0]
     engine = SplitEngine(tied.model, EngineSettings("ep1", epsilon=3.0, seed=7, record_view=True))
     engine.generate(batch, 1, pad_token_id=2)
@@ -133,18 +155,18 @@ def test_view_round_trips_meta_and_channels(tied, prompts, tmp_path):
                                           for e in view.exposures[:-1]]}, old)
     assert AdversaryView.load(old).channels() == (MASKED_INPUT,)
     # Captures fill their views' meta too (the Pipeline adds the model, the prompts and the code).
-    spec = CaptureSpec("epn", None, 3, "qkv")
+    spec = spec_of("epn", None, 3, "qkv")
     cap = capture(tied.model, batch, spec, pad_token_id=2)[0]
     assert cap.meta == spec.meta() and cap.meta["configuration"] == "epn" and cap.meta["seed"] == 3
 
 
 def test_capture_refuses_what_is_not_exposed(tied, prompts):
-    spec = CaptureSpec("ep1", 1.0, 0, "composite", offload=("qkv", "lm_head"))
+    spec = spec_of("ep1", 1.0, 0, "composite", offload=("qkv", "lm_head"))
     with pytest.raises(UserError, match="kept in the TEE"):
         capture(tied.model, prompts[:1], spec, pad_token_id=2)
     # A configuration that offloads nothing exposes nothing to capture.
     with pytest.raises(UserError, match="configurations"):
-        capture(tied.model, prompts[:1], CaptureSpec("tdx", None, 0, "qkv"), pad_token_id=2)
+        capture(tied.model, prompts[:1], spec_of("tdx", None, 0, "qkv"), pad_token_id=2)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,7 +175,7 @@ def test_capture_refuses_what_is_not_exposed(tied, prompts):
 
 
 def test_bayes_recovers_every_token_without_noise(tied, prompts):
-    cap = capture(tied.model, prompts, CaptureSpec("t3", None, 0, "qkv", batch_size=8), pad_token_id=2)[0]
+    cap = capture(tied.model, prompts, spec_of("t3", None, 0, "qkv", batch_size=8), pad_token_id=2)[0]
     book = bayes.codebook(tied.model)
     rec = bayes.attack(cap.features, prompts, book, k=5, vocab_per_chunk=5000, rows_per_chunk=300)
     assert rec.pooled_top1 >= 99.0 and rec.pooled_topk >= rec.pooled_top1
@@ -161,7 +183,7 @@ def test_bayes_recovers_every_token_without_noise(tied, prompts):
 
 
 def test_bayes_is_at_chance_under_huge_noise(tied, prompts):
-    cap = capture(tied.model, prompts, CaptureSpec("ep1", 1e-6, 0, "qkv", batch_size=8), pad_token_id=2)[0]
+    cap = capture(tied.model, prompts, spec_of("ep1", 1e-6, 0, "qkv", batch_size=8), pad_token_id=2)[0]
     book = bayes.codebook(tied.model)
     rec = bayes.attack(cap.features, prompts, book, k=5)
     n = rec.n_positions
@@ -374,7 +396,7 @@ def test_prefix_layout_and_lm_head_run(tied, prompts, tmp_path):
     """The GEIA prefix layout and the LM-head component (one exposed row per prompt) train and decode."""
     corpus = load_corpus({"source": "builtin", "n_train": 20, "n_val": 4, "min_tokens": 16, "max_tokens": 24},
                          tied.tokenizer, seed=0)
-    pipe = Pipeline(victim=tied, decoder=tied, eval_prompts=prompts[:3], corpus=corpus, corpus_record={"t": 1},
+    pipe = pipeline_of(victim=tied, decoder=tied, eval_prompts=prompts[:3], corpus=corpus, corpus_record={"t": 1},
                     store=Store(tmp_path), seed=0, train_settings=replace(SETTINGS, layout="prefix", max_steps=5),
                     code="test", log=lambda m: None)
     for component in ("qkv", "lm_head"):
