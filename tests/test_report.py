@@ -660,6 +660,16 @@ def test_verdicts_json_is_the_worst_attacker_per_configuration(tmp_path: Path, c
     assert by[("t3", None)]["verdict"] == "leak" and by[("t3", None)]["inconclusive"] == []
     assert [(e["configuration"], e["epsilon"]) for e in doc["configurations"]] == [
         ("ep1", 1.0), ("ep1", 15.0), ("t3", None)]
+    # Table 6's verdict per configuration says the same as verdicts.json, with the sequential attacker's column
+    text = (runs / "report.md").read_text()
+    headers, pairs = _table_rows(text.split("Verdict per configuration")[1])
+    assert "sequential attacker (all exposures)" in headers
+    table = {r[0]: dict(zip(headers, r)) for r in pairs}
+    assert table["ep1 ε=15"]["verdict"] == "**leak**" and "sequential" in table["ep1 ε=15"]["worst from"]
+    assert table["ep1 ε=15"]["sequential attacker (all exposures)"] == "**leak**"
+    assert table["ep1 ε=1"]["verdict"] == "inconclusive"
+    assert table["ep1 ε=1"]["sequential attacker (all exposures)"].startswith("inconclusive (interval")
+    assert table["t3"]["sequential attacker (all exposures)"] == "—"
     # rewritten from the runs: with the sequential runs gone, ε = 1 is at chance again
     import shutil
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attacks import controls
 from harness import configurations
+from runners.report import sequential_attack
 from runners.report.format import (
     ci,
     configuration_label,
@@ -69,7 +70,9 @@ INTRO = ("Can the accelerator rebuild the prompt from what it sees (paper §7.4)
          "configuration's the worst over every run against it: a weak learned attacker at chance is no "
          "evidence of privacy when the Bayes attacker recovers the prompt.")
 VERDICTS_INTRO = ("Verdict per configuration and ε: the worst over every attacker run against it here (each "
-                  "setting and component, learned and Bayes; leak > inconclusive > at chance), for one submission "
+                  "setting and component, learned and Bayes, and, where the root holds its runs for the same model "
+                  "and workload, the sequential all-exposure attacker: MAP judged against the prior alone and the "
+                  "likelihood alone, its strongest run shown; leak > inconclusive > at chance), for one submission "
                   "of each prompt. The last column is another threat model, the same prompt submitted k times with "
                   "fresh masks: the fewest k whose averaged exposures give the Bayes attacker a top-1 lower bound "
                   "above the top-1 of truth-independent guesses + the margin:")
@@ -149,6 +152,9 @@ class AttackGroup:
     n_prompts: Any
     tags: tuple[str, ...]
     rows: list[AttackRow]
+    # the sequential attacker's runs (experiment=sequential_attack) of the same model, workload and tags,
+    # per (configuration, ε): they join the verdict per configuration (issue 32 item 3)
+    sequential: dict[tuple[str, float | None], list[Run]] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -190,6 +196,11 @@ def groups(runs: Sequence[Run]) -> list[AttackGroup]:
                d.get("n_prompts"), run.tags)
         by_key.setdefault(key, []).append(AttackRow(run))
     out = [AttackGroup(*key, rows=sorted(rows, key=AttackRow.sort_key)) for key, rows in by_key.items()]
+    for run in finished_runs(runs, sequential_attack.EXPERIMENT):
+        d = run.data
+        for g in out:
+            if (g.model, g.workload, g.tags) == (str(d.get("model")), str(d.get("workload")), run.tags):
+                g.sequential.setdefault((str(d.get("configuration")), num(d.get("epsilon"))), []).append(run)
     return sorted(out, key=lambda g: (g.tags, g.experiment_name, g.model, g.workload))
 
 
@@ -255,32 +266,61 @@ def table6_md(group: AttackGroup) -> str:
     return md_table(headers, rows, align="lll" + "r" * (len(headers) - 3))
 
 
-def pair_verdict(runs: Sequence[AttackRow]) -> str | None:
-    """The verdict of a configuration and ε: the worst over its runs' learned and Bayes attackers."""
-    return controls.worst([v for r in runs for v in (r.learned_verdict, r.bayes_verdict)])
+def pair_verdict(runs: Sequence[AttackRow], sequential: Sequence[Run] = ()) -> str | None:
+    """The verdict of a configuration and ε: the worst over its runs' learned and Bayes attackers and the
+    sequential attacker's runs against it."""
+    return controls.worst([v for r in runs for v in (r.learned_verdict, r.bayes_verdict)]
+                          + [a["verdict"] for s in sequential for a in sequential_attack.attacker_verdicts(s)])
+
+
+def _sequential_cell(runs: Sequence[Run]) -> str:
+    """The sequential attacker's reading of one configuration and ε: its strongest run's MAP − prior (or the
+    likelihood's top-1 when MAP did not run) and the worst verdict over its runs, with the reason."""
+    best = sequential_attack.strongest(runs)
+    if best is None:
+        return "—"
+    found = [a for s in runs for a in sequential_attack.attacker_verdicts(s)]
+    worst = controls.worst([a["verdict"] for a in found])
+    why = next((a["reason"] for a in found if a["verdict"] == worst and worst == controls.INCONCLUSIVE), None)
+    m, n = best.metrics, best.metrics.get("n_positions")
+    key, what = (("map_minus_prior", "MAP − prior") if m.get("map_minus_prior") is not None
+                 else ("sequential_top1", "likelihood top-1"))
+    lo, hi = m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")
+    value = "" if m.get(key) is None else (f"{what} {m[key]:+.1f}" + ("" if lo is None else f" [{lo:+.1f}, {hi:+.1f}]")
+                                            + f" pp on {n} positions; ")
+    return value + _label(worst, why)
 
 
 def verdicts_md(group: AttackGroup) -> str:
     """One row per (configuration, ε): the worst verdict over every attacker run against it among the
-    selected runs (each run's learned attacker and its Bayes attacker), and which attackers give it."""
-    headers = ["configuration", "verdict", "runs", "learned attackers", "Bayes attacker", "worst from",
-               "repeated submissions (Bayes, not in the verdict)"]
+    selected runs (each run's learned attacker and its Bayes attacker, and the sequential attacker's runs of
+    the same model and workload), and which attackers give it."""
+    with_sequential = bool(group.sequential)
+    headers = ["configuration", "verdict", "runs", "learned attackers", "Bayes attacker"]
+    headers += ["sequential attacker (all exposures)"] if with_sequential else []
+    headers += ["worst from", "repeated submissions (Bayes, not in the verdict)"]
     rows = []
-    for (_, _), runs in group.pairs():
+    for (configuration, epsilon), runs in group.pairs():
         learned = [r.learned_verdict for r in runs]
         bayes = [r.bayes_verdict for r in runs]
-        worst = pair_verdict(runs)
+        sequential = group.sequential.get((configuration, epsilon), [])
+        worst = pair_verdict(runs, sequential)
         counts = ", ".join(f"{learned.count(v)} {VERDICT_LABEL[v].strip('*')}" for v in reversed(controls.VERDICTS)
                            if learned.count(v))
         culprits = [f"{SETTING_LABEL.get(r.setting, r.setting)} {COMPONENT_LABEL.get(r.component, r.component)}"
                     for r in runs if worst is not None and r.learned_verdict == worst]
         if worst is not None and worst in bayes:
             culprits.append("Bayes")
+        if worst is not None and any(a["verdict"] == worst for s in sequential
+                                     for a in sequential_attack.attacker_verdicts(s)):
+            culprits.append("sequential")
         if worst == controls.AT_CHANCE:
             culprits = ["every attacker"]
-        rows.append([runs[0].privacy_label(), _label(worst), len(runs), counts or "—",
-                     _label(controls.worst(bayes)), "; ".join(culprits) or "—", _repeats(runs)])
-    return md_table(headers, rows, align="llrllll")
+        row = [runs[0].privacy_label(), _label(worst), len(runs) + len(sequential), counts or "—",
+               _label(controls.worst(bayes))]
+        row += [_sequential_cell(sequential)] if with_sequential else []
+        rows.append(row + ["; ".join(culprits) or "—", _repeats(runs)])
+    return md_table(headers, rows, align="llrll" + "l" * with_sequential + "ll")
 
 
 def _repeats(runs: Sequence[AttackRow]) -> str:
@@ -435,6 +475,7 @@ def summary(items: Sequence[AttackGroup]) -> list[str]:
     verdict per configuration and ε."""
     lines = []
     for group in items:
-        verdicts = [f"{runs[0].privacy_label()}: {_label(pair_verdict(runs)).strip('*')}" for _, runs in group.pairs()]
+        verdicts = [f"{runs[0].privacy_label()}: {_label(pair_verdict(runs, group.sequential.get(key, []))).strip('*')}"
+                    for key, runs in group.pairs()]
         lines.append(f"{group.title}: verdict " + "; ".join(verdicts))
     return lines

@@ -23,6 +23,27 @@ INTRO = ("The sequential all-exposure attacker reads every QKV, O and Gate/Up ex
          "(docs/sequential_attack.md). Intervals over positions treat positions as independent.")
 _ATTACKERS = (("likelihood", "sequential_top1", "sequential_pruning_recall_min"),
               ("MAP", "sequential_map_top1", "sequential_map_pruning_recall_min"))
+# each attacker's verdict keys in a run's metrics (attacks/splitee/sequential.summarise)
+VERDICT_KEYS = {"map": ("verdict_map", "verdict_map_reason"),
+                "likelihood": ("verdict_likelihood", "verdict_likelihood_reason")}
+
+
+def attacker_verdicts(run: Run) -> list[dict[str, Any]]:
+    """Every attacker verdict one sequential run holds: {attacker, verdict, reason}, MAP's and the
+    likelihood's; the run's own verdict when neither MAP nor a null view ran."""
+    m = run.metrics
+    out = [{"attacker": f"sequential_{name}", "verdict": m[key], "reason": m.get(reason)}
+           for name, (key, reason) in VERDICT_KEYS.items() if m.get(key) is not None]
+    if not out and m.get("verdict") is not None:
+        out.append({"attacker": "sequential", "verdict": m["verdict"], "reason": m.get("verdict_reason")})
+    return out
+
+
+def strongest(runs: Sequence[Run]) -> Run | None:
+    """The run of one configuration and ε whose reading Table 6 shows: teacher-forced first (the family's
+    upper bound), then the most layers, then the most positions."""
+    return max(runs, key=lambda r: (r.data.get("mode") == "teacher_forced", len(_layers(r)), _positions(r)),
+               default=None)
 
 
 def _key(run: Run) -> tuple:

@@ -18,20 +18,17 @@ from typing import Any
 
 from attacks import controls
 from harness.results import atomic_write_json
+from runners.report import sequential_attack
 from runners.report.attack import AttackRow, _why_bayes, _why_learned
 from runners.report.format import num
 from runners.report.runs import Run
 
 FILE = "verdicts.json"
-# the sequential runner's per-attacker verdict keys (attacks/sequential.summarise)
-SEQUENTIAL = {"map": ("verdict_map", "verdict_map_reason"),
-              "likelihood": ("verdict_likelihood", "verdict_likelihood_reason")}
 
 
 def attackers(run: Run) -> list[dict[str, Any]]:
     """Every attacker verdict one finished run holds: {attacker, verdict, reason} (reason: why an
     inconclusive is inconclusive, or the sequential attacker's own sentence; None where none is recorded)."""
-    m = run.metrics
     out: list[dict[str, Any]] = []
     if run.experiment == "attack":
         row = AttackRow(run)
@@ -40,11 +37,7 @@ def attackers(run: Run) -> list[dict[str, Any]]:
             if verdict is not None:
                 out.append({"attacker": name, "verdict": verdict, "reason": why(row)})
     elif run.experiment == "sequential_attack":
-        for name, (key, reason) in SEQUENTIAL.items():
-            if m.get(key) is not None:
-                out.append({"attacker": f"sequential_{name}", "verdict": m[key], "reason": m.get(reason)})
-        if not out and m.get("verdict") is not None:   # neither MAP nor a null view ran: the run's own
-            out.append({"attacker": "sequential", "verdict": m["verdict"], "reason": m.get("verdict_reason")})
+        out = sequential_attack.attacker_verdicts(run)
     return out
 
 
