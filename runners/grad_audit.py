@@ -5,8 +5,9 @@ harness/grad_audit/ at one topology (cut_after, resume_at, latent_dim) on one mo
 protocol of attacks/grad_audit/protocol.py: the explore seeds choose the probe's regularisation, the
 protocol is written to protocol.json, then every replicate and test seed trains the trainer, records what
 the cloud receives, and is scored (zero-support partition, norm-rank partition with controls,
-frequent-token probe per arm with its negative and positive controls, held-out CE increase); the seeds are
-pooled (DerSimonian–Laird) and gated.
+frequent-token probe per arm with its negative and positive controls, held-out CE increase, and with
+`grad_audit.bisr_backward.enabled` BiSR's backward stage on the returned gradient of its last frames,
+attacks/grad_audit/bisr_backward.py); the seeds are pooled (DerSimonian–Laird) and gated.
 
     splitbench experiment=grad_audit_smoke
     splitbench -m experiment=grad_audit configuration=decoy_trainer,decoy_mitigated \\
@@ -51,7 +52,8 @@ def settings(g: DictConfig, configuration: str):
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from attacks.grad_audit import protocol
+    from attacks import controls
+    from attacks.grad_audit import bisr_backward, protocol
     from harness import adversary_view
     from harness.grad_audit.data import load_text, make_blocks
     from harness.grad_audit.seed_run import train_seed
@@ -66,26 +68,35 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     blocks = make_blocks(text, source, loaded.tokenizer, block_tokens=g.block_tokens,
                          heldout_blocks=g.train.heldout_blocks, min_train_blocks=2 * g.real_rows)
     topo = settings(g, configuration)
+    bisr = bisr_backward.BisrSettings.from_config(g.bisr_backward) if g.bisr_backward.enabled else None
     meta = adversary_view.view_meta(cfg, system=configurations.GRAD_AUDIT, epsilon=None, workload=source.split(" ")[0])
 
-    def train(seed: int, phase: str):
+    def train(seed: int, phase: str, attacked_frames: int = 0):
         return train_seed(loaded.model, blocks, topo, seed=seed, frames=g.train.frames, real_rows=g.real_rows,
                           decoy_rows=g.decoy_rows, meta=meta, desc=f"{phase} seed {seed}",
-                          init_blocks=g.train.init_blocks, curve_points=int(g.train.curve_points))
+                          init_blocks=g.train.init_blocks, curve_points=int(g.train.curve_points),
+                          cloud_output_frames=attacked_frames)
 
     l2, exploration = protocol.explore([train(s, "explore") for s in g.seeds.explore], g.probe)
     proto = protocol.protocol(g, l2, configuration=configuration, model=loaded.name)
     digest = protocol.lock(proto, ctx.run_dir.path)            # locked before any scored seed trains
     reference = base_ce(loaded.model, blocks.heldout)
     losses: dict[str, list[float]] = {}   # per-step training loss of each scored seed, for the W&B mirror
+    attacked = []                          # BiSR(b) per scored seed
 
     def scored_seed(seed: int, phase: str) -> dict[str, Any]:
-        run = train(seed, phase)
+        run = train(seed, phase, bisr.frames if bisr else 0)
         losses[f"loss/{phase}_seed{seed}"] = [float(x) for x in run.losses]
+        if bisr:
+            attacked.append(bisr_backward.attack_seed(run, loaded.model, topo, bisr, int(g.real_rows)))
         return protocol.score_seed(run, reference, proto, phase)
 
     scored = [scored_seed(s, phase) for phase in ("replicate", "test") for s in g.seeds[phase]]
     metrics = protocol.summarise(scored, proto, reference)
+    if bisr:
+        metrics.update(bisr_backward.summarise(attacked, float(g.gates.probe_margin_pp),
+                                               float(g.gates.positive_margin_pp)))
+        metrics["verdict"] = controls.worst([metrics["verdict"], metrics["bisr_b_verdict"]])
     th = proto["thresholds"]
     seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
     results = {
@@ -110,6 +121,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         # The issue's headline keys, also at the top level.
         **{k: metrics[k] for k in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate",
                                    "heldout_ce_increase", "verdict", "clipped_fraction", "converged")},
+        "bisr_backward": None if bisr is None else {**vars(bisr), "enabled": True},
         "seeds": seeds,
         "metric_definitions": DEFINITIONS,
     }
@@ -162,12 +174,33 @@ DEFINITIONS = {
                                          "reader (smallest over seeds; 0pp is the floor arm itself); _gate_fires: "
                                          "the gate fired on it in every seed; positive_control_pass: it fired at "
                                          "every dose > 0 and at 0pp in no seed",
-    "verdict": "worst of probe_verdict and partition_verdict (leak > inconclusive > at_chance)",
+    "bisr_b_top1": "BiSR's backward stage run by the cloud on the returned gradient of the last "
+                   "bisr_backward.frames frames of each scored seed (attacks/grad_audit/bisr_backward.py): % of "
+                   "the real rows' label positions (next tokens) it recovers, pooled, Wilson 95%; bisr_b_top1_floor: "
+                   "the constant most-frequent-token guess on the same labels",
+    "bisr_b_minus_floor_pp": "bisr_b_top1 minus the floor on the same positions (pp), Newcombe's paired 95% "
+                             "interval; bisr_b_verdict: attacks.controls.classify of it against 0 with the "
+                             "gate's margin and the two controls",
+    "bisr_b_decode_top1": "the cloud's own decoding of s_B through the public tail (BiSR's start, no gradient); "
+                          "bisr_b_minus_decode_pp: what the returned gradient adds to it",
+    "bisr_b_positive_top1": "positive control: BiSR on the undefended gradient of the same frames (passes: its "
+                            "difference over the floor has lower bound >= positive_margin_pp)",
+    "bisr_b_null_top1": "negative control: BiSR on the gradient of shuffled labels (another real row's) through "
+                        "the same mitigation, scored on the true labels (passes: upper bound over the floor <= margin)",
+    "bisr_b_seconds": "wall time of the attack and its controls; bisr_b_positions_matched: label positions "
+                      "matched (attack and controls), bisr_b_positions: positions scored",
+    "verdict": "worst of probe_verdict, partition_verdict and, when it ran, bisr_b_verdict "
+               "(leak > inconclusive > at_chance)",
 }
 
 
 def summary(results: dict[str, Any]) -> str:
     m, t = results["metrics"], results["topology"]
+    bisr = ([f"  BiSR backward on the returned gradient: top-1 {m['bisr_b_top1']:.2f}% vs floor "
+             f"{m['bisr_b_top1_floor']:.2f}% → {m['bisr_b_minus_floor_pp']:+.2f} pp "
+             f"[{m['bisr_b_minus_floor_pp_ci_lo']:+.2f}, {m['bisr_b_minus_floor_pp_ci_hi']:+.2f}] "
+             f"({m['bisr_b_positions']} positions, {m['bisr_b_seconds']:.0f} s) → {m['bisr_b_verdict']}; "
+             f"decoding alone {m['bisr_b_decode_top1']:.2f}%"] if "bisr_b_verdict" in m else [])
     lines = [common.summary_head(results, f"cut {t['cut_after']}→{t['resume_at']} ({t['delegated_layers']} delegated)",
                                  f"D={t['latent_dim']}", f"{len(results['seeds'])} scored seeds"),
              f"  zero-support agreement {m['zero_support_agreement']:.3f} "
@@ -180,5 +213,6 @@ def summary(results: dict[str, Any]) -> str:
              f"{'pass' if m['negative_control_pass'] else 'FAIL'}, positive {'pass' if m['positive_control_pass'] else 'FAIL'}",
              f"  held-out CE increase {m['heldout_ce_increase']:.3f} nats → utility gate {m['utility_gate']} "
              f"({'converged' if m['converged'] else 'not converged'}); clipped fraction {m['clipped_fraction']:.3f}",
+             *bisr,
              f"  verdict: {m['verdict']} (probe {m['probe_verdict']}, partition {m['partition_verdict']})"]
     return "\n".join(lines)
