@@ -130,3 +130,24 @@ def test_the_mitigation_is_attacked_with_the_guard_the_cloud_estimates(tiny):
     assert m["bisr_b_positive_top1"] > 95.0 and m["bisr_b_positive_pass"]
     assert m["bisr_b_null_minus_floor_pp_ci_hi"] <= MARGIN and m["bisr_b_negative_pass"]
     assert m["bisr_b_verdict"] in ("leak", "at_chance", "inconclusive")
+
+
+def test_report_table_shows_the_attack_beside_its_floor_and_the_decoding():
+    from pathlib import Path
+
+    from runners.report import grad_audit as section
+    from runners.report.runs import Run
+
+    m = {"bisr_b_verdict": "leak", "bisr_b_positions": 448, "bisr_b_top1": 99.5, "bisr_b_top1_ci_lo": 98.4,
+         "bisr_b_top1_ci_hi": 99.9, "bisr_b_top1_floor": 6.0, "bisr_b_minus_floor_pp": 93.5,
+         "bisr_b_minus_floor_pp_ci_lo": 91.0, "bisr_b_minus_floor_pp_ci_hi": 95.0, "bisr_b_decode_top1": 0.0,
+         "bisr_b_negative_pass": True, "bisr_b_positive_pass": True, "bisr_b_seconds": 12.0}
+    data = {"experiment": "grad_audit", "experiment_name": "grad_audit", "model": "m", "workload": "w",
+            "configuration": "decoy_trainer", "status": "ok", "metrics": m, "seeds": [{}],
+            "topology": {"cut_after": 1, "resume_at": 2, "latent_dim": 16, "delegated_layers": 1}}
+    [group] = section.groups([Run(Path("."), "decoy_trainer", "ok", data)])
+    table = section.bisr_md(group)
+    assert "99.50 [98.40, 99.90]" in table and "93.50 [91.00, 95.00]" in table and "**leak**" in table
+    data["metrics"] = {k: v for k, v in m.items() if k != "bisr_b_verdict"}
+    [group] = section.groups([Run(Path("."), "decoy_trainer", "ok", data)])
+    assert section.bisr_md(group) is None
