@@ -6,7 +6,9 @@ protocol of attacks/grad_audit/protocol.py: the explore seeds choose the probe's
 protocol is written to protocol.json, then every replicate and test seed trains the trainer, records what
 the cloud receives, and is scored (zero-support partition, norm-rank partition with controls,
 frequent-token probe per arm with its negative and positive controls, held-out CE increase); the seeds are
-pooled (DerSimonian–Laird) and gated (attacks/grad_audit/audit.py runs it).
+pooled (DerSimonian–Laird) and gated (attacks/grad_audit/audit.py runs it). With
+`grad_audit.bisr_backward.enabled`, BiSR's backward stage attacks the returned gradient of each scored seed's
+last frames (attacks/grad_audit/bisr_backward.py).
 
     splitbench experiment=grad_audit_smoke
     splitbench -m experiment=grad_audit configuration=decoy_trainer,decoy_mitigated \\
@@ -77,6 +79,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         # The issue's headline keys, also at the top level.
         **{k: metrics[k] for k in ("zero_support_agreement", "probe_effect_pp", "probe_upper_bound_pp", "gate",
                                    "heldout_ce_increase", "verdict", "clipped_fraction", "converged")},
+        "bisr_backward": None if out.bisr is None else {**vars(out.bisr), "enabled": True},
         "seeds": out.seeds,
         "metric_definitions": DEFINITIONS,
     }
@@ -129,12 +132,33 @@ DEFINITIONS = {
                                          "reader (smallest over seeds; 0pp is the floor arm itself); _gate_fires: "
                                          "the gate fired on it in every seed; positive_control_pass: it fired at "
                                          "every dose > 0 and at 0pp in no seed",
-    "verdict": "worst of probe_verdict and partition_verdict (leak > inconclusive > at_chance)",
+    "bisr_b_top1": "BiSR's backward stage run by the cloud on the returned gradient of the last "
+                   "bisr_backward.frames frames of each scored seed (attacks/grad_audit/bisr_backward.py): % of "
+                   "the real rows' label positions (next tokens) it recovers, pooled, Wilson 95%; bisr_b_top1_floor: "
+                   "the constant most-frequent-token guess on the same labels",
+    "bisr_b_minus_floor_pp": "bisr_b_top1 minus the floor on the same positions (pp), Newcombe's paired 95% "
+                             "interval; bisr_b_verdict: attacks.controls.classify of it against 0 with the "
+                             "gate's margin and the two controls",
+    "bisr_b_decode_top1": "the cloud's own decoding of s_B through the public tail (BiSR's start, no gradient); "
+                          "bisr_b_minus_decode_pp: what the returned gradient adds to it",
+    "bisr_b_positive_top1": "positive control: BiSR on the undefended gradient of the same frames (passes: its "
+                            "difference over the floor has lower bound >= positive_margin_pp)",
+    "bisr_b_null_top1": "negative control: BiSR on the gradient of shuffled labels (another real row's) through "
+                        "the same mitigation, scored on the true labels (passes: upper bound over the floor <= margin)",
+    "bisr_b_seconds": "wall time of the attack and its controls; bisr_b_positions_matched: label positions "
+                      "matched (attack and controls), bisr_b_positions: positions scored",
+    "verdict": "worst of probe_verdict, partition_verdict and, when it ran, bisr_b_verdict "
+               "(leak > inconclusive > at_chance)",
 }
 
 
 def summary(results: dict[str, Any]) -> str:
     m, t = results["metrics"], results["topology"]
+    bisr = ([f"  BiSR backward on the returned gradient: top-1 {m['bisr_b_top1']:.2f}% vs floor "
+             f"{m['bisr_b_top1_floor']:.2f}% → {m['bisr_b_minus_floor_pp']:+.2f} pp "
+             f"[{m['bisr_b_minus_floor_pp_ci_lo']:+.2f}, {m['bisr_b_minus_floor_pp_ci_hi']:+.2f}] "
+             f"({m['bisr_b_positions']} positions, {m['bisr_b_seconds']:.0f} s) → {m['bisr_b_verdict']}; "
+             f"decoding alone {m['bisr_b_decode_top1']:.2f}%"] if "bisr_b_verdict" in m else [])
     lines = [common.summary_head(results, f"cut {t['cut_after']}→{t['resume_at']} ({t['delegated_layers']} delegated)",
                                  f"D={t['latent_dim']}", f"{len(results['seeds'])} scored seeds"),
              f"  zero-support agreement {m['zero_support_agreement']:.3f} "
@@ -147,5 +171,6 @@ def summary(results: dict[str, Any]) -> str:
              f"{'pass' if m['negative_control_pass'] else 'FAIL'}, positive {'pass' if m['positive_control_pass'] else 'FAIL'}",
              f"  held-out CE increase {m['heldout_ce_increase']:.3f} nats → utility gate {m['utility_gate']} "
              f"({'converged' if m['converged'] else 'not converged'}); clipped fraction {m['clipped_fraction']:.3f}",
+             *bisr,
              f"  verdict: {m['verdict']} (probe {m['probe_verdict']}, partition {m['partition_verdict']})"]
     return "\n".join(lines)

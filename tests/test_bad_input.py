@@ -151,6 +151,8 @@ CASES = {
                                     "splitft.runtime='grpc' is not one of simulation, split_deployment"),
     "grad audit on no GPU": Case(["experiment=grad_audit_smoke", "grad_audit.placement.device=cuda"],
                                  "grad_audit.placement.device=cuda needs CUDA", no_cuda=True),
+    "grad audit BiSR with no steps": Case(["experiment=grad_audit_smoke", "grad_audit.bisr_backward.steps=0"],
+                                          "grad_audit.bisr_backward.steps must be >= 1, got 0"),
     "sanitize on no GPU": Case([*SANITIZE, "sanitize.placement.device=cuda"],
                                "sanitize.placement.device=cuda needs CUDA", no_cuda=True),
     "unknown device": Case([*SANITIZE, "sanitize.placement.device=tpu"],

@@ -63,6 +63,17 @@ class GradAuditProbeConfig:
 
 
 @dataclass
+class GradAuditBisrConfig:
+    enabled: bool = MISSING            # BiSR's backward stage on the returned gradient (attacks/grad_audit/bisr_backward.py)
+    frames: int = MISSING              # the last this many frames of each scored seed are attacked
+    steps: int = MISSING               # gradient-matching steps (AdamW on the soft labels' logits)
+    lr: float = MISSING
+    beta: float = MISSING              # the plain distance's weight of ‖Δ‖² against ‖Δ‖₁
+    temperature: float = MISSING       # the soft labels start at the cloud's decoding / temperature
+    prior: bool = MISSING              # under the mitigation's noise: MAP (noise likelihood + decoding prior)
+
+
+@dataclass
 class GradAuditSeedsConfig:
     explore: List[int] = MISSING
     replicate: List[int] = MISSING
@@ -96,6 +107,7 @@ class GradAuditConfig:
     train: GradAuditTrainConfig = MISSING
     mitigation: GradAuditMitigationConfig = MISSING
     probe: GradAuditProbeConfig = MISSING
+    bisr_backward: GradAuditBisrConfig = MISSING
     seeds: GradAuditSeedsConfig = MISSING
     gates: GradAuditGatesConfig = MISSING
 
@@ -150,6 +162,17 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"grad_audit.probe.l2_grid must be a non-empty list of numbers >= 0, got {grid}")
     if p.max_iter < 1 or p.max_rows < 2:
         raise UserError(f"grad_audit.probe needs max_iter >= 1 and max_rows >= 2, got {p.max_iter}, {p.max_rows}")
+    b = g.bisr_backward
+    if b.enabled:
+        check_at_least("grad_audit.bisr_backward.steps", b.steps, 1)
+        check_at_least("grad_audit.bisr_backward.frames", b.frames, 1)
+        if b.frames > t.frames:
+            raise UserError(f"grad_audit.bisr_backward.frames must be <= grad_audit.train.frames ({t.frames}), "
+                            f"got {b.frames}")
+        check_positive("grad_audit.bisr_backward.lr", b.lr)
+        check_positive("grad_audit.bisr_backward.temperature", b.temperature)
+        if not 0.0 <= float(b.beta) <= 1.0:
+            raise UserError(f"grad_audit.bisr_backward.beta must lie in [0, 1], got {b.beta}")
     s = g.seeds
     explore, scored = list(s.explore), list(s.replicate) + list(s.test)
     if not explore or not scored:

@@ -33,7 +33,9 @@ def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
                real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int,
-               curve_points: int = 1) -> SeedRun:
+               curve_points: int = 1, cloud_output_frames: int = 0) -> SeedRun:
+    """`cloud_output_frames`: the view also holds the cloud's s_B of the last that many frames (the BiSR
+    backward attacker's input; kept to those frames for memory)."""
     trainer = DecoyTrainer(model, settings, seed)
     data_gen = torch.Generator().manual_seed(10_000 + int(seed))
     if settings.init == "least_squares":
@@ -47,7 +49,8 @@ def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, 
         parity = i % 2
         real = _pick(blocks.half(parity), real_rows, data_gen)
         decoys = _pick(blocks.train, decoy_rows, data_gen)
-        losses.append(trainer.step(real, decoys, view, truth, i, parity))
+        losses.append(trainer.step(real, decoys, view, truth, i, parity,
+                                   record_cloud_output=i >= frames - cloud_output_frames))
         if i + 1 == frames:
             final = trainer.heldout_ce(blocks.heldout)
             curve.append((i + 1, float(final.mean())))

@@ -15,7 +15,9 @@ step is one frame:
    which goes back to the local node for its bottleneck.
 
 Everything the cloud receives (the payload of step 1, the gradient of step 3) is recorded in the
-AdversaryView under the channels `forward_payload` and `returned_gradient`. The LM's own weights are
+AdversaryView under the channels `forward_payload` and `returned_gradient`; on the frames a caller asks
+for, also the cloud's own output s_B of step 2 (`cloud_output`: the cloud computed it, and the BiSR
+backward attacker, attacks/grad_audit/bisr_backward.py, differentiates the public tail at it). The LM's own weights are
 frozen; only the bottleneck (local) and the up-projection (cloud) train, with Adam. What the cloud does
 not receive (which rows are real, their tokens) is the audit's ground truth (`FrameTruth`), kept apart from
 the view and used only to score the attacks.
@@ -34,7 +36,7 @@ from harness.adversary_view import AdversaryView, Exposure
 from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, frame_clip, mitigate
 from harness.splitft.partition import Context, Partition
 
-FORWARD_PAYLOAD, RETURNED_GRADIENT = "forward_payload", "returned_gradient"
+FORWARD_PAYLOAD, RETURNED_GRADIENT, CLOUD_OUTPUT = "forward_payload", "returned_gradient", "cloud_output"
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,9 @@ class DecoyTrainer:
         return self._contexts[key]
 
     def step(self, real_ids: torch.Tensor, decoy_ids: torch.Tensor, view: AdversaryView, truth: FrameTruth,
-             index: int, parity: int) -> float:
-        """One training step on one frame (module docstring); records what crosses. Returns the loss."""
+             index: int, parity: int, record_cloud_output: bool = False) -> float:
+        """One training step on one frame (module docstring); records what crosses, and with
+        `record_cloud_output` the cloud's s_B of the frame. Returns the loss."""
         st = self.settings
         # 1. local node
         with torch.no_grad():
@@ -179,6 +182,10 @@ class DecoyTrainer:
         view.exposures.append(Exposure(op="output_gradient", layer=st.resume_at, step=index,
                                        shape=tuple(returned.shape), tensor=returned.detach().clone(),
                                        channel=RETURNED_GRADIENT))
+        if record_cloud_output:
+            view.exposures.append(Exposure(op="cloud_output", layer=st.resume_at, step=index,
+                                           shape=tuple(s_b.shape), tensor=s_b.detach().clone(),
+                                           channel=CLOUD_OUTPUT))
         tokens = torch.cat([real_ids, decoy_ids])[frame.perm]
         truth.is_real.append(frame.is_real.clone())
         truth.tokens.append(tokens)

@@ -8,6 +8,8 @@
 - `mitigation_md`: per topology run with both configurations, the mitigation's cost in nats (its held-out
   CE minus the trainer's, same seeds and held-out blocks) and what it removed.
 - `arms_md`: the probe's pooled effect per arm (forward payload, returned gradient, both).
+- `bisr_md`: BiSR's backward stage on the returned gradient (runs that ran it): top-1 against the constant
+  guess, the cloud's decoding alone, the controls, the verdict and the cost.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ INTRO = ("Paper 004 audits a two-node split-LLM trainer whose forward payload go
          "constant guess's, the privacy gate failing above the locked margin (+1.0 pp). *Utility*: held-out "
          "cross-entropy of the split pipeline minus the unsplit model's (gate: ≤ 0.35 nats; `unknown` when a "
          "seed's held-out CE was still falling by more than train.flat_nats over its last curve segment). "
-         "Verdicts as in attacks/controls.py; the run's is the worst of the probe's and the partition's. The "
+         "Verdicts as in attacks/controls.py; the run's is the worst of the probe's, the partition's and, where it "
+         "ran, BiSR's backward stage's. The "
          "protocol (protocol.json) was locked before the scored seeds ran. Since issue 31 the gate is moved "
          "down by each cell's shuffled-label probe effect when that is negative (the probe's bias). *Controls*: "
          "negative = the probe on shuffled labels (dose 0; it would catch a probe that finds a label link "
@@ -162,6 +165,26 @@ def arms_md(group: AuditGroup) -> str:
     return md_table(["configuration", "topology", *[f"{a} effect pp [95%]" for a in arms]], rows)
 
 
+def bisr_md(group: AuditGroup) -> str | None:
+    rows = []
+    for run in group.runs:
+        m = run.metrics
+        if "bisr_b_verdict" not in m:
+            continue
+        rows.append([run.data.get("configuration"), _topo_label(run), m.get("bisr_b_positions"),
+                     fmt_ci(*ci(m, "bisr_b_top1")), f"{num(m.get('bisr_b_top1_floor')) or 0:.2f}",
+                     fmt_ci(*ci(m, "bisr_b_minus_floor_pp")), fmt_ci(*ci(m, "bisr_b_decode_top1")),
+                     fmt_ci(*ci(m, "bisr_b_minus_decode_pp")),
+                     f"{'✓' if m.get('bisr_b_negative_pass') else '✗'} / {'✓' if m.get('bisr_b_positive_pass') else '✗'}"
+                     f" ({_pp(m.get('bisr_b_null_minus_floor_pp'))} / {_pp(m.get('bisr_b_positive_minus_floor_pp'))})",
+                     f"**{m.get('bisr_b_verdict')}**", f"{num(m.get('bisr_b_seconds')) or 0:.0f}"])
+    if not rows:
+        return None
+    return md_table(["configuration", "topology", "label positions", "BiSR(b) top-1 % [95%]", "floor %",
+                     "minus floor pp [95%]", "decoding alone % [95%]", "BiSR − decoding pp [95%]",
+                     "controls −/+ (pp over floor)", "verdict", "seconds"], rows, align="llrrrrrrcll")
+
+
 def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
     md = ["## Returned-gradient audit (paper 004)", "", INTRO, ""]
     for group in items:
@@ -173,6 +196,17 @@ def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
                    "scored seeds both ran:", "", mit, ""]
         md += ["The probe per arm (what the cloud sees: the forward payload, the returned gradient, both):", "",
                arms_md(group), ""]
+        bisr = bisr_md(group)
+        if bisr:
+            md += ["BiSR's backward stage run by the cloud on the returned gradient (it holds s_B and the public "
+                   "frozen tail; attacks/grad_audit/bisr_backward.py): next-token top-1 on the real rows of the "
+                   "attacked frames against the constant most-frequent-token guess on the same labels (paired, "
+                   "Newcombe 95%); *decoding alone*: the cloud's argmax of the tail at s_B, BiSR's start, so "
+                   "*BiSR − decoding* is what the gradient adds. Controls: negative = BiSR on the gradient of "
+                   "shuffled labels through the same mitigation (dose 0; it would catch labels read from "
+                   "anything but the gradient's label content), positive = BiSR on the undefended gradient of "
+                   "the same frames (it would catch an attacker that cannot read an unmitigated gradient).", "",
+                   bisr, ""]
     return md
 
 

@@ -268,6 +268,10 @@ BAD = {
     "another system's configuration": (["configuration=ep1"], "configuration=ep1 belongs to the splitee system"),
     "text corpus without a path": (["grad_audit.corpus.source=text"], "grad_audit.corpus.source=text needs"),
     "seeds shared between phases": (["grad_audit.seeds.test=[42]"], "grad_audit.seeds must be distinct"),
+    "BiSR steps < 1": (["grad_audit.bisr_backward.steps=0"], "grad_audit.bisr_backward.steps must be >= 1, got 0"),
+    "BiSR frames past training": (["grad_audit.bisr_backward.frames=13"],
+                                  "grad_audit.bisr_backward.frames must be <= grad_audit.train.frames (12), got 13"),
+    "BiSR beta outside [0, 1]": (["grad_audit.bisr_backward.beta=2"], "grad_audit.bisr_backward.beta must lie in [0, 1]"),
 }
 
 
@@ -322,6 +326,12 @@ def test_smoke_experiment_through_the_cli(tmp_path):
     assert proto.stat().st_mtime <= path.stat().st_mtime
     assert json.loads(proto.read_text())["thresholds"]["bonferroni_m"] == 2 * 3
     assert r["tradeoff"]["leakage"]["floor"] == pytest.approx(m["constant_guess_accuracy_pct"])
+    # issue 32: BiSR's backward stage on the last frame of each scored seed (32 real rows × 7 label positions)
+    assert r["bisr_backward"]["frames"] == 1 and m["bisr_b_positions"] == 2 * 32 * 7
+    for key in ("bisr_b_top1", "bisr_b_top1_floor", "bisr_b_minus_floor_pp", "bisr_b_minus_floor_pp_ci_lo",
+                "bisr_b_minus_floor_pp_ci_hi", "bisr_b_seconds", "bisr_b_positions_matched"):
+        assert isinstance(m[key], (int, float)), key
+    assert m["bisr_b_verdict"] == "leak" and m["bisr_b_minus_floor_pp_ci_lo"] > m["gate_margin_pp"]
 
 
 @pytest.mark.slow
