@@ -96,7 +96,8 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
                 starts = [attacked.round_start(e.step) for e in view.select(channel=GRAD_UP)]
                 if None in starts:
                     round_start_skipped = ("the round-start weights of a recorded step are not in the view "
-                                           "(splitft.record.steps_per_round < splitft.local_steps)")
+                                           "(splitft.record.steps_per_round < splitft.local_steps, or no "
+                                           "local_steps in its meta)")
                 else:
                     bisr_b_rs_guess = backward(attacked, "round_start")
                     bisr_b_rs_plain = backward(control, "round_start")
