@@ -206,6 +206,6 @@ def summary(results: dict[str, Any]) -> str:
     lines.append(f"  H = {m['H']:.4g}, H_A = {m['H_A']:.4g} (last round); initial held-out CE "
                  f"{m['initial_heldout_ce']:.3f}")
     if m.get("verdict"):
-        bisr = "".join(f", {a} {m[f'{a}_verdict']}" for a in ("bisr_b", "bisr", "inverter") if m.get(f"{a}_verdict"))
+        bisr = "".join(f", {a} {m[f'{a}_verdict']}" for a in ("bisr_b", "bisr_b_round_start", "bisr", "inverter") if m.get(f"{a}_verdict"))
         lines.append(f"  verdict: {m['verdict']} (label {m['label_verdict']}, eia {m['eia_verdict']}{bisr})")
     return "\n".join(lines)

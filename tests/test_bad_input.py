@@ -147,6 +147,8 @@ CASES = {
                                                "epsilon=10", "splitft.runtime=split_deployment"],
                                               "smashed_dp_laplace cannot be split across processes: its H and the "
                                               "attacks' truth need the plain s_B = B(s_A)"),
+    "unknown BiSR(b) weight source": Case(["experiment=splitft_smoke", "splitft.attack.bisr.backward_weights=[step,global]"],
+                                          "splitft.attack.bisr.backward_weights='global' is not one of step, round_start"),
     "unknown splitft runtime": Case(["experiment=splitft_smoke", "splitft.runtime=grpc"],
                                     "splitft.runtime='grpc' is not one of simulation, split_deployment"),
     "grad audit on no GPU": Case(["experiment=grad_audit_smoke", "grad_audit.placement.device=cuda"],

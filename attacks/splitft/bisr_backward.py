@@ -113,9 +113,12 @@ def match_labels(part: Any, s_b: torch.Tensor, grad: torch.Tensor, n_tokens: int
 
 
 def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, temperature: float,
-                  max_examples: int, prior: bool = True) -> list[tuple[int, int, list[int]]]:
+                  max_examples: int, prior: bool = True, weights: str = "step") -> list[tuple[int, int, list[int]]]:
     """(step, row, label guesses for positions 0..T-2) for up to `max_examples` rows of the recorded
-    gradients, in the view's order (the order BiSR(f) reads s'_A in); `prior`: match_labels'."""
+    gradients, in the view's order (the order BiSR(f) reads s'_A in); `prior`: match_labels'. `weights`:
+    the C it differentiates, `step` the client's C as of the step (the strong threat model) or
+    `round_start` the global C the round started from (what a server that only runs FedAvg holds; every
+    step's round start must be in the view: white_box.ServerCopy.round_start)."""
     down = _smashed_down(copy.view)
     guard = copy.view.meta["splitft"].get("grad_up")
     out: list[tuple[int, int, list[int]]] = []
@@ -125,7 +128,8 @@ def bisr_backward(copy: ServerCopy, *, steps: int, lr: float, beta: float, tempe
         grad = exposure.tensor
         rows = min(grad.shape[0], max_examples - len(out))
         n_tokens = grad.shape[0] * (grad.shape[1] - 1)
-        guesses = match_labels(copy.at(exposure.step), down[exposure.step][:rows], grad[:rows], n_tokens,
+        source = exposure.step if weights == "step" else copy.round_start(exposure.step)
+        guesses = match_labels(copy.at(source), down[exposure.step][:rows], grad[:rows], n_tokens,
                                steps=steps, lr=lr, beta=beta, temperature=temperature, guard=guard, prior=prior)
         out += [(exposure.step, row, ids) for row, ids in enumerate(guesses)]
     return out

@@ -24,7 +24,7 @@ from attacks.splitft.eia import eia
 from attacks.splitft.label import constant_guesses, infer_labels, top1_floor
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
-from harness.splitft.step import GRAD_UP, SMASHED_DOWN, SMASHED_UP
+from harness.splitft.step import ALIGN_DOWN, ALIGN_UP, GRAD_UP, SMASHED_DOWN, SMASHED_UP
 
 
 def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> AdversaryView:
@@ -77,16 +77,33 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
             negative = [g for *_, g in inverter.read(shuffled, attacked, int(v.max_examples))]
     bisr_guess: list = []
     bisr_b_guess: list = []
+    bisr_b_rs_guess: list = []
+    round_start_skipped = None
     if b.enabled:
         prior, prior_plain = label_guess, label_plain
         if backward_on:
-            def backward(copy):
+            def backward(copy, weights="step"):
                 return bisr_backward(copy, steps=int(b.backward_steps), lr=float(b.backward_lr),
                                      beta=float(b.backward_beta), temperature=float(b.backward_temperature),
-                                     max_examples=int(b.max_examples), prior=bool(b.backward_prior))
+                                     max_examples=int(b.max_examples), prior=bool(b.backward_prior),
+                                     weights=weights)
 
-            bisr_b_guess, bisr_b_plain = backward(attacked), backward(control)
-            attackers.append("bisr_b")
+            sources = [str(w) for w in b.backward_weights]
+            if "step" in sources:
+                bisr_b_guess, bisr_b_plain = backward(attacked), backward(control)
+                attackers.append("bisr_b")
+            if "round_start" in sources:
+                starts = [attacked.round_start(e.step) for e in view.select(channel=GRAD_UP)]
+                if None in starts:
+                    round_start_skipped = ("the round-start weights of a recorded step are not in the view "
+                                           "(splitft.record.steps_per_round < splitft.local_steps, or no "
+                                           "local_steps in its meta)")
+                else:
+                    bisr_b_rs_guess = backward(attacked, "round_start")
+                    bisr_b_rs_plain = backward(control, "round_start")
+                    attackers.append("bisr_b_round_start")
+                    if not bisr_b_guess:
+                        bisr_b_guess, bisr_b_plain = bisr_b_rs_guess, bisr_b_rs_plain
             # BiSR's chain: the forward stage starts from the backward stage's labels where it has them
             prior = [*label_guess, *bisr_b_guess]
             prior_plain = [*label_plain, *bisr_b_plain]
@@ -110,9 +127,18 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         "gate_margin_pp": margin, "positive_margin_pp": positive,
     }
     metrics["label_top1_floor"] = top1_floor(labels(label_guess))
-    if bisr_b_guess:
+    # PrivPair's burst crossings (public D_align, every step of every recorded burst): recorded, but no
+    # attacker here reads them yet (an adaptive inverter of W1 would); said rather than implied
+    metrics["align_crossings_recorded"] = sum(e.channel in (ALIGN_UP, ALIGN_DOWN) for e in view.exposures)
+    metrics["align_crossings_read"] = 0
+    if "bisr_b" in attackers:
         metrics.update(assess("bisr_b", labels(bisr_b_guess), [g for *_, g in bisr_b_guess], labels(bisr_b_plain),
                               [g for *_, g in bisr_b_plain], margin, positive))
+    if "bisr_b_round_start" in attackers:
+        metrics.update(assess("bisr_b_round_start", labels(bisr_b_rs_guess), [g for *_, g in bisr_b_rs_guess],
+                              labels(bisr_b_rs_plain), [g for *_, g in bisr_b_rs_plain], margin, positive))
+    elif round_start_skipped:
+        metrics["bisr_b_round_start_skipped"] = round_start_skipped
     if bisr_guess:
         metrics.update(assess("bisr", inputs(bisr_guess), [g for *_, g in bisr_guess], inputs(bisr_plain),
                               [g for *_, g in bisr_plain], margin, positive))
@@ -141,7 +167,8 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     metrics["verdict"] = controls.worst([metrics[f"{a}_verdict"] for a in attackers])
     metrics["strongest_attacker"] = strongest
     rows = [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
-            for name, guesses in (("label", label_guess), ("bisr_b", bisr_b_guess))
+            for name, guesses in (("label", label_guess), ("bisr_b", bisr_b_guess),
+                                  ("bisr_b_round_start", bisr_b_rs_guess))
             for (s, r, g), t in zip(guesses, labels(guesses))]
     rows += [{"attacker": name, "step": s, "row": r, "guess_ids": g, "truth_ids": t}
              for name, guesses in (("eia", eia_guess), ("bisr", bisr_guess), ("inverter", inv_guess))

@@ -39,6 +39,18 @@ class ServerCopy:
             self._at = step
         return self.part
 
+    def round_start(self, step: int) -> int | None:
+        """The recorded step whose weights are the global A and C its round started from (FedAvg's output,
+        which every client loads before its local step 0; harness/splitft/client.step_id numbers a client's
+        steps of one round consecutively from a multiple of local_steps), or None where that step is not
+        in the view (`splitft.record.steps_per_round` < `local_steps`, or a view saved before its meta
+        held `local_steps`)."""
+        local_steps = self.view.meta["splitft"].get("local_steps")
+        if local_steps is None:
+            return None
+        first = step - step % int(local_steps)
+        return first if first in self.weights else None
+
     @property
     def vocab_embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

@@ -24,6 +24,7 @@ W2_KINDS = ("learned", "identity")
 COUPLINGS = ("relative", "absolute")
 BISR_INITS = ("label", "sip", "random", "mean")       # attacks/splitft/bisr.py
 BISR_WEIGHTS = ("client", "pretrained")
+BISR_B_WEIGHTS = ("step", "round_start")  # attacks/splitft/bisr_backward.py: the step's C, or the round's global C
 INVERTER_MODES = ("projection", "body", "full")  # attacks/inversion.py MODES, LAYOUTS, HEADS (torch-free copy)
 INVERTER_LAYOUTS = ("prefix", "aligned")
 INVERTER_HEADS = ("lm", "evidence")
@@ -134,6 +135,7 @@ class SplitFtBisrConfig:
     backward_beta: float = MISSING          # the gradient distance: β·L2² + (1 − β)·L1
     backward_temperature: float = MISSING   # the soft labels start at softmax(f_C(s'_B) / temperature)
     backward_prior: bool = MISSING          # under grad_up noise: MAP (likelihood + the decoding's prior)
+    backward_weights: List[str] = MISSING   # BISR_B_WEIGHTS: the C each BiSR(b) reading differentiates
 
 
 @dataclass
@@ -273,6 +275,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         check_at_least("splitft.attack.bisr.max_examples", a.bisr.max_examples, 2)
         check_choice("splitft.attack.bisr.init", a.bisr.init, BISR_INITS)
         check_choice("splitft.attack.bisr.weights", a.bisr.weights, BISR_WEIGHTS)
+        for source in a.bisr.backward_weights:
+            check_choice("splitft.attack.bisr.backward_weights", source, BISR_B_WEIGHTS)
         if a.bisr.init == "sip" and not (a.inverter.enabled and a.inverter.max_examples >= a.bisr.max_examples):
             raise UserError("splitft.attack.bisr.init=sip starts BiSR(f) from the learned inverter's guesses: it needs "
                             "splitft.attack.inverter.enabled=true and inverter.max_examples >= bisr.max_examples")

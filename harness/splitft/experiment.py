@@ -146,6 +146,7 @@ def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> Adversa
                        "train_head": bool(section["train_head"]),
                        "grad_up": grad_guard(section),
                        "optimizer": str(section["optimizer"]), "lr": float(section["lr"]),
+                       "local_steps": int(section["local_steps"]),
                        "weight_layout": list(training.weight_layout),
                        "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}
                                  for e in training.exposures}}

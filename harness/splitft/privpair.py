@@ -134,7 +134,7 @@ class PrivPair(Defence):
         l_w1 = ce_hat - float(self.s.beta) * privacy + self.lam * coupling
         l_w2 = recovery + (ce_hat if self.s.w2_loss == "mse_task" else 0.0)
         return {"l_w1": l_w1, "l_w2": l_w2, "ce_hat": ce_hat, "privacy": privacy, "coupling": coupling,
-                "recovery": recovery, "s_a": s_a, "s_a_obf": s_a_obf}
+                "recovery": recovery, "s_a": s_a, "s_a_obf": s_a_obf, "s_b": s_b, "s_b_obf": s_b_obf}
 
     def burst(self, step: int, part: Any, align: torch.Tensor, generator: torch.Generator,
               record: Any = None) -> dict[str, float] | None:
@@ -148,6 +148,14 @@ class PrivPair(Defence):
             rows = torch.randint(0, align.shape[0], (min(int(self.s.align_batch_size), align.shape[0]),),
                                  generator=generator)
             out = self.losses(part, align[rows])
+            if record is not None:
+                # every crossing of this burst step: s_A and s'_A up, s_B and s'_B down, then W1's gradient
+                # through B (∂L_W1/∂s'_B up, ∂L_W1/∂s'_A down); read off the same graph, so recording
+                # changes no number of the run
+                (g_b,) = torch.autograd.grad(out["l_w1"], out["s_b_obf"], retain_graph=True)
+                # what the server returns: B's backward of g_b alone (W1's other paths stay on the client)
+                (g_a,) = torch.autograd.grad(out["s_b_obf"], out["s_a_obf"], grad_outputs=g_b, retain_graph=True)
+                record.align(out["s_a"], out["s_a_obf"], out["s_b"], out["s_b_obf"], g_b, g_a)
             g1 = torch.autograd.grad(out["l_w1"], list(self.w1.parameters()), retain_graph=not self.identity_w2)
             for p, g in zip(self.w1.parameters(), g1):
                 p.grad = g
@@ -157,8 +165,6 @@ class PrivPair(Defence):
                 for p, g in zip(self.w2.parameters(), g2):
                     p.grad = g
                 opt2.step()
-            if record is not None and i == 0:
-                record.align(out["s_a"], out["s_a_obf"])
         # only the last step's numbers are reported: one read-back per burst (a device sync each on a GPU)
         return {k: float(v.detach()) for k, v in out.items() if v.dim() == 0}
 

@@ -28,8 +28,11 @@ from harness.splitft.privpair import sq_norm, token_ce
 # Channels of the adversary view (harness/adversary_view.py Exposure.channel); the server sees them all.
 SMASHED_UP, SMASHED_DOWN = "smashed_up", "smashed_down"
 GRAD_UP, GRAD_DOWN = "grad_up", "grad_down"
-CLIENT_WEIGHTS, ALIGN_UP = "client_weights", "align_up"
-CHANNELS = (SMASHED_UP, SMASHED_DOWN, GRAD_UP, GRAD_DOWN, CLIENT_WEIGHTS, ALIGN_UP)
+CLIENT_WEIGHTS, ALIGN_UP, ALIGN_DOWN = "client_weights", "align_up", "align_down"
+CHANNELS = (SMASHED_UP, SMASHED_DOWN, GRAD_UP, GRAD_DOWN, CLIENT_WEIGHTS, ALIGN_UP, ALIGN_DOWN)
+# what crosses in one step of PrivPair's burst on D_align (harness/splitft/privpair.py PrivPair.burst), in order
+ALIGN_OPS = ((ALIGN_UP, "s_a_public"), (ALIGN_UP, "s_a_obf_public"), (ALIGN_DOWN, "s_b_public"),
+             (ALIGN_DOWN, "s_b_obf_public"), (ALIGN_UP, "grad_s_b_obf_public"), (ALIGN_DOWN, "grad_s_a_obf_public"))
 
 
 @dataclass
@@ -48,9 +51,11 @@ class Recorder:
                                copy=True)
         self.exposures.append({"channel": channel, "op": op, "layer": layer, "step": self.step, "tensor": t})
 
-    def align(self, s_a: torch.Tensor, s_a_obf: torch.Tensor) -> None:
-        self.add(ALIGN_UP, "s_a_public", None, s_a)
-        self.add(ALIGN_UP, "s_a_obf_public", None, s_a_obf)
+    def align(self, *tensors: torch.Tensor) -> None:
+        """Every crossing of one burst step, in ALIGN_OPS' order."""
+        assert len(tensors) == len(ALIGN_OPS)
+        for (channel, op), t in zip(ALIGN_OPS, tensors):
+            self.add(channel, op, None, t)
 
 
 def split_step(part: Any, defence: Any, ids: torch.Tensor, optimizer: torch.optim.Optimizer, *,

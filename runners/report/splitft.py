@@ -101,14 +101,15 @@ def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
     headers = ["defence", "held-out CE", "perplexity", "held-out top-1 %", "H", "H_A", "label top-1 % (constant-guess floor)",
-               "label token F1 % (ref)", "BiSR(b) label token F1 % (ref)", "EIA token F1 % (ref)",
+               "label token F1 % (ref)", "BiSR(b) label token F1 % (ref)",
+               "BiSR(b) at the round-start C, label token F1 % (ref)", "EIA token F1 % (ref)",
                "BiSR(f) token F1 % (ref)",
                "inverter token F1 % (ref)", "weight-update label set F1 % (ref)", "verdict"]
     rows = []
     for run in group.runs:
         m = run.data.get("metrics") or {}
         attacks = [f"{_ci(m, f'{a}_token_f1')} ({fmt_auto(m.get(f'{a}_reference_token_f1'))})"
-                   if m.get(f"{a}_token_f1") is not None else "—" for a in ("label", "bisr_b", "eia", "bisr", "inverter",
+                   if m.get(f"{a}_token_f1") is not None else "—" for a in ("label", "bisr_b", "bisr_b_round_start", "eia", "bisr", "inverter",
                                                                           "weights_label")]
         rows.append([_label(run), _ci(m, "heldout_ce", 3), fmt_auto(m.get("heldout_ppl")), _ci(m, "heldout_top1"),
                      _g(m.get("H")), _g(m.get("H_A")),
