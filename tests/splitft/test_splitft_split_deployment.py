@@ -143,7 +143,7 @@ def test_the_runner_trains_through_the_split_deployment(tmp_path):
     on the default runtime (B in each ClientApp)."""
     import json
 
-    from .conftest import run_cli_in_process
+    from ..conftest import run_cli_in_process
 
     base = ["experiment=splitft_smoke", "configuration=splitft_none", "splitft.rounds=1"]
     results = {}
