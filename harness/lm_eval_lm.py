@@ -11,6 +11,7 @@ engine built from a configuration); harness/sanitize/tasks.py scores the sanitis
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lm_eval.api.model import LM
@@ -23,10 +24,13 @@ NAME = "splitbench"
 class EngineLM(LM):
     """lm-eval's three request types answered by `engine` (a SplitEngine) with `tokenizer`."""
 
-    def __init__(self, engine: Any, tokenizer: Any, *, batch_size: int = 1, max_length: int | None = None) -> None:
+    def __init__(self, engine: Any, tokenizer: Any, *, batch_size: int = 1, max_length: int | None = None,
+                 view: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.tokenizer = tokenizer
+        # What the model sees of a request's context (a sanitiser: SanitizedContexts); None = the context as is.
+        self.view = view
         self.batch_size = int(batch_size)
         limit = getattr(engine.model.config, "max_position_embeddings", None)
         self.max_length = int(max_length or limit or 2048)
@@ -71,10 +75,17 @@ class EngineLM(LM):
                 out.append((float(picked.sum()), bool((rows.argmax(-1) == target).all())))
         return out
 
+    def _seen(self, context: str) -> str:
+        return context if self.view is None else self.view(context)
+
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self._score([self._pair(*req.args) for req in requests])
+        # The continuation (the answer being scored) is never sanitised: only what the user would send is.
+        return self._score([self._pair(self._seen(req.args[0]), req.args[1]) for req in requests])
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        if self.view is not None:
+            raise UserError(f"{NAME}: loglikelihood_rolling (perplexity tasks) scores the text itself; under a "
+                            "sanitiser there is no context to sanitise, so it is refused")
         out = []
         for req in requests:
             tokens = self._encode(req.args[0])
@@ -92,7 +103,7 @@ class EngineLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kwargs.get("max_gen_toks", 256))
-            ids = self._encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
+            ids = self._encode(self._seen(context))[-(self.max_length - max_new):] or [self.prefix_token_id]
             result = self.engine.generate([ids], max_new, pad_token_id=self.tokenizer.pad_token_id,
                                           eos_token_id=self.tokenizer.eos_token_id, stop_at_eos=True)
             # The engine stops at EOS; the task's stop strings cut the text.
@@ -102,6 +113,25 @@ class EngineLM(LM):
                     text = text.split(stop)[0]
             out.append(text)
         return out
+
+
+class SanitizedContexts:
+    """A request context as a token sanitiser (paper 001) leaves it: tokenised, sanitised as one sequence
+    with `seed`, decoded. Each distinct text is sanitised once and remembered, so every request of a doc
+    (each option of a multiple-choice question) sees one and the same sanitised context, and the result
+    depends on (seed, text) only, not on the order or batching of lm-eval's requests."""
+
+    def __init__(self, sanitize: Callable[[list[list[int]], int], list[list[int]]], tokenizer: Any, seed: int) -> None:
+        self.sanitize, self.tokenizer, self.seed = sanitize, tokenizer, int(seed)
+        self.seen: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        if text not in self.seen:
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            out = self.sanitize([ids], self.seed)[0] if ids else ids
+            self.seen[text] = self.tokenizer.decode(out, skip_special_tokens=False,
+                                                    clean_up_tokenization_spaces=False)
+        return self.seen[text]
 
 
 def plain_lm(model: Any, tokenizer: Any, batch_size: int) -> EngineLM:

@@ -69,8 +69,9 @@ class SplitbenchLM(EngineLM):
     def __init__(self, model: str = "smollm2-135m", configuration: str = "ep1", epsilon: float | None = None,
                  seed: int | None = None, batch_size: int | str = 1, max_length: int | None = None,
                  **ignored: Any) -> None:
+        from harness import configurations
         from harness.models import load_model
-        from runners.common import make_engine
+        from runners.common import make_engine, resolve_baseline
 
         # lm-eval passes device/max_batch_size for every model; the engine decides where things run.
         ignored.pop("device", None)
@@ -78,15 +79,34 @@ class SplitbenchLM(EngineLM):
         if ignored:
             raise UserError(f"{NAME}: unknown model_args {', '.join(sorted(ignored))} (known: model, configuration, "
                             "epsilon, seed, batch_size, max_length)")
+        known = configurations.get(configuration)   # UserError for an unknown name, before any model loads
+        if known.uses_epsilon and epsilon is None:
+            # conf's default ε would silently pick a privacy level; the caller names it.
+            raise UserError(f"{NAME}: configuration={configuration} needs its privacy parameter: add "
+                            f"epsilon=... to model_args")
         overrides = [f"model={model}", f"configuration={configuration}"]
         overrides += [f"epsilon={epsilon}"] if epsilon is not None else []
         overrides += [f"seed={seed}"] if seed is not None else []
         cfg = compose(overrides)
         self.cfg = cfg
         self.loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
-        super().__init__(make_engine(cfg, configuration, self.loaded.model), self.loaded.tokenizer,
+        engine_configuration, view = configuration, None
+        if known.system == configurations.SANITIZE:
+            # A token sanitiser (paper 001) changes what the model sees, not how it computes: each request's
+            # context is sanitised on the client side, then run on the plain engine, as runners/fidelity.py does.
+            from harness.lm_eval_lm import SanitizedContexts
+            from harness.sanitize import sanitizer
+
+            sanitize = sanitizer.build(cfg.sanitize, configuration,
+                                       configurations.effective_epsilon(configuration, cfg.epsilon),
+                                       self.loaded.model, self.loaded.tokenizer)
+            view = SanitizedContexts(sanitize, self.loaded.tokenizer, cfg.seed)
+            engine_configuration = resolve_baseline(cfg.baseline)
+            print(f"{NAME}: {configuration} sanitises each request's whole context (the task's template "
+                  "included); the continuations scored are not sanitised", file=sys.stderr)
+        super().__init__(make_engine(cfg, engine_configuration, self.loaded.model), self.loaded.tokenizer,
                          batch_size=1 if str(batch_size).startswith("auto") else int(batch_size),
-                         max_length=max_length)
+                         max_length=max_length, view=view)
 
 
 def main() -> None:
@@ -94,7 +114,11 @@ def main() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv[0] = "splitbench-lm-eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UserError as exc:
+        print(f"splitbench: error: {str(exc).removeprefix(NAME + ': ')}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
