@@ -1,5 +1,6 @@
 """splitbench as an lm-evaluation-harness model: any lm-eval task scored by a model that runs under a SpliTEE
-configuration (its masks, Slalom's fixed point, the unprotected baselines).
+configuration (its masks, Slalom's fixed point, the unprotected baselines) or sees its requests through a
+token sanitiser (paper 001: stencil, dx_noise, dx_stencil, custext_plus).
 
     import runners.lm_eval_model   # registers "splitbench" in lm_eval's model registry
     lm_eval.simple_evaluate(model="splitbench", model_args="model=smollm2-135m,configuration=ep1,epsilon=1",
@@ -10,7 +11,8 @@ configuration (its masks, Slalom's fixed point, the unprotected baselines).
 lm-eval 0.4 finds models in its own registry only (no entry-point discovery), so the registration happens
 on import of this module; `splitbench-lm-eval` is lm-eval's CLI after that import.
 
-The model and the engine come from splitbench's own config (conf/, composed by Hydra with `model=`,
+The LM itself is harness/lm_eval_lm.EngineLM, the path the sanitisers' task accuracy also takes
+(harness/sanitize/tasks.py, on the plain engine). The model and the engine come from splitbench's own config (conf/, composed by Hydra with `model=`,
 `configuration=`, `epsilon=` and `seed=` as overrides, then validated), so a task sees exactly what a
 fidelity run computes:
 - loglikelihood (multiple-choice and likelihood tasks): one forward pass per request batch through the
@@ -19,10 +21,14 @@ fidelity run computes:
   generation_kwargs are not honoured), cut at the task's stop strings;
 - loglikelihood_rolling (perplexity tasks): the whole text in one window, refused past the context length.
 
-Which other systems fit: the token sanitisers change what the model sees, not how it computes, and are
-scored by harness/sanitize/tasks.py on sanitised task files; the collab defences change the decoding
-distribution of two models at once, which lm-eval's single-model requests cannot express. Neither is
-served here.
+Which other systems fit: the token sanitisers change what the model sees, not how it computes: each
+request's context is sanitised on the client side (seeded by `seed`, once per distinct text, so every option
+of a multiple-choice doc sees one sanitised context) and run on the plain engine (cpu/gpu, `baseline`).
+lm-eval hands the model rendered requests, not the task's fields, so the whole context is sanitised, the
+template's words included, and a stderr line says so; the continuations scored are left as they are, and
+perplexity tasks are refused. The paper's per-field reading (user fields only, the template re-rendered) is
+harness/sanitize/tasks.py's, for the four tasks it knows. The collab defences change the decoding
+distribution of two models at once, which lm-eval's single-model requests cannot express: not served.
 """
 from __future__ import annotations
 
