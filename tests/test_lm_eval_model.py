@@ -1,7 +1,9 @@
 """splitbench as an lm-eval model (runners/lm_eval_model.py): lm-eval's registry resolves it, and a local task
 file runs under a SpliTEE configuration. Under `cpu` (no masks) its scores are HFLM's on the same weights;
 under ep1 the scores go through the masked boundary, and differ from cpu's by floating-point error only (the
-TEE removes the masks again: SpliTEE's fidelity)."""
+TEE removes the masks again: SpliTEE's fidelity). Under a sanitiser the contexts the model sees change, and
+the identity mechanism scores what the plain engine scores; bad configurations end splitbench-lm-eval in one
+line, exit 2."""
 from __future__ import annotations
 
 import json
