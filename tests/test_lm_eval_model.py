@@ -1,7 +1,9 @@
 """splitbench as an lm-eval model (runners/lm_eval_model.py): lm-eval's registry resolves it, and a local task
 file runs under a SpliTEE configuration. Under `cpu` (no masks) its scores are HFLM's on the same weights;
 under ep1 the scores go through the masked boundary, and differ from cpu's by floating-point error only (the
-TEE removes the masks again: SpliTEE's fidelity)."""
+TEE removes the masks again: SpliTEE's fidelity). Under a sanitiser the contexts the model sees change, and
+the identity mechanism scores what the plain engine scores; bad configurations end splitbench-lm-eval in one
+line, exit 2."""
 from __future__ import annotations
 
 import json
@@ -86,3 +88,55 @@ def test_a_bad_model_arg_is_one_user_error() -> None:
         lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=cpu,temperature=1")
     with pytest.raises(UserError, match="configuration"):
         lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=nope")
+
+
+def _contexts(res: dict, task: str) -> list[str]:
+    return [r["arguments"][0][0] for r in sorted(res["samples"][task], key=lambda r: r["doc_id"])]
+
+
+def test_a_sanitiser_changes_what_the_model_sees_and_its_identity_does_not(tmp_path: Path) -> None:
+    """dχ-noise at η = 0.01 (near-uniform over the vocabulary) sanitises each context once per text: every
+    option of a doc is scored after one sanitised context, and the scores move away from the plain run's. The
+    same sanitiser switched to the identity mechanism scores exactly what the plain engine scores."""
+    plain = _evaluate(lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=cpu"), tmp_path)
+    lm = lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=dx_noise,epsilon=0.01,seed=3")
+    assert lm.engine.settings.configuration in ("cpu", "gpu")      # the plain engine: the sanitiser is client-side
+    noisy = _evaluate(lm, tmp_path)
+    # lm-eval logs the template's context; what the model saw is the view of it, the same for every option.
+    seen = {text: lm.view(text) for text in _contexts(noisy, "sb_choice")}
+    assert all(seen[t] != t for t in seen)
+    assert lm.view.seen == {**lm.view.seen, **seen} and len(lm.view.seen) == len(DOCS)   # one per context text
+    scores = [[c[0][0] for c in x] for x in _responses(noisy, "sb_choice")]
+    base = [[c[0][0] for c in x] for x in _responses(plain, "sb_choice")]
+    assert max(abs(a - b) for x, y in zip(scores, base) for a, b in zip(x, y)) > 1e-3
+    # Deterministic per (seed, text): a fresh model with the same seed sanitises the same way.
+    again = lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=dx_noise,epsilon=0.01,seed=3")
+    assert {t: again.view(t) for t in seen} == seen
+
+    from harness.lm_eval_lm import SanitizedContexts
+    from harness.sanitize.mechanisms import IDENTITY
+
+    lm.view = SanitizedContexts(lm.view.sanitize.with_mechanism(IDENTITY), lm.tokenizer, 3)
+    same = _evaluate(lm, tmp_path)
+    for task in ("sb_choice", "sb_generate"):
+        assert _responses(same, task) == _responses(plain, task)
+
+
+def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "task.yaml").write_text(json.dumps(_tasks(tmp_path)[0]))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for args, message in ((f"{MODEL},configuration=nope", "nope"),
+                          (f"{MODEL},configuration=custext_plus", "needs its privacy parameter")):
+        proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "--model", "splitbench", "--model_args",
+                               args, "--include_path", str(tmp_path), "--tasks", "sb_choice",
+                               "--output_path", str(tmp_path / "out")],
+                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env,
+                              timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("splitbench: error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """Task accuracy of a sanitiser (paper 001 §4.2): lm-evaluation-harness, zero-shot, with lm-eval's own task
 templates, over local files whose input fields were sanitised (labels and answer letters untouched); the
-model is unchanged.
+model is unchanged and runs on the plain engine through harness/lm_eval_lm.py, the path the `splitbench`
+lm-eval model takes (runners/lm_eval_model.py).
 
 Tasks and what is sanitised: sst2 (sentence), qnli (question, sentence), mmlu (question and each choice),
 commonsense_qa (question and each choice text; the stand-in for SWAG, which cannot be had offline). Each
@@ -202,11 +203,13 @@ def accuracy(model: Any, tokenizer: Any, docs_by_task: dict[str, list[dict[str, 
              ) -> dict[str, Scored]:
     """Per task, lm-eval's per-example `acc` and gold target, zero-shot."""
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    # HFLM runs a model instance where it lies (its `device`); naming it keeps lm-eval's record truthful.
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    from harness.lm_eval_lm import plain_lm
+
+    # The one path by which splitbench scores lm-eval tasks (the `splitbench` lm-eval model's), on the plain
+    # engine where the model lies: the sanitiser changed the docs, not the model.
+    lm = plain_lm(model, tokenizer, batch_size)
     with tempfile.TemporaryDirectory(prefix="splitbench-lmeval-") as tmp:
         configs = []
         for name, docs in docs_by_task.items():
