@@ -85,6 +85,22 @@ def paired_table(first: list[bool], second: list[bool]) -> tuple[int, int, int, 
     return a, b, c, len(first) - a - b - c
 
 
+def rate_record(hits: Sequence[bool], name: str) -> dict[str, float]:
+    """results.json keys of a rate pooled over positions: `name` (%) and its Wilson 95% interval."""
+    k, n = sum(bool(h) for h in hits), len(hits)
+    lo, hi = wilson(k, n)
+    return {name: 100.0 * k / n, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi}
+
+
+def paired_difference_record(first: Sequence[bool], second: Sequence[bool], name: str) -> dict[str, float]:
+    """results.json keys of first − second (pp) on the same positions: Newcombe's paired 95% interval, the
+    exact McNemar p and the discordant counts."""
+    a, b, c, d = paired_table(list(first), list(second))
+    theta, lo, hi = newcombe_paired(a, b, c, d)
+    return {name: 100.0 * theta, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi,
+            f"{name}_mcnemar_p": mcnemar_exact(b, c), f"{name}_first_only": b, f"{name}_second_only": c}
+
+
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     """The exact (Clopper–Pearson 1934) two-sided interval of k/n: the Beta quantiles
     lo = B(α/2; k, n−k+1) (0 when k = 0), hi = B(1−α/2; k+1, n−k) (1 when k = n). It covers at least 1 − α

@@ -67,6 +67,7 @@ from attacks.splitft.label import constant_guesses, top1_floor
 from harness.grad_audit.trainer import CLOUD_OUTPUT, RETURNED_GRADIENT, TopologySettings, block_ce
 from harness.grad_audit.transforms import frame_clip, mitigate
 from harness.splitft.partition import Partition
+from metrics.proportions import paired_difference_record, rate_record
 
 
 @dataclass(frozen=True)
@@ -199,20 +200,13 @@ def _flat_hits(labels: list[list[int]], guesses: list[list[int]]) -> list[bool]:
 
 def top1(labels: list[list[int]], guesses: list[list[int]], name: str) -> dict[str, float]:
     """`name` top-1 (%) pooled over positions and its Wilson 95% interval."""
-    from metrics.proportions import wilson
-
-    hits = _flat_hits(labels, guesses)
-    lo, hi = wilson(sum(hits), len(hits))
-    return {name: 100.0 * sum(hits) / len(hits), f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi}
+    return rate_record(_flat_hits(labels, guesses), name)
 
 
 def difference(labels: list[list[int]], first: list[list[int]], second: list[list[int]],
                name: str) -> dict[str, float]:
     """top-1(first) − top-1(second) (pp) on the same positions, with Newcombe's paired 95% interval."""
-    from metrics.proportions import newcombe_paired, paired_table
-
-    theta, lo, hi = newcombe_paired(*paired_table(_flat_hits(labels, first), _flat_hits(labels, second)))
-    return {name: 100.0 * theta, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi}
+    return paired_difference_record(_flat_hits(labels, first), _flat_hits(labels, second), name)
 
 
 def summarise(seeds: list[SeedBisr], margin_pp: float, positive_margin_pp: float) -> dict[str, Any]:

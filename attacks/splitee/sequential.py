@@ -569,25 +569,6 @@ def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
     return [h for row in hits for h in row]
 
 
-def _top1(hits: Sequence[bool], name: str) -> dict[str, float]:
-    """Top-1 (%) pooled over positions with its Wilson 95% interval."""
-    from metrics.proportions import wilson
-
-    k, n = sum(hits), len(hits)
-    lo, hi = wilson(k, n)
-    return {name: 100.0 * k / n, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi}
-
-
-def _difference(first: Sequence[bool], second: Sequence[bool], name: str) -> dict[str, float]:
-    """first − second (pp) on the same positions, Newcombe's paired 95% interval and the exact McNemar p."""
-    from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
-
-    a, b, c, d = paired_table(list(first), list(second))
-    theta, lo, hi = newcombe_paired(a, b, c, d)
-    return {name: 100.0 * theta, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi,
-            f"{name}_mcnemar_p": mcnemar_exact(b, c), f"{name}_first_only": b, f"{name}_second_only": c}
-
-
 def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     """results.json `metrics` of one sequential attack: each scorer's top-1 (Wilson interval over
     positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor, the paired
@@ -595,13 +576,14 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     attacker's verdict and reason (attacks/controls.py sequential_verdict), the worst of them, and the cost."""
     from attacks import controls
     from metrics.privacy import corpus_token_prf
+    from metrics.proportions import paired_difference_record, rate_record
 
     m: dict = {"n_positions": outcome.n_positions, "n_prompts_attacked": sum(1 for p in outcome.positions if p)}
     prior = _flat(outcome.prior_hits)
-    m.update(_top1(prior, "prior_top1"))
+    m.update(rate_record(prior, "prior_top1"))
     for name, result in outcome.scorers.items():
         prefix = PREFIX[name]
-        m.update(_top1(_flat(result.hits), f"{prefix}_top1"))
+        m.update(rate_record(_flat(result.hits), f"{prefix}_top1"))
         keep = [i for i, t in enumerate(outcome.truth) if t]
         f1 = corpus_token_prf([outcome.truth[i] for i in keep], [result.guesses[i] for i in keep]).f1
         m.update(f1.flat(f"{prefix}_token_f1"))
@@ -610,16 +592,16 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     teacher = settings.mode == "teacher_forced"
     judged = []
     if MAP in outcome.scorers:
-        m.update(_difference(_flat(outcome.scorers[MAP].hits), prior, "map_minus_prior"))
+        m.update(paired_difference_record(_flat(outcome.scorers[MAP].hits), prior, "map_minus_prior"))
         v, why = controls.sequential_verdict(m["map_minus_prior_ci_lo"], m["map_minus_prior_ci_hi"], margin_pp,
                                              teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
                                              min_recall=settings.min_pruning_recall, reference="the prior alone")
         m["verdict_map"], m["verdict_map_reason"] = v, why
         judged.append((v, f"MAP: {why}"))
         if f"{MAP}_null" in outcome.scorers:   # calibration: MAP on another prompt's view against the prior
-            m.update(_difference(_flat(outcome.scorers[f"{MAP}_null"].hits), prior, "map_null_minus_prior"))
+            m.update(paired_difference_record(_flat(outcome.scorers[f"{MAP}_null"].hits), prior, "map_null_minus_prior"))
     if f"{LIKELIHOOD}_null" in outcome.scorers:
-        m.update(_difference(_flat(outcome.scorers[LIKELIHOOD].hits),
+        m.update(paired_difference_record(_flat(outcome.scorers[LIKELIHOOD].hits),
                              _flat(outcome.scorers[f"{LIKELIHOOD}_null"].hits), "likelihood_minus_null"))
         v, why = controls.sequential_verdict(m["likelihood_minus_null_ci_lo"], m["likelihood_minus_null_ci_hi"],
                                              margin_pp, teacher_forced=teacher,

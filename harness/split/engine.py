@@ -397,7 +397,7 @@ class SplitEngine:
         """Next-token log-probabilities at every position of each sequence, from one forward pass run as the
         prefill of `generate` runs it (the same masks, Slalom arithmetic and boundary): row i's tensor is
         [len_i, vocab] float32 on the CPU, position t scoring token t+1. What a likelihood-scored task reads
-        (runners/lm_eval_model.py); `epsilon_lengths` as in `generate`."""
+        (harness/lm_eval_lm.py, the splitbench lm-eval model); `epsilon_lengths` as in `generate`."""
         if not sequences or any(len(s) == 0 for s in sequences):
             raise UserError("every sequence must have at least one token")
         limit = getattr(self.model.config, "max_position_embeddings", None)
