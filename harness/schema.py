@@ -613,16 +613,51 @@ def _check_engine(engine: DictConfig) -> None:
     check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
 
 
-def semantic_config(cfg: DictConfig, keys: Sequence[str], **replace: Any) -> dict[str, Any]:
-    """The resolved config's `keys` (an allow-list: the keys the run reads, runners/identity.py), with
-    `replace` applied: what the config hash of a run is computed over (runners normalise ε, keep the part
-    of a section they read). A key the run does not read, a section added later included, never enters."""
+def semantic_config(cfg: DictConfig, keys: Sequence[str], *, ignore: Sequence[str] = (),
+                    unhashed: Sequence[tuple[str, Any]] = (), **replace: Any) -> dict[str, Any]:
+    """The resolved config's `keys` (an allow-list: the keys the run reads, runners/identity.py; top-level or
+    dotted, `engine.sigma_scale` keeping that part of `engine` only) less the `ignore` parts and the
+    `unhashed` (path, value) pairs at their value, with `replace` applied: what the config hash of a run is
+    computed over (runners normalise ε). A key the run does not read, a section added later included, never
+    enters."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
-    out = {k: resolved[k] for k in keys}
+    out: dict[str, Any] = {}
+    for key in keys:
+        *parents, leaf = key.split(".")
+        source: Any = resolved
+        for part in parents:
+            source = source[part]
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = source[leaf]
+    for key in ignore:
+        _pop_path(out, key)
+    for key, value in unhashed:
+        if _get_path(out, key) == value:
+            _pop_path(out, key)
     out.update(replace)
     _drop_placements(out, set(RUNNER_PLACEMENTS.get(str(resolved.get("runner")), ())))
     return out
+
+
+def _get_path(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _pop_path(tree: dict[str, Any], key: str) -> None:
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
 
 
 def _drop_placements(semantic: dict[str, Any], read: set[str]) -> None:

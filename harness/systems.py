@@ -20,6 +20,7 @@ conf/NAME/, conf/experiment/NAME*.yaml, docs/NAME.md, tests/NAME/) and one entry
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # Where the whole model (or, for split configurations, everything but the offloaded ops) runs.
 HOST_CPU, ACCELERATOR, TEE = "host_cpu", "accelerator", "tee"
@@ -66,11 +67,23 @@ class Configuration:
 
 @dataclass(frozen=True)
 class Runner:
-    """A runner (`cfg.runner`): its module (the contract in runners/registry.py) and the top-level config keys
-    it reads, its run's identity (runners/identity.py: only these enter its config hash and directory name)."""
+    """A runner (`cfg.runner`): its module (the contract in runners/registry.py) and the config keys it reads,
+    its run's identity (runners/identity.py: only these enter its config hash and its directory's name).
+
+    A key is a top-level key (`engine`: all of it) or a dotted path (`engine.sigma_scale`: that part only);
+    `ignores` takes parts back out of what `reads` names, `reads_only_for` does so for the configurations it
+    does not list, and `unhashed` leaves a key out of the hash at one value."""
     name: str
     module: str
     reads: tuple[str, ...]
+    # Parts of what it reads that it never reads (the attack runner reads `attack` but not its sequential
+    # attacker's `attack.sequential`).
+    ignores: tuple[str, ...] = ()
+    # (path, configurations): a part it reads only when it runs one of those configurations.
+    reads_only_for: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # (path, value): at that value the key stays out of the config hash: what every run computed before the
+    # key existed, so those finished runs keep their hash. Any other value goes in.
+    unhashed: tuple[tuple[str, Any], ...] = ()
     # The other systems whose configurations it runs besides its own (fidelity runs the sanitisers too).
     also_runs: tuple[str, ...] = ()
     # The placement nodes it reads (harness/placement.py); SpliTEE's runners read none (the engine places its parts).
@@ -116,11 +129,15 @@ SYSTEMS: tuple[System, ...] = (
             # timing times the configurations of its own section, not the `configuration` group
             Runner("timing", "runners.timing", ("runner", "seed", "model", "epsilon", "workload", "generation",
                                                 "engine", "epn_n", "mask_seeds", "timing")),
+            # of the engine, only what sizes its σ: the offloaded ops, the sensitivity rule and σ's scale
             Runner("fp_error", "runners.fp_error", ("runner", "seed", "model", "configuration", "epsilon",
-                                                    "workload", "engine", "epn_n", "mask_seeds", "fp_error")),
+                                                    "workload", "engine.offload", "engine.sensitivity_rule",
+                                                    "engine.sigma_scale", "epn_n", "mask_seeds", "fp_error")),
             Runner("controlled_error", "runners.controlled_error", (*_SPLITEE_READS, "controlled_error")),
-            Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack")),
-            Runner("sequential_attack", "runners.sequential_attack", (*_SPLITEE_READS, "attack")),
+            # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
+            Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack"), ignores=("attack.sequential",)),
+            Runner("sequential_attack", "runners.sequential_attack",
+                   (*_SPLITEE_READS, "attack.sequential", "attack.controls")),
             # restore: the source attack run fixed the configuration, workload and generation
             Runner("restore", "runners.restore", ("runner", "seed", "model", "semantic_model", "restore")),
         ),
@@ -173,8 +190,10 @@ SYSTEMS: tuple[System, ...] = (
                           parameter_unit="weight of the dCor loss (no DP claim)", system=SPLITFT),
         ),
         runners=(
+            # `splitft.runtime: simulation` is what every run computed before the key existed; the split
+            # deployment (other processes, the same numbers to float tolerance) enters the hash
             Runner("splitft", "runners.splitft", ("runner", "seed", "model", "configuration", "epsilon", "splitft"),
-                   placements=("splitft.placement",)),
+                   unhashed=(("splitft.runtime", "simulation"),), placements=("splitft.placement",)),
         ),
         report_sections=("runners.report.splitft",),
         smoke=("splitft_smoke",),
@@ -224,7 +243,9 @@ SYSTEMS: tuple[System, ...] = (
         ),
         runners=(
             # its seeds are grad_audit.seeds
+            # the mitigation's settings only where it runs
             Runner("grad_audit", "runners.grad_audit", ("runner", "model", "configuration", "epsilon", "grad_audit"),
+                   reads_only_for=(("grad_audit.mitigation", ("decoy_mitigated",)),),
                    placements=("grad_audit.placement",)),
         ),
         report_sections=("runners.report.grad_audit",),
@@ -236,15 +257,17 @@ SYSTEMS: tuple[System, ...] = (
 # What runs across systems, declared like a system with no configurations: its runner runs every system's
 # configurations and reads every section it names whatever the configuration (runners/identity.py).
 CROSS_SYSTEM: tuple[System, ...] = (
-    # every system's verdict calibrated against nulls (issue 31; attacks/calibration.py): its own section
-    # and each system's margins
+    # every system's verdict calibrated against nulls (issue 31; attacks/calibration.py): its own section,
+    # each system's margins, the sequential attacker's recall threshold and the engine's σ settings
     System(
         name="calibration", section="calibration",
         schema="harness.calibration_config:CalibrationConfig",
         configurations=(),
         runners=(
-            Runner("calibration", "runners.calibration", ("runner", "model", "calibration", "collab", "sanitize",
-                                                          "splitft", "grad_audit", "attack", "engine"),
+            Runner("calibration", "runners.calibration",
+                   ("runner", "model", "calibration", "collab.controls", "sanitize.attack", "splitft.attack",
+                    "grad_audit.gates", "attack.controls", "attack.sequential.min_pruning_recall",
+                    "engine.sigma_scale", "engine.sensitivity_rule"),
                    also_runs=tuple(s.name for s in SYSTEMS)),
         ),
         report_sections=("runners.report.calibration",),

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, schema
+from harness import configurations
 from harness.errors import UserError
 from harness.results import RunContext
 from harness.splitee import accounting
@@ -43,12 +43,10 @@ describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """What changes an attack result: the keys the attack runner reads (runners/registry.py READS) less the
-    sequential attacker's subsection (runner sequential_attack reads it); ε normalised (only ep1 uses it)."""
-    out = schema.semantic_config(cfg, identity.keys(cfg),
-                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
-    out["attack"].pop("sequential", None)
-    return out
+    """What changes an attack result: the keys the attack runner reads (runners/registry.py READS, less the
+    sequential attacker's subsection, which runner sequential_attack reads); ε normalised (only ep1 uses it)."""
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+                                                                                  cfg.epsilon))
 
 
 def _plain(node: Any) -> Any:

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from harness import schema
 from harness.results import RunContext
 from runners import common, identity
 
-# What the runner reads besides its own section: each system's verdict margins.
-_MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",),
-            "attack": ("controls",)}
-# SpliTEE's entry also reads the engine's σ settings and the sequential attacker's recall threshold.
-_ENGINE = ("sigma_scale", "sensitivity_rule")
+# The systems' sections whose margins it reads (runners/registry.py READS names the parts): in its hash they
+# sit under `system_margins`, the layout its finished runs were hashed in.
+_MARGINS = ("collab", "sanitize", "splitft", "grad_audit", "attack")
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -31,15 +28,14 @@ def describe_skip(cfg: DictConfig) -> str | None:
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """Its own section, the model (the collab entry's cloud and every entry's tokenizer) and the margins it
-    reads from each system's section (runners/registry.py READS names the sections whole, for the run
-    directory; the hash keeps only their margins)."""
-    margins = {sys: {part: OmegaConf.to_container(cfg[sys][part], resolve=True) for part in parts}
-               for sys, parts in _MARGINS.items()}
-    margins["attack"]["sequential_min_pruning_recall"] = float(cfg.attack.sequential.min_pruning_recall)
-    own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS and k != "engine")
-    return schema.semantic_config(cfg, own, system_margins=margins,
-                                  engine={k: OmegaConf.to_container(cfg.engine, resolve=True)[k] for k in _ENGINE})
+    """Its own section, the model (the collab entry's cloud and every entry's tokenizer), the margins it reads
+    from each system's section, the sequential attacker's recall threshold and the engine's σ settings
+    (runners/registry.py READS), the margins grouped as its finished runs' hashes have them."""
+    out = identity.semantic_config(cfg)
+    margins = {sys: out.pop(sys) for sys in _MARGINS}
+    margins["attack"]["sequential_min_pruning_recall"] = float(
+        margins["attack"].pop("sequential")["min_pruning_recall"])
+    return {**out, "system_margins": margins}
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import common, identity
 
@@ -32,7 +32,7 @@ describe_skip = common.epsilon_ignored_note
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What changes a collab result: not the SpliTEE sections or the workload; the parameter normalised."""
-    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=parameter(cfg))
+    return identity.semantic_config(cfg, epsilon=parameter(cfg))
 
 
 def parameter(cfg: DictConfig) -> float | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import identity
 from runners.common import (
@@ -38,8 +38,7 @@ from runners.common import (
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the baseline (T3 is the reference), with ε normalised (where it is used)."""
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, provenance, schema
+from harness import configurations, provenance
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.splitee import accounting
 from metrics.replicates import pool as replicates_pool
@@ -52,8 +52,7 @@ NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What it reads (runners/registry.py READS: the `sanitize` section only for a sanitiser configuration),
     with ε normalised: configurations that ignore it record None."""
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note

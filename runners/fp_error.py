@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import identity
 from runners.common import (
@@ -46,11 +46,8 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What the study depends on: model, workload, configuration, ε (where it is used), seed, the offloaded
     ops, the sensitivity rule, σ's scale and fp_error; generation settings, baseline and the similarity
     model play no part."""
-    full = OmegaConf.to_container(cfg.engine, resolve=True)
-    engine = {k: full[k] for k in ("offload", "sensitivity_rule", "sigma_scale")}
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon),
-                                  engine=engine)
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+                                                                                  cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note

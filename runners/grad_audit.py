@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import common, identity
 
@@ -30,11 +30,9 @@ EXPERIMENT = "grad_audit"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """The audit's config hash: without what it ignores; the mitigation's settings only where it runs."""
-    section = OmegaConf.to_container(cfg.grad_audit, resolve=True)
-    if cfg.configuration.name != "decoy_mitigated":
-        section.pop("mitigation")
-    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=None, grad_audit=section)
+    """The audit's config hash: without what it ignores; the mitigation's settings only where it runs
+    (harness/systems.py: the runner's `reads_only_for`)."""
+    return identity.semantic_config(cfg, epsilon=None)
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """A run's identity: the config keys its hash covers and the overrides its directory is named by.
 
-Both are an allow-list, the keys its runner reads (runners/registry.py READS), with a system's own section
-(sanitize, splitft, collab, grad_audit) counted only where the run's configuration belongs to that system.
-A parameter the run never reads (another system's section, or a section added later) moves neither: the
-config hash leaves it out (`keys`, which every runner's semantic_config passes to
-harness.schema.semantic_config) and so does the directory name (the `sb.run_overrides` resolver of
-conf/hydra/default.yaml); runners/run.py says so in one line on stderr (`unread_overrides`).
+Both come from one allow-list, what its runner declares it reads (harness/systems.py Runner: READS, IGNORES,
+READS_ONLY_FOR, UNHASHED in runners/registry.py), with a system's own section (sanitize, splitft, collab,
+grad_audit) counted only where the run's configuration belongs to that system. A key is a top-level key or
+a dotted path (`engine.sigma_scale`). A parameter the run never reads (another system's section, a part of
+a section it does not read, or a section added later) moves neither: the config hash leaves it out
+(`semantic_config`, which every runner's semantic_config calls) and so does the directory name (the
+`sb.run_overrides` resolver of conf/hydra/default.yaml); runners/run.py says so in one line on stderr
+(`unread_overrides`).
 
 Importing this module registers the resolver (runners/run.py imports it before Hydra names a directory).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -20,34 +23,67 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
-from runners.registry import CROSS_SYSTEM, READS
+from runners.registry import CROSS_SYSTEM, IGNORES, READS, READS_ONLY_FOR, UNHASHED
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What one run reads: `reads` (top-level keys or dotted paths) less `ignores`; `unhashed` (path, value)
+    pairs stay out of its hash at that value."""
+    reads: tuple[str, ...]
+    ignores: tuple[str, ...]
+    unhashed: tuple[tuple[str, Any], ...]
+
+    def covers(self, path: str) -> bool:
+        """Whether writing `path` (an override's dotted key) can change what the run reads: it meets a read
+        key (lies under it, or holds one) and lies under no ignored part."""
+        return (any(_under(path, r) or _under(r, path) for r in self.reads)
+                and not any(_under(path, i) for i in self.ignores))
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent + ".")
+
+
+def semantic_config(cfg: DictConfig, **replace: Any) -> dict[str, Any]:
+    """What the run's config hash covers: the keys it reads (harness.schema.semantic_config), `replace`
+    applied (runners normalise ε)."""
+    found = of(cfg)
+    return schema.semantic_config(cfg, found.reads, ignore=found.ignores, unhashed=found.unhashed, **replace)
 
 
 def keys(cfg: DictConfig) -> tuple[str, ...]:
-    """The top-level config keys the run's config hash covers."""
-    found = identity_keys(str(cfg.runner), str(cfg.configuration.name))
+    """The config keys (top-level or dotted) the run's config hash covers, before its ignored parts."""
+    return of(cfg).reads
+
+
+def of(cfg: DictConfig) -> Identity:
+    found = identity_of(str(cfg.runner), str(cfg.configuration.name))
     assert found is not None, f"runner {cfg.runner!r} has no entry in runners.registry.READS"
     return found
 
 
-def identity_keys(runner: str, configuration: str) -> tuple[str, ...] | None:
-    """What `runner` reads when it runs `configuration`: its READS, a system's section only for a
-    configuration of that system. None for a runner or configuration validate will refuse (nothing is left
-    out of the directory name then; the job stops at validation)."""
+def identity_of(runner: str, configuration: str) -> Identity | None:
+    """What `runner` reads when it runs `configuration`: its READS (a system's section only for a
+    configuration of that system) less its IGNORES and the parts READS_ONLY_FOR keeps for other
+    configurations. None for a runner or configuration validate will refuse (nothing is left out of the
+    directory name then; the job stops at validation)."""
     entry = configurations.REGISTRY.get(configuration)
     if runner not in READS or entry is None:
         return None
-    if runner in CROSS_SYSTEM:
-        return READS[runner]
-    # a section another system owns drops out (harness/systems.py: which entry declares each section)
-    return tuple(k for k in READS[runner] if schema.SECTION_SYSTEMS.get(k, entry.system) == entry.system)
+    reads = READS[runner]
+    if runner not in CROSS_SYSTEM:
+        # a section another system owns drops out (harness/systems.py: which entry declares each section)
+        reads = tuple(k for k in reads if schema.SECTION_SYSTEMS.get(k.split(".")[0], entry.system) == entry.system)
+    ignores = IGNORES[runner] + tuple(p for p, only in READS_ONLY_FOR[runner].items() if configuration not in only)
+    return Identity(reads, ignores, UNHASHED[runner])
 
 
-def _top_key(override: Override) -> str:
-    """The top-level config key an override writes: `collab` for collab.alpha=0.5, `attack` for
+def _path(override: Override) -> str:
+    """The dotted config key an override writes: `collab.alpha` for collab.alpha=0.5, `attack.decoder` for
     +model@attack.decoder=NAME (a group placed under a package), `workload` for workload=dolly."""
     target = override.package if override.package and not override.package.startswith("_") else override.key_or_group
-    return re.split(r"[./]", target, maxsplit=1)[0]
+    return re.sub(r"/", ".", target)
 
 
 def unread_overrides(overrides: Sequence[Any], exclude_keys: Sequence[Any], runner: str,
@@ -60,13 +96,13 @@ def unread_overrides(overrides: Sequence[Any], exclude_keys: Sequence[Any], runn
 def _named(overrides: Iterable[Any], exclude_keys: Iterable[Any], runner: str,
            configuration: str) -> tuple[list[str], list[str]]:
     """The overrides that name the run directory and those left out as not read (labels are neither)."""
-    reads = identity_keys(runner, configuration)
+    found = identity_of(runner, configuration)
     exclude = {str(k) for k in exclude_keys}
     named, unread = [], []
     for o in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
         if o.key_or_group in exclude:
             continue
-        (named if reads is None or _top_key(o) in reads else unread).append(o.input_line)
+        (named if found is None or found.covers(_path(o)) else unread).append(o.input_line)
     return named, unread
 
 

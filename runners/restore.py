@@ -25,7 +25,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attacks.splitee.restored import HEADLINE
-from harness import schema
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
 from runners import common, identity
@@ -43,7 +42,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
             source_hash = recorded.get("config_hash") if isinstance(recorded, dict) else None  # else: read_source
         except (OSError, ValueError):
             source_hash = None
-    return schema.semantic_config(cfg, identity.keys(cfg), source_config_hash=source_hash)
+    return identity.semantic_config(cfg, source_config_hash=source_hash)
 
 
 def describe_skip(cfg: DictConfig) -> str | None:

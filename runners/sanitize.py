@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations, schema
+from harness import configurations
 from harness.errors import UserError
 from harness.results import RunContext
 from harness.sanitize.config import point_label
@@ -37,8 +37,7 @@ _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbour
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
-    return schema.semantic_config(cfg, identity.keys(cfg),
-                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import common, identity
 
@@ -28,10 +28,8 @@ describe_skip = common.epsilon_ignored_note
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The keys this runner reads (runners/registry.py READS), of `attack` only its sequential and controls
     subsections: the learned attack's options never move it; ε normalised."""
-    out = schema.semantic_config(cfg, identity.keys(cfg),
-                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
-    out["attack"] = {k: out["attack"][k] for k in ("sequential", "controls")}
-    return out
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+                                                                                  cfg.epsilon))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from harness.splitft.config import grad_guard, variant_label  # torch-free
 from runners import common, identity
@@ -35,13 +35,9 @@ describe_skip = common.epsilon_ignored_note
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it).
-    `splitft.runtime: simulation` is what every run computed before the key existed, so it stays out and those
-    runs keep their hash; the split deployment (other processes, the same numbers to float tolerance) goes in."""
-    out = schema.semantic_config(cfg, identity.keys(cfg),
-                                 epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
-    if isinstance(out.get("splitft"), dict) and out["splitft"].get("runtime") == "simulation":
-        del out["splitft"]["runtime"]
-    return out
+    `splitft.runtime: simulation` stays out (harness/systems.py: the runner's `unhashed`)."""
+    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+                                                                                  cfg.epsilon))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations, schema
+from harness import configurations
 from harness.results import RunContext
 from runners import identity
 from runners.common import BatchedGeneration, Inputs, finish, load_inputs, make_engine, overridden, results_header
@@ -45,7 +45,7 @@ def _epsilon(cfg: DictConfig) -> float | None:
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The `configuration` group, baseline and semantic model play no part; ε only through the timed
     configurations that use it."""
-    return schema.semantic_config(cfg, identity.keys(cfg), epsilon=_epsilon(cfg))
+    return identity.semantic_config(cfg, epsilon=_epsilon(cfg))
 
 
 def describe_skip(cfg: DictConfig) -> str | None:

@@ -266,10 +266,60 @@ def test_identity_is_an_allow_list(hydra_conf):
             grown = OmegaConf.create(OmegaConf.to_container(cfg))  # untyped: it takes a key the schema lacks
             grown.new_system = {"alpha": 0.5, "seeds": [1, 2]}
             grown.new_knob = 3
+            read = {key.split(".")[0] for key in identity.keys(cfg)}
             for section in schema.SYSTEM_SECTIONS:
-                if section not in identity.keys(cfg):
+                if section not in read:
                     grown[section] = {"changed": True}
             assert config_hash(module.semantic_config(grown)) == before, (experiment, extra)
+
+
+# Each probe changes a value that some runner reads and another does not.
+_PROBES = ("attack.sequential.mode=free_running", "attack.layer=1", "attack.controls.gate_margin_pp=2",
+           "attack.sequential.min_pruning_recall=0.5", "engine.bank_bytes=1", "engine.sigma_scale=2",
+           "grad_audit.mitigation.noise_multiplier=0.5", "grad_audit.latent_dim=4")
+
+
+@pytest.mark.parametrize(("experiment", "extra"), [
+    ("attack_smoke", []), ("sequential_attack_smoke", []), ("fp_error_smoke", []), ("calibration_smoke", []),
+    ("grad_audit_smoke", []), ("grad_audit_smoke", ["configuration=decoy_mitigated"])])
+def test_directory_and_hash_take_the_same_keys(hydra_conf, experiment, extra):
+    """A run's directory is named by an override exactly when its config hash moves with it: both come from
+    the keys its runner declares it reads (harness/systems.py Runner: reads, ignores, reads_only_for)."""
+    base = [f"experiment={experiment}", "paths.output_dir=out", *extra]
+
+    def digest(overrides):
+        cfg = compose_config(overrides)
+        return config_hash(RUNNERS_MODULES[cfg.runner].semantic_config(cfg))
+
+    plain_dir, plain_hash = _run_dir(base), digest(base)
+    moved = {probe: (_run_dir([*base, probe]) != plain_dir, digest([*base, probe]) != plain_hash)
+             for probe in _PROBES}
+    assert all(named == hashed for named, hashed in moved.values()), moved
+    assert any(named for named, _ in moved.values()) and not all(named for named, _ in moved.values()), moved
+
+
+def test_declared_identities(hydra_conf):
+    """The parts of a section that each runner reads: the attack runner none of the sequential attacker's
+    `attack.sequential`, the sequential attacker only that and `attack.controls`; fp_error and calibration
+    only the engine's σ settings; the grad audit the mitigation only where it runs."""
+    def semantic(overrides):
+        cfg = compose_config(overrides)
+        return RUNNERS_MODULES[cfg.runner].semantic_config(cfg)
+
+    assert "sequential" not in semantic(["experiment=attack_smoke"])["attack"]
+    assert set(semantic(["experiment=sequential_attack_smoke"])["attack"]) == {"sequential", "controls"}
+    assert set(semantic(["experiment=fp_error_smoke"])["engine"]) == {"offload", "sensitivity_rule", "sigma_scale"}
+    calibration = semantic(["experiment=calibration_smoke"])
+    assert set(calibration["engine"]) == {"sensitivity_rule", "sigma_scale"}
+    assert set(calibration["system_margins"]) == {"collab", "sanitize", "splitft", "grad_audit", "attack"}
+    assert not {"collab", "sanitize", "splitft", "grad_audit", "attack"} & set(calibration)
+    assert "mitigation" not in semantic(["experiment=grad_audit_smoke"])["grad_audit"]
+    assert "mitigation" in semantic(["experiment=grad_audit_smoke", "configuration=decoy_mitigated"])["grad_audit"]
+    labels = compose_config([], hydra_node=True).hydra.job.config.override_dirname.exclude_keys
+    assert identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1",
+                                      "engine.bank_bytes=1"], labels, "sequential_attack", "ep1") == ["attack.layer=1"]
+    assert identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1"], labels, "attack",
+                                     "ep1") == ["attack.sequential.mode=free_running"]
 
 
 def test_semantic_hash(hydra_conf):
