@@ -45,6 +45,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_bars_in_environment, quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
+from runners.common import results_header
 from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
 
@@ -177,14 +178,14 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def _record_failure(run_dir: RunDir, cfg: DictConfig, name: str, digest: str, exc: BaseException) -> None:
+    """results.json of a job that failed: the header every runner writes (runners.common.results_header, of
+    the model and workload the config names; nothing was scored), status failed, the error and its trace."""
+    header = results_header(cfg, str(cfg.runner), generation=False, model=cfg.model.get("name"),
+                            workload=cfg.workload.get("name"))
     run_dir.write_failure({
-        "experiment": cfg.runner,
-        "experiment_name": cfg.experiment_name,
+        **header,
         "configuration": cfg.configuration.name,
         "epsilon": configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon),
-        "model": cfg.model.get("name"),
-        "workload": cfg.workload.get("name"),
-        "n_prompts": None,
         "status": "failed",
         "error": f"{type(exc).__name__}: {_first_line(exc)}",
         "traceback": traceback.format_exception(exc)[-12:],

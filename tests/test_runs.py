@@ -412,3 +412,29 @@ def test_saved_view_says_what_produced_it(tmp_path):
     assert meta == {"system": "splitee", "configuration": "ep1", "privacy_parameter": {"name": "epsilon", "value": 2.0},
                     "seed": 0, "model": "tiny-llama", "workload": "builtin"}
     assert len(view.meta["code_digest"]) == 64
+
+
+def test_a_failure_record_has_every_runners_header(tmp_path, hydra_conf):
+    """runners/run.py `_record_failure`: the header runners.common.results_header writes for every run (of the
+    model and workload the config names, nothing scored), then status failed, the error and its trace."""
+    from harness.results import RunDir
+    from runners.common import results_header
+    from runners.run import _record_failure
+
+    from .conftest import compose_config
+
+    cfg = compose_config(["experiment=smoke", "configuration=slalom"])
+    try:
+        raise RuntimeError("bank exhausted\nsecond line")
+    except RuntimeError as exc:
+        _record_failure(RunDir(tmp_path / "run"), cfg, "smoke/tiny-llama/slalom/eps=na/default", "0" * 64, exc)
+    failed = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert not (tmp_path / "run" / ".done").exists()
+    header = results_header(cfg, "fidelity", generation=False, model="tiny-llama", workload=cfg.workload.name)
+    assert list(failed)[:len(header)] == list(header)
+    assert failed.pop("traceback")[-1].startswith("RuntimeError: bank exhausted")
+    assert failed == {**header, "status": "failed", "configuration": "slalom", "epsilon": None,
+                      "error": "RuntimeError: bank exhausted", "metrics": {}, "tags": ["smoke"],
+                      "config_hash": "0" * 64, "run_dir": "smoke/tiny-llama/slalom/eps=na/default"}
+    assert (failed["experiment"], failed["experiment_name"], failed["model"], failed["n_prompts"]) == (
+        "fidelity", "smoke", "tiny-llama", None)
