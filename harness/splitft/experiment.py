@@ -137,9 +137,12 @@ def metrics(training: Training, accounting: dict[str, Any] | None) -> dict[str, 
 
 
 def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> AdversaryView:
-    """Everything the server received, as the general adversary view (system splitft)."""
+    """Everything the server received, as the general adversary view (system splitft), in step order (then
+    client): the replies arrive in whatever order Flower's clients finish, and the attacks read the view in
+    its order, so the view is sorted to be the same on every run. A step's own exposures keep their order."""
+    received = sorted(training.exposures, key=lambda e: (int(e["step"]), int(e["client"])))
     exposures = [Exposure(op=e["op"], layer=e["layer"], step=int(e["step"]), shape=tuple(e["tensor"].shape),
-                          tensor=e["tensor"], channel=e["channel"]) for e in training.exposures]
+                          tensor=e["tensor"], channel=e["channel"]) for e in received]
     meta = adversary_view.view_meta(cfg, system=configurations.SPLITFT,
                                     epsilon=cfg.epsilon)
     meta["splitft"] = {"k": int(section["k"]), "m": int(section["m"]), "lora": section["lora"],
@@ -149,7 +152,7 @@ def build_view(cfg: Any, training: Training, section: dict[str, Any]) -> Adversa
                        "local_steps": int(section["local_steps"]),
                        "weight_layout": list(training.weight_layout),
                        "steps": {int(e["step"]): {"client": e["client"], "round": e["round"]}
-                                 for e in training.exposures}}
+                                 for e in received}}
     return AdversaryView(exposures, meta)
 
 

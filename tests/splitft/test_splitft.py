@@ -402,6 +402,40 @@ def test_a_cut_past_the_models_depth_is_a_user_error():
         Partition(_model(), 1, 9)
 
 
+def test_the_adversary_view_does_not_depend_on_the_order_replies_arrive_in(hydra_conf):
+    """Flower hands the server its clients' replies in the order they finish; the view (what the attacks read,
+    in its order) is the same whichever client answered first: in step order, each step's exposures in the
+    order its client sent them."""
+    from harness.splitft.client import step_id
+    from harness.splitft.experiment import Training, build_view
+
+    from ..conftest import compose_config
+
+    cfg = compose_config(["experiment=splitft_smoke"])
+    section = OmegaConf.to_container(cfg.splitft, resolve=True)
+    gen = torch.Generator().manual_seed(0)
+    replies = {(rnd, client): [{"op": "cut", "layer": None, "channel": channel, "client": client, "round": rnd,
+                                "step": step_id(rnd, client, local, 2, 2), "tensor": torch.randn(2, 3, generator=gen)}
+                               for local in range(2) for channel in (SMASHED_UP, GRAD_DOWN)]
+               for rnd in (1, 2) for client in (0, 1)}
+
+    def view(order):
+        training = Training(rounds=[], initial_scores={}, final_scores={}, weight_layout=["a"],
+                            exposures=[e for key in order for e in replies[key]])
+        return build_view(cfg, training, section)
+
+    first = view([(1, 0), (1, 1), (2, 0), (2, 1)])
+    steps = [e.step for e in first.exposures]
+    assert steps == sorted(steps) and len(set(steps)) == 8
+    assert [e.channel for e in first.exposures] == [SMASHED_UP, GRAD_DOWN] * 8
+    for order in ([(1, 1), (1, 0), (2, 1), (2, 0)], [(2, 1), (2, 0), (1, 1), (1, 0)]):
+        other = view(order)
+        assert [(e.step, e.channel) for e in other.exposures] == [(e.step, e.channel) for e in first.exposures]
+        assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(other.exposures, first.exposures))
+        assert other.meta == first.meta
+        assert list(other.meta["splitft"]["steps"]) == list(first.meta["splitft"]["steps"])
+
+
 def test_smoke_experiment_through_flower(tmp_path):
     """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
     import faulthandler
