@@ -57,11 +57,12 @@ def main() -> None:
     n_layers = len(model.model.layers)
     keys = [(op, layer) for layer in range(n_layers) for op in sq.OPS]
     ops = ("qkv", "o", "gate_up")
-    views = sq.record_view(model, prompts, configuration="ep1", epsilon=args.epsilon, seed=0, offload=ops,
-                           sigma_scale=1.0, sensitivity_rule="paper", pad_token_id=loaded.tokenizer.pad_token_id,
-                           batch_size=len(prompts))
+    views, table = sq.record_view(model, prompts, configuration="ep1", epsilon=args.epsilon, seed=0, offload=ops,
+                                  sigma_scale=1.0, sensitivity_rule="paper",
+                                  pad_token_id=loaded.tokenizer.pad_token_id, batch_size=len(prompts))
     rows = sq.prompt_rows(views, lengths, len(prompts), keys)
-    sigmas = sq.op_sigmas(model, "ep1", args.epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper")
+    sigmas = sq.op_sigmas(model, "ep1", args.epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper",
+                          table=table)
     starts = [sq.public_prefix_length(loaded.tokenizer, p, workload.chat_template) for p in prompts]
     book = sq.layer0_codebook(model)
     # Warm-up: the first forward passes allocate what every later one reuses; not any schedule's cost.

@@ -54,13 +54,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     lengths, eps_lengths = [len(p) for p in inputs.prompts], inputs.epsilon_lengths(cfg.epn_n)
     engine_kw = dict(sigma_scale=float(cfg.engine.sigma_scale), sensitivity_rule=cfg.engine.sensitivity_rule)
     start = time.perf_counter()
-    views = sq.record_view(model, inputs.prompts, configuration=configuration, epsilon=epsilon, seed=cfg.seed,
-                           offload=list(cfg.engine.offload), pad_token_id=inputs.pad,
-                           batch_size=cfg.generation.batch_size, epsilon_lengths=eps_lengths, **engine_kw)
+    views, table = sq.record_view(model, inputs.prompts, configuration=configuration, epsilon=epsilon,
+                                  seed=cfg.seed, offload=list(cfg.engine.offload), pad_token_id=inputs.pad,
+                                  batch_size=cfg.generation.batch_size, epsilon_lengths=eps_lengths, **engine_kw)
     capture_s = time.perf_counter() - start
     rows = sq.prompt_rows(views, lengths, cfg.generation.batch_size, keys)
     del views
-    sigmas = sq.op_sigmas(model, configuration, epsilon, eps_lengths, keys, **engine_kw)
+    sigmas = sq.op_sigmas(model, configuration, epsilon, eps_lengths, keys, table=table, **engine_kw)
     starts = [sq.public_prefix_length(tokenizer, p, inputs.workload.chat_template) for p in inputs.prompts]
     outcome = sq.run(model, inputs.prompts, rows, sigmas, s, keys, starts,
                      log=lambda msg: print(f"splitbench: {msg}", file=sys.stderr, flush=True))

@@ -62,6 +62,7 @@ from harness import configurations
 from harness.adversary_view import MASKED_INPUT, AdversaryView
 from harness.errors import UserError
 from harness.split.architectures import OP_MEMBERS, decoder_layers
+from harness.split.sensitivity import OpSensitivity, sensitivity_table
 
 OPS = ("qkv", "o", "gate_up")
 MODES = ("teacher_forced", "free_running")
@@ -186,9 +187,10 @@ def public_prefix_length(tokenizer, input_ids: Sequence[int], chat_template: boo
 def record_view(model: nn.Module, prompts: Sequence[Sequence[int]], *, configuration: str, epsilon: float | None,
                 seed: int, offload: Sequence[str], sigma_scale: float, sensitivity_rule: str, pad_token_id: int,
                 batch_size: int, epsilon_lengths: Sequence[int] | None = None, meta: dict | None = None,
-                ) -> list[AdversaryView]:
+                ) -> tuple[list[AdversaryView], list[OpSensitivity]]:
     """The prompts submitted once through the split engine under `configuration` (prefill only, no LM head),
-    one AdversaryView per batch: what the accelerator received."""
+    one AdversaryView per batch: what the accelerator received; and the engine's Δ table (harness.split.
+    sensitivity), which `op_sigmas` takes rather than computing it again."""
     from harness.split.engine import EngineSettings, SplitEngine
 
     settings = EngineSettings(configuration=configuration, epsilon=epsilon, seed=seed, record_view=True,
@@ -202,7 +204,7 @@ def record_view(model: nn.Module, prompts: Sequence[Sequence[int]], *, configura
                         epsilon_lengths=None if epsilon_lengths is None else list(epsilon_lengths[start:start + batch_size]))
         views.append(AdversaryView(list(engine.view.exposures), dict(meta or {})))
         engine.view.exposures.clear()
-    return views
+    return views, engine.table
 
 
 def prompt_rows(views: Sequence[AdversaryView], lengths: Sequence[int], batch_size: int,
@@ -230,15 +232,16 @@ def prompt_rows(views: Sequence[AdversaryView], lengths: Sequence[int], batch_si
 
 
 def op_sigmas(model: nn.Module, configuration: str, epsilon: float | None, epsilon_lengths: Sequence[int],
-              keys: Sequence[Key], *, sigma_scale: float, sensitivity_rule: str) -> list[dict[Key, float]]:
+              keys: Sequence[Key], *, sigma_scale: float, sensitivity_rule: str,
+              table: Sequence[OpSensitivity] | None = None) -> list[dict[Key, float]]:
     """σ of every used exposure for every prompt, as the attacker computes it from public knowledge: Δ of
-    the op from the weights (harness.split.sensitivity) times the configuration's noise factor
-    sigma_scale/ε (harness.configurations.noise_factors), the engine's own product in float32. 1.0 where
-    nothing is masked with noise (t3, sigma_scale = 0): the score becomes exact matching."""
-    from harness.split.sensitivity import sensitivity_table
-
-    ops = tuple(dict.fromkeys(op for op, _ in keys))
-    delta = {(r.op, r.layer): r.delta for r in sensitivity_table(model, ops, sensitivity_rule)}
+    the op from the weights (harness.split.sensitivity; `table` where it is already computed, record_view's
+    under `sensitivity_rule`) times the configuration's noise factor sigma_scale/ε
+    (harness.configurations.noise_factors), the engine's own product in float32. 1.0 where nothing is masked
+    with noise (t3, sigma_scale = 0): the score becomes exact matching."""
+    if table is None:
+        table = sensitivity_table(model, tuple(dict.fromkeys(op for op, _ in keys)), sensitivity_rule)
+    delta = {(r.op, r.layer): r.delta for r in table}
     factors = configurations.noise_factors(configuration, epsilon, list(epsilon_lengths), sigma_scale)
     out = []
     for f in factors:

@@ -46,11 +46,12 @@ def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
     used = sq.check(s, len(model.model.layers), OPS)
     keys = [(op, layer) for layer in used for op in s.ops]
     lengths = [len(p) for p in prompts]
-    views = sq.record_view(model, prompts, configuration=configuration, epsilon=epsilon, seed=seed, offload=OPS,
-                           sigma_scale=1.0, sensitivity_rule="paper", pad_token_id=tiny.tokenizer.pad_token_id,
-                           batch_size=8)
+    views, table = sq.record_view(model, prompts, configuration=configuration, epsilon=epsilon, seed=seed,
+                                  offload=OPS, sigma_scale=1.0, sensitivity_rule="paper",
+                                  pad_token_id=tiny.tokenizer.pad_token_id, batch_size=8)
     rows = sq.prompt_rows(views, lengths, 8, keys)
-    sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper")
+    sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper",
+                          table=table)
     starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
     return sq.run(model, prompts, rows, sigmas, s, keys, starts)
 
@@ -68,6 +69,9 @@ def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
     for op in engine.ops:
         theirs = op.sigma_cache[1].reshape(-1).tolist()
         assert theirs == [ours[r][(op.name, op.layer)] for r in range(len(batch))], op.label
+    # The engine's own Δ table (what record_view hands the runner) gives the same σ as computing it anew.
+    assert sq.op_sigmas(tiny.model, configuration, epsilon, [len(p) for p in batch], keys, sigma_scale=1.0,
+                        sensitivity_rule="paper", table=engine.table) == ours
     if configuration == "epn":
         assert ours[0][("qkv", 0)] != ours[1][("qkv", 0)]
 
