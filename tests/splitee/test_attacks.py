@@ -27,6 +27,9 @@ from metrics.privacy import corpus_token_prf
 
 from ..conftest import CONF, builtin_prompt_ids, run_cli, run_cli_in_process
 
+# Tiny models: one thread is faster than two on a shared machine (no oversubscription).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # The engine's and attack.capture's values of conf/ (config.yaml, experiment/attack.yaml), which the product
 # path always passes to CaptureSpec and Pipeline; layer 0, as experiment=attack's attack.layer.
 _ENGINE = OmegaConf.load(CONF / "config.yaml").engine
@@ -48,15 +51,6 @@ def pipeline_of(**fields) -> Pipeline:
     return Pipeline(**{**ENGINE, "capture_batch_size": int(_CAPTURE.batch_size),
                        "capture_max_new_tokens": int(_CAPTURE.max_new_tokens), "victim_config": None,
                        "decoder_config": None, "workload": None, "eval_epsilon_lengths": None, **fields})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: one thread is faster than two on a shared machine (no oversubscription).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -538,7 +532,7 @@ KEYS = ("chance_floor_token_f1", "attack_gate", "attack_verdict", "bayes_verdict
 def test_attack_smoke_cli(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     # In this process (conftest run_cli_in_process: the console script's entry point, without the start-up
-    # of a new interpreter); the module's one_thread fixture stands for OMP_NUM_THREADS=1.
+    # of a new interpreter); conftest's one_torch_thread stands for OMP_NUM_THREADS=1.
     res = run_cli_in_process(["experiment=attack_smoke"], out, cache)
     assert res.returncode == 0, res.stderr[-3000:]
     run = out / "attack_smoke" / "tiny-llama-tied" / "ep1" / "eps=5" / "default"
