@@ -41,6 +41,8 @@ FORWARD_PAYLOAD, RETURNED_GRADIENT, CLOUD_OUTPUT = "forward_payload", "returned_
 
 @dataclass(frozen=True)
 class TopologySettings:
+    """The trainer's settings (`topology_settings` reads them from the grad_audit section; no defaults here:
+    they live in conf/grad_audit/default.yaml)."""
     cut_after: int
     resume_at: int
     latent_dim: int
@@ -49,9 +51,9 @@ class TopologySettings:
     lr: float
     # (grad_clip, noise_multiplier) of the returned-gradient mitigation; None: the gradient goes back as it is.
     # grad_clip None: the clip is set per frame at `clip_quantile` of the real rows' per-position norms.
-    mitigation: tuple[float | None, float] | None = None
-    init: str = "random"        # random | least_squares (DecoyTrainer.warm_start)
-    clip_quantile: float | None = None
+    mitigation: tuple[float | None, float] | None
+    init: str                   # random | least_squares (DecoyTrainer.warm_start)
+    clip_quantile: float | None
 
 
 def topology_settings(g: Any, configuration: str) -> TopologySettings:

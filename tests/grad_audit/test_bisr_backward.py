@@ -47,7 +47,7 @@ def _run(model, mitigation=None, clip_quantile=None, frames=4, seed=3):
 
 
 def test_the_view_holds_the_cloud_output_only_on_the_frames_asked_for(tiny):
-    st = TopologySettings(1, 2, 8, 1.0, 0.35, 1e-3)
+    st = TopologySettings(1, 2, 8, 1.0, 0.35, 1e-3, None, "random", None)
     trainer = DecoyTrainer(tiny, st, seed=0)
     gen = torch.Generator().manual_seed(0)
     view, truth = AdversaryView(), FrameTruth()

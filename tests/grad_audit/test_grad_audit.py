@@ -21,6 +21,7 @@ from harness.grad_audit.trainer import (
     DecoyTrainer,
     FrameTruth,
     TopologySettings,
+    topology_settings,
 )
 from harness.grad_audit.transforms import (
     assemble_frame,
@@ -36,6 +37,24 @@ from runners.registry import runner_systems
 from ..conftest import CONF, compose_config, run_cli_in_process
 
 # --- transforms -------------------------------------------------------------------------------------
+
+def test_topology_settings_are_the_yamls(hydra_conf):
+    """TopologySettings has no defaults of its own: topology_settings passes every field from the grad_audit
+    section (conf/grad_audit/default.yaml, the experiment's overrides), the mitigation for decoy_mitigated only."""
+    import dataclasses
+
+    for f in dataclasses.fields(TopologySettings):
+        assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.name
+    g = compose_config(["experiment=grad_audit_smoke", "grad_audit.train.init=random"]).grad_audit
+    plain = topology_settings(g, "decoy_trainer")
+    assert plain == TopologySettings(g.cut_after, g.resume_at, g.latent_dim, g.clip, g.noise_ratio, g.train.lr,
+                                     None, "random", None)
+    assert topology_settings(compose_config(["experiment=grad_audit_smoke"]).grad_audit, "decoy_trainer").init == \
+        OmegaConf.load(CONF / "grad_audit" / "default.yaml").train.init
+    mitigated = topology_settings(g, "decoy_mitigated")
+    assert mitigated.mitigation == (g.mitigation.grad_clip, g.mitigation.noise_multiplier)
+    assert mitigated.clip_quantile == g.mitigation.clip_quantile
+
 
 def test_clip_positions_caps_every_vector_and_keeps_short_ones():
     x = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0)) * 4
@@ -177,11 +196,11 @@ def test_forward_payload_is_clipped_per_position(tiny):
 
 def test_resume_past_the_models_layers_is_a_user_error(tiny):
     with pytest.raises(UserError, match="cut points must satisfy 0 < k < m <= 2"):
-        DecoyTrainer(tiny, TopologySettings(1, 5, 8, 1.0, 0.35, 1e-3), seed=0)
+        DecoyTrainer(tiny, TopologySettings(1, 5, 8, 1.0, 0.35, 1e-3, None, "random", None), seed=0)
 
 
 def _reconstruction_error(model, init, ids):
-    trainer = DecoyTrainer(model, TopologySettings(1, 2, 8, 1.0, 0.0, 1e-3, None, init), seed=5)
+    trainer = DecoyTrainer(model, TopologySettings(1, 2, 8, 1.0, 0.0, 1e-3, None, init, None), seed=5)
     if init == "least_squares":
         trainer.warm_start(ids)
     with torch.no_grad():
