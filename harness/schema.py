@@ -274,6 +274,7 @@ class _SharedConfig:
     epsilon: float = MISSING
     epn_n: str = MISSING                     # text | input_ids (EPN_N)
     mask_seeds: Optional[List[int]] = MISSING
+    dp_delta: float = MISSING                # δ of the composed masks' (ε, δ)-DP (harness/splitee/accounting.py)
     baseline: str = MISSING
     generation: GenerationConfig = MISSING
     engine: EngineConfig = MISSING
@@ -339,6 +340,8 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     seeds = None if cfg.mask_seeds is None else list(cfg.mask_seeds)
     if seeds is not None and (not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds)):
         raise UserError(f"mask_seeds must be null or a non-empty list of distinct integers >= 0, got {seeds}")
+    if not 0.0 < cfg.dp_delta < 1.0:
+        raise UserError(f"dp_delta must lie in (0, 1), got {cfg.dp_delta}")
     check_at_least("generation.max_new_tokens", cfg.generation.max_new_tokens, 1)
     check_at_least("generation.batch_size", cfg.generation.batch_size, 1)
     check_choice("baseline", cfg.baseline, BASELINES)

@@ -125,7 +125,9 @@ SYSTEMS: tuple[System, ...] = (
         runners=(
             # fidelity also runs the sanitisers (sanitised prompt, then the plain engine): `sanitize` counts
             # only for their configurations (runners/identity.py)
-            Runner("fidelity", "runners.fidelity", (*_SPLITEE_READS, "baseline", "sanitize"), also_runs=(SANITIZE,)),
+            # dp_delta: 1e-5 is what every run converted with before the key existed (unhashed)
+            Runner("fidelity", "runners.fidelity", (*_SPLITEE_READS, "baseline", "sanitize", "dp_delta"),
+                   also_runs=(SANITIZE,), unhashed=(("dp_delta", 1e-5),)),
             # timing times the configurations of its own section, not the `configuration` group
             Runner("timing", "runners.timing", ("runner", "seed", "model", "epsilon", "workload", "generation",
                                                 "engine", "epn_n", "mask_seeds", "timing")),
@@ -135,7 +137,8 @@ SYSTEMS: tuple[System, ...] = (
                                                     "engine.sigma_scale", "epn_n", "mask_seeds", "fp_error")),
             Runner("controlled_error", "runners.controlled_error", (*_SPLITEE_READS, "controlled_error")),
             # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
-            Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack"), ignores=("attack.sequential",)),
+            Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack", "dp_delta"), ignores=("attack.sequential",),
+                   unhashed=(("dp_delta", 1e-5),)),
             Runner("sequential_attack", "runners.sequential_attack",
                    (*_SPLITEE_READS, "attack.sequential", "attack.controls")),
             # restore: the source attack run fixed the configuration, workload and generation

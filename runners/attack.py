@@ -91,7 +91,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     n_layers, offload = len(victim.model.model.layers), list(cfg.engine.offload)
     sigma_scale = float(cfg.engine.sigma_scale)
     acc = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts], n_layers,
-                                     cfg.generation.max_new_tokens, tuple(offload), sigma_scale,
+                                     cfg.generation.max_new_tokens, tuple(offload), sigma_scale, float(cfg.dp_delta),
                                      epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
     metrics, per_mask_seed = replicates.metrics(acc)
     results = {

@@ -78,7 +78,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     # a property of the configuration and the prompts, the same under every mask seed.
     privacy = accounting.privacy_summary(configuration, epsilon, [len(p) for p in inputs.prompts],
                                          len(inputs.loaded.model.model.layers), cfg.generation.max_new_tokens,
-                                         tuple(cfg.engine.offload), cfg.engine.sigma_scale, epsilon_lengths=n_eps)
+                                         tuple(cfg.engine.offload), cfg.engine.sigma_scale, float(cfg.dp_delta),
+                                         epsilon_lengths=n_eps)
     per_seed = [_metrics(inputs, r[3].summary(), r[1], base, privacy) for r in replicates]
     notes = [note for note, applies in ((NO_CUDA_BASELINE, baseline == "cpu" and cfg.baseline == "auto"),
                                         (NO_CUDA_DEVICE, test_engine.get("accelerator_is_cpu_fallback"))) if applies]

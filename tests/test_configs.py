@@ -165,6 +165,7 @@ def test_schema_rejects_at_composition(hydra_conf, override, error):
     ("mask_seeds=[]", "mask_seeds must be null or a non-empty list"),
     ("mask_seeds=[1,1]", "mask_seeds must be null or a non-empty list of distinct integers"),
     ("mask_seeds=[-1]", "mask_seeds must be null or a non-empty list"),
+    ("dp_delta=0", "dp_delta must lie in"),
     ("logger=wandb", None),
     ("logger.mode=sometimes", "logger.mode='sometimes'"),
     ("configuration.name=nope", "configuration.name='nope' is not one of cpu, gpu, tdx, t3, ep1, epn, slalom"),
@@ -320,6 +321,23 @@ def test_declared_identities(hydra_conf):
                                       "engine.bank_bytes=1"], labels, "sequential_attack", "ep1") == ["attack.layer=1"]
     assert identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1"], labels, "attack",
                                      "ep1") == ["attack.sequential.mode=free_running"]
+
+
+def test_dp_delta_moves_only_the_runs_that_convert_with_it(hydra_conf):
+    """dp_delta (conf/config.yaml, the δ of harness/splitee/accounting.py privacy_summary) is read by fidelity
+    and attack only: at 1e-5, what every run converted with before the key existed, it stays out of their hash
+    (harness/systems.py `unhashed`); another δ moves their hash and directory, and no other runner's."""
+    for experiment in ("smoke", "attack_smoke", "sequential_attack_smoke", "fp_error_smoke"):
+        base = [f"experiment={experiment}", "paths.output_dir=out"]
+        cfg = compose_config(base)
+        module = RUNNERS_MODULES[cfg.runner]
+        plain = module.semantic_config(cfg)
+        assert "dp_delta" not in plain
+        other = module.semantic_config(compose_config([*base, "dp_delta=1e-3"]))
+        reads = cfg.runner in ("fidelity", "attack")
+        assert (config_hash(other) != config_hash(plain)) == reads, experiment
+        assert (_run_dir([*base, "dp_delta=1e-3"]) != _run_dir(base)) == reads, experiment
+        assert other.get("dp_delta") == (1e-3 if reads else None)
 
 
 def test_semantic_hash(hydra_conf):

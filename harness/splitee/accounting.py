@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from harness import configurations
 
 LAYER_OPS = ("qkv", "o", "gate_up")
-DEFAULT_DELTA = 1e-5
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,7 @@ class ExposureCount:
         return self.prefill + self.decode
 
 
-def exposure_count(n: int, i: int, n_layers: int, max_new_tokens: int,
-                   offload: Iterable[str] = ("qkv", "o", "gate_up", "lm_head")) -> ExposureCount:
+def exposure_count(n: int, i: int, n_layers: int, max_new_tokens: int, offload: Iterable[str]) -> ExposureCount:
     """Count the exposures that token i of an n-token prompt can change (module docstring formula)."""
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"need 0 <= i < n, got n={n}, i={i}")
@@ -81,7 +79,7 @@ def composed_mu(epsilons: Iterable[float]) -> float:
     return math.sqrt(math.fsum(e * e for e in epsilons))
 
 
-def dp_epsilon(mu: float, delta: float = DEFAULT_DELTA) -> float:
+def dp_epsilon(mu: float, delta: float) -> float:
     """The smallest ε such that μ-GDP implies (ε, δ)-DP, via dp_accounting's exact Gaussian conversion.
 
     μ-GDP is exactly the Gaussian mechanism with sensitivity 1 and noise standard deviation 1/μ (Dong et
@@ -101,8 +99,7 @@ def dp_epsilon(mu: float, delta: float = DEFAULT_DELTA) -> float:
 
 
 def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: Sequence[int], n_layers: int,
-                    max_new_tokens: int, offload: Iterable[str] = ("qkv", "o", "gate_up", "lm_head"),
-                    sigma_scale: float = 1.0, delta: float = DEFAULT_DELTA,
+                    max_new_tokens: int, offload: Iterable[str], sigma_scale: float, delta: float,
                     epsilon_lengths: Sequence[int] | None = None) -> dict:
     """Flat results.json metrics for one run: the worst case over the run's prompts and token positions.
 
@@ -112,7 +109,7 @@ def privacy_summary(configuration: str, epsilon: float | None, prompt_lengths: S
       gdp_exposures_composed K at i = 0 for the longest prompt: exposures one token can influence
       gdp_mu_composed        μ of the composed mechanism, max over prompts: ε·√K(n)
       dp_epsilon_composed    the ε of (ε, dp_delta)-DP implied by gdp_mu_composed (dp-accounting)
-      dp_delta               δ used for the conversion (1e-5 by default)
+      dp_delta               δ used for the conversion (the config's dp_delta)
     """
     offload = tuple(offload)
     lengths = [int(n) for n in prompt_lengths]

@@ -16,22 +16,25 @@ from scipy.stats import norm
 from harness.splitee import accounting
 from harness.splitee.accounting import composed_mu, dp_epsilon, exposure_count, privacy_summary
 
+EVERY_OP = ("qkv", "o", "gate_up", "lm_head")   # every op offloaded: the hand computations below
+DELTA = 1e-5
+
 
 def test_exposure_count_hand_computed():
     # n = 3 tokens, L = 2 layers, N = 2 new tokens (one decode step), every op offloaded.
     # Token 0: prefill QKV L0 1 + QKV L1 3 + O 2x3 + Gate/Up 2x3 + LM head 1 = 17; the decode step: 2x3 + 1 = 7.
-    c = exposure_count(3, 0, 2, 2)
+    c = exposure_count(3, 0, 2, 2, EVERY_OP)
     assert (c.qkv, c.o, c.gate_up, c.lm_head, c.prefill, c.decode, c.total) == (6, 8, 8, 2, 17, 7, 24)
     # Token 2 (the last): QKV L0 1 + QKV L1 1 + O 2 + Gate/Up 2 + LM head 1 = 7, decode 7.
-    c = exposure_count(3, 2, 2, 2)
+    c = exposure_count(3, 2, 2, 2, EVERY_OP)
     assert (c.prefill, c.decode, c.total) == (7, 7, 14)
     # Only QKV and the LM head offloaded: 1 + 3 + 1 = 5 in the prefill, 2 + 1 = 3 per decode step.
-    c = exposure_count(3, 0, 2, 2, offload=("qkv", "lm_head"))
+    c = exposure_count(3, 0, 2, 2, ("qkv", "lm_head"))
     assert (c.prefill, c.decode, c.o, c.gate_up) == (5, 3, 0, 0)
     # One new token: no decode pass at all.
-    assert exposure_count(3, 0, 2, 1).decode == 0
+    assert exposure_count(3, 0, 2, 1, EVERY_OP).decode == 0
     with pytest.raises(ValueError):
-        exposure_count(3, 3, 2, 2)
+        exposure_count(3, 3, 2, 2, EVERY_OP)
 
 
 def _rows_differ(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -62,7 +65,7 @@ def test_exposure_count_matches_the_engine(position):
         else:
             decode += changed
             decode_l0_qkv += changed if (e.op, e.layer) == ("qkv", 0) else 0
-    count = exposure_count(n, position, n_layers, new)
+    count = exposure_count(n, position, n_layers, new, EVERY_OP)
     assert prefill == count.prefill
     steps = new - 1
     assert decode - decode_l0_qkv == count.decode - steps   # everything but layer-0 QKV changes
@@ -71,26 +74,26 @@ def test_exposure_count_matches_the_engine(position):
 
 def test_composition_and_summary():
     assert composed_mu([3.0, 4.0]) == pytest.approx(5.0)
-    k = exposure_count(3, 0, 2, 2).total                   # 24
-    s = privacy_summary("ep1", 0.5, [3, 2], 2, 2)
+    k = exposure_count(3, 0, 2, 2, EVERY_OP).total                   # 24
+    s = privacy_summary("ep1", 0.5, [3, 2], 2, 2, EVERY_OP, 1.0, DELTA)
     assert s["gdp_exposures_composed"] == k and s["epsilon_nominal"] == 0.5
     assert s["gdp_mu_composed"] == pytest.approx(0.5 * math.sqrt(k))
     assert s["dp_epsilon_composed"] == pytest.approx(_analytic_gaussian_epsilon(0.5 * math.sqrt(k), 1e-5), rel=1e-7)
-    # The run's δ reaches the conversion (not the default 1e-5).
-    s = privacy_summary("ep1", 0.5, [3, 2], 2, 2, delta=1e-3)
+    # The run's δ reaches the conversion.
+    s = privacy_summary("ep1", 0.5, [3, 2], 2, 2, EVERY_OP, 1.0, 1e-3)
     assert s["dp_delta"] == 1e-3
     assert s["dp_epsilon_composed"] == pytest.approx(_analytic_gaussian_epsilon(0.5 * math.sqrt(k), 1e-3), rel=1e-7)
     # EPN: ε = 1/√n per prompt, so μ = √(K(n)/n); the worst prompt is reported.
-    s = privacy_summary("epn", None, [3, 2], 2, 2)
-    worst = max(math.sqrt(exposure_count(n, 0, 2, 2).total / n) for n in (3, 2))
+    s = privacy_summary("epn", None, [3, 2], 2, 2, EVERY_OP, 1.0, DELTA)
+    worst = max(math.sqrt(exposure_count(n, 0, 2, 2, EVERY_OP).total / n) for n in (3, 2))
     assert s["gdp_mu_composed"] == pytest.approx(worst)
     assert s["epsilon_nominal"] == pytest.approx(1 / math.sqrt(2))
     # sigma_scale multiplies σ, so it divides ε.
-    assert privacy_summary("ep1", 1.0, [3], 2, 2, sigma_scale=2.0)["epsilon_nominal"] == 0.5
+    assert privacy_summary("ep1", 1.0, [3], 2, 2, EVERY_OP, 2.0, DELTA)["epsilon_nominal"] == 0.5
     for conf in ("t3", "slalom", "cpu"):
-        s = privacy_summary(conf, None, [3], 2, 2)
+        s = privacy_summary(conf, None, [3], 2, 2, EVERY_OP, 1.0, DELTA)
         assert s["epsilon_nominal"] is None and s["gdp_mu_composed"] is None and s["dp_epsilon_composed"] is None
-    assert set(privacy_summary("ep1", 1.0, [3], 2, 2)) == set(accounting.METRIC_DEFINITIONS)
+    assert set(privacy_summary("ep1", 1.0, [3], 2, 2, EVERY_OP, 1.0, DELTA)) == set(accounting.METRIC_DEFINITIONS)
 
 
 def _gdp_delta(eps: float, mu: float) -> float:
@@ -145,8 +148,8 @@ def test_dp_conversion_known_value_and_edges():
     # 1-GDP (the Gaussian mechanism with σ = sensitivity) at δ = 1e-5: ε = 4.3772 (Balle & Wang 2018's
     # analytic calibration; the same number as dp_accounting's get_epsilon_gaussian(1, 1e-5)).
     assert dp_epsilon(1.0, 1e-5) == pytest.approx(4.3772, abs=1e-3)
-    assert dp_epsilon(0.0) == 0.0
-    assert dp_epsilon(math.inf) == math.inf
-    assert dp_epsilon(2.0) > dp_epsilon(1.0) > dp_epsilon(0.5)
+    assert dp_epsilon(0.0, DELTA) == 0.0
+    assert dp_epsilon(math.inf, DELTA) == math.inf
+    assert dp_epsilon(2.0, DELTA) > dp_epsilon(1.0, DELTA) > dp_epsilon(0.5, DELTA)
     with pytest.raises(ValueError):
         dp_epsilon(1.0, 0.0)
