@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
 
 from harness.splitft.client import MAX_SENDS, Recipe, load_recipe, trainer_for
 
@@ -35,16 +39,6 @@ VIEW, VIEW_META = "view", "view-meta"
 
 def client_app(recipe: Recipe | None = None) -> Any:
     """The ClientApp; without a recipe it reads one from the run config's `recipe` path (deployment)."""
-    from flwr.app import (
-        ArrayRecord,
-        ConfigRecord,
-        Context,
-        Message,
-        MetricRecord,
-        RecordDict,
-    )
-    from flwr.clientapp import ClientApp
-
     app = ClientApp()
 
     @app.train()
@@ -88,8 +82,6 @@ class Sink:
 
 
 def _recording_fedavg(sink: Sink, n_clients: int) -> Any:
-    from flwr.serverapp.strategy import FedAvg
-
     class RecordingFedAvg(FedAvg):
         """FedAvg that first takes what the server saw (`view`) out of each reply."""
 
@@ -119,9 +111,6 @@ def server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch.Tenso
                evaluate: Any = None) -> Any:
     """The ServerApp: FedAvg over A and C for `rounds` rounds, evaluating the global model with
     `evaluate(state) -> dict` (server side: the server holds the complete model) after each."""
-    from flwr.app import ArrayRecord, Context, MetricRecord
-    from flwr.serverapp import Grid, ServerApp
-
     app = ServerApp()
 
     @app.main()
@@ -201,7 +190,7 @@ class _NoDeprecationNotice(logging.Filter):
 
 def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = None) -> Sink:
     """N clients on Flower's Simulation Runtime (Ray backend) on this machine."""
-    from flwr.simulation import run_simulation
+    from flwr.simulation import run_simulation  # imports Ray (seconds): only where a simulation runs
 
     quiet_flower()
     sink = Sink()

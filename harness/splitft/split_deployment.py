@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
 
 from harness.errors import UserError
 from harness.splitft import trainable
@@ -255,8 +258,6 @@ def _session_path(context: Any) -> Path:
 
 
 def _save_session(context: Any, session: dict[str, Any]) -> None:
-    from flwr.app import ConfigRecord
-
     from harness.results import atomic_torch_save
 
     path = _session_path(context)
@@ -271,16 +272,6 @@ def _load_session(context: Any) -> dict[str, Any]:
 
 def split_client_app(recipe: Recipe | None = None) -> Any:
     """The ClientApp of the split deployment; without a recipe it reads the run config's `recipe` path."""
-    from flwr.app import (
-        ArrayRecord,
-        ConfigRecord,
-        Context,
-        Message,
-        MetricRecord,
-        RecordDict,
-    )
-    from flwr.clientapp import ClientApp
-
     app = ClientApp()
 
     def setup(context: Context) -> tuple[Recipe, SplitClient, int]:
@@ -351,9 +342,6 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                      evaluate: Any = None) -> Any:
     """The ServerApp: B, the message rounds of every step, FedAvg over A and C after each round, and the
     record of what the server received (`sink.exposures`, the simulation's format)."""
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-    from flwr.serverapp import Grid, ServerApp
-
     app = ServerApp()
 
     @app.main()
@@ -447,7 +435,7 @@ def _wait_for_nodes(grid: Any, n: int) -> list[int]:
 
 def simulate_split(recipe: Recipe, initial: dict[str, torch.Tensor] | None = None, evaluate: Any = None) -> Sink:
     """The split deployment's apps on Flower's Simulation Runtime (Ray backend), N virtual SuperNodes."""
-    from flwr.simulation import run_simulation
+    from flwr.simulation import run_simulation  # imports Ray (seconds): only where a simulation runs
 
     quiet_flower()
     sink = Sink()
