@@ -27,10 +27,14 @@ describe_skip = common.epsilon_ignored_note
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The keys this runner reads (runners/registry.py READS), of `attack` only its sequential and controls
-    subsections: the learned attack's options never move it; ε normalised."""
+    subsections: the learned attack's options never move it; ε normalised; map_reference only where it is not
+    `prior` (the runs from before it keep their hash)."""
     out = schema.semantic_config(cfg, identity.keys(cfg),
                                  epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
     out["attack"] = {k: out["attack"][k] for k in ("sequential", "controls")}
+    # map_reference=prior is what every run computed before the key existed: left out, those runs keep their hash
+    if out["attack"]["sequential"].get("map_reference") == "prior":
+        out["attack"]["sequential"] = {k: v for k, v in out["attack"]["sequential"].items() if k != "map_reference"}
     return out
 
 
@@ -88,10 +92,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 def summary(results: dict[str, Any]) -> str:
     m, s = results["metrics"], results["sequential"]
-    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"layers {s['layers_used']}",
+    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"MAP against {s.get('map_reference', 'prior')}",
+                               f"layers {s['layers_used']}",
                                f"{m['n_positions']} positions")
     names = [k for k in ("sequential_top1", "sequential_map_top1", "prior_top1", "sequential_null_top1",
-                         "sequential_map_null_top1", "map_minus_prior", "likelihood_minus_null",
+                         "sequential_map_null_top1", "map_minus_prior", "map_null_minus_prior", "map_minus_null",
+                         "likelihood_minus_null",
                          "sequential_token_f1", "sequential_map_token_f1") if k in m]
     lines = [head, *common.metric_lines(m, names, width=28),
              f"  pruning recall per stage: {s['pruning_recall']}",
