@@ -22,7 +22,7 @@ from runners import common, identity
 # What the runner reads besides its own section: each system's verdict margins.
 _MARGINS = {"collab": ("controls",), "sanitize": ("attack",), "splitft": ("attack",), "grad_audit": ("gates",),
             "attack": ("controls",)}
-# SpliTEE's entry also reads the engine's σ settings and the sequential attacker's recall threshold.
+# SpliTEE's entry also reads the engine's σ settings and the sequential attacker's recall threshold and MAP reference.
 _ENGINE = ("sigma_scale", "sensitivity_rule")
 
 
@@ -37,6 +37,8 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     margins = {sys: {part: OmegaConf.to_container(cfg[sys][part], resolve=True) for part in parts}
                for sys, parts in _MARGINS.items()}
     margins["attack"]["sequential_min_pruning_recall"] = float(cfg.attack.sequential.min_pruning_recall)
+    if cfg.attack.sequential.map_reference != "prior":   # prior: what runs before the key computed, their hash kept
+        margins["attack"]["sequential_map_reference"] = str(cfg.attack.sequential.map_reference)
     own = tuple(k for k in identity.keys(cfg) if k not in _MARGINS and k != "engine")
     return schema.semantic_config(cfg, own, system_margins=margins,
                                   engine={k: OmegaConf.to_container(cfg.engine, resolve=True)[k] for k in _ENGINE})
@@ -67,10 +69,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
-        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own, against the prior floor
+        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own (and against the other reference)
             metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
             metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
             metrics[f"{name}_{attacker}_certify_rate"] = a["certify_rate"]["rate"]
+            if "null_statistic_mean_pp" in a:
+                metrics[f"{name}_{attacker}_null_statistic_mean_pp"] = a["null_statistic_mean_pp"]
     results = {
         **common.results_header(cfg, "calibration", model=loaded, workload="calibration:null-and-dosed-trials",
                                 n_prompts=int(c.trials), generation=False),
@@ -91,9 +95,11 @@ DEFINITIONS = {
                                               "at the null trials' spread (metrics/equivalence.py), or, where the "
                                               "verdict's interval is not a t interval (splitee), the 80th percentile "
                                               "of the null trials' interval reach (certifiable_margin_method)",
-    "systems.splitee.by_attacker": "MAP (against the prior-only floor) and the likelihood attacker (against "
-                                   "itself on a null view) each on the same null trials; metrics "
-                                   "splitee_map_false_leak_rate is MAP's",
+    "systems.splitee.by_attacker": "MAP (against its reference, attack.sequential.map_reference: the prior-only "
+                                   "floor or MAP on a null view) and the likelihood attacker (against itself on a "
+                                   "null view) each on the same null trials; metrics splitee_map_false_leak_rate "
+                                   "is MAP's",
+    "systems.<system>.references": "per attacker, what its verdict reads against (splitee)",
     "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
                                    "certify rate >= 80%; measured, not enforced",
     "systems.<system>.sizing": "why n is what it is (metrics/equivalence.py): the unit, n, margin and gate dose; "

@@ -236,12 +236,13 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     exposure at σ = 10⁻³) is recovered, MAP − prior = 100 − prior's hits, and both attackers read leak."""
     data = _splitee_data(prior_hits=0.3)
     entry = calibration.splitee_entry(data, positions=40, margin_pp=1.0, min_recall=0.99, doses_pp=[100.0],
-                                      gate_dose_pp=100.0)
+                                      gate_dose_pp=100.0, map_reference="prior")
     nulls = [entry.null_trial(np.random.default_rng(s)) for s in range(10)]
     assert all(t.verdict != controls.LEAK for t in nulls)
     assert all(abs(t.statistic) <= 5.0 for t in nulls)
     dosed = entry.dosed_trial(100.0, np.random.default_rng(0))
-    assert dosed.verdict == controls.LEAK and dosed.parts == {"map": controls.LEAK, "likelihood": controls.LEAK}
+    assert dosed.verdict == controls.LEAK and dosed.parts == {"map": controls.LEAK, "likelihood": controls.LEAK,
+                                                              "map_against_null_view": controls.LEAK}
     assert 50.0 <= dosed.statistic <= 90.0       # 100 % recovered minus the prior's ~30 %
     r = calibration.calibrate(entry, 10, seed=0, dosed_trials=5)
     assert r["by_attacker"]["map"]["false_leak_rate"]["k"] == 0 and r["power"]["100"]["k"] == 5
@@ -249,6 +250,35 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     # 40 positions cannot certify ±1 pp (even with no discordant pair Newcombe's interval reaches ±3 pp here)
     assert r["certifiable_margin_pp"] > 1.0 and r["certify_rate"]["k"] == 0
     assert r["certifiable_margin_method"].startswith("80th percentile")
+
+
+def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_reads_below():
+    """A null view informative about *another* prompt's token (σ = 1.6 against a unit-normal codebook of 16
+    dimensions, a prior that names the token at 30 % of positions with a lead the likelihood can overturn)
+    pulls MAP off the prior's right answers: MAP − prior sits about 6 pp below 0 on every null, inconclusive,
+    never at chance, whatever n. MAP against MAP on a second null view is centred at 0 (|mean| < 1 pp over 6
+    nulls of 1500 positions), and a 20 pp dose reads leak against either reference."""
+    data = _splitee_data(vocab=60, dim=16, prompts=40, length=51, prior_hits=0.3, seed=1)
+    data.sigma = 1.6
+    by = {ref: calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+                                         gate_dose_pp=20.0, map_reference=ref) for ref in ("prior", "null_view")}
+    nulls = {ref: [e.null_trial(np.random.default_rng(s)) for s in range(6)] for ref, e in by.items()}
+    assert max(t.statistic for t in nulls["prior"]) < -3.0
+    assert all(t.parts["map"] == controls.INCONCLUSIVE for t in nulls["prior"])
+    assert abs(np.mean([t.statistic for t in nulls["null_view"]])) < 1.0
+    assert all(t.parts["map"] != controls.LEAK for t in nulls["null_view"])
+    # the same trial (same generator) reads both references: each entry reports the other's as a part
+    for a, b in zip(nulls["prior"], nulls["null_view"]):
+        assert a.part_statistics["map_against_null_view"] == b.statistic
+        assert b.part_statistics["map_against_prior"] == a.statistic
+    for entry in by.values():
+        dosed = entry.dosed_trial(20.0, np.random.default_rng(0))
+        assert dosed.parts["map"] == controls.LEAK and 12.0 <= dosed.statistic <= 28.0
+    r = calibration.calibrate(by["null_view"], 4, seed=0, dosed_trials=1)
+    assert r["references"]["map"] == "MAP on a null view"
+    assert set(r["by_attacker"]) == {"map", "likelihood", "map_against_prior"}
+    assert r["by_attacker"]["map_against_prior"]["null_statistic_mean_pp"] < -3.0
+    assert abs(r["by_attacker"]["map"]["null_statistic_mean_pp"]) < 1.5
 
 
 def test_splitee_scores_are_the_sequential_attackers():
