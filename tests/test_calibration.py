@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from scipy import stats
 
 from attacks import calibration, controls
@@ -16,7 +17,7 @@ from metrics.intervals import mean_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import compose_config, run_cli_in_process
+from .conftest import CONF, compose_config, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -160,11 +161,15 @@ def test_calibration_runs_under_its_own_directory(hydra_conf):
     assert str(cfg.hydra.run.dir) == "out/calibration_smoke/tiny-llama/calibration/eps=na/default"
 
 
+# attack.sequential.map_reference in conf/config.yaml: the reference the smoke calibrates MAP's verdict against
+MAP_REFERENCE = str(OmegaConf.load(CONF / "config.yaml").attack.sequential.map_reference)
+
+
 def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     """Issue 31's acceptance, read from experiment=calibration_smoke's results.json: per system (collab,
-    sanitize, splitft, grad_audit, splitee with MAP against the prior) the false-leak rate's Clopper–Pearson
-    upper bound ≤ 10 %, power at the gate's dose ≥ 80 %, nulls certified at_chance ≥ 80 %, and the sizing that
-    chose each n recorded beside them."""
+    sanitize, splitft, grad_audit, splitee with MAP against its configured reference) the false-leak rate's
+    Clopper–Pearson upper bound ≤ 10 %, power at the gate's dose ≥ 80 %, nulls certified at_chance ≥ 80 %, and
+    the sizing that chose each n recorded beside them."""
     res = run_cli_in_process(["experiment=calibration_smoke"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results.json"))
@@ -187,9 +192,14 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
         assert z["measured"]["predicted_certify_probability"] is not None
         if "10" in s["power"]:     # a leak 5× the gate's dose is called at least as often
             assert s["power"]["10"]["rate"] >= gate["rate"]
-    # SpliTEE: MAP's own false-leak rate against the prior floor, beside the entry's (worst of MAP, likelihood)
+    # SpliTEE: MAP's own false-leak rate against its configured reference, beside the entry's (worst of MAP,
+    # likelihood), and MAP against the other reference on the same nulls, reported beside them
     sp = r["systems"]["splitee"]
-    assert set(sp["by_attacker"]) == {"map", "likelihood"}
+    other = {"prior": "null_view", "null_view": "prior"}[MAP_REFERENCE]
+    assert set(sp["by_attacker"]) == {"map", "likelihood", f"map_against_{other}"}
+    assert sp["references"]["map"] == {"prior": "the prior alone", "null_view": "MAP on a null view"}[MAP_REFERENCE]
+    for part in sp["by_attacker"].values():
+        assert part["false_leak_rate"]["ci"][1] <= 0.10 and part["certify_rate"]["rate"] >= 0.80
     assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
     assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
     # the report section: one row per system with its null, counts and acceptance marks
