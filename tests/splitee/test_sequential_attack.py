@@ -270,6 +270,9 @@ def test_smoke_experiment_results(tmp_path):
                 "seconds_per_position", "candidates_per_position"):
         assert key in m, key
     assert results["mode"] == "teacher_forced" and results["layers_used"] == [0, 1]
+    # the reference MAP's verdict read, recorded; with the null view run, both differences are there
+    assert m["map_reference"] == results["sequential"]["map_reference"] == "prior"
+    assert m["verdict_map_reads"] == "map_minus_prior" and "map_minus_null" in m and "map_null_minus_prior" in m
     assert set(results["pruning_recall"]) == {"likelihood", "map", "likelihood_null", "map_null"}
     assert all(len(r) == 2 for r in results["pruning_recall"].values())
     # ε = 1 on the tiny model: σ far above the signal, MAP reads the prior.
