@@ -267,7 +267,8 @@ def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_
     dimensions, a prior that names the token at 30 % of positions with a lead the likelihood can overturn)
     pulls MAP off the prior's right answers: MAP − prior sits about 6 pp below 0 on every null, inconclusive,
     never at chance, whatever n. MAP against MAP on a second null view is centred at 0 (|mean| < 1 pp over 6
-    nulls of 1500 positions), and a 20 pp dose reads leak against either reference."""
+    nulls of 1500 positions), and a 20 pp dose reads leak against either reference; at σ = 1 the pull is strong
+    enough that against the prior the same dose does not read leak (the bias costs power as well)."""
     data = _splitee_data(vocab=60, dim=16, prompts=40, length=51, prior_hits=0.3, seed=1)
     data.sigma = 1.6
     by = {ref: calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
@@ -284,6 +285,13 @@ def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_
     for entry in by.values():
         dosed = entry.dosed_trial(20.0, np.random.default_rng(0))
         assert dosed.parts["map"] == controls.LEAK and 12.0 <= dosed.statistic <= 28.0
+    # a stronger pull (σ = 1: MAP − prior about −22 pp on a null) swallows a 20 pp dose against the prior
+    data.sigma = 1.0
+    strong = calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+                                       gate_dose_pp=20.0, map_reference="null_view")
+    strong = strong.dosed_trial(20.0, np.random.default_rng(0))
+    assert strong.parts["map"] == controls.LEAK and strong.parts["map_against_prior"] != controls.LEAK
+    data.sigma = 1.6
     r = calibration.calibrate(by["null_view"], 4, seed=0, dosed_trials=1)
     assert r["references"]["map"] == "MAP on a null view"
     assert set(r["by_attacker"]) == {"map", "likelihood", "map_against_prior"}
