@@ -92,7 +92,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 def summary(results: dict[str, Any]) -> str:
     m, s = results["metrics"], results["sequential"]
-    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"MAP against {s.get('map_reference', 'prior')}",
+    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"MAP against {s['map_reference']}",
                                f"layers {s['layers_used']}",
                                f"{m['n_positions']} positions")
     names = [k for k in ("sequential_top1", "sequential_map_top1", "prior_top1", "sequential_null_top1",
