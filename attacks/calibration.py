@@ -60,8 +60,11 @@ class Trial:
     parts: dict[str, str] | None = None
     # the verdict's own 95% interval of the statistic (pp), where it is not a t interval of a mean
     interval: tuple[float, float] | None = None
-    # the paired table (both, first only, second only, neither) of a Newcombe verdict (SpliTEE: MAP vs prior)
+    # the paired table (both, first only, second only, neither) of a Newcombe verdict (SpliTEE: MAP vs its
+    # reference)
     table: tuple[int, int, int, int] | None = None
+    # per part, its own statistic (pp), where the entry reads several (SpliTEE: MAP against each reference)
+    part_statistics: dict[str, float] | None = None
 
 
 @dataclass
@@ -83,6 +86,8 @@ class Entry:
     # the planning values the sizing rule chose n with (metrics/equivalence.py): sd_null_pp and sd_dosed_pp
     # per unit for t | z, base and discordance for newcombe
     planning: dict[str, float] | None = None
+    # per attacker, what its verdict reads against, where the entry has several (SpliTEE: map, likelihood)
+    references: dict[str, str] | None = None
 
 
 def proportion(k: int, n: int) -> dict[str, Any]:
@@ -122,10 +127,14 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         "gate_dose_pp": entry.gate_dose_pp,
         "power_at_gate_dose": power.get(f"{float(entry.gate_dose_pp):g}"),
     }
+    if entry.references:
+        out["references"] = dict(entry.references)
     if by_attacker:   # each attacker's own verdict on the same null trials (the entry's is their worst)
         out["by_attacker"] = {a: {
             "false_leak_rate": proportion(sum((t.parts or {}).get(a) == controls.LEAK for t in nulls), trials),
             "certify_rate": proportion(sum((t.parts or {}).get(a) == controls.AT_CHANCE for t in nulls), trials),
+            **({"null_statistic_mean_pp": statistics.fmean(t.part_statistics[a] for t in nulls)}
+               if all(t.part_statistics and a in t.part_statistics for t in nulls) else {}),
         } for a in by_attacker}
     # The null statistic's spread across trials is that of the mean over n examples: σ_example = sd·√n.
     if entry.interval == "newcombe":
@@ -506,12 +515,17 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
 
 
 def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
-                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None,
-                  chunk: int = 128) -> Entry:
+                  doses_pp: Sequence[float], gate_dose_pp: float, map_reference: str,
+                  planning: dict[str, float] | None = None, chunk: int = 128) -> Entry:
     """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
-    worst of MAP against the prior alone and the likelihood attacker against itself on a null view), on
+    worst of MAP against its reference and the likelihood attacker against itself on a null view), on
     the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
     sequential attacker with layers=[0], ops=[qkv], prune=null (its codebook scores, no forward pass).
+    MAP's reference is `map_reference` (attack.sequential.map_reference, as the runner reads it): `prior`,
+    the prior alone; `null_view`, MAP on the likelihood attacker's reference view (a second other prompt's),
+    as sequential.summarise pairs MAP with MAP on the runner's null view. MAP's verdict against the other
+    reference is computed on the same trials and reported as its own part (`map_against_<reference>`), not
+    part of the entry's verdict: a calibration shows both references' false-leak and certify rates.
 
     A trial draws `positions` pool positions without replacement. Null: at each, the attacker reads the
     exposure of a *different* prompt (a random other pool prompt's token at that position, masked afresh
@@ -520,16 +534,23 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     positions where the prior alone is wrong, each reads instead, with probability d/(100·(1 − π)) (π the
     prior's hit rate on the trial's positions), its own prompt's exposure masked at the dose's ε (σ small
     enough that the exposure names its token), for MAP and the likelihood attacker alike (the reference
-    stays null): MAP − prior rises by about d pp. What the trials share: the pool's prompts, priors and
-    codebook (computed once); each trial draws its positions, other prompts and masks afresh.
+    stays null): MAP − prior rises by about d pp, and so does MAP − MAP on the null view (which is right
+    about as often as the prior at those positions, where the prior is wrong). What the trials share: the
+    pool's prompts, priors and codebook (computed once); each trial draws its positions, other prompts and
+    masks afresh.
 
     Scores are computed `chunk` positions at a time: the Gaussian log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of
     every token v (sequential.gaussian_scores up to the shared constant), its argmax (the likelihood
     attacker), then plus the prior, its argmax (MAP)."""
     import torch
 
+    from attacks.splitee.sequential import MAP_REFERENCES, MAP_VERDICT
     from metrics.proportions import newcombe_paired, paired_table
 
+    if map_reference not in MAP_REFERENCES:
+        raise ValueError(f"map_reference must be one of {MAP_REFERENCES}, got {map_reference!r}")
+    map_against = MAP_VERDICT[map_reference][1]
+    others = [r for r in MAP_REFERENCES if r != map_reference]
     tokens, book = data.tokens, data.book
     n_pool, n_prompts = len(data.where), len(tokens)
     if positions > n_pool:
@@ -591,18 +612,28 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         sigma1 = np.where(own, data.dose_sigma, data.sigma)
         lik1, map1 = guesses(view(first, pos, sigma1, rng), sigma1, idx)
         sigma2 = np.full(positions, data.sigma)
-        ref, _ = guesses(view(second, pos, sigma2, rng), sigma2, None)
-        v_map, diff, interval, table = verdict(map1 == truth, prior_hits, "the prior alone")
-        v_lik, _, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
-        return Trial(controls.worst([v_map, v_lik]), diff, {"map": v_map, "likelihood": v_lik}, interval, table)
+        ref, ref_map = guesses(view(second, pos, sigma2, rng), sigma2, idx)
+        # MAP against both references on the same trial: the configured one decides, the other is reported
+        against = {"prior": prior_hits, "null_view": ref_map == truth}
+        read = {r: verdict(map1 == truth, against[r], MAP_VERDICT[r][1]) for r in MAP_REFERENCES}
+        v_map, diff, interval, table = read[map_reference]
+        v_lik, lik_diff, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
+        parts, stats = {"map": v_map, "likelihood": v_lik}, {"map": diff, "likelihood": lik_diff}
+        for r in others:
+            parts[f"map_against_{r}"], stats[f"map_against_{r}"] = read[r][0], read[r][1]
+        return Trial(controls.worst([v_map, v_lik]), diff, parts, interval, table, stats)
 
+    reads = "MAP − prior" if map_reference == "prior" else "MAP − MAP on the null view"
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
-                 "exposure, masked afresh; the likelihood reference a second other prompt's)",
+                 "exposure, masked afresh; the likelihood reference, and with map_reference=null_view MAP's, a "
+                 f"second other prompt's); MAP's verdict reads {reads}",
                  "a verdict that calls the model's prior, or an exposure of unrelated text, a leak of the prompt",
                  "pp of positions, among those the prior misses, whose exposure is their own prompt's (masked at "
-                 "the dose's ε, where it names the token): MAP − prior rises by about d pp",
+                 f"the dose's ε, where it names the token): {reads} rises by about d pp",
                  lambda rng: trial(0.0, rng), trial, doses_pp, gate_dose_pp, margin_pp, positions,
-                 "positions", "newcombe", planning)
+                 "positions", "newcombe", planning,
+                 {"map": map_against, "likelihood": "the same attacker on a null view",
+                  **{f"map_against_{r}": f"{MAP_VERDICT[r][1]} (reported, not part of the verdict)" for r in others}})
 
 
 # system → factory(cfg, model) -> Entry. `cfg` is the whole composed config (each entry reads its own system's
@@ -675,4 +706,5 @@ def _splitee(cfg: Any, model: Any) -> Entry:
                         sensitivity_rule=str(cfg.engine.sensitivity_rule))
     return splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
                          min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
-                         gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c))
+                         gate_dose_pp=float(c.gate_dose_pp),
+                         map_reference=str(cfg.attack.sequential.map_reference), planning=_planning(c))

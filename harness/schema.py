@@ -208,6 +208,7 @@ class SequentialAttackConfig:
     positions: str = MISSING              # text (after the public chat-template header) | all (from position 1)
     max_positions: Optional[int] = MISSING
     null_view: bool = MISSING             # also attack each prompt with another prompt's view (the reference)
+    map_reference: str = MISSING          # MAP's verdict against: prior | null_view (MAP on the null view)
     chunk: int = MISSING                  # candidates per forward pass
     min_pruning_recall: float = MISSING   # at_chance needs every stage's pruning recall at least this
 
@@ -361,6 +362,8 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
         raise UserError(f"timing.mode={timing.mode!r} is not one of {', '.join(TIMING_MODES)}")
     _check_fp_error(cfg)
     _check_attack(cfg.attack)
+    if cfg.runner == "sequential_attack":   # the one runner that reads the null view
+        _check_sequential_reference(cfg.attack.sequential)
     _check_restore(cfg)
     for section, module in SYSTEM_SECTIONS.items():
         module.check(cfg[section], cfg)
@@ -556,6 +559,7 @@ SEQUENTIAL_MODES = ("teacher_forced", "free_running")   # attacks/splitee/sequen
 SEQUENTIAL_PRIORS = ("none", "model")
 SEQUENTIAL_OPS = ("qkv", "o", "gate_up")
 SEQUENTIAL_POSITIONS = ("text", "all")
+SEQUENTIAL_MAP_REFERENCES = ("prior", "null_view")
 
 
 def _check_sequential(seq: DictConfig) -> None:
@@ -563,6 +567,7 @@ def _check_sequential(seq: DictConfig) -> None:
     check_choice("attack.sequential.mode", seq.mode, SEQUENTIAL_MODES)
     check_choice("attack.sequential.prior", seq.prior, SEQUENTIAL_PRIORS)
     check_choice("attack.sequential.positions", seq.positions, SEQUENTIAL_POSITIONS)
+    check_choice("attack.sequential.map_reference", seq.map_reference, SEQUENTIAL_MAP_REFERENCES)
     ops = list(seq.ops)
     if not ops or any(op not in SEQUENTIAL_OPS for op in ops) or len(set(ops)) != len(ops):
         raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(SEQUENTIAL_OPS)}, got {ops}")
@@ -582,6 +587,13 @@ def _check_sequential(seq: DictConfig) -> None:
     check_at_least("attack.sequential.chunk", seq.chunk, 1)
     if not 0 < seq.min_pruning_recall <= 1:
         raise UserError(f"attack.sequential.min_pruning_recall must lie in (0, 1], got {seq.min_pruning_recall}")
+
+
+def _check_sequential_reference(seq: DictConfig) -> None:
+    """MAP judged against itself on a null view needs that view attacked (attacks/splitee/sequential.check)."""
+    if seq.prior == "model" and seq.map_reference == "null_view" and not seq.null_view:
+        raise UserError("attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which "
+                        "needs attack.sequential.null_view=true (or map_reference=prior)")
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")

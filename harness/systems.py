@@ -139,8 +139,10 @@ SYSTEMS: tuple[System, ...] = (
             # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
             Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack", "dp_delta"), ignores=("attack.sequential",),
                    unhashed=(("dp_delta", 1e-5),)),
+            # map_reference: prior is what every run computed before the key existed (unhashed)
             Runner("sequential_attack", "runners.sequential_attack",
-                   (*_SPLITEE_READS, "attack.sequential", "attack.controls")),
+                   (*_SPLITEE_READS, "attack.sequential", "attack.controls"),
+                   unhashed=(("attack.sequential.map_reference", "prior"),)),
             # restore: the source attack run fixed the configuration, workload and generation
             Runner("restore", "runners.restore", ("runner", "seed", "model", "semantic_model", "restore")),
         ),
@@ -270,8 +272,8 @@ CROSS_SYSTEM: tuple[System, ...] = (
             Runner("calibration", "runners.calibration",
                    ("runner", "model", "calibration", "collab.controls", "sanitize.attack", "splitft.attack",
                     "grad_audit.gates", "attack.controls", "attack.sequential.min_pruning_recall",
-                    "engine.sigma_scale", "engine.sensitivity_rule"),
-                   also_runs=tuple(s.name for s in SYSTEMS)),
+                    "attack.sequential.map_reference", "engine.sigma_scale", "engine.sensitivity_rule"),
+                   also_runs=tuple(s.name for s in SYSTEMS), unhashed=(("attack.sequential.map_reference", "prior"),)),
         ),
         report_sections=("runners.report.calibration",),
         smoke=("calibration_smoke",),

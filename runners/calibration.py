@@ -29,12 +29,14 @@ def describe_skip(cfg: DictConfig) -> str | None:
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Its own section, the model (the collab entry's cloud and every entry's tokenizer), the margins it reads
-    from each system's section, the sequential attacker's recall threshold and the engine's σ settings
+    from each system's section, the sequential attacker's recall threshold and MAP reference, the engine's σ settings
     (runners/registry.py READS), the margins grouped as its finished runs' hashes have them."""
     out = identity.semantic_config(cfg)
     margins = {sys: out.pop(sys) for sys in _MARGINS}
-    margins["attack"]["sequential_min_pruning_recall"] = float(
-        margins["attack"].pop("sequential")["min_pruning_recall"])
+    sequential = margins["attack"].pop("sequential")
+    margins["attack"]["sequential_min_pruning_recall"] = float(sequential["min_pruning_recall"])
+    if "map_reference" in sequential:   # absent at prior (unhashed: the runs from before the key keep their hash)
+        margins["attack"]["sequential_map_reference"] = str(sequential["map_reference"])
     return {**out, "system_margins": margins}
 
 
@@ -63,10 +65,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
-        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own, against the prior floor
+        for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own (and against the other reference)
             metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
             metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
             metrics[f"{name}_{attacker}_certify_rate"] = a["certify_rate"]["rate"]
+            if "null_statistic_mean_pp" in a:
+                metrics[f"{name}_{attacker}_null_statistic_mean_pp"] = a["null_statistic_mean_pp"]
     results = {
         **common.results_header(cfg, "calibration", model=loaded, workload="calibration:null-and-dosed-trials",
                                 n_prompts=int(c.trials), generation=False),
@@ -87,9 +91,11 @@ DEFINITIONS = {
                                               "at the null trials' spread (metrics/equivalence.py), or, where the "
                                               "verdict's interval is not a t interval (splitee), the 80th percentile "
                                               "of the null trials' interval reach (certifiable_margin_method)",
-    "systems.splitee.by_attacker": "MAP (against the prior-only floor) and the likelihood attacker (against "
-                                   "itself on a null view) each on the same null trials; metrics "
-                                   "splitee_map_false_leak_rate is MAP's",
+    "systems.splitee.by_attacker": "MAP (against its reference, attack.sequential.map_reference: the prior-only "
+                                   "floor or MAP on a null view) and the likelihood attacker (against itself on a "
+                                   "null view) each on the same null trials; metrics splitee_map_false_leak_rate "
+                                   "is MAP's",
+    "systems.<system>.references": "per attacker, what its verdict reads against (splitee)",
     "systems.<system>.acceptance": "issue 31: false-leak upper bound <= 10%, power at gate_dose_pp >= 80%, "
                                    "certify rate >= 80%; measured, not enforced",
     "systems.<system>.sizing": "why n is what it is (metrics/equivalence.py): the unit, n, margin and gate dose; "

@@ -86,10 +86,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 def summary(results: dict[str, Any]) -> str:
     m, s = results["metrics"], results["sequential"]
-    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"layers {s['layers_used']}",
+    head = common.summary_head(results, f"{s['mode']} {s['prior']}", f"MAP against {s['map_reference']}",
+                               f"layers {s['layers_used']}",
                                f"{m['n_positions']} positions")
     names = [k for k in ("sequential_top1", "sequential_map_top1", "prior_top1", "sequential_null_top1",
-                         "sequential_map_null_top1", "map_minus_prior", "likelihood_minus_null",
+                         "sequential_map_null_top1", "map_minus_prior", "map_null_minus_prior", "map_minus_null",
+                         "likelihood_minus_null",
                          "sequential_token_f1", "sequential_map_token_f1") if k in m]
     lines = [head, *common.metric_lines(m, names, width=28),
              f"  pruning recall per stage: {s['pruning_recall']}",

@@ -119,6 +119,14 @@ CASES = {
     "bayes k below 1": Case([*ATTACK, "attack.bayes.k=[0]"],
                             "attack.bayes.k must be a non-empty list of integers >= 1"),
     "unknown attack setting": Case([*ATTACK, "attack.setting=blind"], "attack.setting='blind' is not one of"),
+    "sequential MAP reference unknown": Case(
+        ["experiment=sequential_attack_smoke", "attack.sequential.map_reference=nearest"],
+        "attack.sequential.map_reference='nearest' is not one of prior, null_view"),
+    "sequential MAP against a null view without one": Case(
+        ["experiment=sequential_attack_smoke", "attack.sequential.null_view=false",
+         "attack.sequential.map_reference=null_view"],
+        "attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which needs "
+        "attack.sequential.null_view=true (or map_reference=prior)"),
     "unknown logger mode": Case([*SMOKE, "logger=wandb", "logger.mode=loud"], "logger.mode='loud' is not one of"),
     "new top-level key": Case([*SMOKE, "+foo=1"], "unknown option foo (not in the schema; the top level has: model,"),
     "new key, misspelt": Case([*SMOKE, "+generation.max_new_token=5"],

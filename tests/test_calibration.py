@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from scipy import stats
 
 from attacks import calibration, controls
@@ -16,7 +17,7 @@ from metrics.intervals import mean_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import compose_config, run_cli_in_process
+from .conftest import CONF, compose_config, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -160,11 +161,15 @@ def test_calibration_runs_under_its_own_directory(hydra_conf):
     assert str(cfg.hydra.run.dir) == "out/calibration_smoke/tiny-llama/calibration/eps=na/default"
 
 
+# attack.sequential.map_reference in conf/config.yaml: the reference the smoke calibrates MAP's verdict against
+MAP_REFERENCE = str(OmegaConf.load(CONF / "config.yaml").attack.sequential.map_reference)
+
+
 def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     """Issue 31's acceptance, read from experiment=calibration_smoke's results.json: per system (collab,
-    sanitize, splitft, grad_audit, splitee with MAP against the prior) the false-leak rate's Clopper–Pearson
-    upper bound ≤ 10 %, power at the gate's dose ≥ 80 %, nulls certified at_chance ≥ 80 %, and the sizing that
-    chose each n recorded beside them."""
+    sanitize, splitft, grad_audit, splitee with MAP against its configured reference) the false-leak rate's
+    Clopper–Pearson upper bound ≤ 10 %, power at the gate's dose ≥ 80 %, nulls certified at_chance ≥ 80 %, and
+    the sizing that chose each n recorded beside them."""
     res = run_cli_in_process(["experiment=calibration_smoke"], tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results.json"))
@@ -187,9 +192,14 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
         assert z["measured"]["predicted_certify_probability"] is not None
         if "10" in s["power"]:     # a leak 5× the gate's dose is called at least as often
             assert s["power"]["10"]["rate"] >= gate["rate"]
-    # SpliTEE: MAP's own false-leak rate against the prior floor, beside the entry's (worst of MAP, likelihood)
+    # SpliTEE: MAP's own false-leak rate against its configured reference, beside the entry's (worst of MAP,
+    # likelihood), and MAP against the other reference on the same nulls, reported beside them
     sp = r["systems"]["splitee"]
-    assert set(sp["by_attacker"]) == {"map", "likelihood"}
+    other = {"prior": "null_view", "null_view": "prior"}[MAP_REFERENCE]
+    assert set(sp["by_attacker"]) == {"map", "likelihood", f"map_against_{other}"}
+    assert sp["references"]["map"] == {"prior": "the prior alone", "null_view": "MAP on a null view"}[MAP_REFERENCE]
+    for part in sp["by_attacker"].values():
+        assert part["false_leak_rate"]["ci"][1] <= 0.10 and part["certify_rate"]["rate"] >= 0.80
     assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
     assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
     # the report section: one row per system with its null, counts and acceptance marks
@@ -236,12 +246,13 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     exposure at σ = 10⁻³) is recovered, MAP − prior = 100 − prior's hits, and both attackers read leak."""
     data = _splitee_data(prior_hits=0.3)
     entry = calibration.splitee_entry(data, positions=40, margin_pp=1.0, min_recall=0.99, doses_pp=[100.0],
-                                      gate_dose_pp=100.0)
+                                      gate_dose_pp=100.0, map_reference="prior")
     nulls = [entry.null_trial(np.random.default_rng(s)) for s in range(10)]
     assert all(t.verdict != controls.LEAK for t in nulls)
     assert all(abs(t.statistic) <= 5.0 for t in nulls)
     dosed = entry.dosed_trial(100.0, np.random.default_rng(0))
-    assert dosed.verdict == controls.LEAK and dosed.parts == {"map": controls.LEAK, "likelihood": controls.LEAK}
+    assert dosed.verdict == controls.LEAK and dosed.parts == {"map": controls.LEAK, "likelihood": controls.LEAK,
+                                                              "map_against_null_view": controls.LEAK}
     assert 50.0 <= dosed.statistic <= 90.0       # 100 % recovered minus the prior's ~30 %
     r = calibration.calibrate(entry, 10, seed=0, dosed_trials=5)
     assert r["by_attacker"]["map"]["false_leak_rate"]["k"] == 0 and r["power"]["100"]["k"] == 5
@@ -249,6 +260,43 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     # 40 positions cannot certify ±1 pp (even with no discordant pair Newcombe's interval reaches ±3 pp here)
     assert r["certifiable_margin_pp"] > 1.0 and r["certify_rate"]["k"] == 0
     assert r["certifiable_margin_method"].startswith("80th percentile")
+
+
+def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_reads_below():
+    """A null view informative about *another* prompt's token (σ = 1.6 against a unit-normal codebook of 16
+    dimensions, a prior that names the token at 30 % of positions with a lead the likelihood can overturn)
+    pulls MAP off the prior's right answers: MAP − prior sits about 6 pp below 0 on every null, inconclusive,
+    never at chance, whatever n. MAP against MAP on a second null view is centred at 0 (|mean| < 1 pp over 6
+    nulls of 1500 positions), and a 20 pp dose reads leak against either reference; at σ = 1 the pull is strong
+    enough that against the prior the same dose does not read leak (the bias costs power as well)."""
+    data = _splitee_data(vocab=60, dim=16, prompts=40, length=51, prior_hits=0.3, seed=1)
+    data.sigma = 1.6
+    by = {ref: calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+                                         gate_dose_pp=20.0, map_reference=ref) for ref in ("prior", "null_view")}
+    nulls = {ref: [e.null_trial(np.random.default_rng(s)) for s in range(6)] for ref, e in by.items()}
+    assert max(t.statistic for t in nulls["prior"]) < -3.0
+    assert all(t.parts["map"] == controls.INCONCLUSIVE for t in nulls["prior"])
+    assert abs(np.mean([t.statistic for t in nulls["null_view"]])) < 1.0
+    assert all(t.parts["map"] != controls.LEAK for t in nulls["null_view"])
+    # the same trial (same generator) reads both references: each entry reports the other's as a part
+    for a, b in zip(nulls["prior"], nulls["null_view"]):
+        assert a.part_statistics["map_against_null_view"] == b.statistic
+        assert b.part_statistics["map_against_prior"] == a.statistic
+    for entry in by.values():
+        dosed = entry.dosed_trial(20.0, np.random.default_rng(0))
+        assert dosed.parts["map"] == controls.LEAK and 12.0 <= dosed.statistic <= 28.0
+    # a stronger pull (σ = 1: MAP − prior about −22 pp on a null) swallows a 20 pp dose against the prior
+    data.sigma = 1.0
+    strong = calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+                                       gate_dose_pp=20.0, map_reference="null_view")
+    strong = strong.dosed_trial(20.0, np.random.default_rng(0))
+    assert strong.parts["map"] == controls.LEAK and strong.parts["map_against_prior"] != controls.LEAK
+    data.sigma = 1.6
+    r = calibration.calibrate(by["null_view"], 4, seed=0, dosed_trials=1)
+    assert r["references"]["map"] == "MAP on a null view"
+    assert set(r["by_attacker"]) == {"map", "likelihood", "map_against_prior"}
+    assert r["by_attacker"]["map_against_prior"]["null_statistic_mean_pp"] < -3.0
+    assert abs(r["by_attacker"]["map"]["null_statistic_mean_pp"]) < 1.5
 
 
 def test_splitee_scores_are_the_sequential_attackers():

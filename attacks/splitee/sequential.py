@@ -68,6 +68,7 @@ OPS = ("qkv", "o", "gate_up")
 MODES = ("teacher_forced", "free_running")
 PRIORS = ("none", "model")
 POSITIONS = ("text", "all")
+MAP_REFERENCES = ("prior", "null_view")   # what MAP's verdict reads MAP against (summarise)
 LIKELIHOOD, MAP = "likelihood", "map"
 Key = tuple[str, int]   # (op, layer) of one exposure
 
@@ -85,6 +86,7 @@ class Settings:
     positions: str
     max_positions: int | None
     null_view: bool
+    map_reference: str                           # prior: MAP − prior; null_view: MAP − MAP on the null view
     chunk: int                                   # candidates per forward pass
     min_pruning_recall: float
 
@@ -99,7 +101,8 @@ class Settings:
                    prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
                    positions=str(node["positions"]),
                    max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
-                   null_view=bool(node["null_view"]), chunk=int(node["chunk"]),
+                   null_view=bool(node["null_view"]), map_reference=str(node["map_reference"]),
+                   chunk=int(node["chunk"]),
                    min_pruning_recall=float(node["min_pruning_recall"]))
 
 
@@ -107,9 +110,13 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     """The layers whose exposures are used; UserError (one line) for a layer outside the model, an op the
     view cannot hold (not offloaded), a pruning width < 1, or a stage deeper than the model."""
     for key, value, allowed in (("mode", settings.mode, MODES), ("prior", settings.prior, PRIORS),
-                                ("positions", settings.positions, POSITIONS)):
+                                ("positions", settings.positions, POSITIONS),
+                                ("map_reference", settings.map_reference, MAP_REFERENCES)):
         if value not in allowed:
             raise UserError(f"attack.sequential.{key}={value!r} is not one of {', '.join(allowed)}")
+    if settings.prior == "model" and settings.map_reference == "null_view" and not settings.null_view:
+        raise UserError("attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which "
+                        "needs attack.sequential.null_view=true (or map_reference=prior)")
     if not settings.ops or any(op not in OPS for op in settings.ops) or len(set(settings.ops)) != len(settings.ops):
         raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(OPS)}, got {list(settings.ops)}")
     missing = [op for op in settings.ops if op not in offload]
@@ -568,6 +575,10 @@ PREFIX = {LIKELIHOOD: "sequential", MAP: "sequential_map", f"{LIKELIHOOD}_null":
           f"{MAP}_null": "sequential_map_null"}
 
 
+# map_reference → the paired difference MAP's verdict reads, and the reference its reason names
+MAP_VERDICT = {"prior": ("map_minus_prior", "the prior alone"), "null_view": ("map_minus_null", "MAP on a null view")}
+
+
 def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
     return [h for row in hits for h in row]
 
@@ -575,8 +586,10 @@ def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
 def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     """results.json `metrics` of one sequential attack: each scorer's top-1 (Wilson interval over
     positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor, the paired
-    differences that the verdicts read (MAP − prior; likelihood − the same attacker on a null view), each
-    attacker's verdict and reason (attacks/controls.py sequential_verdict), the worst of them, and the cost."""
+    differences (MAP − prior; with a null view MAP there − prior and MAP − MAP there; likelihood − the same
+    attacker on a null view), each attacker's verdict and reason (attacks/controls.py sequential_verdict; MAP's
+    reads `map_minus_prior` or, with map_reference=null_view, `map_minus_null`, named in `verdict_map_reads`),
+    the worst of them, and the cost."""
     from attacks import controls
     from metrics.privacy import corpus_token_prf
     from metrics.proportions import paired_difference_record, rate_record
@@ -595,14 +608,23 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     teacher = settings.mode == "teacher_forced"
     judged = []
     if MAP in outcome.scorers:
-        m.update(paired_difference_record(_flat(outcome.scorers[MAP].hits), prior, "map_minus_prior"))
-        v, why = controls.sequential_verdict(m["map_minus_prior_ci_lo"], m["map_minus_prior_ci_hi"], margin_pp,
+        map_hits = _flat(outcome.scorers[MAP].hits)
+        m.update(paired_difference_record(map_hits, prior, "map_minus_prior"))
+        if f"{MAP}_null" in outcome.scorers:
+            null_hits = _flat(outcome.scorers[f"{MAP}_null"].hits)
+            # MAP on another prompt's view against the prior: MAP's bias on a view with no information about
+            # the prompt (on SmolLM2 below the prior, docs/sequential_attack.md), and MAP against it
+            m.update(paired_difference_record(null_hits, prior, "map_null_minus_prior"))
+            m.update(paired_difference_record(map_hits, null_hits, "map_minus_null"))
+        key, reference = MAP_VERDICT[settings.map_reference]
+        if key not in m:
+            raise ValueError(f"map_reference={settings.map_reference} needs the null view's MAP scorer (null_view)")
+        v, why = controls.sequential_verdict(m[f"{key}_ci_lo"], m[f"{key}_ci_hi"], margin_pp,
                                              teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
-                                             min_recall=settings.min_pruning_recall, reference="the prior alone")
+                                             min_recall=settings.min_pruning_recall, reference=reference)
+        m["map_reference"], m["verdict_map_reads"] = settings.map_reference, key
         m["verdict_map"], m["verdict_map_reason"] = v, why
         judged.append((v, f"MAP: {why}"))
-        if f"{MAP}_null" in outcome.scorers:   # calibration: MAP on another prompt's view against the prior
-            m.update(paired_difference_record(_flat(outcome.scorers[f"{MAP}_null"].hits), prior, "map_null_minus_prior"))
     if f"{LIKELIHOOD}_null" in outcome.scorers:
         m.update(paired_difference_record(_flat(outcome.scorers[LIKELIHOOD].hits),
                              _flat(outcome.scorers[f"{LIKELIHOOD}_null"].hits), "likelihood_minus_null"))
@@ -634,6 +656,7 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
     return {
         "mode": settings.mode,
         "prior": settings.prior,
+        "map_reference": settings.map_reference,
         "layers_used": list(layers_used),
         "ops": list(settings.ops),
         "positions": settings.positions,

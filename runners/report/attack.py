@@ -274,8 +274,9 @@ def pair_verdict(runs: Sequence[AttackRow], sequential: Sequence[Run] = ()) -> s
 
 
 def _sequential_cell(runs: Sequence[Run]) -> str:
-    """The sequential attacker's reading of one configuration and ε: its strongest run's MAP − prior (or the
-    likelihood's top-1 when MAP did not run) and the worst verdict over its runs, with the reason."""
+    """The sequential attacker's reading of one configuration and ε: its strongest run's difference MAP's verdict
+    read (MAP − prior, or MAP − MAP on a null view; the likelihood's top-1 when MAP did not run) and the worst
+    verdict over its runs, with the reason."""
     best = sequential_attack.strongest(runs)
     if best is None:
         return "—"
@@ -283,8 +284,10 @@ def _sequential_cell(runs: Sequence[Run]) -> str:
     worst = controls.worst([a["verdict"] for a in found])
     why = next((a["reason"] for a in found if a["verdict"] == worst and worst == controls.INCONCLUSIVE), None)
     m, n = best.metrics, best.metrics.get("n_positions")
-    key, what = (("map_minus_prior", "MAP − prior") if m.get("map_minus_prior") is not None
-                 else ("sequential_top1", "likelihood top-1"))
+    # the difference MAP's verdict read (map_reference: the prior alone, or MAP on a null view)
+    key, what = ((m.get("verdict_map_reads", "map_minus_prior"),
+                  "MAP − MAP on a null view" if m.get("verdict_map_reads") == "map_minus_null" else "MAP − prior")
+                 if m.get("map_minus_prior") is not None else ("sequential_top1", "likelihood top-1"))
     lo, hi = m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")
     value = "" if m.get(key) is None else (f"{what} {m[key]:+.1f}" + ("" if lo is None else f" [{lo:+.1f}, {hi:+.1f}]")
                                             + f" pp on {n} positions; ")

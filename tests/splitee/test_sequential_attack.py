@@ -14,10 +14,11 @@ from omegaconf import OmegaConf
 
 from attacks import controls
 from attacks.splitee import sequential as sq
+from harness.errors import UserError
 from harness.split.engine import EngineSettings, SplitEngine
 from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
 
-from ..conftest import CONF, builtin_prompt_ids, run_cli_in_process
+from ..conftest import CONF, builtin_prompt_ids, compose_config, run_cli_in_process
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 OPS = ("qkv", "o", "gate_up")
@@ -37,7 +38,8 @@ def prompts(tiny):
 
 def settings(**kw) -> sq.Settings:
     base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)), prune_prior=None,
-                positions="text", max_positions=4, null_view=True, chunk=512, min_pruning_recall=0.99)
+                positions="text", max_positions=4, null_view=True, map_reference="prior", chunk=512,
+                min_pruning_recall=0.99)
     return sq.Settings(**{**base, **kw})
 
 
@@ -123,6 +125,75 @@ def test_huge_sigma_reads_the_prior_and_small_sigma_leaks(tiny, prompts):
     assert dose["sequential_pruning_recall_min"] == 1.0
 
 
+def _outcome(map_hits, map_null_hits, prior_hits) -> sq.Outcome:
+    """A teacher-forced outcome of one prompt with the given hits (no pruning), for summarise alone."""
+    n = len(prior_hits)
+
+    def result(hits):
+        return sq.ScorerResult(guesses=[[int(h) for h in hits]], hits=[list(hits)], survived=[])
+
+    return sq.Outcome({sq.LIKELIHOOD: result([False] * n), sq.MAP: result(map_hits),
+                       f"{sq.LIKELIHOOD}_null": result([False] * n), f"{sq.MAP}_null": result(map_null_hits)},
+                      [[0] * n], [list(prior_hits)], [[1] * n], [list(range(1, n + 1))], [], [("qkv", 0)], [1],
+                      1.0, n, 0, 100)
+
+
+def test_map_against_a_null_view_reads_at_chance_where_the_prior_reads_below():
+    """MAP on a view with no information about the prompt can sit below the prior (SmolLM2: the null view pulls
+    MAP toward another prompt's token). Here MAP misses 3 % of 2000 positions the prior gets, on the real view
+    and on the null view alike: against the prior that is "below the reference" (inconclusive at any n);
+    against MAP on the null view it is 0 with no discordant pair, at_chance. A real gain of 10 % over both
+    reads leak against either reference."""
+    n, drop = 2000, 60
+    prior = [i % 4 == 0 for i in range(n)]                        # the prior right at 25 %
+    biased = [h and i >= drop * 4 for i, h in enumerate(prior)]   # MAP loses 60 of the prior's hits
+    by_reference = {}
+    for reference in sq.MAP_REFERENCES:
+        s = settings(map_reference=reference)
+        m = sq.summarise(_outcome(biased, biased, prior), s, 1.0)
+        assert m["map_reference"] == reference and sq.record(_outcome(biased, biased, prior), s, [0])[
+            "map_reference"] == reference
+        assert m["map_minus_prior"] == m["map_null_minus_prior"] == pytest.approx(-100 * drop / n)
+        assert m["map_minus_null"] == 0.0 and m["map_minus_null_first_only"] == m["map_minus_null_second_only"] == 0
+        by_reference[reference] = m
+    prior_m, null_m = by_reference["prior"], by_reference["null_view"]
+    assert prior_m["verdict_map_reads"] == "map_minus_prior" and null_m["verdict_map_reads"] == "map_minus_null"
+    assert prior_m["verdict_map"] == controls.INCONCLUSIVE and "below the prior alone" in prior_m["verdict_map_reason"]
+    assert null_m["verdict_map"] == controls.AT_CHANCE and "against MAP on a null view" in null_m["verdict_map_reason"]
+    gain = [h or (i % 4 == 1 and i < 800) for i, h in enumerate(biased)]   # +200 positions on the real view only
+    for reference in sq.MAP_REFERENCES:
+        m = sq.summarise(_outcome(gain, biased, prior), settings(map_reference=reference), 1.0)
+        assert m["verdict_map"] == controls.LEAK, (reference, m["verdict_map_reason"])
+
+
+def test_map_null_reference_needs_the_null_view(tiny):
+    """map_reference=null_view without null_view: one line, before anything is attacked."""
+    with pytest.raises(UserError, match="map_reference=null_view judges MAP against MAP on a null view, which needs "
+                                        "attack.sequential.null_view=true"):
+        sq.check(settings(map_reference="null_view", null_view=False), 2, OPS)
+    # the likelihood attacker alone has no MAP to judge: nothing to refuse
+    sq.check(settings(map_reference="null_view", null_view=False, prior="none"), 2, OPS)
+    with pytest.raises(UserError, match="attack.sequential.map_reference='nearest' is not one of prior, null_view"):
+        sq.check(settings(map_reference="nearest"), 2, OPS)
+
+
+def test_map_reference_prior_leaves_the_config_hash_as_before(hydra_conf):
+    """map_reference=prior is what every run did before the key existed: it stays out of the semantic config, so
+    the committed sequential runs keep their config hash; null_view enters it."""
+    from harness.results import config_hash
+    from runners import sequential_attack as runner
+
+    def semantic(*extra):
+        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
+
+    default = semantic()
+    assert "map_reference" not in default["attack"]["sequential"]
+    assert config_hash(semantic("attack.sequential.map_reference=prior")) == config_hash(default)
+    other = semantic("attack.sequential.map_reference=null_view")
+    assert other["attack"]["sequential"]["map_reference"] == "null_view"
+    assert config_hash(other) != config_hash(default)
+
+
 def test_free_running_follows_its_own_prefix(tiny, prompts):
     """Free-running at a small σ recovers what teacher forcing does (it never goes wrong, so its prefix is
     the truth); its verdict cannot be at_chance whatever the interval."""
@@ -202,6 +273,9 @@ def test_smoke_experiment_results(tmp_path):
                 "seconds_per_position", "candidates_per_position"):
         assert key in m, key
     assert results["mode"] == "teacher_forced" and results["layers_used"] == [0, 1]
+    # the reference MAP's verdict read, recorded; with the null view run, both differences are there
+    assert m["map_reference"] == results["sequential"]["map_reference"] == "prior"
+    assert m["verdict_map_reads"] == "map_minus_prior" and "map_minus_null" in m and "map_null_minus_prior" in m
     assert set(results["pruning_recall"]) == {"likelihood", "map", "likelihood_null", "map_null"}
     assert all(len(r) == 2 for r in results["pruning_recall"].values())
     # ε = 1 on the tiny model: σ far above the signal, MAP reads the prior.
