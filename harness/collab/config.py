@@ -188,3 +188,23 @@ def _check_baselines(c: DictConfig) -> None:
     check_choice("collab.invisibleink.accounting", ink.accounting, INVISIBLEINK_ACCOUNTING)
     check_positive("collab.invisibleink.temperature", ink.temperature)
     check_at_least("collab.invisibleink.top_k", ink.top_k, 1, nullable=True)
+
+
+def tradeoff_setting(benchmark: str, fusion: str, alpha: float | None, edge: str, cloud: str | None) -> str:
+    """What a collab point on the cross-system privacy–utility chart is measured under (runners/common.tradeoff
+    `setting`): one run measures both halves on one benchmark, in one fusion mode, at one fusion weight α, so
+    runs that differ in any of them never join (Dolly's leakage is no partner for PubMedQA's accuracy). The
+    cloud model is named where it is not the edge model."""
+    parts = [str(benchmark), f"{fusion}-side"] + ([] if alpha is None else [f"α={float(alpha):g}"])
+    if cloud is not None and cloud != edge:
+        parts.append(f"cloud {cloud}")
+    return " · ".join(parts)
+
+
+def tradeoff_point(configuration: str, candidates: int | None, per_token: bool) -> str | None:
+    """What else tells one defence's runs at one parameter apart (runners/common.tradeoff `point`): CoVeil's
+    candidate pool |C| (paper Table A1) and InvisibleInk's per-token accounting (its ε then measures another
+    thing)."""
+    parts = ([f"|C|={int(candidates)}"] if configuration == "coveil" and candidates is not None else []) + \
+            (["ε per token"] if configuration == "collab_invisibleink" and per_token else [])
+    return " ".join(parts) or None

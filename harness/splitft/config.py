@@ -322,3 +322,12 @@ def variant_label(guard: dict[str, float] | None, train_head: bool = True) -> st
     trained A."""
     parts = ([] if train_head else ["A frozen"]) + ([guard_label(guard)] if guard else [])
     return " · ".join(parts) or None
+
+
+def tradeoff_setting(workload: str, split: dict[str, Any]) -> str:
+    """What a split fine-tuning point on the privacy–utility chart is measured on (runners/common.tradeoff
+    `setting`): one run trains, attacks and scores held-out text of one data set at one split (k, m), client
+    count and adapter choice, so runs differing in any of them never join (the groups of
+    runners/report/splitft.py)."""
+    lora = " · LoRA" if split.get("lora") else ""
+    return f"{workload} · k={split.get('k')} m={split.get('m')} · {split.get('n_clients')} clients{lora}"

@@ -563,6 +563,7 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
         assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
+        assert r["tradeoff"]["setting"] == "tasks sst2"      # one task set per cross-system point (issue 34)
         # The constant-answer floor is the majority label's share of the shipped SST-2 file; a random model has
         # no skill above it, and the chart's utility then says so.
         assert m["accuracy_floor_sst2"] == pytest.approx(mini_floor)
