@@ -700,7 +700,8 @@ def test_collab_smoke_experiment(tmp_path):
         assert r["tradeoff"]["leakage"]["floor"] == r["floor_token_er_at_k"]["20"]
         assert r["tradeoff"]["leakage"]["value"] == r["token_er_at_k"]["20"]          # the paper's metric
         # one benchmark and fusion mode per cross-system point (issue 34)
-        assert r["tradeoff"]["setting"] == f"builtin · {r['fusion']}-side · α={r['alpha']:g}"
+        cloud = "" if r["cloud_model"] == r["model"] else f" · cloud {r['cloud_model']}"
+        assert r["tradeoff"]["setting"] == f"builtin · {r['fusion']}-side · α={r['alpha']:g}{cloud}"
         c = r["controls"]            # issue 31: the verdict reads the excess over the null signal
         assert c["verdict_statistic"] == "null_excess_token_er" and len(c["null_excess_token_er_ci"]) == 2
         assert r["metrics"]["null_excess_token_er_at_20"] == c["null_excess_token_er"]
