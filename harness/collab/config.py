@@ -159,7 +159,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("collab.benchmark.n_examples", b.n_examples, 1, nullable=True)
     check_at_least("collab.benchmark.max_context_words", b.max_context_words, 1, nullable=True)
     if b.path is not None and not Path(str(b.path)).expanduser().is_file():
-        raise UserError(f"collab.benchmark.path={b.path} is not a file")
+        raise UserError(f"collab.benchmark.path={b.path} is not a file: give your copy's path, or with network "
+                        "collab.benchmark.path=null loads the benchmark through datasets (docs/collab.md)")
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"collab.controls.{key}", c.controls[key], 0)
     if cfg.runner != "collab":
