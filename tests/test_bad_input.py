@@ -246,6 +246,9 @@ CASES = {
                                            "collab.benchmark.path={F}/nope.json"],
                                           "collab.benchmark.path={F}/nope.json is not a file: give your copy's path, "
                                           "or with network collab.benchmark.path=null loads the benchmark"),
+    "sanitize task file missing": Case([*SANITIZE, "sanitize.task_paths.sst2={F}/nope.tsv"],
+                                       "sanitize.tasks: sst2 path={F}/nope.tsv does not exist: give your copy's path, "
+                                       "or leave sanitize.task_paths.sst2 unset (the bundled mini SST-2 serves it)"),
     # --- found by the model library (a few seconds each: transformers is imported)
     "hub model offline": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
                               "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",
