@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness import configurations
+from harness.collab import config as collab_config
 from harness.results import RunContext
 from runners import common, identity
 
@@ -98,7 +99,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                                     attacker="decodeleak (the paper's exposure sets)",
                                     leakage_floor=curves_out["floor_token_er_at_k"][rep], utility_metric=use.metric,
                                     utility=util.mean, utility_ci=[util.lo, util.hi],
-                                    reference="gold answer" if accuracy else "reference response"),
+                                    reference="gold answer" if accuracy else "reference response",
+                                    setting=collab_config.tradeoff_setting(bench.name, c.fusion, c.alpha,
+                                                                           parties.edge.name, parties.cloud.name),
+                                    point=collab_config.tradeoff_point(name, c.candidates, _parameter_unit(cfg) is not None)),
         "benchmark": benchmarks.describe(bench), "metric_definitions": _definitions(cfg),
     }
     samples = [_sample(i, e, runs, audit, use, k_rep, bench.has_options) for i, e in enumerate(examples)]

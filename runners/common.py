@@ -141,7 +141,8 @@ def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
              leakage_ci: Sequence[float] | None = None, attacker: str | None = None,
              utility_metric: str | None = None, utility: float | None = None,
              utility_ci: Sequence[float] | None = None, reference: str | None = None,
-             leakage_floor: float | None = None, point: str | None = None) -> dict[str, Any]:
+             leakage_floor: float | None = None, point: str | None = None,
+             setting: str | None = None) -> dict[str, Any]:
     """The run's part of one point on the cross-system privacy–utility chart (results.json `tradeoff`; the
     report's tradeoff section, runners/report/tradeoff.py, puts every system's runs on the same axes).
 
@@ -151,14 +152,18 @@ def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
     measures only one of them leaves the other None (SpliTEE's fidelity runs give utility, its attack runs
     leakage); the report joins parts of the same system, model, configuration, privacy parameter and
     `point` (what else tells the configuration's runs apart, e.g. a sanitiser's window "L=5 σ=1.25"; runs
-    that must join, such as a fidelity run and the attack runs of the same configuration, give the same)."""
+    that must join, such as a fidelity run and the attack runs of the same configuration, give the same).
+    `setting` is the benchmark and mode a run that measures both halves measured them on (collab's benchmark,
+    fusion mode and α; a sanitiser's lm-eval tasks; split fine-tuning's data and split): runs of different
+    settings never join, and each setting is its own series on the chart; a run without one (a sanitiser's
+    fidelity run) joins every setting's point of its configuration."""
     def interval(ci: Sequence[float] | None) -> list[float] | None:
         return None if ci is None or ci[0] is None or ci[1] is None else [float(ci[0]), float(ci[1])]
 
     def opt(value: float | None) -> float | None:
         return None if value is None else float(value)
 
-    return {"point": point or None,
+    return {"point": point or None, "setting": setting or None,
             "leakage": None if leakage is None else {
                 "metric": leakage_metric, "value": float(leakage), "ci": interval(leakage_ci),
                 "attacker": attacker, "floor": opt(leakage_floor)},

@@ -81,16 +81,17 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "seeds": out.seeds,
         "metric_definitions": DEFINITIONS,
     }
-    results["tradeoff"] = _tradeoff(metrics)
+    results["tradeoff"] = _tradeoff(metrics, workload)
     return common.finish(cfg, ctx, results, out.seeds, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()},
                          placement={"model": loaded.placement()},
                          mirror_history=common.step_history(out.losses))
 
 
-def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:
+def _tradeoff(m: dict[str, Any], workload: str) -> dict[str, Any]:
     """Leakage: the headline probe's accuracy (%) on the real rows, its floor the constant guess; utility:
-    the held-out perplexity of the unsplit model over the split one's, in % (100·exp(−ΔCE))."""
+    the held-out perplexity of the unsplit model over the split one's, in % (100·exp(−ΔCE)); both on
+    `workload`'s text, the point's setting."""
     const = m["constant_guess_accuracy_pct"]
     return common.tradeoff(
         leakage_metric="probe_accuracy_pct", leakage=const + m["probe_effect_pp"],
@@ -98,7 +99,7 @@ def _tradeoff(m: dict[str, Any]) -> dict[str, Any]:
         attacker=f"frequent-token probe ({m['probe_arm']})", leakage_floor=const,
         utility_metric="heldout_perplexity_ratio_pct", utility=100 * math.exp(-m["heldout_ce_increase"]),
         utility_ci=(100 * math.exp(-m["heldout_ce_increase_ci_hi"]), 100 * math.exp(-m["heldout_ce_increase_ci_lo"])),
-        reference="the unsplit model")
+        reference="the unsplit model", setting=workload)
 
 
 DEFINITIONS = {

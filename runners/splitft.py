@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations
 from harness.results import RunContext
-from harness.splitft.config import grad_guard, variant_label  # torch-free
+from harness.splitft.config import grad_guard, tradeoff_setting, variant_label  # torch-free
 from runners import common, identity
 
 describe_skip = common.epsilon_ignored_note
@@ -94,7 +94,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "timings": timings,
         "metric_definitions": DEFINITIONS,
     }
-    results["tradeoff"] = _tradeoff(metrics, configuration, variant_label(results["grad_up"], bool(s.train_head)))
+    results["tradeoff"] = _tradeoff(metrics, configuration, variant_label(results["grad_up"], bool(s.train_head)),
+                                    tradeoff_setting(results["workload"], results["split"]))
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=_view_writer(cfg, view, ctx), placement=_placement(s.placement),
@@ -123,11 +124,11 @@ def _view_writer(cfg: DictConfig, view: Any, ctx: RunContext):
     return lambda: view.save(ctx.run_dir.path / "view.pt")
 
 
-def _tradeoff(m: dict[str, Any], configuration: str, point: str | None) -> dict[str, Any]:
+def _tradeoff(m: dict[str, Any], configuration: str, point: str | None, setting: str) -> dict[str, Any]:
     """Leakage: the strongest attacker's token F1 (its reference as the floor); utility: held-out top-1."""
     utility = dict(utility_metric="heldout_top1", utility=m["heldout_top1"],
                    utility_ci=(m["heldout_top1_ci_lo"], m["heldout_top1_ci_hi"]), reference="held-out next tokens",
-                   point=point)
+                   point=point, setting=setting)
     a = m.get("strongest_attacker")
     if a is None:
         return common.tradeoff(**utility)

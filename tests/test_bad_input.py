@@ -240,6 +240,23 @@ CASES = {
     "collab record without QUESTION": Case([*COLLAB, "collab.benchmark.name=pubmedqa",
                                             "collab.benchmark.path={F}/pubmedqa_no_question.json"],
                                            "collab.benchmark pubmedqa: record 1 has no 'QUESTION' or 'question' field"),
+    # Data files a clone does not have (experiment=splitft's, grad_audit_2core's, docs/collab.md's defaults):
+    # refused before any model loads, with the way to get the data in the same line (issue 34, item 8).
+    "splitft data file missing": Case(["experiment=splitft_smoke", "splitft.data.source=text",
+                                       "splitft.data.path={F}/nope.raw"],
+                                      "splitft.data.path={F}/nope.raw does not exist: give your copy's path, or with "
+                                      "network splitft.data.source=hub splitft.data.hub_id=Salesforce/wikitext"),
+    "grad audit corpus missing": Case(["experiment=grad_audit_smoke", "grad_audit.corpus.source=text",
+                                       "grad_audit.corpus.path={F}/nope.raw"],
+                                      "grad_audit.corpus.path={F}/nope.raw does not exist: give your copy's path, or "
+                                      "with network grad_audit.corpus.source=hub"),
+    "collab benchmark file missing": Case([*COLLAB, "collab.benchmark.name=pubmedqa",
+                                           "collab.benchmark.path={F}/nope.json"],
+                                          "collab.benchmark.path={F}/nope.json is not a file: give your copy's path, "
+                                          "or with network collab.benchmark.path=null loads the benchmark"),
+    "sanitize task file missing": Case([*SANITIZE, "sanitize.task_paths.sst2={F}/nope.tsv"],
+                                       "sanitize.tasks: sst2 path={F}/nope.tsv does not exist: give your copy's path, "
+                                       "or leave sanitize.task_paths.sst2 unset (the bundled mini SST-2 serves it)"),
     # --- found by the model library (a few seconds each: transformers is imported)
     "hub model offline": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
                               "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",

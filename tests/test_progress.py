@@ -53,6 +53,9 @@ def test_a_cli_run_into_a_pipe_prints_no_bar(tmp_path):
     assert res.returncode == 0, res.stderr
     # Neither ours (batches, tokens) nor the libraries' (transformers' weight loading of the similarity model).
     assert not BAR.search(res.stderr), res.stderr
+    # Stdout opens with the run's own table, no library's INFO lines above it (sentence-transformers' device
+    # and model path, issue 34 item 7).
+    assert res.stdout.splitlines()[0].startswith("smoke: tiny-llama"), res.stdout
 
 
 def test_library_bars_are_off_in_a_pipe_and_ours_still_draw_on_a_terminal():

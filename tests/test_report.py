@@ -928,9 +928,12 @@ def _series_styles(fig) -> list[tuple[str, list[tuple]]]:
 
 def test_no_two_series_of_a_figure_share_colour_and_marker(tmp_path: Path, capsys, monkeypatch) -> None:
     """Every figure the report draws, checked as it is saved: its series differ in colour and marker, and
-    the legend sits outside the plotted area. Fourteen reference lines beside the ε sweep: past tab10's ten
-    colours, where a colour-only cycle repeats."""
+    the legend sits outside the plotted area. Fourteen reference lines beside the ε sweep, and twelve
+    settings (benchmark · mode) of collaborative decoding on the cross-system chart, one series each: past
+    tab10's ten colours, where a colour-only cycle repeats."""
     from matplotlib.figure import Figure
+
+    from runners.common import tradeoff
 
     runs, out_dir = tmp_path / "runs", tmp_path / "report"
     sweep(runs)
@@ -938,6 +941,14 @@ def test_no_two_series_of_a_figure_share_colour_and_marker(tmp_path: Path, capsy
         d = fidelity("slalom", None, 20.0 + i, 15.0 + i, 25.0 + i)
         d["run_dir"] = d["run_dir"].replace("/default", f"/engine.slalom_frac_bits={i}")
         write_run(runs, f"fidelity/smollm2-135m/slalom/eps=na/engine.slalom_frac_bits={i}", d)
+    for i in range(12):   # an experiment without a section of its own: only its tradeoff blocks are drawn
+        block = tradeoff(leakage_metric="token_er_at_100", leakage=50.0 + i, leakage_ci=(45.0 + i, 55.0 + i),
+                         attacker="decodeleak", leakage_floor=40.0, utility_metric="accuracy", utility=30.0 + i,
+                         utility_ci=(20.0 + i, 40.0 + i), reference="gold answer",
+                         setting=f"bench{i // 2} · {('cloud', 'edge')[i % 2]}-side · α=0.3")
+        write_run(runs, f"points/{i}", {"experiment": "points", "status": "ok", "system": "collab",
+                                        "configuration": "collab_none", "epsilon": None, "model": "smollm2-135m",
+                                        "tags": [], "metrics": {}, "tradeoff": block})
     checked, xlabels, real_savefig = [], [], Figure.savefig
 
     def savefig(fig, *args, **kwargs):
@@ -950,14 +961,16 @@ def test_no_two_series_of_a_figure_share_colour_and_marker(tmp_path: Path, capsy
                 if legend is not None:   # an axes legend lies right of its axes, not on the curves
                     fig.canvas.draw()
                     assert legend.get_window_extent().x0 >= ax.get_window_extent().x1, title
-            checked.append(len(styles))
+            checked.append((title, len(styles)))
         xlabels.extend(ax.get_xlabel() for ax in fig.axes if "fidelity" in str(args[0]))
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     code, _, err = run_report([str(runs), "--out", str(out_dir)], capsys)
     assert code == 0, err
-    assert max(checked) >= 15   # the ε sweep and the 14 reference lines in one panel
+    assert max(n for _, n in checked) >= 15   # the ε sweep and the 14 reference lines in one panel
+    # the cross-system chart: the twelve settings and the floor's legend entry
+    assert max(n for title, n in checked if title.startswith("privacy–utility")) == 13
     # One short x label per panel: the swept configuration's parameter, not every ε-taking configuration.
     assert xlabels and set(xlabels) == {"ε (ep1)"}
 

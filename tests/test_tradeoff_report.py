@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runners.common import tradeoff
 from runners.report import tradeoff as section
 from runners.report.plotting import Figures
@@ -81,3 +83,117 @@ def test_markdown_draws_complete_points_and_lists_the_rest(tmp_path):
 
 def test_a_run_without_a_tradeoff_block_is_not_a_point():
     assert section.groups([Run(Path("x"), "x", "ok", {"experiment": "timing", "model": "m"})]) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# One benchmark and mode per point (issue 34, item 4)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _collab(root: Path, bench: str, fusion: str, configuration: str, epsilon: float | None, leak: float,
+            utility: float, *, alpha: float = 0.3, candidates: int | None = None, legacy: bool = False) -> None:
+    """A collab results.json as runners/collab.py writes it (the tradeoff block through the same helpers); with
+    `legacy`, as runs from before `tradeoff.setting` wrote it (no setting, no point)."""
+    import json
+
+    from harness.collab import config as collab_config
+
+    metric, reference = ("accuracy", "gold answer") if bench == "pubmedqa" else ("rouge_l", "reference response")
+    block = tradeoff(leakage_metric="token_er_at_100", leakage=leak, leakage_ci=(leak - 5, leak + 5),
+                     attacker="decodeleak", leakage_floor=60.0, utility_metric=metric, utility=utility,
+                     utility_ci=(utility - 9, utility + 9), reference=reference,
+                     setting=collab_config.tradeoff_setting(bench, fusion, alpha, "smollm2-135m", "smollm2-135m"),
+                     point=collab_config.tradeoff_point(configuration, candidates, False))
+    if legacy:
+        block = {k: v for k, v in block.items() if k != "setting"} | {"point": None}
+    run = root / f"collab/{configuration}/{bench}_{fusion}_{alpha:g}_{epsilon}_{'legacy' if legacy else 'new'}"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "experiment": "collab", "status": "ok", "system": "collab", "configuration": configuration, "epsilon": epsilon,
+        "model": "smollm2-135m", "cloud_model": "smollm2-135m", "tags": [], "fusion": fusion, "alpha": alpha,
+        "candidates": candidates, "benchmark": {"name": bench}, "tradeoff": block}))
+    (run / ".done").write_bytes(b"")
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_collab_points_never_join_across_benchmarks_modes_or_alpha(tmp_path, legacy):
+    """Runs of two benchmarks × two fusion modes (and the edge alone at α = 0) of one defence and parameter:
+    every point is one run, its leakage and utility that run's own, labelled with its benchmark and mode;
+    Dolly's points only on the ROUGE-L chart, PubMedQA's only on the accuracy chart."""
+    from runners.report.runs import scan
+
+    values = {("dolly", "cloud"): (90.0, 28.0), ("dolly", "edge"): (80.0, 25.0),
+              ("pubmedqa", "cloud"): (70.0, 33.0), ("pubmedqa", "edge"): (75.0, 40.0)}
+    for (bench, fusion), (leak, util) in values.items():
+        _collab(tmp_path, bench, fusion, "collab_none", None, leak, util, legacy=legacy)
+        _collab(tmp_path, bench, fusion, "coveil", 1.0, leak - 20, util - 5, candidates=100, legacy=legacy)
+    _collab(tmp_path, "dolly", "cloud", "collab_none", None, 99.0, 1.0, alpha=0.0, legacy=legacy)   # Table A2's ablation
+    charts = {c.metric: c for c in section.groups(scan(tmp_path))}
+    assert set(charts) == {"accuracy", "rouge_l"}
+    for metric, bench in (("rouge_l", "dolly"), ("accuracy", "pubmedqa")):
+        chart = charts[metric]
+        assert all(len(p.runs) == 1 and p.setting.startswith(f"{bench} · ") for p in chart.points), metric
+        for fusion in ("cloud", "edge"):
+            leak, util = values[(bench, fusion)]
+            (none,) = [p for p in chart.points if p.configuration == "collab_none"
+                       and p.setting == f"{bench} · {fusion}-side · α=0.3"]
+            assert (none.leakage["value"], chart.utility(none)["value"]) == (leak, util)
+            (coveil,) = [p for p in chart.points if p.configuration == "coveil" and f"{fusion}-side" in p.setting]
+            assert (coveil.leakage["value"], chart.utility(coveil)["value"]) == (leak - 20, util - 5)
+            assert coveil.label == "coveil λ=1 |C|=100" and coveil.series == f"collab · {bench} · {fusion}-side · α=0.3"
+    (alone,) = [p for p in charts["rouge_l"].points if p.setting.endswith("α=0")]
+    assert (alone.leakage["value"], charts["rouge_l"].utility(alone)["value"]) == (99.0, 1.0)
+    # The table's first column names the benchmark and mode; the chart draws one series per setting.
+    md = "\n".join(section.markdown(list(charts.values()), Figures(tmp_path / "report")))
+    assert "| collab · dolly · edge-side · α=0.3 | collab_none | 80.0 [75.0, 85.0] |" in md
+    assert r"| collab · pubmedqa · cloud-side · α=0.3 | coveil λ=1 \|C\|=100 | 50.0 [45.0, 55.0] |" in md
+    accuracy, rouge = md.split("### privacy–utility")[1:]
+    assert "utility = accuracy" in accuracy and "dolly" not in accuracy and "pubmedqa" not in rouge
+
+
+def test_sanitiser_points_split_by_task_set_and_the_fidelity_run_joins_each(tmp_path):
+    """Two sanitise runs of one mechanism on two lm-eval task sets are two points; the mechanism's fidelity run
+    (no setting: semantic similarity on the workload's prompts) joins both."""
+    from harness.sanitize.config import tradeoff_setting
+
+    def sanitize(tasks: list[str], leak: float, acc: float) -> dict:
+        return tradeoff(utility_metric="accuracy", utility=acc, utility_ci=(acc - 5, acc + 5), reference="gold",
+                        leakage_metric="token_f1", leakage=leak, leakage_ci=(leak - 2, leak + 2), attacker="Pr@5",
+                        point="L=5 σ=1.25", setting=tradeoff_setting(tasks))
+
+    runs = [_run("s/sst2", "stencil", None, sanitize(["sst2"], 30.0, 80.0), experiment="sanitize"),
+            _run("s/csqa", "stencil", None, sanitize(["commonsense_qa"], 31.0, 20.0), experiment="sanitize"),
+            _run("f", "stencil", None, {**_utility(90.0, 89.0, 91.0), "point": "L=5 σ=1.25"})]
+    charts = {c.metric: c for c in section.groups(runs)}
+    acc = {p.setting: p for p in charts["accuracy"].points}
+    assert {s: (p.leakage["value"], p.utilities["accuracy"]["value"]) for s, p in acc.items()} == {
+        "tasks sst2": (30.0, 80.0), "tasks commonsense_qa": (31.0, 20.0)}
+    sim = charts["semantic_similarity"].points
+    assert sorted((p.setting, p.leakage["value"]) for p in sim) == [("tasks commonsense_qa", 31.0), ("tasks sst2", 30.0)]
+    assert all(sorted(p.runs) == sorted(["f", f"s/{'sst2' if 'sst2' in p.setting else 'csqa'}"]) for p in sim)
+
+
+def test_split_ft_points_split_by_data_and_split(tmp_path):
+    """Split fine-tuning runs of one configuration on two data sets, and from before `setting` (read from their
+    own workload and split), never join."""
+    from harness.splitft.config import tradeoff_setting
+
+    split = {"k": 2, "m": 2, "n_clients": 2, "lora": True}
+
+    def block(leak: float, top1: float, workload: str | None) -> dict:
+        b = tradeoff(utility_metric="heldout_top1", utility=top1, utility_ci=(top1 - 1, top1 + 1), reference="held-out",
+                     leakage_metric="token_f1", leakage=leak, leakage_ci=(leak - 1, leak + 1), attacker="splitft_x",
+                     setting=None if workload is None else tradeoff_setting(workload, split))
+        return b if workload is not None else {k: v for k, v in b.items() if k != "setting"}
+
+    def run(rel: str, leak: float, top1: float, workload: str, legacy: bool) -> Run:
+        r = _run(rel, "privpair", 1.0, block(leak, top1, None if legacy else workload), experiment="splitft")
+        r.data.update(system="splitft", workload=workload, split=split)
+        return r
+
+    runs = [run("a", 40.0, 30.0, "splitft:text", False), run("b", 60.0, 10.0, "splitft:jsonl", False),
+            run("c", 41.0, 31.0, "splitft:text", True)]     # an older run of a's setting: joins a, not b
+    (chart,) = section.groups(runs)
+    got = {p.setting: (sorted(p.runs), p.leakage["value"], chart.utility(p)["value"]) for p in chart.points}
+    assert got == {"splitft:text · k=2 m=2 · 2 clients · LoRA": (["a", "c"], 41.0, 30.0),
+                   "splitft:jsonl · k=2 m=2 · 2 clients · LoRA": (["b"], 60.0, 10.0)}

@@ -30,6 +30,7 @@ from attacks import controls
 from attacks.sanitize import bayes, scoring
 from harness.sanitize import mechanisms
 from metrics.intervals import Estimate, mean_ci, paired_difference_ci
+from metrics.proportions import proportion_ci
 
 # Mechanisms whose likelihood is exact (a 0 is a true 0); the others' zeros are estimates (no draw reached t').
 EXACT = (mechanisms.IDENTITY, mechanisms.CUSTEXT_PLUS)
@@ -182,7 +183,8 @@ def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], origina
     gain, verdict = prior_gain(top1, prior, margin_pp, positive_passed=positive_passed,
                                negative_passed=negative_passed)
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
-    result = scoring.AttackScore(name, mean_ci(top1, bounds=(0, 100)), mean_ci(topk, bounds=(0, 100)), f1, reference,
+    # Rates over positions, as the other attackers' (scoring.score): Wilson where every prompt sits at 0 or 100 %.
+    result = scoring.AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference,
                                  negative, negative_passed, verdict, rows)
-    extra = {**mean_ci(prior, bounds=(0, 100)).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain")}
+    extra = {**proportion_ci(prior).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain")}
     return result, guesses, extra

@@ -159,7 +159,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("collab.benchmark.n_examples", b.n_examples, 1, nullable=True)
     check_at_least("collab.benchmark.max_context_words", b.max_context_words, 1, nullable=True)
     if b.path is not None and not Path(str(b.path)).expanduser().is_file():
-        raise UserError(f"collab.benchmark.path={b.path} is not a file")
+        raise UserError(f"collab.benchmark.path={b.path} is not a file: give your copy's path, or with network "
+                        "collab.benchmark.path=null loads the benchmark through datasets (docs/collab.md)")
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"collab.controls.{key}", c.controls[key], 0)
     if cfg.runner != "collab":
@@ -188,3 +189,23 @@ def _check_baselines(c: DictConfig) -> None:
     check_choice("collab.invisibleink.accounting", ink.accounting, INVISIBLEINK_ACCOUNTING)
     check_positive("collab.invisibleink.temperature", ink.temperature)
     check_at_least("collab.invisibleink.top_k", ink.top_k, 1, nullable=True)
+
+
+def tradeoff_setting(benchmark: str, fusion: str, alpha: float | None, edge: str, cloud: str | None) -> str:
+    """What a collab point on the cross-system privacy–utility chart is measured under (runners/common.tradeoff
+    `setting`): one run measures both halves on one benchmark, in one fusion mode, at one fusion weight α, so
+    runs that differ in any of them never join (Dolly's leakage is no partner for PubMedQA's accuracy). The
+    cloud model is named where it is not the edge model."""
+    parts = [str(benchmark), f"{fusion}-side"] + ([] if alpha is None else [f"α={float(alpha):g}"])
+    if cloud is not None and cloud != edge:
+        parts.append(f"cloud {cloud}")
+    return " · ".join(parts)
+
+
+def tradeoff_point(configuration: str, candidates: int | None, per_token: bool) -> str | None:
+    """What else tells one defence's runs at one parameter apart (runners/common.tradeoff `point`): CoVeil's
+    candidate pool |C| (paper Table A1) and InvisibleInk's per-token accounting (its ε then measures another
+    thing)."""
+    parts = ([f"|C|={int(candidates)}"] if configuration == "coveil" and candidates is not None else []) + \
+            (["ε per token"] if configuration == "collab_invisibleink" and per_token else [])
+    return " ".join(parts) or None

@@ -20,6 +20,7 @@ from harness.errors import UserError
 from harness.models import load_model
 from metrics.answers import constant_answer_floor, option_correct, scored_correct
 from metrics.intervals import Estimate, mean_ci
+from metrics.proportions import proportion_ci
 from metrics.text import rouge_l
 
 
@@ -158,8 +159,10 @@ def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> U
     # Accuracy that does not clear the constant answer's (always the most frequent gold option) shows no skill:
     # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
     floor = constant_answer_floor([e.answer for e in examples]) if metric == "accuracy" else None
-    return Utility(metric, per, cloud_per, mean_ci(per, bounds=(0.0, 100.0)), mean_ci(cloud_per, bounds=(0.0, 100.0)),
-                   floor, option_scores)
+    # Accuracy is a proportion of examples (each 0 or 100): Wilson's interval, never zero-width at 0 or 100 %;
+    # ROUGE-L a mean of scores (Student t, clipped) (docs/design.md, Metrics).
+    interval = proportion_ci if metric == "accuracy" else (lambda v: mean_ci(v, bounds=(0.0, 100.0)))
+    return Utility(metric, per, cloud_per, interval(per), interval(cloud_per), floor, option_scores)
 
 
 def generation(cfg: DictConfig) -> dict[str, Any]:

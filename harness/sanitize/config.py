@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
@@ -131,3 +132,9 @@ def point_label(section: Any, configuration: str) -> str:
     if configuration == "custext_plus":
         return f"k={section.custext_k}"
     return ""
+
+
+def tradeoff_setting(tasks: Iterable[str]) -> str:
+    """What a sanitiser run's point on the privacy–utility chart is measured on (runners/common.tradeoff
+    `setting`): its accuracy pools the lm-eval tasks it ran, so runs on other task sets never join."""
+    return "tasks " + ", ".join(tasks)

@@ -97,7 +97,10 @@ def _jsonl(path: Path, name: str) -> list[dict[str, Any]]:
 
 def _local(name: str, path: Path) -> list[dict[str, Any]]:
     if not path.exists():
-        raise UserError(f"sanitize.tasks: {name} path={path} does not exist")
+        unset = ("the bundled mini SST-2 serves it" if name == "sst2"
+                 else "with network the task loads through datasets")
+        raise UserError(f"sanitize.tasks: {name} path={path} does not exist: give your copy's path, or leave "
+                        f"sanitize.task_paths.{name} unset ({unset})")
     if path.suffix == ".jsonl" and name != "commonsense_qa":
         return _jsonl(path, name)
     if name == "sst2":

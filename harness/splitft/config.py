@@ -6,6 +6,7 @@ Torch-free: harness/schema.py imports it to type the section and calls `check` f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
@@ -189,6 +190,15 @@ class SplitFtConfig:
     attack: SplitFtAttackConfig = MISSING
 
 
+# The public data set each file source stands for, read through `datasets` instead of a local copy.
+DATA_FROM_HUB = {
+    "text": "splitft.data.source=hub splitft.data.hub_id=Salesforce/wikitext splitft.data.hub_config=wikitext-2-raw-v1 "
+            "splitft.data.split=test splitft.data.text_field=text (WikiText-2)",
+    "jsonl": "splitft.data.source=hub splitft.data.hub_id=databricks/databricks-dolly-15k "
+             "splitft.data.text_field=response (Dolly)",
+}
+
+
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range. The cut against
     the model's depth (m <= L) is checked by harness.splitft.partition.Partition once the model is loaded
@@ -217,6 +227,10 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         raise UserError(f"splitft.data.source={d.source} needs splitft.data.path=/path/to/file")
     if d.source == "hub" and not d.hub_id:
         raise UserError("splitft.data.source=hub needs splitft.data.hub_id (e.g. wikitext)")
+    # Before any model loads, and with the way forward: experiment=splitft's default file is not in a clone.
+    if cfg.runner == "splitft" and d.source in ("text", "jsonl") and not Path(str(d.path)).expanduser().exists():
+        raise UserError(f"splitft.data.path={d.path} does not exist: give your copy's path, or with network "
+                        f"{DATA_FROM_HUB[d.source]}")
     check_at_least("splitft.data.seq_len", d.seq_len, 2)
     for key in ("n_train", "n_heldout", "n_align"):
         check_at_least(f"splitft.data.{key}", d[key], 1)
@@ -322,3 +336,12 @@ def variant_label(guard: dict[str, float] | None, train_head: bool = True) -> st
     trained A."""
     parts = ([] if train_head else ["A frozen"]) + ([guard_label(guard)] if guard else [])
     return " · ".join(parts) or None
+
+
+def tradeoff_setting(workload: str, split: dict[str, Any]) -> str:
+    """What a split fine-tuning point on the privacy–utility chart is measured on (runners/common.tradeoff
+    `setting`): one run trains, attacks and scores held-out text of one data set at one split (k, m), client
+    count and adapter choice, so runs differing in any of them never join (the groups of
+    runners/report/splitft.py)."""
+    lora = " · LoRA" if split.get("lora") else ""
+    return f"{workload} · k={split.get('k')} m={split.get('m')} · {split.get('n_clients')} clients{lora}"

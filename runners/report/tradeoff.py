@@ -1,6 +1,6 @@
 """One privacy–utility chart for every system: each run's `tradeoff` block (runners/common.tradeoff).
 
-A point is one (system, model, configuration, privacy parameter, point label): its leakage is the
+A point is one (system, model, configuration, privacy parameter, point label, setting): its leakage is the
 strongest attacker over every run that attacked it (the highest value; SpliTEE's attack and restore runs,
 a sanitiser's attacks, the server's attacks in split fine-tuning, ...), its utility per utility metric the
 lowest over every run that measured it. Taking the worst of each keeps a point from looking better than
@@ -9,9 +9,17 @@ the unprotected baseline, task accuracy, ...), so a chart never mixes two kinds 
 a point appears on every chart whose metric it has. Points without a leakage or a utility measurement are
 listed, not drawn.
 
+A run that measures both halves on one benchmark and mode names it as its `setting` (collab's benchmark,
+fusion mode and α; a sanitiser's lm-eval tasks; split fine-tuning's data and split; the gradient audit's
+text): runs of different settings never join, so a point never pairs one benchmark's leakage with another's
+utility, and each (system, setting) is its own series. A run without a setting that would otherwise join
+(a sanitiser's fidelity run, which measures semantic similarity on the workload's prompts) joins every
+setting's point of its configuration. Runs from before results.json recorded the setting get it from their
+own fields (`_legacy_setting`).
+
 Leakage metrics still differ between systems (token F1 of a prompt reconstruction, top-1 of a label
 attack, token exposure rate): the table names each point's metric and attacker, and the chart keeps one
-colour per system so that a reader compares within a metric first.
+colour and marker per system and setting so that a reader compares within a metric first.
 """
 from __future__ import annotations
 
@@ -21,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import configurations
+from harness.collab import config as collab_config
+from harness.sanitize import config as sanitize_config
+from harness.splitft import config as splitft_config
 from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
 from runners.report.plotting import Figures, pyplot, save_axes, series_style
 from runners.report.runs import Run
@@ -30,8 +41,10 @@ EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experim
 INTRO = ("Every configuration of every system on the same axes: reconstruction by the strongest attacker run "
          "against it (x, %; higher = more leaked) and the utility it kept (y, %; higher = better), each "
          "**value [95% interval]** over examples. A point joins the runs of one system, model, configuration "
-         "and privacy parameter: the highest leakage and the lowest utility any of them measured. The floor "
-         "is the attacker's no-signal score (what it reaches from nothing).")
+         "and privacy parameter: the highest leakage and the lowest utility any of them measured. Runs measured "
+         "on different settings (a benchmark and mode: collab's benchmark, fusion mode and α; a sanitiser's "
+         "tasks; split fine-tuning's data and split) never join: each setting is its own series, named after "
+         "the system. The floor is the attacker's no-signal score (what it reaches from nothing).")
 
 
 @dataclass
@@ -41,6 +54,7 @@ class Point:
     configuration: str
     parameter: str                       # "η=0.5", "ε=1", "" where the configuration has no knob
     label_extra: str = ""                # the runs' `tradeoff.point` (e.g. a sanitiser's window)
+    setting: str = ""                    # the runs' `tradeoff.setting` (e.g. "dolly · cloud-side · α=0.3")
     leakage: dict[str, Any] | None = None
     utilities: dict[str, dict[str, Any]] = field(default_factory=dict)   # utility metric → the worst measured
     runs: list[str] = field(default_factory=list)
@@ -48,6 +62,11 @@ class Point:
     @property
     def label(self) -> str:
         return " ".join(x for x in (self.configuration, self.parameter, self.label_extra) if x)
+
+    @property
+    def series(self) -> str:
+        """The chart's series (one colour and marker) and the table's first column: the system and setting."""
+        return " · ".join(x for x in (self.system, self.setting) if x)
 
 
 @dataclass
@@ -84,34 +103,73 @@ def _system(run: Run) -> str:
     return str(run.data.get("system") or (conf.system if conf is not None else "?"))
 
 
+def _legacy_parts(run: Run) -> tuple[str | None, str | None]:
+    """(setting, point) of a run from before results.json's `tradeoff.setting`, from its own fields: the same
+    helpers the runners call now, so old and new runs of one setting join."""
+    d, system = run.data, _system(run)
+    if system == configurations.COLLAB:
+        unit = str((d.get("privacy_parameter") or {}).get("unit") or "")
+        return (collab_config.tradeoff_setting((d.get("benchmark") or {}).get("name"), d.get("fusion"),
+                                               num(d.get("alpha")), str(d.get("model")), d.get("cloud_model")),
+                collab_config.tradeoff_point(str(d.get("configuration")), d.get("candidates"), "per token" in unit))
+    if system == configurations.SANITIZE and d.get("experiment") == "sanitize":
+        return sanitize_config.tradeoff_setting(d.get("tasks") or {}), None
+    if system == configurations.SPLITFT:
+        return splitft_config.tradeoff_setting(str(d.get("workload")), d.get("split") or {}), None
+    if system == configurations.GRAD_AUDIT:
+        return str(d.get("workload")), None
+    return None, None
+
+
+def _parts(run: Run, block: dict[str, Any]) -> tuple[str, str]:
+    """The run's (setting, point label); a block without the `setting` key predates it."""
+    if "setting" in block:
+        return str(block.get("setting") or ""), str(block.get("point") or "")
+    setting, point = _legacy_parts(run)
+    return str(setting or ""), str(block.get("point") or point or "")
+
+
+def _join(point: Point, run: Run, block: dict[str, Any]) -> None:
+    """Add one run's halves to a point: the highest leakage, the lowest utility per metric."""
+    point.runs.append(run.rel)
+    leak, util = block.get("leakage"), block.get("utility")
+    if leak and (point.leakage is None or num(leak.get("value")) > num(point.leakage.get("value"))):
+        point.leakage = leak
+    if util:
+        metric = str(util.get("metric"))
+        held = point.utilities.get(metric)
+        if held is None or num(util.get("value")) < num(held.get("value")):
+            point.utilities[metric] = util
+
+
 def groups(runs: Sequence[Run]) -> list[Chart]:
     """One chart per (tag set, model, utility metric), its points joined over every finished run carrying a
     tradeoff; points with no utility at all go to a chart of metric "" (listed only)."""
     points: dict[tuple, Point] = {}
+    unset: list[tuple[tuple, Run, dict[str, Any]]] = []   # runs without a setting: joined once all settings are known
     for run in runs:
         block = run.data.get("tradeoff") if run.state == "ok" else None
         if not isinstance(block, dict):
             continue
         model, system, conf = str(run.data.get("model")), _system(run), str(run.data.get("configuration"))
-        parameter, extra = _parameter(run), str(block.get("point") or "")
-        point = points.setdefault((run.tags, model, system, conf, parameter, extra),
-                                  Point(system, model, conf, parameter, extra))
-        point.runs.append(run.rel)
-        leak, util = block.get("leakage"), block.get("utility")
-        if leak and (point.leakage is None or num(leak.get("value")) > num(point.leakage.get("value"))):
-            point.leakage = leak
-        if util:
-            metric = str(util.get("metric"))
-            held = point.utilities.get(metric)
-            if held is None or num(util.get("value")) < num(held.get("value")):
-                point.utilities[metric] = util
+        (setting, extra), parameter = _parts(run, block), _parameter(run)
+        base = (run.tags, model, system, conf, parameter, extra)
+        if not setting:
+            unset.append((base, run, block))
+            continue
+        _join(points.setdefault((*base, setting), Point(system, model, conf, parameter, extra, setting)), run, block)
+    for base, run, block in unset:
+        targets = [p for key, p in points.items() if key[:-1] == base and key[-1]]
+        tags, model, system, conf, parameter, extra = base
+        for point in targets or [points.setdefault((*base, ""), Point(system, model, conf, parameter, extra))]:
+            _join(point, run, block)
     charts: dict[tuple, Chart] = {}
     for (tags, model, *_), point in points.items():
         for metric in sorted(point.utilities) or [""]:
             charts.setdefault((tags, model, metric), Chart(tags, model, metric, [])).points.append(point)
     for chart in charts.values():
         chart.points.sort(key=lambda p: (configurations.SYSTEMS.index(p.system) if p.system in configurations.SYSTEMS
-                                         else 99, p.configuration, p.parameter, p.label_extra))
+                                         else 99, p.setting, p.configuration, p.parameter, p.label_extra))
     # The semantic-similarity chart first (the one every system's generations can share), the list last.
     order = {"semantic_similarity": 0, "": 2}
     return [charts[k] for k in sorted(charts, key=lambda k: (k[0], k[1], order.get(k[2], 1), k[2]))]
@@ -125,24 +183,25 @@ def _cell(part: dict[str, Any] | None) -> str:
 
 
 def table_md(chart: Chart) -> str:
-    rows = [[p.system, p.label, _cell(p.leakage),
+    rows = [[p.series, p.label, _cell(p.leakage),
              "—" if not p.leakage else f"{p.leakage.get('metric')} · {p.leakage.get('attacker')}",
              "—" if not p.leakage or p.leakage.get("floor") is None else f"{num(p.leakage['floor']):.1f}",
              _cell(chart.utility(p)),
              "—" if not chart.utility(p) else f"{chart.metric} vs {chart.utility(p).get('reference')}"]
             for p in chart.points]
-    return md_table(["system", "configuration", "leakage %", "leakage metric · attacker", "floor %",
+    return md_table(["system · setting", "configuration", "leakage %", "leakage metric · attacker", "floor %",
                      "utility %", "utility metric"], rows)
 
 
 def plot(chart: Chart, path: Path) -> None:
-    """Leakage (x) against utility (y) with both intervals, one colour per system, each point labelled."""
+    """Leakage (x) against utility (y) with both intervals, one colour and marker per system and setting
+    (the legend names both), each point labelled with its configuration."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
-    systems = list(dict.fromkeys(p.system for p in chart.points if chart.complete(p)))
+    series = list(dict.fromkeys(p.series for p in chart.points if chart.complete(p)))
     any_floor = False
-    for i, system in enumerate(systems):
-        pts = [p for p in chart.points if chart.complete(p) and p.system == system]
+    for i, name in enumerate(series):
+        pts = [p for p in chart.points if chart.complete(p) and p.series == name]
         xs = [num(p.leakage["value"]) for p in pts]
         ys = [num(chart.utility(p)["value"]) for p in pts]
         xerr = [[x - (p.leakage.get("ci") or [x, x])[0] for x, p in zip(xs, pts)],
@@ -150,7 +209,7 @@ def plot(chart: Chart, path: Path) -> None:
         yerr = [[y - (chart.utility(p).get("ci") or [y, y])[0] for y, p in zip(ys, pts)],
                 [(chart.utility(p).get("ci") or [y, y])[1] - y for y, p in zip(ys, pts)]]
         style = series_style(i)
-        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=style["marker"], color=style["color"], capsize=2, label=system,
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=style["marker"], color=style["color"], capsize=2, label=name,
                     alpha=0.9)
         for x, y, p in zip(xs, ys, pts):
             ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=style["color"])
@@ -175,7 +234,7 @@ def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:
         md += [f"### {chart.title}", "", table_md(chart), ""]
         if any(chart.complete(p) for p in chart.points):
             md += figure("tradeoff", i, chart, plot, "privacy–utility chart")
-        missing = [p.label for p in chart.points if not chart.complete(p)]
+        missing = [f"{p.label} ({p.setting})" if p.setting else p.label for p in chart.points if not chart.complete(p)]
         if missing:
             md += [f"Not drawn (one half not measured yet): {', '.join(missing)}.", ""]
     return md

@@ -505,6 +505,26 @@ def test_stated_option():
     assert option_correct("Yes, because", ("yes", "no", "maybe"), "yes") == 100.0
 
 
+def test_option_accuracy_at_the_edges_has_a_wilson_interval():
+    """Every example right (and the cloud alone every one wrong): accuracy 100 and 0 with Wilson's interval on
+    10 examples, never a zero-width one (issue 34, item 3); ROUGE-L keeps the t interval of its mean."""
+    from types import SimpleNamespace as NS
+
+    from harness.collab.experiment import utility
+    from metrics.proportions import wilson
+
+    examples = [NS(options=("yes", "no", "maybe"), answer="yes", reference="a b c") for _ in range(10)]
+    runs = NS(signals=NS(texts=["Yes."] * 10), floor=NS(texts=["No."] * 10))
+    cfg = NS(collab=NS(option_scoring="stated"))
+    use = utility(cfg, NS(pair=None), NS(examples=examples, has_options=True), runs)
+    lo, hi = wilson(10, 10)
+    assert use.metric == "accuracy" and (use.value.mean, use.value.lo, use.value.hi) == pytest.approx((100, 100 * lo, 100))
+    assert use.value.lo < 75 and (use.cloud_only.mean, use.cloud_only.lo) == (0.0, 0.0) and use.cloud_only.hi > 25
+    rouge = utility(cfg, NS(pair=None), NS(examples=examples, has_options=False),
+                    NS(signals=NS(texts=["a b c"] * 10), floor=NS(texts=["a b c"] * 10)))
+    assert rouge.metric == "rouge_l" and (rouge.value.mean, rouge.value.lo) == pytest.approx((100.0, 100.0))
+
+
 def test_constant_answer_floor_is_the_most_frequent_gold_answers_share():
     assert constant_answer_floor(["yes", "no", "yes", "maybe"]) == 50.0
     assert constant_answer_floor(["yes", "no", "maybe"]) == pytest.approx(100 / 3)
@@ -699,6 +719,9 @@ def test_collab_smoke_experiment(tmp_path):
         assert r["verdict"] in ("leak", "at_chance", "inconclusive") and "smoke" in r["tags"]
         assert r["tradeoff"]["leakage"]["floor"] == r["floor_token_er_at_k"]["20"]
         assert r["tradeoff"]["leakage"]["value"] == r["token_er_at_k"]["20"]          # the paper's metric
+        # one benchmark and fusion mode per cross-system point (issue 34)
+        cloud = "" if r["cloud_model"] == r["model"] else f" · cloud {r['cloud_model']}"
+        assert r["tradeoff"]["setting"] == f"builtin · {r['fusion']}-side · α={r['alpha']:g}{cloud}"
         c = r["controls"]            # issue 31: the verdict reads the excess over the null signal
         assert c["verdict_statistic"] == "null_excess_token_er" and len(c["null_excess_token_er_ci"]) == 2
         assert r["metrics"]["null_excess_token_er_at_20"] == c["null_excess_token_er"]

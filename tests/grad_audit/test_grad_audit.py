@@ -327,6 +327,7 @@ def test_smoke_experiment_through_the_cli(tmp_path):
         assert key in r and (key == "tradeoff" or key in r["metrics"] or key == "verdict")
     m = r["metrics"]
     assert r["system"] == "grad_audit" and r["configuration"] == "decoy_trainer" and r["epsilon"] is None
+    assert r["tradeoff"]["setting"] == r["workload"]     # one text per cross-system point (issue 34)
     assert r["privacy_parameter"] == {"name": None, "value": None, "unit": None}   # the trainer has no knob
     assert m["zero_support_agreement"] == 1.0 and m["zero_support_frames_identified"] == m["frames_scored"] == 24
     assert m["partition_verdict"] == "leak" and m["verdict"] == "leak"

@@ -386,6 +386,27 @@ def test_prior_gain_is_paired_and_its_verdict_needs_the_gain_to_clear_the_margin
     assert failed == "inconclusive"
 
 
+def test_contextual_rates_at_the_edges_have_wilson_intervals(monkeypatch):
+    """The contextual attacker's top-1/top-k and the prior's top-1 are rates over positions like the other
+    attackers': every prompt at 100 % (or 0 %) reads Wilson's interval on the prompts, not a zero-width one."""
+    from attacks.sanitize import contextual
+    from metrics.proportions import wilson
+
+    originals = [[5, 6, 7], [8, 9], [10, 11, 12], [13]]
+    monkeypatch.setattr(contextual, "prior_hits", lambda model, prefix, originals: [[False] * len(o) for o in originals])
+
+    def attacker(observed):   # always right, in its first guess
+        return [torch.tensor([[t, 0, 1] for t in o]) for o in observed]
+
+    score, _, extra = contextual.score(attacker, None, [], originals, originals, 2, 1.0, True)
+    lo, _ = wilson(4, 4)
+    assert (score.top1.mean, score.top1.lo, score.top1.hi) == pytest.approx((100.0, 100 * lo, 100.0))
+    assert score.topk.lo == pytest.approx(100 * lo) and score.top1.lo < 60
+    _, hi = wilson(0, 4)
+    assert (extra["contextual_prior_top1"], extra["contextual_prior_top1_ci_lo"]) == (0.0, 0.0)
+    assert extra["contextual_prior_top1_ci_hi"] == pytest.approx(100 * hi)
+
+
 def test_contextual_likelihood_floor_and_public_prefix():
     from attacks.sanitize import contextual
 
@@ -563,6 +584,7 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
         assert r["tradeoff"]["utility"]["metric"] == "accuracy" and r["tradeoff"]["leakage"]["metric"] == "token_f1"
+        assert r["tradeoff"]["setting"] == "tasks sst2"      # one task set per cross-system point (issue 34)
         # The constant-answer floor is the majority label's share of the shipped SST-2 file; a random model has
         # no skill above it, and the chart's utility then says so.
         assert m["accuracy_floor_sst2"] == pytest.approx(mini_floor)

@@ -470,6 +470,9 @@ def test_smoke_experiment_through_flower(tmp_path):
     assert m["heldout_ce_gain"] == pytest.approx(m["initial_heldout_ce"] - m["heldout_ce"], abs=1e-6)
     assert m["heldout_ce_gain_ci_lo"] <= m["heldout_ce_gain"] <= m["heldout_ce_gain_ci_hi"]
     assert results["tradeoff"]["leakage"]["metric"].endswith("token_f1") and results["tradeoff"]["utility"]
+    split = results["split"]   # one data set and split per cross-system point (issue 34)
+    assert results["tradeoff"]["setting"] == (f"{results['workload']} · k={split['k']} m={split['m']} · "
+                                              f"{split['n_clients']} clients{' · LoRA' if split['lora'] else ''}")
     assert set(results["view_channels"]) >= {"smashed_up", "smashed_down", "grad_up", "grad_down", "client_weights"}
     assert results["grad_up"] is None                                 # no guard on the gradient sent up
     from harness.adversary_view import AdversaryView
