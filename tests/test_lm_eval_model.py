@@ -54,6 +54,16 @@ def test_the_registry_resolves_splitbench() -> None:
     assert get_model("splitbench") is lm_eval_model.SplitbenchLM
 
 
+def test_the_package_declares_the_lm_eval_plugin_entry_point() -> None:
+    """pyproject's `lm_eval.models` entry point (lm-eval's plug-in discovery) names the registered class."""
+    import tomllib
+    from importlib import import_module
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    module, _, name = project["entry-points"]["lm_eval.models"]["splitbench"].partition(":")
+    assert getattr(import_module(module), name) is lm_eval_model.SplitbenchLM
+
+
 def test_a_local_task_under_cpu_matches_hflm_and_ep1_changes_it(tmp_path: Path) -> None:
     from lm_eval.models.huggingface import HFLM
 
