@@ -100,7 +100,8 @@ def _named(overrides: Iterable[Any], exclude_keys: Iterable[Any], runner: str,
     exclude = {str(k) for k in exclude_keys}
     named, unread = [], []
     for o in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
-        if o.key_or_group in exclude:
+        # by the key it writes: `+model@attack.decoder=NAME` is the attack's decoder, not the excluded `model`
+        if _path(o) in exclude:
             continue
         (named if found is None or found.covers(_path(o)) else unread).append(o.input_line)
     return named, unread

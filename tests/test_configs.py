@@ -18,7 +18,7 @@ from runners import attack, controlled_error, fidelity, fp_error, identity, timi
 from runners.registry import READS, RUNNERS, runner_systems
 from runners.run import render_error
 
-from .conftest import compose_config, group_options
+from .conftest import CONF, compose_config, group_options
 
 MODELS = group_options("model")
 CONFIGURATIONS = group_options("configuration")
@@ -467,6 +467,14 @@ def test_eps_dirname_and_overrides_dirname():
     assert decoder != "default" and decoder == schema.overrides_dirname("", ["model@attack.decoder=tiny-llama-tied"])
     assert schema.overrides_dirname("", ["experiment=attack_smoke", "model=tiny-llama"]) == "default"
     assert schema.overrides_dirname("a=1", ["model@collab.cloud=x"]) != schema.overrides_dirname("a=1", [])
+    # the run directory's resolver too: a decoder of its own is a run of its own (its hash differs)
+    from runners import identity
+    exclude = OmegaConf.load(CONF / "hydra" / "default.yaml").job.config.override_dirname.exclude_keys
+    plain = identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke"], exclude)
+    placed = identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke",
+                                                              "+model@attack.decoder=tiny-qwen3"], exclude)
+    assert plain == "default" and placed != plain and "decoder" in placed
+    assert identity.run_overrides_dirname("attack", "ep1", ["model=tiny-llama"], exclude) == "default"
 
 
 def test_logger_yaml_matches_wandb_modes(hydra_conf):
