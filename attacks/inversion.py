@@ -62,7 +62,7 @@ HEADS = ("lm", "evidence")
 
 @dataclass
 class TrainSettings:
-    """How the inverter trains. No defaults: the SpliTEE attack's values are conf/config.yaml `attack.train`
+    """How the inverter trains. No defaults: the SpliTEE attack's values are conf/splitee/default.yaml `attack.train`
     (attacks/splitee/suite.py passes them); the other systems' inverters (attacks/sanitize/decoder.py,
     attacks/splitft/inverter.py) state theirs."""
 

@@ -161,8 +161,8 @@ def test_calibration_runs_under_its_own_directory(hydra_conf):
     assert str(cfg.hydra.run.dir) == "out/calibration_smoke/tiny-llama/calibration/eps=na/default"
 
 
-# attack.sequential.map_reference in conf/config.yaml: the reference the smoke calibrates MAP's verdict against
-MAP_REFERENCE = str(OmegaConf.load(CONF / "config.yaml").attack.sequential.map_reference)
+# attack.sequential.map_reference in conf/splitee/default.yaml: the reference the smoke calibrates MAP's verdict against
+MAP_REFERENCE = str(OmegaConf.load(CONF / "splitee" / "default.yaml").attack.sequential.map_reference)
 
 
 def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):

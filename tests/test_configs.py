@@ -324,7 +324,7 @@ def test_declared_identities(hydra_conf):
 
 
 def test_dp_delta_moves_only_the_runs_that_convert_with_it(hydra_conf):
-    """dp_delta (conf/config.yaml, the δ of harness/splitee/accounting.py privacy_summary) is read by fidelity
+    """dp_delta (conf/splitee/default.yaml, the δ of harness/splitee/accounting.py privacy_summary) is read by fidelity
     and attack only: at 1e-5, what every run converted with before the key existed, it stays out of their hash
     (harness/systems.py `unhashed`); another δ moves their hash and directory, and no other runner's."""
     for experiment in ("smoke", "attack_smoke", "sequential_attack_smoke", "fp_error_smoke"):

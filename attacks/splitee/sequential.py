@@ -75,7 +75,7 @@ Key = tuple[str, int]   # (op, layer) of one exposure
 
 @dataclass(frozen=True)
 class Settings:
-    """attack.sequential (conf/config.yaml), typed by harness/schema.py SequentialAttackConfig."""
+    """attack.sequential (conf/splitee/default.yaml), typed by harness/schema.py SequentialAttackConfig."""
 
     mode: str
     prior: str                                   # none: the likelihood attacker; model: also MAP

@@ -44,7 +44,7 @@ def settings_from(section: Any, seq_len: int) -> TrainSettings:
                          max_steps=steps, max_minutes=float(section.max_minutes),
                          eval_every=max(1, steps // 4), warmup_steps=min(20, steps),
                          max_target_tokens=seq_len, seed=0,
-                         # the SpliTEE attack's values (conf/config.yaml attack.train) for what the section leaves out
+                         # the SpliTEE attack's values (conf/splitee/default.yaml attack.train) for what the section leaves out
                          evidence_scale=10.0, decoder_lr=1e-4, val_windows=64, projection_hidden=None,
                          gen_batch_size=32)
 

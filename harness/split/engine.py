@@ -37,17 +37,19 @@ from harness.split.offload import (
 from harness.split.sensitivity import as_dicts, sensitivity_table
 
 CONF_PRIMARY = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"
+CONF_SPLITEE = CONF_PRIMARY.parent / "splitee" / "default.yaml"   # SpliTEE's keys, `engine` among them
 TIMING_COMPONENTS = ("attention_proj", "ffn_proj", "down_proj", "lm_head", "masking", "crossing", "bank_refill")
 
 
 def _conf_defaults() -> dict:
-    """conf/config.yaml as written (the primary config, before any experiment): the one place the engine's
-    defaults are written. EngineSettings' defaults are read from it, so the runners (which pass the composed
-    `engine` section whole) and the library's other callers (captures, tests, benchmarks: they name only
-    what they change) run the same engine."""
+    """conf/config.yaml and conf/splitee/default.yaml as written (before any experiment): the one place the
+    engine's defaults are written (`seed` in the first, `engine` in the second, both at the top level).
+    EngineSettings' defaults are read from them, so the runners (which pass the composed `engine` section
+    whole) and the library's other callers (captures, tests, benchmarks: they name only what they change)
+    run the same engine."""
     from omegaconf import OmegaConf
 
-    node = OmegaConf.to_container(OmegaConf.load(CONF_PRIMARY))
+    node = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(CONF_PRIMARY), OmegaConf.load(CONF_SPLITEE)))
     assert isinstance(node, dict)
     return node
 
@@ -58,7 +60,7 @@ _ENGINE = _CONF["engine"]
 
 @dataclass
 class EngineSettings:
-    """What the engine runs. Every default is conf/config.yaml's (its `engine` section and `seed`; what each
+    """What the engine runs. Every default is conf/'s (splitee/default.yaml's `engine`, config.yaml's `seed`; what each
     key means is written there); `epsilon` None = no ε given (configurations that ignore it)."""
 
     configuration: str                    # a name in harness/configurations.py

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # The engine's and attack.capture's values of conf/ (config.yaml, experiment/attack.yaml), which the product
 # path always passes to CaptureSpec and Pipeline; layer 0, as experiment=attack's attack.layer.
-_ENGINE = OmegaConf.load(CONF / "config.yaml").engine
+_ENGINE = OmegaConf.load(CONF / "splitee" / "default.yaml").engine
 _CAPTURE = OmegaConf.load(CONF / "experiment" / "attack.yaml").attack.capture
 ENGINE = dict(offload=tuple(_ENGINE.offload), sigma_scale=float(_ENGINE.sigma_scale),
               sensitivity_rule=str(_ENGINE.sensitivity_rule), slalom_frac_bits=int(_ENGINE.slalom_frac_bits),

@@ -569,7 +569,7 @@ def test_gemma3_split_configurations_run_and_t3_matches_cpu():
 
 def test_settings_defaults_live_in_the_yaml(hydra_conf):
     """Defaults are written in conf/ only. EngineSettings' are the composed `engine` section's and `seed` (read
-    from conf/config.yaml), so a capture or a test that names only what it changes runs the runners' engine;
+    from conf/splitee/default.yaml and conf/config.yaml), so a capture or a test that names only what it changes runs the runners' engine;
     TrainSettings has none (attacks/splitee/suite.py passes attack.train, which names every field but the run's seed)."""
     import dataclasses
 
