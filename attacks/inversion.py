@@ -463,9 +463,12 @@ class TrainLog:
     n_train_examples: int = 0
     n_val_examples: int = 0
     init_r2: float | None = None      # R² of the least-squares start of the projection (position-wise only)
+    # The training loss (mean of the last up to 20 steps) at each validation step: the W&B step history's
+    # curve beside val_history, kept out of record() (results.json carries the run's summary, not its curves).
+    train_history: list[tuple[int, float]] = field(default_factory=list)
 
     def record(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "train_history"}
 
 
 def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequence[Example],
@@ -487,6 +490,7 @@ def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequen
     val = list(val_examples[: settings.val_windows])
     best = (math.inf, 0, None)
     history: list[tuple[int, float]] = []
+    train_history: list[tuple[int, float]] = []
     recent: list[float] = []
     start = time.perf_counter()
     budget = settings.max_minutes * 60.0
@@ -507,11 +511,13 @@ def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequen
         if step % settings.eval_every == 0 or step == settings.max_steps or out_of_time:
             v = inv.mean_loss(val, settings.batch_size)
             history.append((step, v))
+            tl = sum(recent) / len(recent)
+            train_history.append((step, tl))
             if v < best[0]:
                 best = (v, step, inv.state())
-            bar.set_postfix(train_loss=f"{sum(recent) / len(recent):.3f}", val_loss=f"{v:.3f}", refresh=False)
+            bar.set_postfix(train_loss=f"{tl:.3f}", val_loss=f"{v:.3f}", refresh=False)
             if progress is not None:
-                progress(step, sum(recent) / len(recent), v)
+                progress(step, tl, v)
         if out_of_time:
             stopped_by = "max_minutes"
             break
@@ -521,4 +527,4 @@ def train(inv: Inverter, train_examples: Sequence[Example], val_examples: Sequen
     return TrainLog(steps=step, seconds=time.perf_counter() - start, stopped_by=stopped_by,
                     train_loss=sum(recent) / max(1, len(recent)), best_val_loss=best[0], best_step=best[1],
                     val_history=history, n_train_examples=len(train_examples), n_val_examples=len(val_examples),
-                    init_r2=r2)
+                    init_r2=r2, train_history=train_history)

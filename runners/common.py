@@ -137,6 +137,16 @@ def step_history(series: dict[str, Sequence[float]]) -> list[dict[str, Any]]:
     return [{"step": i, **{k: float(v[i]) for k, v in series.items() if i < len(v)}} for i in range(n)]
 
 
+def paired_history(series: dict[str, Sequence[Sequence[float]]]) -> list[dict[str, Any]]:
+    """Series of (step, value) pairs (e.g. a training's losses at its validation steps) as W&B step records:
+    one record per step any series has, in increasing step order, holding every series' value there."""
+    steps: dict[int, dict[str, float]] = {}
+    for name, pairs in series.items():
+        for step, value in pairs:
+            steps.setdefault(int(step), {})[name] = float(value)
+    return [{"step": s, **steps[s]} for s in sorted(steps)]
+
+
 def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
              leakage_ci: Sequence[float] | None = None, attacker: str | None = None,
              utility_metric: str | None = None, utility: float | None = None,

@@ -87,6 +87,27 @@ def test_step_history_merges_series_by_step():
         {"step": 0, "loss/a": 3.0, "loss/b": 4.0}, {"step": 1, "loss/a": 2.0}]
 
 
+def test_paired_history_merges_series_by_their_own_steps():
+    from runners.common import paired_history
+
+    assert paired_history({"a": [(50, 3.0), (100, 2.0)], "b": [(25, 9.0), (100, 1.0)]}) == [
+        {"step": 25, "b": 9.0}, {"step": 50, "a": 3.0}, {"step": 100, "a": 2.0, "b": 1.0}]
+
+
+def test_attack_history_holds_each_attackers_losses_at_its_validation_steps():
+    """runners/attack.py: the training and validation loss of each learned attacker of the run by role;
+    an attacker with no curve (None) logs nothing. tests/splitee/test_attacks.py runs it end to end."""
+    from runners.attack import training_history
+
+    curves = {"attacker": {"train_history": [(50, 3.0), (100, 2.0)], "val_history": [(50, 3.5), (100, 2.5)]},
+              "positive_control": None,
+              "negative_control": {"train_history": [(50, 6.0)], "val_history": [(50, 6.5)]}}
+    assert training_history(curves) == [
+        {"step": 50, "attacker/train_loss": 3.0, "attacker/val_loss": 3.5, "negative_control/train_loss": 6.0,
+         "negative_control/val_loss": 6.5},
+        {"step": 100, "attacker/train_loss": 2.0, "attacker/val_loss": 2.5}]
+
+
 @pytest.mark.slow   # a Flower simulation (~40 s); the grad audit test below covers the history path by default
 def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
     """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""

@@ -101,6 +101,8 @@ class Pipeline:
     mask_seed: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     cache_events: list[dict] = field(default_factory=list)
+    # Each attacker's training curves by its key (`curve`): the W&B step history, not results.json.
+    curves: dict[str, dict] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- identities
     @property
@@ -225,6 +227,7 @@ class Pipeline:
                 inv.load_state(data["state"])
                 self.cache_events.append({"what": label, "hit": True})
                 self.log(f"{label}: loaded from the cache")
+                self._curve(key, label, True, data["meta"]["training"], data.get("train_history"))
                 return inv, {"key": key, "cache_hit": True, "path": str(path), **data["meta"]}
             per_position = component != "lm_head"
             tr = self._corpus_capture(configuration, epsilon, component, layer, "train")
@@ -249,9 +252,20 @@ class Pipeline:
                         progress=lambda s, tl, vl: self.log(f"  step {s}: train loss {tl:.3f}, val loss {vl:.3f}"))
             self._timed("train_s", log.seconds)
             meta = {"d_in": d_in, "training": log.record(), "label": label}
-            atomic_torch_save({"state": inv.state(), "meta": meta}, path)
+            # The training curve beside the meta (not in it: the meta is the run's results.json record), so a
+            # cache hit mirrors the curve the attacker was trained along.
+            atomic_torch_save({"state": inv.state(), "meta": meta, "train_history": log.train_history}, path)
             self.cache_events.append({"what": label, "hit": False})
+            self._curve(key, label, False, meta["training"], log.train_history)
             return inv, {"key": key, "cache_hit": False, "path": str(path), **meta}
+
+    def _curve(self, key: str, label: str, hit: bool, training: dict, train_history: list | None) -> None:
+        """Record attacker `key`'s training curves: (step, loss) pairs of its training and validation loss at
+        each validation step. The first record of a key stands: a later call is a cache hit of the same
+        training."""
+        self.curves.setdefault(key, {"label": label, "cache_hit": hit,
+                                     "train_history": [tuple(p) for p in train_history or ()],
+                                     "val_history": [tuple(p) for p in training.get("val_history") or ()]})
 
     def reconstruct(self, inv: Inverter, attacker_key: str, cap: Capture, component: str) -> list[list[int]]:
         """Reconstructions of the evaluation prompts from `cap` (cached per attacker and capture)."""

@@ -279,6 +279,15 @@ def test_checkpoint_is_reused(pipe):
     inv3, rec3 = short.attacker("t3", None, "qkv", 0)
     assert not rec3["cache_hit"] and rec3["key"] != rec1["key"] and rec3["training"]["steps"] == 3
     assert any(not torch.equal(a, b) for a, b in zip(_tensors(inv1.state()), _tensors(inv3.state())))
+    # The training curves (the W&B step history): the training loss beside the validation loss at each
+    # validation step, kept out of the results record and read back from the checkpoint on a cache hit.
+    curve = short.curves[rec3["key"]]
+    assert [s for s, _ in curve["train_history"]] == [s for s, _ in curve["val_history"]] == [3]
+    assert curve["val_history"] == [tuple(p) for p in rec3["training"]["val_history"]]
+    assert "train_history" not in rec3 and "train_history" not in rec3["training"]
+    hit = replace(short, curves={})
+    hit.attacker("t3", None, "qkv", 0)
+    assert hit.curves[rec3["key"]] == {**curve, "cache_hit": True} and not curve["cache_hit"]
 
 
 def test_evidence_heads_on_one_decoder_share_one_unit_table(pipe):
@@ -529,7 +538,11 @@ KEYS = ("chance_floor_token_f1", "attack_gate", "attack_verdict", "bayes_verdict
         "bayes_top1_k16_predicted", "epsilon_nominal", "gdp_mu_composed", "dp_epsilon_composed", "dp_delta")
 
 
-def test_attack_smoke_cli(tmp_path):
+def test_attack_smoke_cli(tmp_path, monkeypatch):
+    import wandb
+
+    from ..test_wandb_mirror_offline import _Run
+
     out, cache = tmp_path / "out", tmp_path / "cache"
     # In this process (conftest run_cli_in_process: the console script's entry point, without the start-up
     # of a new interpreter); conftest's one_torch_thread stands for OMP_NUM_THREADS=1.
@@ -557,12 +570,22 @@ def test_attack_smoke_cli(tmp_path):
     again = run_cli_in_process(["experiment=attack_smoke"], out, cache)
     assert again.returncode == 0 and "already complete" in again.stdout
     # It also runs a Bayes curve without k = 1: the single-exposure result is the same first submission.
+    # Mirrored to a fake W&B: every attacker is a cache hit, so its step history is the cached training curves.
+    mirrored = _Run()
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored)
     oblivious = run_cli_in_process(["experiment=attack_smoke", "attack.setting=noise_oblivious",
-                                    "attack.bayes.k=[4,16]"], out, cache)
+                                    "attack.bayes.k=[4,16]", "logger=wandb"], out, cache)
     assert oblivious.returncode == 0, oblivious.stderr[-3000:]
     [run2] = [p for p in run.parent.iterdir() if "noise_oblivious" in p.name]
     results2 = json.loads((run2 / "results.json").read_text())
     assert all(e["hit"] for e in results2["cache"] if "attacker" in e["what"]), results2["cache"]
+    history = [(step, data) for step, data in mirrored.logged if step is not None]
+    # noise_oblivious: the noise-free attacker is also the positive control, so it is logged once
+    assert set().union(*(data for _, data in history)) == {
+        f"{role}/{loss}" for role in ("attacker", "negative_control") for loss in ("train_loss", "val_loss")}
+    val = results2["training"]["attacker"]["training"]["val_history"]
+    assert [(s, d["attacker/val_loss"]) for s, d in history if "attacker/val_loss" in d] == [tuple(p) for p in val]
+    assert [s for s, _ in history] == sorted({s for s, _ in history})
     m2 = results2["metrics"]
     assert "bayes_top1_k1" not in m2 and m2["bayes_top1_k16"] == m["bayes_top1_k16"]
     assert (m2["bayes_top1"], m2["bayes_token_f1"], m2["bayes_verdict"]) == \
