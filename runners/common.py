@@ -137,6 +137,12 @@ def step_history(series: dict[str, Sequence[float]]) -> list[dict[str, Any]]:
     return [{"step": i, **{k: float(v[i]) for k, v in series.items() if i < len(v)}} for i in range(n)]
 
 
+def batch_history(series: dict[str, Sequence[float | None]]) -> list[dict[str, Any]]:
+    """Per-batch series (e.g. each batch's tokens per second, BatchedGeneration.batch_tokens_per_second) as W&B
+    step records, the step the batch's index; a batch with no value (None) is left out of its series."""
+    return paired_history({k: [(i, x) for i, x in enumerate(v) if x is not None] for k, v in series.items()})
+
+
 def paired_history(series: dict[str, Sequence[Sequence[float]]]) -> list[dict[str, Any]]:
     """Series of (step, value) pairs (e.g. a training's losses at its validation steps) as W&B step records:
     one record per step any series has, in increasing step order, holding every series' value there."""
@@ -262,6 +268,9 @@ class BatchedGeneration:
     # Each batch's generation wall time divided by its prompts, in batch order: a slow spell of a shared
     # machine shows as one batch out of line with the others (the timing report prints them).
     batch_seconds_per_prompt: list[float] = field(default_factory=list)
+    # Each batch's generated tokens over its generation wall time (None: no time measured), in batch order:
+    # the W&B step history (batch_history), not results.json.
+    batch_tokens_per_second: list[float | None] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -285,7 +294,9 @@ class BatchedGeneration:
         self.epsilons.extend(getattr(res, "epsilons", None) or [None] * n_prompts)
         self.n_generated_tokens += int(res.n_generated_tokens)
         self.slalom = merge_slalom_stats(self.slalom, getattr(res, "slalom", None))
-        self.batch_seconds_per_prompt.append(float(res.timings.get("total", 0.0)) / max(1, n_prompts))
+        total = float(res.timings.get("total", 0.0))
+        self.batch_seconds_per_prompt.append(total / max(1, n_prompts))
+        self.batch_tokens_per_second.append(int(res.n_generated_tokens) / total if total > 0 else None)
 
 
 def generate_batches(engine: Any, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,

@@ -24,6 +24,7 @@ from runners import identity
 from runners.common import (
     BatchedGeneration,
     Inputs,
+    batch_history,
     epsilon_ignored_note,
     finish,
     generate_batches,
@@ -116,7 +117,23 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                   engines={"baseline": base["engine"], "test": test_engine},
                   provenance_extra={"baseline_cache": base["cache"], "bleu_signature": results["metrics"].get("bleu_signature")},
                   side_files={"sensitivity.json": engine.sensitivity_table()},
-                  before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS)
+                  before_done=_view_writer(cfg, engine, inputs, ctx), mirror_columns=_TABLE_COLUMNS,
+                  mirror_history=speed_history(seeds, [r[1].batch_tokens_per_second for r in replicates],
+                                               base.get("batch_tokens_per_second")))
+
+
+def speed_history(seeds: list[int], test: list[list[float | None]], baseline: list[float | None] | None,
+                  ) -> list[dict[str, Any]]:
+    """The W&B step history of a fidelity run, one step per batch: `batch_tokens_per_second` of the tested
+    configuration under the first mask seed (the replicate whose aggregate is results.json's
+    tokens_per_second), `batch_tokens_per_second/mask_seed<s>` under each further seed, and
+    `baseline/batch_tokens_per_second` where the baseline's batches were timed (generated now, or cached
+    with their rates)."""
+    series = {("batch_tokens_per_second" if i == 0 else f"batch_tokens_per_second/mask_seed{seed}"): rates
+              for i, (seed, rates) in enumerate(zip(seeds, test))}
+    if baseline:
+        series["baseline/batch_tokens_per_second"] = baseline
+    return batch_history(series)
 
 
 def _tradeoff(cfg: DictConfig, m: dict[str, Any], baseline: str) -> dict[str, Any]:
@@ -219,7 +236,8 @@ def _baseline(cfg: DictConfig, inputs: Inputs, baseline: str, generate: dict[str
         return {**hit, "cache": {"key": key, "hit": True}}
     engine = make_engine(cfg, baseline, loaded.model)
     res = generate_batches(engine, prompts, desc=f"baseline {baseline}", **generate)
-    entry = {"output_ids": res.output_ids, "timings": res.timings, "engine": engine.describe()}
+    entry = {"output_ids": res.output_ids, "timings": res.timings, "engine": engine.describe(),
+             "batch_tokens_per_second": res.batch_tokens_per_second}
     cache.put(key, entry)
     return {**entry, "cache": {"key": key, "hit": False}}
 

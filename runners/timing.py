@@ -29,7 +29,16 @@ from omegaconf import DictConfig
 from harness import configurations
 from harness.results import RunContext
 from runners import identity
-from runners.common import BatchedGeneration, Inputs, finish, load_inputs, make_engine, overridden, results_header
+from runners.common import (
+    BatchedGeneration,
+    Inputs,
+    batch_history,
+    finish,
+    load_inputs,
+    make_engine,
+    overridden,
+    results_header,
+)
 
 # Components shown in the table, in the paper's order (Fig. 4 legend), then the rest the engine reports.
 COMPONENTS = ("attention_proj", "ffn_proj", "lm_head", "masking", "crossing", "other")
@@ -96,7 +105,16 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                   provenance_extra={"timing_warmup": bool(cfg.timing.warmup), "timing_mode": str(cfg.timing.mode)},
                   side_files={"sensitivity.json": {c: e.sensitivity_table() for c, e in engines.items()}},
                   mirror_rows=table,
-                  mirror_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]))
+                  mirror_columns=("configuration", "max_new_tokens", "seconds_per_prompt", *[f"{c}_s" for c in COMPONENTS]),
+                  mirror_history=speed_history({c: {limit: res.batch_tokens_per_second for limit, res in by_limit.items()}
+                                                for c, by_limit in measured.items()}))
+
+
+def speed_history(rates: dict[str, dict[int, list[float | None]]]) -> list[dict[str, Any]]:
+    """The W&B step history of a timing run, one step per batch: `batch_tokens_per_second/<configuration>_<limit>`,
+    each batch's generated tokens over its wall time for every configuration and limit (rates[c][limit])."""
+    return batch_history({f"batch_tokens_per_second/{c}_{limit}": r for c, by_limit in rates.items()
+                          for limit, r in by_limit.items()})
 
 
 def _time_side_by_side(cfg: DictConfig, inputs: Inputs, engines: dict[str, Any],

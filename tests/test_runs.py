@@ -279,11 +279,17 @@ def test_epsilon_sweep_runs_ignoring_configurations_once(tmp_path, count_jobs):
 
 
 @pytest.mark.parametrize("mode", ["prefix", "separate"])
-def test_timing_run_table(tmp_path, mode):
+def test_timing_run_table(tmp_path, mode, monkeypatch):
+    import wandb
+
+    from .test_wandb_mirror_offline import _Run
+
+    mirrored = _Run()
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored)
     out = tmp_path / "out"
     res = run_cli_in_process(["experiment=timing_smoke", "timing.configurations=[cpu,t3,ep1]",
                               "timing.max_new_tokens=[2,3]", "workload.n_prompts=3", "generation.batch_size=2",
-                              f"timing.mode={mode}"], out, tmp_path / "cache")
+                              f"timing.mode={mode}", "logger=wandb"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     (run_dir,) = _runs(out).values()
     assert "/all/eps=1/" in str(run_dir)
@@ -309,6 +315,16 @@ def test_timing_run_table(tmp_path, mode):
     assert all(ids[("t3", n, i)] == ids[("cpu", n, i)] for _, n, i in ids)
     if not results["cuda"]:
         assert "device side ran on the CPU" in " ".join(results["notes"]) and "device side ran on the CPU" in res.stdout
+    # The W&B step history: each batch's tokens per second for every configuration and limit, one step per batch.
+    history = [(step, data) for step, data in mirrored.logged if step is not None]
+    assert [step for step, _ in history] == [0, 1]
+    for step, data in history:
+        assert set(data) == {f"batch_tokens_per_second/{r['configuration']}_{r['max_new_tokens']}" for r in rows}
+        assert all(v > 0 for v in data.values())
+    for r in rows:   # the batches' rates average back to the row's, weighted by their time
+        rates = [d[f"batch_tokens_per_second/{r['configuration']}_{r['max_new_tokens']}"] for _, d in history]
+        seconds = [2 * r["batch_seconds_per_prompt"][0], r["batch_seconds_per_prompt"][1]]
+        assert sum(x * t for x, t in zip(rates, seconds)) / sum(seconds) == pytest.approx(r["tokens_per_second"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -378,6 +394,38 @@ def test_wandb_failure_is_one_warning_and_still_finishes(tmp_path, monkeypatch, 
     monkeypatch.setattr(wandb, "init", refuse)
     assert mirror(_logger_cfg(), tmp_path, {"metrics": {}}, [], name="x") is False
     assert "RuntimeError: wandb.init timed out" in capsys.readouterr().err
+
+
+def test_fidelity_run_mirrors_tokens_per_second_per_batch(tmp_path, monkeypatch):
+    """A fidelity run's W&B step history: the tested configuration's tokens per second, one step per batch,
+    and the baseline's where it was generated (here: a fresh cache); results.json holds the aggregate only."""
+    import wandb
+
+    from .test_wandb_mirror_offline import _Run
+
+    mirrored = _Run()
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored)
+    done = run_cli_in_process([*TINY, "workload.n_prompts=3", "logger=wandb"], tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    (results,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("results.json")]
+    history = [(step, data) for step, data in mirrored.logged if step is not None]
+    assert [step for step, _ in history] == [0, 1]      # 3 prompts in batches of 2
+    assert all(set(d) == {"batch_tokens_per_second", "baseline/batch_tokens_per_second"} for _, d in history)
+    tokens = [2 * 4, 1 * 4]                             # max_new_tokens=4, no early stop
+    seconds = [n / d["batch_tokens_per_second"] for n, (_, d) in zip(tokens, history)]
+    assert sum(tokens) / sum(seconds) == pytest.approx(results["tokens_per_second"])
+    assert mirrored.summary["tokens_per_second"] == results["tokens_per_second"]
+    assert "batch_tokens_per_second" not in json.dumps(results)
+
+
+def test_speed_history_names_each_mask_seed_and_the_baseline():
+    from runners.fidelity import speed_history
+
+    assert speed_history([0, 1], [[10.0, 12.0], [9.0, None]], [20.0, 21.0]) == [
+        {"step": 0, "batch_tokens_per_second": 10.0, "batch_tokens_per_second/mask_seed1": 9.0,
+         "baseline/batch_tokens_per_second": 20.0},
+        {"step": 1, "batch_tokens_per_second": 12.0, "baseline/batch_tokens_per_second": 21.0}]
+    assert speed_history([0], [[10.0]], None) == [{"step": 0, "batch_tokens_per_second": 10.0}]
 
 
 def test_source_digest_follows_computing_code_not_reports(tmp_path):
