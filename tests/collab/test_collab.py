@@ -701,15 +701,31 @@ def test_bad_input_through_the_cli_is_one_line_exit_2(tmp_path):
     assert res.stderr_lines == ["splitbench: error: collab.alpha must lie in [0, 1], got 1.5"]
 
 
-def test_collab_smoke_experiment(tmp_path):
+def test_collab_smoke_experiment(tmp_path, monkeypatch):
+    import wandb
+
+    from ..test_wandb_mirror_offline import _Run
+
+    mirrored: dict = {}     # a fake W&B run per job, by its name (the run directory under the sweep)
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored.setdefault(kw["name"], _Run()))
     out = tmp_path / "out"
-    res = run_cli_in_process(["experiment=collab_smoke"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=collab_smoke", "logger=wandb"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sorted(p.parent for p in out.rglob(".done"))
-    assert len(runs) == 4
+    assert len(runs) == 4 and len(mirrored) == 4
     seen = set()
     for run in runs:
         r = json.loads((run / "results.json").read_text())
+        # The W&B step history: one step per example, its Token-ER@20, floor, inversion recall, utility and speed.
+        rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        history = [(step, data) for step, data in mirrored[r["run_dir"]].logged if step is not None]
+        assert [step for step, _ in history] == list(range(len(rows)))
+        for row, (_, data) in zip(rows, history):
+            assert data == {"example/token_er_at_20": row["token_er_at_20"],
+                            "example/floor_token_er_at_20": row["floor_token_er_at_20"],
+                            "example/inversion_rouge1_recall": row["inversion_rouge1_recall"],
+                            "example/accuracy": row["utility"], "example/tokens_per_second": data["example/tokens_per_second"]}
+            assert data["example/tokens_per_second"] > 0
         seen.add((r["configuration"], r["fusion"]))
         for key in ("token_er_at_k", "rouge1_er_at_k", "span_er_at_k", "auc_at_k", "floor_token_er_at_k",
                     "floor_rouge1_er_at_k", "floor_span_er_at_k", "floor_auc_at_k", "inversion_rouge1_recall",
@@ -764,6 +780,18 @@ def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
         rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         assert all(set(row["option_loglik"]) == {"yes", "no", "maybe"} for row in rows)
     assert seen == {"collab_custext", "collab_ldp_sampler", "collab_invisibleink"}
+
+
+def test_decode_rates_split_the_step_times_by_example():
+    from runners.collab import decode_rates, example_history
+
+    assert decode_rates([[5, 6], [7], []], [0.5, 0.5, 0.25]) == [2.0, 4.0, None]
+    rows = [{"token_er_at_5": 40.0, "floor_token_er_at_5": 10.0, "utility": 100.0},
+            {"token_er_at_5": 0.0, "floor_token_er_at_5": 0.0, "utility": 0.0}]
+    assert example_history(rows, 5, "accuracy", [2.0, None]) == [
+        {"step": 0, "example/token_er_at_5": 40.0, "example/floor_token_er_at_5": 10.0, "example/accuracy": 100.0,
+         "example/tokens_per_second": 2.0},
+        {"step": 1, "example/token_er_at_5": 0.0, "example/floor_token_er_at_5": 0.0, "example/accuracy": 0.0}]
 
 
 def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
