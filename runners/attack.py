@@ -117,13 +117,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                          provenance_extra={"bleu_signature": metrics.get("bleu_signature"),
                                            "torch_threads": torch.get_num_threads()},
                          mirror_columns=_TABLE_COLUMNS,
-                         mirror_history=training_history(_curves(pipe, cell)))
+                         mirror_history=common.loss_history(_curves(pipe, cell)))
 
 
 def _curves(pipe: Any, cell: Any) -> dict[str, dict | None]:
     """The training curves of the run's learned attackers by role (pipe.curves; the mask replicates share
     them): the attack's own, the positive and the negative control's, each attacker once (a noise-free
-    attack is its own positive control)."""
+    attack is its own positive control); a cached attacker's are those saved with it when it was trained."""
     out: dict[str, dict | None] = {}
     seen: set[str] = set()
     for role, key in (("attacker", cell.attacker["key"]), ("positive_control", cell.positive_key),
@@ -132,18 +132,6 @@ def _curves(pipe: Any, cell: Any) -> dict[str, dict | None]:
             seen.add(key)
             out[role] = pipe.curves.get(key)
     return out
-
-
-def training_history(curves: dict[str, dict | None]) -> list[dict[str, Any]]:
-    """The W&B step history of an attack run: `<role>/train_loss` and `<role>/val_loss` at each validation
-    step of each attacker's training (attacks/inversion.train), from its cached checkpoint when the run
-    trained nothing."""
-    series: dict[str, Any] = {}
-    for role, curve in curves.items():
-        if curve is not None:
-            series[f"{role}/train_loss"] = curve["train_history"]
-            series[f"{role}/val_loss"] = curve["val_history"]
-    return common.paired_history(series)
 
 
 def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:

@@ -153,6 +153,18 @@ def paired_history(series: dict[str, Sequence[Sequence[float]]]) -> list[dict[st
     return [{"step": s, **steps[s]} for s in sorted(steps)]
 
 
+def loss_history(curves: dict[str, dict | None]) -> list[dict[str, Any]]:
+    """The W&B step history of learned attackers' training (attacks/inversion.train): `<name>/train_loss`
+    and `<name>/val_loss` at each validation step, from each curve's `train_history` and `val_history`
+    ((step, loss) pairs); a None curve logs nothing."""
+    series: dict[str, Any] = {}
+    for name, curve in curves.items():
+        if curve is not None:
+            series[f"{name}/train_loss"] = curve["train_history"]
+            series[f"{name}/val_loss"] = curve["val_history"]
+    return paired_history(series)
+
+
 def tradeoff(*, leakage_metric: str | None = None, leakage: float | None = None,
              leakage_ci: Sequence[float] | None = None, attacker: str | None = None,
              utility_metric: str | None = None, utility: float | None = None,

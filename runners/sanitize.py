@@ -99,7 +99,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                          side_files={"lm_eval_samples.json": {name: s.samples for name, s in use.scored.items()}},
                          before_done=lambda: view.save(ctx.run_dir.path / "view.pt"),
                          provenance_extra={"torch_threads": torch.get_num_threads()}, mirror_columns=_TABLE_COLUMNS,
-                         placement={"model": inputs.loaded.placement()})
+                         placement={"model": inputs.loaded.placement()},
+                         mirror_history=common.loss_history(attacks.curves))
 
 
 def _definitions(k: int) -> dict[str, str]:

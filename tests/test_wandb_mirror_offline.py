@@ -94,15 +94,16 @@ def test_paired_history_merges_series_by_their_own_steps():
         {"step": 25, "b": 9.0}, {"step": 50, "a": 3.0}, {"step": 100, "a": 2.0, "b": 1.0}]
 
 
-def test_attack_history_holds_each_attackers_losses_at_its_validation_steps():
-    """runners/attack.py: the training and validation loss of each learned attacker of the run by role;
-    an attacker with no curve (None) logs nothing. tests/splitee/test_attacks.py runs it end to end."""
-    from runners.attack import training_history
+def test_loss_history_holds_each_attackers_losses_at_its_validation_steps():
+    """The training and validation loss of each learned attacker of a run by role (SpliTEE's attack, a
+    sanitiser's decoder); an attacker with no curve (None) logs nothing. tests/splitee/test_attacks.py and
+    tests/sanitize/test_sanitize.py run it end to end."""
+    from runners.common import loss_history
 
     curves = {"attacker": {"train_history": [(50, 3.0), (100, 2.0)], "val_history": [(50, 3.5), (100, 2.5)]},
               "positive_control": None,
               "negative_control": {"train_history": [(50, 6.0)], "val_history": [(50, 6.5)]}}
-    assert training_history(curves) == [
+    assert loss_history(curves) == [
         {"step": 50, "attacker/train_loss": 3.0, "attacker/val_loss": 3.5, "negative_control/train_loss": 6.0,
          "negative_control/val_loss": 6.5},
         {"step": 100, "attacker/train_loss": 2.0, "attacker/val_loss": 2.5}]

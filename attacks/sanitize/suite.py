@@ -31,6 +31,8 @@ class SuiteResult:
     scores: list[scoring.AttackScore]
     guesses: dict[str, list[list[int]]] = field(default_factory=dict)   # first guesses per attacker
     training: dict[str, dict] = field(default_factory=dict)             # the trained attackers' training records
+    # The trained decoder's loss curves, (step, loss) at each validation step: the W&B step history only.
+    curves: dict[str, dict] = field(default_factory=dict)
 
     @property
     def strongest(self) -> scoring.AttackScore:
@@ -81,6 +83,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         return pairs[n]
 
     training: dict[str, dict] = {}
+    curves: dict[str, dict] = {}
     if tokenizer is not None and int(cfg.learned_corpus_tokens) > 0:
         n = int(cfg.learned_corpus_tokens)
         inverter = learned.LearnedInverter(sanitizer, tokenizer, n, seed, pairs=public(n))
@@ -91,6 +94,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         dec = decoder.DecoderInverter(sanitizer, model, tokenizer, decoder_settings(cfg), seed, pairs=public(n))
         attackers[DECODER] = lambda obs: dec.rank(obs, k)
         training[DECODER] = dec.record()
+        curves = {DECODER: {"train_history": dec.log.train_history, "val_history": dec.log.val_history}}
     scores, guesses = [], {}
     for name, fn in attackers.items():
         s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
@@ -122,7 +126,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         "verdict": controls.worst([s.verdict for s in scores]),
         "mechanism": settings.mechanism,
     })
-    return SuiteResult(metrics, scores, guesses, training)
+    return SuiteResult(metrics, scores, guesses, training, curves)
 
 
 def decoder_settings(cfg: Any) -> decoder.DecoderSettings:

@@ -560,9 +560,15 @@ def test_constant_floor_is_the_most_frequent_gold_answers_share():
     assert Scored([], [], []).constant_floor == 0.0
 
 
-def test_smoke_sweep_runs_every_mechanism(tmp_path):
+def test_smoke_sweep_runs_every_mechanism(tmp_path, monkeypatch):
+    import wandb
+
+    from ..test_wandb_mirror_offline import _Run
+
+    mirrored: dict = {}     # a fake W&B run per job, by its name (the run directory under the sweep)
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored.setdefault(kw["name"], _Run()))
     out = tmp_path / "out"
-    res = run_cli_in_process(["experiment=sanitize_smoke"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=sanitize_smoke", "logger=wandb"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     runs = {p.parent.parent.parent.name: p.parent for p in out.rglob("results.json")}
     assert sorted(runs) == ["custext_plus", "dx_noise", "dx_stencil", "stencil"]
@@ -598,6 +604,13 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path):
         assert (name == "stencil") == (r["epsilon"] is None)
         assert ("window_top1" in m) == (name in ("stencil", "dx_stencil"))
         assert "decoder_top1" in m and r["attack_training"]["decoder"]["steps"] == 10
+        # The W&B step history: the decoder's training and validation loss at each of its validation steps.
+        history = [(step, data) for step, data in mirrored[r["run_dir"]].logged if step is not None]
+        val = r["attack_training"]["decoder"]["val_history"]
+        assert [step for step, _ in history] == [step for step, _ in val] and len(val) >= 1
+        assert [data["decoder/val_loss"] for _, data in history] == [loss for _, loss in val]
+        assert all(set(data) == {"decoder/train_loss", "decoder/val_loss"} for _, data in history)
+        assert "train_history" not in r["attack_training"]["decoder"]
         samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == 3 and all(len(s["output_ids"]) > len(s["original_text_ids"]) for s in samples)
         # lm-eval's own records of the accuracy beside them, one per example, agreeing with the metric.
