@@ -99,11 +99,13 @@ def mirror(cfg: DictConfig, run_dir: Path, results: Mapping[str, Any], samples: 
         for key in ("status", "configuration", "epsilon", "n_prompts", "tokens_per_second"):
             if results.get(key) is not None:
                 metrics[key] = results[key]
-        run.summary.update(metrics)
         # Step history (a runner's per-step records, each with a "step" key) becomes W&B line charts.
         for record in history:
             row = {k: v for k, v in record.items() if k != "step" and _scalar(v)}
             run.log(row, step=int(record["step"]))
+        # After the history: wandb.log leaves each logged key's last value in the summary, and a key both
+        # logged per step and in results.json (split FT's train_loss, H, ...) must show the run's value.
+        run.summary.update(metrics)
         if samples:
             columns = list(table_columns or samples[0].keys())
             table = wandb.Table(columns=columns, data=[[_table_value(s.get(c)) for c in columns] for s in samples])

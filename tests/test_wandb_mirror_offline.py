@@ -17,6 +17,7 @@ class _Run:
 
     def log(self, data, step=None):
         self.logged.append((step, data))
+        self.summary.update(data)   # as wandb does: a logged key's last value is its summary
 
     def finish(self):
         pass
@@ -148,3 +149,12 @@ def test_generation_rate_reaches_the_summary(tmp_path, init_calls):
     assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {"bleu": 1.0}, "tokens_per_second": 42.5},
                                [], name="x")
     assert run.summary["tokens_per_second"] == 42.5 and run.summary["bleu"] == 1.0
+
+
+def test_a_key_logged_per_step_keeps_the_runs_value_in_the_summary(tmp_path, init_calls):
+    """Split FT logs train_loss per round and records the run's own in metrics: the summary shows the run's."""
+    _, run = init_calls
+    history = [{"step": 1, "train_loss": 3.0}, {"step": 2, "train_loss": 2.0}]
+    assert wandb_mirror.mirror(_cfg("offline"), tmp_path, {"metrics": {"train_loss": 2.5}}, [], name="x",
+                               history=history)
+    assert [data["train_loss"] for _, data in run.logged] == [3.0, 2.0] and run.summary["train_loss"] == 2.5
