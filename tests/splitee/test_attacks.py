@@ -349,6 +349,7 @@ def _changed(value):
 # Pipeline fields that change no result, and why. Every other field must change the cache keys below.
 NOT_IN_KEYS = {
     "store": "where the cache lives", "log": "progress messages", "timings": "measured", "cache_events": "measured",
+    "curves": "measured (the attackers' training curves, for the W&B step history)",
     "workload": "the evaluation prompts' name, in the captures' meta only (the prompts' ids are keyed)",
     "corpus": "built from corpus_record (keyed) and the victim's tokenizer (keyed with the victim)",
     "train_settings": "field by field below",
