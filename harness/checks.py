@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
@@ -33,3 +34,14 @@ def check_positive(name: str, value: float) -> None:
     """`value` is a finite number > 0."""
     if not (math.isfinite(value) and value > 0):
         raise UserError(f"{name} must be a finite number > 0, got {value}")
+
+
+# The wording of check_local_file's refusal (tests/test_configs.py reads it back).
+MISSING_FILE = "does not exist: give your copy's path"
+
+
+def check_local_file(name: str, path: Any, with_network: str) -> None:
+    """A local data file a run reads, checked before any model loads: missing, one line that names the
+    overrides reading the same data through `datasets` (`with_network`), since a clone has no ../shared/data."""
+    if not Path(str(path)).expanduser().exists():
+        raise UserError(f"{name}={path} {MISSING_FILE}, or with network {with_network}")

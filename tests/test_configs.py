@@ -13,6 +13,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import MISSING, OmegaConf
 
 from harness import configurations, schema
+from harness.checks import MISSING_FILE
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
 from runners import attack, controlled_error, fidelity, fp_error, identity, timing
@@ -41,7 +42,7 @@ def _fusion_mode(configuration) -> list[str]:
     return [f"collab.fusion={modes[0]}"] if modes and "cloud" not in modes else []
 
 
-_DATA_MISSING = re.compile(r"^([\w.]+)=(\S+) does not exist: give your copy's path")
+_DATA_MISSING = re.compile(rf"^([\w.]+)=(\S+) {re.escape(MISSING_FILE)}")
 
 
 def _validate_with_local_data(cfg) -> None:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
 from harness import placement as placement_check
-from harness.checks import check_at_least, check_choice, check_positive
+from harness.checks import check_at_least, check_choice, check_local_file, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
 
@@ -131,10 +130,10 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if g.corpus.source == "text" and not g.corpus.path:
         raise UserError("grad_audit.corpus.source=text needs grad_audit.corpus.path=/path/to/file.txt")
     # Before any model loads, and with the way forward: grad_audit_2core's default file is not in a clone.
-    if cfg.runner == "grad_audit" and g.corpus.source == "text" and not Path(str(g.corpus.path)).expanduser().exists():
-        raise UserError(f"grad_audit.corpus.path={g.corpus.path} does not exist: give your copy's path, or with network "
-                        "grad_audit.corpus.source=hub grad_audit.corpus.hub_id=Salesforce/wikitext "
-                        "grad_audit.corpus.hub_config=wikitext-2-raw-v1 grad_audit.corpus.split=test (WikiText-2)")
+    if cfg.runner == "grad_audit" and g.corpus.source == "text":
+        check_local_file("grad_audit.corpus.path", g.corpus.path,
+                         "grad_audit.corpus.source=hub grad_audit.corpus.hub_id=Salesforce/wikitext "
+                         "grad_audit.corpus.hub_config=wikitext-2-raw-v1 grad_audit.corpus.split=test (WikiText-2)")
     if g.corpus.source == "hub" and not g.corpus.hub_id:
         raise UserError("grad_audit.corpus.source=hub needs grad_audit.corpus.hub_id (e.g. wikitext)")
     t = g.train

@@ -6,13 +6,12 @@ Torch-free: harness/schema.py imports it to type the section and calls `check` f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
 from harness import placement as placement_check
-from harness.checks import check_at_least, check_choice, check_positive
+from harness.checks import check_at_least, check_choice, check_local_file, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
 
@@ -228,9 +227,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if d.source == "hub" and not d.hub_id:
         raise UserError("splitft.data.source=hub needs splitft.data.hub_id (e.g. wikitext)")
     # Before any model loads, and with the way forward: experiment=splitft's default file is not in a clone.
-    if cfg.runner == "splitft" and d.source in ("text", "jsonl") and not Path(str(d.path)).expanduser().exists():
-        raise UserError(f"splitft.data.path={d.path} does not exist: give your copy's path, or with network "
-                        f"{DATA_FROM_HUB[d.source]}")
+    if cfg.runner == "splitft" and d.source in ("text", "jsonl"):
+        check_local_file("splitft.data.path", d.path, DATA_FROM_HUB[d.source])
     check_at_least("splitft.data.seq_len", d.seq_len, 2)
     for key in ("n_train", "n_heldout", "n_align"):
         check_at_least(f"splitft.data.{key}", d[key], 1)
