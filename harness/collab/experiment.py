@@ -160,8 +160,8 @@ def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> U
     # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
     floor = constant_answer_floor([e.answer for e in examples]) if metric == "accuracy" else None
     # Accuracy is a proportion of examples (each 0 or 100): Wilson's interval, never zero-width at 0 or 100 %;
-    # ROUGE-L a mean of scores (Student t, clipped) (docs/design.md, Metrics).
-    interval = proportion_ci if metric == "accuracy" else (lambda v: mean_ci(v, bounds=(0.0, 100.0)))
+    # ROUGE-L a mean of scores (bootstrap over examples) (docs/design.md, Metrics).
+    interval = proportion_ci if metric == "accuracy" else mean_ci
     return Utility(metric, per, cloud_per, interval(per), interval(cloud_per), floor, option_scores)
 
 

@@ -549,9 +549,11 @@ def test_report_pairs_held_out_ce_over_the_same_blocks(tmp_path):
             and line.startswith("| ") and line.count("|") == 6}
     # a constant difference has a zero-width interval: the spread between blocks (±2 nats) cancels
     assert rows["splitft_none"] == "| splitft_none | 4 | 0.100 [0.100, 0.100] | — | 0.100 [0.100, 0.100] |"
-    # privpair − none per block: 0.1, 0.2, 0.1, 0.2 → 0.15 ± t(0.975, 3)·0.0577/2 = ± 0.092
-    assert rows["privpair λ=1"] == ("| privpair λ=1 | 4 | -0.050 [-0.142, 0.042] | 0.150 [0.058, 0.242] "
-                                    "| 0.250 [0.158, 0.342] |")
+    # privpair − none per block: 0.1, 0.2, 0.1, 0.2 → 0.15 with the paired bootstrap's interval: a resample
+    # of the four blocks that is all 0.1 (or all 0.2) comes 1 time in 16, more often than 2.5 %, so the
+    # interval's ends are the two differences themselves (the t interval read ± 0.092 around 0.15).
+    assert rows["privpair λ=1"] == ("| privpair λ=1 | 4 | -0.050 [-0.100, 0.000] | 0.150 [0.100, 0.200] "
+                                    "| 0.250 [0.200, 0.300] |")
     assert rows["nopeek α=1"].endswith("| — | — |")                         # not the same blocks: not paired
     assert "embedding_dx" not in rows                                          # no blocks: not in this table
     assert "CE − split, no defence's (nats; + = worse)" in md
