@@ -166,12 +166,12 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
     c = cfg.collab
     return {
         "token_er_at_k": "Token-ER@K (eq. 6), % of the evidence's content token ids in the union of the per-step "
-                         "top-K exposure sets; mean over examples; _ci: Student-t 95%",
+                         "top-K exposure sets; mean over examples; _ci: bootstrap 95%",
         "rouge1_er_at_k": "ROUGE1-ER@K (eq. 7): % of the evidence's content words among the words the exposed ids decode to",
         "span_er_at_k": "Span-ER@K (eq. 8): per-span token recall averaged over spans",
         "auc_at_k": "AUC@K (eq. 9): mean Token-ER@k over k = 1..K",
         "floor_*": "the same metric on the cloud alone's own top-K along its greedy generation from x_pub (no signal)",
-        "excess_*": "per-example metric minus its floor, mean with a paired Student-t 95% interval",
+        "excess_*": "per-example metric minus its floor, mean with a paired bootstrap 95% interval",
         "inversion_rouge1_recall": f"ROUGE-1 recall (%) of the cloud's reconstruction (Prompt D, top-{c.inversion.k} "
                                    f"per step, first {c.inversion.max_steps} steps) against x_priv",
         "accuracy": ("% of examples whose gold option has the highest log-likelihood as the answer's opening under "

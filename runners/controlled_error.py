@@ -112,7 +112,7 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                           "|returned output - T3's output for the same input| (0 for T3)",
         "natural_mean_abs_error": "the configuration's own error (no rescaling)",
         "max_rescale_deviation": "largest |realised MAE / target - 1| over op calls (rounding to fp32)",
-        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings against T3, t 95% CI",
+        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings against T3, bootstrap 95% CI",
         "exact_match": "% of prompts whose generated ids equal T3's",
     }
 
