@@ -177,8 +177,8 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "rouge_l": "mean ROUGE-L F1, bootstrap 95% CI",
         "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, bootstrap 95% CI",
         "bayes_top1/top5": "% of prompt positions whose token is the nearest (top-5) layer-0 QKV codeword to the "
-                           "exposure (maximum likelihood), macro over prompts, 95% CI: Wilson when every prompt sits at 0 or "
-                           "100 %, else bootstrap",
+                           "exposure (maximum likelihood), macro over prompts, 95% CI: Wilson when every prompt "
+                           "sits at 0 or 100 %, else bootstrap",
         "bayes_top1_k{k}": "top-1 when the prompt is submitted k times and the k exposures averaged; _predicted: "
                            "simulated single exposures at sigma/sqrt(k)",
         "bayes_top1_chance": "top-1 of guesses independent of the truth with the same token distributions",

@@ -153,7 +153,8 @@ DEFINITIONS = {
     "heldout_ce": "mean over held-out blocks of the mean next-token cross-entropy (nats) of the final model "
                   "f = C∘B∘A (no adapters), bootstrap 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
     "heldout_ce_gain": "mean over held-out blocks of the pretrained model's CE minus the final model's (nats), "
-                       "bootstrap 95% CI of that paired difference; per-block values under results.json heldout_blocks_ce",
+                       "bootstrap 95% CI of that paired difference; per-block values under results.json "
+                       "heldout_blocks_ce",
     "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",
