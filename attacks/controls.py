@@ -39,9 +39,10 @@ hold too; pass | fail | invalid → at_chance | leak | inconclusive, `LEGACY`, w
 `recompute_bayes`; the report shows what they give, so an old below-floor "pass" reads inconclusive.
 
 Token precision / recall / F1 here are multiset (a token counts as often as it occurs) and macro-averaged
-over prompts (per-prompt scores averaged, Student-t interval), the same definitions as the chance floor;
-the text metrics (exact match, BLEU, ROUGE-L, semantic similarity) are metrics.text's, with the decoded
-prompt as reference and the decoded reconstruction as hypothesis.
+over prompts (per-prompt scores averaged; F1's interval Student t, as the verdict's calibration assumes,
+P's and R's the bootstrap), the same definitions as the chance floor; the text metrics (exact match, BLEU,
+ROUGE-L, semantic similarity) are metrics.text's, with the decoded prompt as reference and the decoded
+reconstruction as hypothesis.
 """
 from __future__ import annotations
 

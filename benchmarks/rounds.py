@@ -66,11 +66,11 @@ class PairedRatio:
 def paired_log_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedRatio:
     """a's times over b's, paired by round (each pair ran back to back on the same batch, so what slows the
     machine slows both and cancels in log(a/b)): exp(mean ± t_{(1+c)/2, n-1}·s/√n) of the log-ratios."""
-    from metrics.intervals import mean_ci
+    from metrics.intervals import mean_t_ci
 
     if len(a) != len(b) or not a:
         raise ValueError(f"paired_log_ratio needs the same non-empty rounds: {len(a)} vs {len(b)}")
-    est = mean_ci([math.log(x / y) for x, y in zip(a, b)], confidence)
+    est = mean_t_ci([math.log(x / y) for x, y in zip(a, b)], confidence)
     return PairedRatio(math.exp(est.mean), math.exp(est.lo), math.exp(est.hi), len(a))
 
 

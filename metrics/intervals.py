@@ -1,20 +1,29 @@
 """95% intervals over prompts for every number the harness reports.
 
-Two estimators, chosen by the shape of the statistic:
+Three estimators, chosen by the shape of the statistic and by who reads the interval (docs/design.md,
+Metrics, states the rule):
 
-- `mean_ci` — Student-t interval of a mean of per-prompt values. Used for the averages over prompts
-  that are not rates: sentence BLEU, ROUGE-L, semantic similarity (metrics/text.py) and macro-averaged
-  token precision/recall/F1 (metrics/privacy.py). Rates (exact match, token match rate, top-1, accuracy)
-  take `metrics.proportions.proportion_ci`, which uses Wilson's interval where the t interval would
-  collapse at 0 or 100 %.
-- `bootstrap_ci` — percentile bootstrap, resampling prompts with replacement. Used for corpus-level
-  statistics that are ratios of sums and not means of per-prompt values: corpus BLEU (metrics/text.py)
-  and micro-averaged token precision/recall/F1 (metrics/privacy.py).
+- `mean_ci` — percentile bootstrap of a mean of per-prompt values, resampling prompts with replacement.
+  The reported interval of the averages over prompts that are not 0/100 rates: sentence BLEU, ROUGE-L,
+  semantic similarity (metrics/text.py), macro token precision/recall (metrics/privacy.py), held-out CE
+  over blocks, and the rates between the edges (`metrics.proportions.proportion_ci`, which uses Wilson's
+  interval when every prompt sits at 0 or 100 %). A resample's mean lies within the sample's range, so
+  the interval lies within the metric's range without clipping. `paired_difference_ci` is `mean_ci` of
+  the differences of the same units scored twice.
+- `mean_t_ci` — Student-t interval of a mean, for the intervals a calibrated decision reads: the attack
+  verdicts, their controls and the gains they classify (attacks/controls.classify; metrics/equivalence.py
+  sizes n and the margin from the t critical value and attacks/calibration.py reads the per-unit spread
+  back from t half-widths), and the timing benchmarks' met / not met over a few rounds.
+  `paired_difference_t_ci` is its paired form.
+- `bootstrap_ci` — percentile bootstrap of any statistic. Used for corpus-level statistics that are
+  ratios of sums and not means of per-prompt values: corpus BLEU (metrics/text.py) and micro-averaged
+  token precision/recall/F1 (metrics/privacy.py).
 
-Both treat the prompt as the unit of sampling: the interval says how much the number would move on
+All treat the prompt as the unit of sampling: the interval says how much the number would move on
 another draw of prompts of the same kind, not how much it moves between runs on the same prompts.
-With a handful of prompts (n < ~10) either interval is a rough guide only; the percentile bootstrap in
-particular is too narrow for tiny n.
+With a handful of prompts (n < ~10) any of them is a rough guide only; the percentile bootstrap in
+particular is too narrow for tiny n (with n prompts its spread is the plug-in sd·√((n−1)/n) and its
+quantiles normal ones, not t's).
 """
 
 from __future__ import annotations
@@ -32,8 +41,8 @@ from scipy import stats
 class Estimate:
     """A point estimate with a two-sided interval over `n` prompts.
 
-    `mean` is the point estimate: the sample mean for `mean_ci`, and the statistic on the full sample
-    (not the mean of the bootstrap replicates) for `bootstrap_ci`.
+    `mean` is the point estimate: the sample mean for `mean_ci` and `mean_t_ci`, and the statistic on the
+    full sample (not the mean of the bootstrap replicates) for `bootstrap_ci`.
     """
 
     mean: float
@@ -46,23 +55,53 @@ class Estimate:
         return {name: self.mean, f"{name}_ci_lo": self.lo, f"{name}_ci_hi": self.hi}
 
 
-def mean_ci(
-    values: Sequence[float], confidence: float = 0.95, bounds: tuple[float, float] | None = None
-) -> Estimate:
-    """Mean of per-prompt values with a Student-t interval: mean ± t_{(1+c)/2, n-1} · s / √n.
+def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """Mean of per-prompt values with a percentile bootstrap interval over prompts.
 
-    `s` is the sample standard deviation (ddof=1). With one value, or when all values are equal, the
-    interval collapses to the mean (lo = hi = mean) instead of being undefined. `bounds` clips the
-    interval to the metric's range (e.g. (0, 100) for a percentage): the t interval of a skewed
-    0/100 metric such as exact match otherwise reaches past 100.
+    `n_boot` resamples of the n values with replacement (seeded by `seed`, so the interval is
+    reproducible); the interval is the (α/2, 1−α/2) quantile pair of the resamples' means, α = 1 −
+    confidence. Each resample's mean lies between the smallest and the largest value, so the interval
+    stays inside the metric's range (0–100 for a percentage) with no clipping, and follows a skewed
+    metric's asymmetry where mean ± t·s/√n would not. With one value, or when all values are equal, the
+    interval collapses to the mean (lo = hi = mean).
     """
-    a = np.asarray(values, dtype=float).ravel()
+    a = _values(values, "mean_ci")
     n = int(a.size)
-    if n == 0:
-        raise ValueError("mean_ci needs at least one value")
     _check_confidence(confidence)
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be positive, got {n_boot}")
     if n == 1 or np.ptp(a) == 0:
         # Exact, so that "all prompts identical" reports e.g. 100.0 and not 99.99999999999999.
+        m = float(a[0])
+        return Estimate(m, m, m, n)
+    rng = np.random.default_rng(seed)
+    reps = np.empty(n_boot)
+    rows = max(1, _RESAMPLE_CELLS // n)   # resamples per block: bounds the index array's memory at large n
+    for start in range(0, n_boot, rows):
+        k = min(rows, n_boot - start)
+        reps[start:start + k] = a[rng.integers(0, n, size=(k, n))].mean(axis=1)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
+    # min/max absorb only the last bit of a resample sum's rounding (0.1 + 0.1 + 0.1 > 0.3): the mean of
+    # values that all lie in [a.min(), a.max()] lies there too.
+    return Estimate(float(a.mean()), max(float(lo), float(a.min())), min(float(hi), float(a.max())), n)
+
+
+def mean_t_ci(
+    values: Sequence[float], confidence: float = 0.95, bounds: tuple[float, float] | None = None
+) -> Estimate:
+    """Mean of per-unit values with a Student-t interval: mean ± t_{(1+c)/2, n-1} · s / √n.
+
+    For the intervals a calibrated decision reads (module docstring), not for reporting a mean. `s` is the
+    sample standard deviation (ddof=1). With one value, or when all values are equal, the interval
+    collapses to the mean (lo = hi = mean) instead of being undefined. `bounds` clips the interval to the
+    statistic's range (e.g. (0, 100) for a token F1): the t interval of a skewed metric otherwise reaches
+    past it.
+    """
+    a = _values(values, "mean_t_ci")
+    n = int(a.size)
+    _check_confidence(confidence)
+    if n == 1 or np.ptp(a) == 0:
         m = float(a[0])
         return Estimate(m, m, m, n)
     m = float(a.mean())
@@ -75,10 +114,14 @@ def mean_ci(
 
 def paired_difference_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Estimate:
     """mean_ci of a[i] − b[i]: the same units (prompts, blocks) scored twice, so the spread between units
-    cancels and a small difference can be told from zero where the two intervals overlap."""
-    if len(a) != len(b):
-        raise ValueError(f"paired_difference_ci needs the same units: {len(a)} vs {len(b)}")
-    return mean_ci([x - y for x, y in zip(a, b)], confidence)
+    cancels and a small difference can be told from zero where the two intervals overlap. Resampling
+    the differences resamples units, so the pairing is kept."""
+    return mean_ci(_differences(a, b, "paired_difference_ci"), confidence)
+
+
+def paired_difference_t_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """mean_t_ci of a[i] − b[i], for a paired difference a calibrated verdict reads (module docstring)."""
+    return mean_t_ci(_differences(a, b, "paired_difference_t_ci"), confidence)
 
 
 def bootstrap_ci(
@@ -114,6 +157,24 @@ def bootstrap_ci(
     alpha = 1.0 - confidence
     lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
     return Estimate(point, float(lo), float(hi), n)
+
+
+# Index cells per block of resamples in `mean_ci` (int64: 32 MiB), so 2000 resamples of 10⁵ blocks do not
+# build a 1.6 GB index array at once.
+_RESAMPLE_CELLS = 1 << 22
+
+
+def _values(values: Sequence[float], name: str) -> np.ndarray:
+    a = np.asarray(values, dtype=float).ravel()
+    if a.size == 0:
+        raise ValueError(f"{name} needs at least one value")
+    return a
+
+
+def _differences(a: Sequence[float], b: Sequence[float], name: str) -> list[float]:
+    if len(a) != len(b):
+        raise ValueError(f"{name} needs the same units: {len(a)} vs {len(b)}")
+    return [x - y for x, y in zip(a, b)]
 
 
 def _check_confidence(confidence: float) -> None:

@@ -17,8 +17,9 @@ so that an identical pair always scores 100; exactly one empty → (0, 0, 0).
 
 Micro vs macro (`average`, over prompts):
 - "macro": the per-prompt P, R and F1 are averaged over prompts (F1 is the mean of per-prompt F1s,
-  not the F1 of mean P and R). Every prompt weighs the same. Interval: Student-t over prompts,
-  clipped to [0, 100].
+  not the F1 of mean P and R). Every prompt weighs the same. Interval: P and R the bootstrap of
+  metrics/intervals.mean_ci; F1, which the attack verdicts read (attacks/controls.py), Student t
+  (`mean_t_ci`) clipped to [0, 100], as their calibration assumes.
 - "micro": overlaps and lengths are summed over prompts first, then P = Σoverlap / Σ|hyp|,
   R = Σoverlap / Σ|ref|, F1 from those. Long prompts weigh more. Interval: bootstrap over prompts.
 """
@@ -32,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from metrics.intervals import Estimate, bootstrap_ci, mean_ci
+from metrics.intervals import Estimate, bootstrap_ci, mean_ci, mean_t_ci
 
 Mode = Literal["multiset", "set"]
 Average = Literal["macro", "micro"]
@@ -105,7 +106,8 @@ def corpus_token_prf(
 ) -> CorpusPRF:
     """Token P/R/F1 of reconstructions `hyps` against prompts `refs`, averaged over prompts.
 
-    "macro" averages per-prompt scores (Student-t interval); "micro" pools overlaps and lengths before
+    "macro" averages per-prompt scores (bootstrap interval for P and R, Student t for the verdicts' F1);
+    "micro" pools overlaps and lengths before
     dividing (bootstrap interval over prompts). See the module docstring.
     """
     if len(refs) != len(hyps):
@@ -117,7 +119,8 @@ def corpus_token_prf(
     )
     if average == "macro":
         per_prompt = np.asarray([_prf_from_counts(*row) for row in counts])
-        p, r, f = (mean_ci(per_prompt[:, j], bounds=(0.0, 100.0)) for j in range(3))
+        p, r = mean_ci(per_prompt[:, 0]), mean_ci(per_prompt[:, 1])
+        f = mean_t_ci(per_prompt[:, 2], bounds=(0.0, 100.0))
     elif average == "micro":
         p, r, f = (
             bootstrap_ci(counts, lambda rows, j=j: _prf_from_counts(*rows.sum(axis=0))[j], n_boot, seed)

@@ -10,7 +10,7 @@ comparisons tested under one family-wise α (Bonferroni), each interval is built
 
 `proportion_ci` is the interval of every rate the harness reports per prompt (exact match, token match
 rate, top-1/top-k recovery, task accuracy): Wilson over prompts when each prompt's rate sits at 0 or 100 %,
-and the clipped Student-t interval of metrics/intervals.py otherwise.
+and the bootstrap interval of metrics/intervals.mean_ci otherwise.
 """
 from __future__ import annotations
 
@@ -121,8 +121,8 @@ def proportion_ci(values: Sequence[float], scale: float = 100.0, confidence: flo
     edge), the mean is k/n·scale for the k prompts at `scale`, and the interval is Wilson's on k of n.
     For a rate over positions that is also a valid, conservative interval: the mean rate is at least
     scale·P(a prompt scores `scale`), and Wilson bounds that probability. So 15 prompts at 100 % report
-    [79.6, 100], not the t interval's zero width. Otherwise the rates differ between prompts and the
-    Student-t interval of `mean_ci`, clipped to [0, scale], applies.
+    [79.6, 100], not a zero-width interval. Otherwise the rates differ between prompts and `mean_ci`'s
+    percentile bootstrap over prompts applies (inside [0, scale] by construction).
     """
     a = np.asarray(values, dtype=float).ravel()
     if a.size == 0:
@@ -134,4 +134,4 @@ def proportion_ci(values: Sequence[float], scale: float = 100.0, confidence: flo
         k, n = int(at_top.sum()), int(a.size)
         lo, hi = wilson(k, n, alpha=1.0 - confidence)
         return Estimate(scale * k / n, scale * lo, scale * hi, n)
-    return mean_ci(a, confidence, bounds=(0.0, scale))
+    return mean_ci(a, confidence)

@@ -12,8 +12,8 @@ generation settings. Every number is a percentage on a 0–100 scale.
   (metrics/semantic.py).
 
 Intervals: exact match and token match rate are rates (metrics/proportions.py: Wilson over prompts when
-every prompt sits at 0 or 100 %), the other per-prompt metrics use a Student-t interval over prompts, corpus
-BLEU a bootstrap over prompts (see metrics/intervals.py).
+every prompt sits at 0 or 100 %), the other per-prompt metrics a percentile bootstrap of their mean over
+prompts, corpus BLEU a bootstrap over prompts (see metrics/intervals.py).
 """
 
 from __future__ import annotations
@@ -196,8 +196,9 @@ class FidelityScores:
         mean_first_divergence (over diverging prompts only; None if none diverge) and n_diverging.
 
         Intervals are 95%. Exact match and token match rate get `proportion_ci` (Wilson at the edges), `bleu`
-        is corpus BLEU (bootstrap interval), `bleu_sentence_mean` the mean sentence BLEU (t interval). t
-        intervals are clipped to the metric's range. Without a semantic model the
+        is corpus BLEU (bootstrap interval), `bleu_sentence_mean` the mean sentence BLEU, and ROUGE-L and
+        semantic similarity their means, each with `mean_ci`'s bootstrap interval over prompts (inside the
+        metric's range by construction). Without a semantic model the
         semantic_similarity keys are present and None.
         """
         out: dict[str, Any] = {}
@@ -210,8 +211,7 @@ class FidelityScores:
             if name in _RATES:
                 out.update(proportion_ci(values).flat(name))
                 continue
-            bounds = (-100.0, 100.0) if name == "semantic_similarity" else (0.0, 100.0)
-            out.update(mean_ci(values, bounds=bounds).flat(name))
+            out.update(mean_ci(values).flat(name))
         out.update(self.corpus_bleu.estimate.flat("bleu"))
         out["bleu_signature"] = self.corpus_bleu.signature
         diverged = [r["first_divergence"] for r in self.rows if r["first_divergence"] is not None]

@@ -148,7 +148,9 @@ def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:
 
 def _definitions(cfg: DictConfig) -> dict[str, str]:
     return {
-        "token_precision/recall/f1": "multiset token overlap of reconstruction and prompt, macro over prompts, t 95% CI",
+        "token_precision/recall/f1": "multiset token overlap of reconstruction and prompt, macro over prompts, "
+                                     "95% CI: bootstrap for precision and recall, Student t for F1 (the verdicts "
+                                     "read it)",
         "chance_floor_token_f1": "mean token F1 over all pairs of distinct evaluation prompts (an unrelated prompt's score)",
         "attack_verdict": f"the learned attacker, with m = {cfg.attack.controls.gate_margin_pp} pp (gate_margin_pp) "
                           "and its token F1 interval [lo, hi]: leak if lo > floor + m and the negative control "
@@ -172,10 +174,11 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                                      "below floor + margin (upper CI bound)",
         "exact_match": "% of prompts reconstructed token for token",
         "bleu": "corpus BLEU of decoded reconstructions vs decoded prompts (sacrebleu), bootstrap 95% CI",
-        "rouge_l": "mean ROUGE-L F1, t 95% CI",
-        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
+        "rouge_l": "mean ROUGE-L F1, bootstrap 95% CI",
+        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, bootstrap 95% CI",
         "bayes_top1/top5": "% of prompt positions whose token is the nearest (top-5) layer-0 QKV codeword to the "
-                           "exposure (maximum likelihood), macro over prompts, t 95% CI",
+                           "exposure (maximum likelihood), macro over prompts, 95% CI: Wilson when every prompt "
+                           "sits at 0 or 100 %, else bootstrap",
         "bayes_top1_k{k}": "top-1 when the prompt is submitted k times and the k exposures averaged; _predicted: "
                            "simulated single exposures at sigma/sqrt(k)",
         "bayes_top1_chance": "top-1 of guesses independent of the truth with the same token distributions",

@@ -111,37 +111,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                          placement={"edge": parties.edge.placement(), "cloud": parties.cloud.placement()},
                          before_done=lambda: runs.signals.view.save(ctx.run_dir.path / "view.pt"),
                          mirror_columns=("id", "output_text", f"token_er_at_{k_rep}", "utility"),
-                         mirror_history=example_history(samples, k_rep, use.metric,
-                                                        decode_rates(runs.signals.output_ids,
-                                                                     runs.signals.step_seconds)))
-
-
-def decode_rates(output_ids: list[list[int]], step_seconds: list[float]) -> list[float | None]:
-    """Each example's generated tokens per second of its collaborative decoding: engine.collaborate times
-    every step that emits a token, so example i's steps are the next len(output_ids[i]) of `step_seconds`
-    (protocol.collaborate_all joins them in example order). None where no time was measured."""
-    rates, at = [], 0
-    for ids in output_ids:
-        spent = sum(step_seconds[at:at + len(ids)])
-        at += len(ids)
-        rates.append(len(ids) / spent if spent > 0 else None)
-    return rates
-
-
-def example_history(samples: list[dict[str, Any]], k_rep: int, metric: str,
-                    rates: list[float | None]) -> list[dict[str, Any]]:
-    """The W&B step history of a collab run, one step per example (samples.jsonl's order): Token-ER@K at the
-    report K and its floor, the inversion's ROUGE-1 recall where it ran, the example's utility (`metric`:
-    accuracy 0 or 100, or ROUGE-L) and its decoding's tokens per second, each under `example/`."""
-    keys = (f"token_er_at_{k_rep}", f"floor_token_er_at_{k_rep}", "inversion_rouge1_recall")
-    history = []
-    for i, (row, rate) in enumerate(zip(samples, rates)):
-        record = {f"example/{k}": row[k] for k in keys if row.get(k) is not None}
-        record[f"example/{metric}"] = row["utility"]
-        if rate is not None:
-            record["example/tokens_per_second"] = rate
-        history.append({"step": i, **record})
-    return history
+                         mirror_history=experiment.example_history(
+                             samples, k_rep, use.metric,
+                             experiment.decode_rates(runs.signals.output_ids, runs.signals.step_seconds)))
 
 
 def _sample(i: int, e: Any, runs: Any, audit: Any, use: Any, k_rep: int, has_options: bool) -> dict[str, Any]:
@@ -166,12 +138,12 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
     c = cfg.collab
     return {
         "token_er_at_k": "Token-ER@K (eq. 6), % of the evidence's content token ids in the union of the per-step "
-                         "top-K exposure sets; mean over examples; _ci: Student-t 95%",
+                         "top-K exposure sets; mean over examples; _ci: bootstrap 95%",
         "rouge1_er_at_k": "ROUGE1-ER@K (eq. 7): % of the evidence's content words among the words the exposed ids decode to",
         "span_er_at_k": "Span-ER@K (eq. 8): per-span token recall averaged over spans",
         "auc_at_k": "AUC@K (eq. 9): mean Token-ER@k over k = 1..K",
         "floor_*": "the same metric on the cloud alone's own top-K along its greedy generation from x_pub (no signal)",
-        "excess_*": "per-example metric minus its floor, mean with a paired Student-t 95% interval",
+        "excess_*": "per-example metric minus its floor, mean with a paired bootstrap 95% interval",
         "inversion_rouge1_recall": f"ROUGE-1 recall (%) of the cloud's reconstruction (Prompt D, top-{c.inversion.k} "
                                    f"per step, first {c.inversion.max_steps} steps) against x_priv",
         "accuracy": ("% of examples whose gold option has the highest log-likelihood as the answer's opening under "

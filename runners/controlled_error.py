@@ -25,6 +25,7 @@ from harness import configurations
 from harness.results import RunContext
 from runners import identity
 from runners.common import (
+    batch_history,
     epsilon_ignored_note,
     finish,
     generate_batches,
@@ -65,15 +66,17 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     ref_texts = inputs.decode_all(reference.output_ids)
     engines = {"t3": reference_engine.describe()}
 
-    table, per_level_ids, per_level_rows = [], {}, {}
+    table, per_level_ids, per_level_rows, rates = [], {}, {}, {}
     for level in ce.levels(cfg.controlled_error.levels):
         started = time.perf_counter()
         if level.rescaler is None:
             outputs, error, seconds = reference.output_ids, {"natural_mae": 0.0, "realised_mae": 0.0}, t3_seconds
+            rates[level.slug] = reference.batch_tokens_per_second
         else:
             engine = make_engine(cfg, configuration, inputs.loaded.model)
             engine.set_output_hook(level.rescaler)
-            outputs = generate_batches(engine, inputs.prompts, desc=level.label, **generate).output_ids
+            generated = generate_batches(engine, inputs.prompts, desc=level.label, **generate)
+            outputs, rates[level.slug] = generated.output_ids, generated.batch_tokens_per_second
             engines[level.label] = engine.describe()
             error, seconds = level.rescaler.summary(), time.perf_counter() - started
         scores = compare_generations(ref_texts, inputs.decode_all(outputs), reference.output_ids, outputs,
@@ -99,7 +102,14 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     }
     return finish(cfg, ctx, results, samples, summary=summary_text, engines=engines,
                   provenance_extra={"bleu_signature": table[0].get("bleu_signature")},
-                  mirror_rows=table, mirror_columns=ce.TABLE_COLUMNS)
+                  mirror_rows=table, mirror_columns=ce.TABLE_COLUMNS, mirror_history=speed_history(rates))
+
+
+def speed_history(rates: dict[str, list[float | None]]) -> list[dict[str, Any]]:
+    """The W&B step history of a controlled-error run, one step per batch: `batch_tokens_per_second/<level>`,
+    each batch's generated tokens over its wall time at every level (slug: t3, natural, ce_<target>; t3's
+    from the reference generation), so the cost of the rescaling hook shows beside the levels' fidelity."""
+    return batch_history({f"batch_tokens_per_second/{slug}": r for slug, r in rates.items()})
 
 
 # Per-prompt scores each level's sample line keeps (samples.jsonl).
@@ -112,7 +122,7 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                           "|returned output - T3's output for the same input| (0 for T3)",
         "natural_mean_abs_error": "the configuration's own error (no rescaling)",
         "max_rescale_deviation": "largest |realised MAE / target - 1| over op calls (rounding to fp32)",
-        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings against T3, t 95% CI",
+        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings against T3, bootstrap 95% CI",
         "exact_match": "% of prompts whose generated ids equal T3's",
     }
 

@@ -183,9 +183,9 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "token_match_rate": "% of generated positions with the same id as the baseline (position-wise, "
                             "over max(len) positions)",
         "bleu": "corpus BLEU (sacrebleu defaults), bootstrap 95% CI over prompts",
-        "bleu_sentence_mean": "mean sentence BLEU (effective order), t 95% CI",
-        "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), t 95% CI",
-        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, t 95% CI",
+        "bleu_sentence_mean": "mean sentence BLEU (effective order), bootstrap 95% CI",
+        "rouge_l": "mean ROUGE-L F1 (rouge-score, Porter stemmer), bootstrap 95% CI",
+        "semantic_similarity": f"mean cosine x 100 of {cfg.semantic_model} embeddings, bootstrap 95% CI",
         "epsilon_mean": "mean per-token epsilon the configuration ran under (None: no noise)",
         "slalom_wraps": "slalom only: outputs whose integer product |W_q x_q| passed (q-1)/2, so that the centred "
                         "residue was wrong, counted exactly over the run (None: not slalom); results.json `slalom` "

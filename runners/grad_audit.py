@@ -123,7 +123,7 @@ DEFINITIONS = {
     "converged": "every scored seed's held-out CE fell by at most train.flat_nats over its curve's last segment "
                  "(seeds[].ce_curve); otherwise utility_gate is unknown",
     "heldout_ce_increase": "mean over held-out blocks and scored seeds of the split pipeline's cross-entropy minus "
-                           "the unsplit model's (nats), t 95% CI; utility_gate passes at <= utility_max_nats",
+                           "the unsplit model's (nats), bootstrap 95% CI; utility_gate passes at <= utility_max_nats",
     "negative_control_effect_pp": "the probe trained on shuffled labels (largest |effect| over seeds); passes when "
                                   "every seed's 95% upper bound <= margin",
     "positive_control_<dose>_effect_pp": "the probe on the gradient arm made to sit at the floor (features "

@@ -106,7 +106,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 def _definitions(k: int) -> dict[str, str]:
     return {
         f"pr_at_{k}": f"the paper's Pr@{k}: % of text positions whose original token is among the {k} nearest "
-                      "neighbours of the sanitised token's embedding (itself first), macro over prompts, t 95% CI",
+                      "neighbours of the sanitised token's embedding (itself first), macro over prompts, 95% CI: "
+                      "Wilson when every prompt sits at 0 or 100 %, else bootstrap (metrics/proportions.py)",
         "<attacker>_top1/_top{k}": "% of text positions whose original token is the attacker's first guess / among "
                                    "its first k (attackers: neighbours, bayes, window, learned, decoder, contextual), macro "
                                    "over prompts; decoder: its greedy decoding first, then its logits' next best",
@@ -128,7 +129,8 @@ def _definitions(k: int) -> dict[str, str]:
                                  "positions, mean and t 95% CI over prompts (percentage points)",
         "verdict": "the worst of the attackers' verdicts (leak > inconclusive > at_chance)",
         "unchanged_rate": "% of text positions the sanitiser left unchanged",
-        "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, t 95% CI",
+        "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, "
+                           "Wilson 95% CI",
         "accuracy": "acc pooled over the examples of every task",
         "accuracy_floor_<task>": "the accuracy of the best answer that ignores the input (always the most frequent "
                                  "gold target of these examples), %",

@@ -66,10 +66,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         trained = time.perf_counter()
         accounting = experiment.accounting(section, configuration, epsilon, training.rounds[-1], loaded.model)
         metrics = experiment.metrics(training, accounting)
-        view, rows = None, []
+        view, rows, curves = None, [], {}
         if configuration != experiment.CENTRAL:
             view = experiment.build_view(cfg, training, section)
-            attack, rows = run_attacks(view, experiment.load_truth(truth_dir), model_cfg, cfg.paths.cache_dir,
+            attack, rows, curves = run_attacks(view, experiment.load_truth(truth_dir), model_cfg, cfg.paths.cache_dir,
                                        s.attack, public=data.align)
             metrics.update(attack)
     timings = {"train_seconds": trained - started, "attack_seconds": time.perf_counter() - trained}
@@ -99,7 +99,19 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     samples = [_sample(row, loaded.tokenizer) for row in rows]
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          before_done=_view_writer(cfg, view, ctx), placement=_placement(s.placement),
-                         mirror_history=[{**r, "step": int(r["round"])} for r in training.rounds])
+                         mirror_history=mirror_history(training.rounds, curves))
+
+
+def mirror_history(rounds: list[dict[str, Any]], curves: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The W&B step history: one step per FedAvg round (its record under results.json `rounds`), then the
+    learned inverters' training losses (`inverter/train_loss`, `inverter/val_loss`, and `inverter_negative/…`
+    for the shuffled-pairs control; common.loss_history) at steps after the last round, since W&B has one
+    step axis and it only increases. Each loss record also holds its own training step as
+    `attack_train_step`, the x-axis to chart those losses against."""
+    history = [{**r, "step": int(r["round"])} for r in rounds]
+    start = history[-1]["step"] + 1 if history else 0
+    return history + [{**record, "step": start + record["step"], "attack_train_step": record["step"]}
+                      for record in common.loss_history(curves)]
 
 
 def _placement(node: DictConfig) -> dict[str, Any]:
@@ -139,9 +151,10 @@ def _tradeoff(m: dict[str, Any], configuration: str, point: str | None, setting:
 
 DEFINITIONS = {
     "heldout_ce": "mean over held-out blocks of the mean next-token cross-entropy (nats) of the final model "
-                  "f = C∘B∘A (no adapters), t 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
+                  "f = C∘B∘A (no adapters), bootstrap 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
     "heldout_ce_gain": "mean over held-out blocks of the pretrained model's CE minus the final model's (nats), "
-                       "t 95% CI of that paired difference; per-block values under results.json heldout_blocks_ce",
+                       "bootstrap 95% CI of that paired difference; per-block values under results.json "
+                       "heldout_blocks_ce",
     "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",

@@ -13,7 +13,7 @@ from attacks import calibration, controls
 from harness import calibration_config
 from metrics import equivalence
 from metrics.equivalence import certifiable_margin, examples_needed
-from metrics.intervals import mean_ci
+from metrics.intervals import mean_t_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
@@ -42,7 +42,7 @@ def test_equivalence_helper_is_its_own_inverse_and_certifies_as_promised():
     n = examples_needed(1.0, 0.5)
     hits = 0
     for _ in range(400):
-        e = mean_ci(rng.normal(0.0, 1.0, n))
+        e = mean_t_ci(rng.normal(0.0, 1.0, n))
         hits += controls.classify(e.lo, e.hi, 0.0, 0.5, positive_passed=True, negative_passed=True) == controls.AT_CHANCE
     assert hits / 400 >= 0.75, hits
     # one example fewer than needed for a smaller spread would not do: monotone in sd
@@ -52,7 +52,7 @@ def test_equivalence_helper_is_its_own_inverse_and_certifies_as_promised():
 def _toy_entry(null_verdict: str) -> calibration.Entry:
     """A verdict whose statistic is the mean of 20 unit-normal examples plus the dose, read by classify."""
     def read(dose, rng):
-        e = mean_ci(rng.normal(dose, 1.0, 20))
+        e = mean_t_ci(rng.normal(dose, 1.0, 20))
         v = controls.classify(e.lo, e.hi, 0.0, 0.2, positive_passed=True, negative_passed=True)
         return calibration.Trial(v, e.mean)
 
@@ -123,7 +123,7 @@ def test_sizing_rule_predicts_the_verdicts_it_sizes():
     plan = equivalence.mean_plan(sd, sd, n, 1.0, 2.0)
     cert = power = 0
     for _ in range(400):
-        null, dosed = mean_ci(rng.normal(0.0, sd, n)), mean_ci(rng.normal(2.0, sd, n))
+        null, dosed = mean_t_ci(rng.normal(0.0, sd, n)), mean_t_ci(rng.normal(2.0, sd, n))
         cert += controls.classify(null.lo, null.hi, 0.0, 1.0, positive_passed=True, negative_passed=True) == \
             controls.AT_CHANCE
         power += controls.classify(dosed.lo, dosed.hi, 0.0, 1.0, positive_passed=True, negative_passed=True) == \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import zipfile
 
@@ -11,7 +12,8 @@ import sacrebleu
 from scipy import stats
 
 from harness.errors import UserError
-from metrics.intervals import Estimate, bootstrap_ci, mean_ci, paired_difference_ci
+from metrics import intervals
+from metrics.intervals import Estimate, bootstrap_ci, mean_ci, mean_t_ci, paired_difference_ci
 from metrics.privacy import chance_floor, corpus_token_prf, token_prf
 from metrics.proportions import proportion_ci, wilson
 from metrics.semantic import assemble_split_zip, load_semantic_model, semantic_similarity
@@ -43,11 +45,11 @@ def minilm():
 # --- intervals ---------------------------------------------------------------------------------------
 
 
-def test_mean_ci_matches_student_t_by_hand():
+def test_mean_t_ci_matches_student_t_by_hand():
     x = [1.0, 2.0, 3.0, 4.0, 10.0]
     # mean 4, s² = (9+4+1+0+36)/4 = 12.5
     half = stats.t.ppf(0.975, df=4) * math.sqrt(12.5) / math.sqrt(5)
-    est = mean_ci(x)
+    est = mean_t_ci(x)
     assert est.n == 5
     assert est.mean == pytest.approx(4.0, abs=1e-12)
     assert est.lo == pytest.approx(4.0 - half, abs=1e-9)
@@ -55,19 +57,56 @@ def test_mean_ci_matches_student_t_by_hand():
     assert est.hi - est.lo == pytest.approx(2 * 2.7764451 * 3.5355339 / 2.2360680, rel=1e-6)
 
 
-def test_mean_ci_degenerate_cases_collapse_exactly():
-    assert mean_ci([42.0]) == Estimate(42.0, 42.0, 42.0, 1)
+@pytest.mark.parametrize("estimator", [mean_ci, mean_t_ci])
+def test_mean_intervals_degenerate_cases_collapse_exactly(estimator):
+    assert estimator([42.0]) == Estimate(42.0, 42.0, 42.0, 1)
     # 0.1 three times: a float mean would be 0.10000000000000002 with a nonzero std.
-    assert mean_ci([0.1, 0.1, 0.1]) == Estimate(0.1, 0.1, 0.1, 3)
+    assert estimator([0.1, 0.1, 0.1]) == Estimate(0.1, 0.1, 0.1, 3)
     with pytest.raises(ValueError):
-        mean_ci([])
+        estimator([])
 
 
-def test_mean_ci_bounds_clip_a_percentage_interval():
-    raw = mean_ci([100.0, 100.0, 0.0])
+def test_mean_t_ci_bounds_clip_a_percentage_interval():
+    raw = mean_t_ci([100.0, 100.0, 0.0])
     assert raw.hi > 100.0  # the unclipped t interval leaves the metric's range
-    clipped = mean_ci([100.0, 100.0, 0.0], bounds=(0.0, 100.0))
+    clipped = mean_t_ci([100.0, 100.0, 0.0], bounds=(0.0, 100.0))
     assert (clipped.mean, clipped.lo, clipped.hi) == (raw.mean, 0.0, 100.0)
+
+
+def test_mean_ci_is_the_seeded_percentile_bootstrap_of_the_mean():
+    """mean_ci is bootstrap_ci of np.mean with the same resamples (2000, seed 0), computed without a Python
+    loop over resamples, and in blocks of resamples at large n without changing a digit."""
+    x = np.random.default_rng(4).lognormal(0.0, 1.0, 50)
+    est = mean_ci(x)
+    assert est == bootstrap_ci(x, np.mean, n_boot=2000, seed=0) == mean_ci(x)
+    assert mean_ci(x, seed=1) != est
+    small_blocks = pytest.MonkeyPatch.context()
+    with small_blocks as mp:
+        mp.setattr(intervals, "_RESAMPLE_CELLS", 7)     # 1 resample per block
+        assert mean_ci(x) == est
+
+
+def test_mean_ci_is_not_the_t_interval_on_a_skewed_sample():
+    """A right-skewed sample, as sentence BLEU often is (most prompts near 1, a few high): the bootstrap interval
+    reaches further above the mean than below it and stays above the smallest value, where mean ± t·s/√n is
+    symmetric and reaches below 0. Fails if mean_ci goes back to the t interval."""
+    x = [1.0] * 24 + [3.0, 5.0, 20.0, 60.0, 100.0]
+    boot, t = mean_ci(x), mean_t_ci(x)
+    assert boot.mean == t.mean
+    assert t.hi - t.mean == pytest.approx(t.mean - t.lo) and t.lo < 0.0
+    assert boot.hi - boot.mean > 1.2 * (boot.mean - boot.lo)
+    assert boot.lo >= 1.0
+
+
+def test_mean_ci_stays_below_100_without_clipping():
+    """18 prompts at 100 and two lower ones: mean 95.5, whose t interval reaches 102.4; every resample's mean
+    is at most 100, so the bootstrap's upper end is 100 with no bounds argument to clip it (there is none)."""
+    x = [100.0] * 18 + [40.0, 70.0]
+    t = mean_t_ci(x)
+    assert t.hi == pytest.approx(102.4, abs=0.05)
+    boot = mean_ci(x)
+    assert boot.mean == 95.5 and boot.lo < 95.5 and boot.hi == 100.0
+    assert "bounds" not in inspect.signature(mean_ci).parameters
 
 
 def test_paired_difference_cancels_the_spread_between_units():
@@ -84,7 +123,7 @@ def test_bootstrap_ci_is_seeded_and_close_to_t_for_a_mean():
     x = rng.normal(50.0, 10.0, size=400)
     a = bootstrap_ci(x, np.mean, n_boot=2000, seed=3)
     b = bootstrap_ci(x, np.mean, n_boot=2000, seed=3)
-    t = mean_ci(x)
+    t = mean_t_ci(x)
     assert a == b
     assert a.mean == pytest.approx(float(np.mean(x)), abs=1e-12)
     # For a mean of 400 normal values the percentile bootstrap and the t interval agree closely.
@@ -298,8 +337,8 @@ def test_proportion_ci_wilson_at_the_edges():
     assert none.mean == none.lo == 0.0 and none.hi == pytest.approx(100 - est.lo)
     # 0/1 outcomes on another scale, and a mix of 0 and 100: Wilson on k of n.
     assert proportion_ci([1, 0, 1, 1], scale=1.0) == Estimate(0.75, *wilson(3, 4), 4)
-    # Rates between the edges: the clipped t interval of mean_ci.
-    assert proportion_ci([100.0, 50.0, 75.0]) == mean_ci([100.0, 50.0, 75.0], bounds=(0.0, 100.0))
+    # Rates between the edges: mean_ci's bootstrap.
+    assert proportion_ci([100.0, 50.0, 75.0]) == mean_ci([100.0, 50.0, 75.0])
     with pytest.raises(ValueError, match="rates in"):
         proportion_ci([101.0])
     with pytest.raises(ValueError, match="at least one"):

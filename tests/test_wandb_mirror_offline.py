@@ -110,6 +110,31 @@ def test_loss_history_holds_each_attackers_losses_at_its_validation_steps():
         {"step": 100, "attacker/train_loss": 2.0, "attacker/val_loss": 2.5}]
 
 
+def test_controlled_error_history_is_each_levels_rate_per_batch():
+    from runners.controlled_error import speed_history
+
+    assert speed_history({"t3": [10.0, 12.0], "ce_0p01": [8.0, None]}) == [
+        {"step": 0, "batch_tokens_per_second/t3": 10.0, "batch_tokens_per_second/ce_0p01": 8.0},
+        {"step": 1, "batch_tokens_per_second/t3": 12.0}]
+
+
+def test_splitft_history_is_the_rounds_then_the_inverters_losses_after_them():
+    """Split FT: one step per round, then the learned inverter's (and its shuffled twin's) losses at steps after
+    the last round, each with its own training step; steps only increase, as wandb.log needs."""
+    from runners.splitft import mirror_history
+
+    rounds = [{"round": 1, "train_loss": 3.0, "H": 0.5}, {"round": 2, "train_loss": 2.5, "H": 0.4}]
+    curves = {"inverter": {"train_history": [(1, 6.0), (2, 5.0)], "val_history": [(1, 6.5), (2, 5.5)]},
+              "inverter_negative": {"train_history": [(2, 7.0)], "val_history": [(2, 7.5)]}}
+    assert mirror_history(rounds, curves) == [
+        {"round": 1, "train_loss": 3.0, "H": 0.5, "step": 1},
+        {"round": 2, "train_loss": 2.5, "H": 0.4, "step": 2},
+        {"step": 4, "attack_train_step": 1, "inverter/train_loss": 6.0, "inverter/val_loss": 6.5},
+        {"step": 5, "attack_train_step": 2, "inverter/train_loss": 5.0, "inverter/val_loss": 5.5,
+         "inverter_negative/train_loss": 7.0, "inverter_negative/val_loss": 7.5}]
+    assert mirror_history(rounds, {}) == [{**r, "step": r["round"]} for r in rounds]   # no inverter: rounds only
+
+
 @pytest.mark.slow   # a Flower simulation (~40 s); the grad audit test below covers the history path by default
 def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
     """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""

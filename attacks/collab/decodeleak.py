@@ -10,7 +10,7 @@ plus what it owns: its model and x_pub (itself in the view, `public_query`).
   exposure sequence; ROUGE-1 recall and F1 of its output against x_priv.
 - The no-signal floor (beyond the paper): the same metrics on what the cloud guesses with no signal at
   all, its own top-K along a cloud-only greedy generation. Leakage is reported as the excess over it, per
-  example (paired), with a Student-t 95% interval over examples.
+  example (paired), with a bootstrap 95% interval over examples (metrics/intervals.mean_ci).
 - The informed attacker (beyond the paper): the signal's sets united with the cloud's own no-signal
   guesses (the floor's sets). A sparse upload alone can score far *below* the floor (CoVeil uploads at most
   one id a step), which says nothing about privacy: the cloud still has its own model.
@@ -47,7 +47,7 @@ from attacks import controls
 from attacks.collab.evidence_recall import Evidence, Vocabulary, first_rank, recall_curves
 from harness.adversary_view import AdversaryView
 from harness.collab import engine
-from metrics.intervals import Estimate, mean_ci
+from metrics.intervals import Estimate, mean_ci, paired_difference_ci, paired_difference_t_ci
 
 METRICS = ("token_er", "rouge1_er", "span_er", "auc")
 INVERSION = ("inversion_rouge1_recall", "inversion_rouge1_f1")
@@ -118,8 +118,9 @@ def rouge1(reference: str, hypothesis: str) -> dict[str, float]:
 
 
 def paired_excess(values: Sequence[float], floor: Sequence[float]) -> Estimate:
-    """The mean per-example excess over the floor with its paired Student-t 95% interval."""
-    return mean_ci([a - b for a, b in zip(values, floor)])
+    """The mean per-example excess over the floor with its paired bootstrap 95% interval (reported; no verdict
+    reads it)."""
+    return paired_difference_ci(values, floor)
 
 
 def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
@@ -128,7 +129,7 @@ def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric in METRICS:
         for prefix, curves in (("", run), ("floor_", floor)):
-            ests = {k: mean_ci(curves.values(metric, k), bounds=(0.0, 100.0)) for k in ks}
+            ests = {k: mean_ci(curves.values(metric, k)) for k in ks}
             out[f"{prefix}{metric}_at_k"] = {str(k): e.mean for k, e in ests.items()}
             out[f"{prefix}{metric}_at_k_ci"] = {str(k): [e.lo, e.hi] for k, e in ests.items()}
         exc = {k: paired_excess(run.values(metric, k), floor.values(metric, k)) for k in ks}
@@ -137,7 +138,7 @@ def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
     if run.inversion:
         for key in INVERSION:
             vals, fl = [r[key] for r in run.inversion], [r[key] for r in floor.inversion]
-            e, f, x = mean_ci(vals, bounds=(0.0, 100.0)), mean_ci(fl, bounds=(0.0, 100.0)), paired_excess(vals, fl)
+            e, f, x = mean_ci(vals), mean_ci(fl), paired_excess(vals, fl)
             out[key], out[f"{key}_ci"] = e.mean, [e.lo, e.hi]
             out[f"floor_{key}"], out[f"floor_{key}_ci"] = f.mean, [f.lo, f.hi]
             out[f"excess_{key}"], out[f"excess_{key}_ci"] = x.mean, [x.lo, x.hi]
@@ -147,7 +148,8 @@ def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
 def null_excess(run: Curves, null: Curves, k: int) -> Estimate:
     """The verdict's statistic: per example Token-ER@k of the signal minus that of the null signal, mean with
     its paired Student-t 95% interval (module docstring)."""
-    return paired_excess(run.values("token_er", k), null.values("token_er", k))
+    # Student t, not the bootstrap: the calibration (attacks/calibration.py) sizes this verdict by it.
+    return paired_difference_t_ci(run.values("token_er", k), null.values("token_er", k))
 
 
 def verdict(run: Curves, null: Curves, positive: tuple[Curves, Curves] | None, negative: tuple[Curves, Curves],

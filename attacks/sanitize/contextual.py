@@ -29,7 +29,7 @@ import torch
 from attacks import controls
 from attacks.sanitize import bayes, scoring
 from harness.sanitize import mechanisms
-from metrics.intervals import Estimate, mean_ci, paired_difference_ci
+from metrics.intervals import Estimate, mean_t_ci, paired_difference_t_ci
 from metrics.proportions import proportion_ci
 
 # Mechanisms whose likelihood is exact (a 0 is a true 0); the others' zeros are estimates (no draw reached t').
@@ -160,7 +160,7 @@ def prior_gain(attacker_top1: Sequence[float], prior_top1: Sequence[float], marg
     """The verdict of an attacker with an LM prior: its per-prompt top-1 rates (%) minus the prior-alone
     rates on the same positions (paired, Student-t 95% interval over prompts), classified against 0 with
     margin m (attacks.controls.classify: leak when the lower bound clears m)."""
-    gain = paired_difference_ci(list(attacker_top1), list(prior_top1))
+    gain = paired_difference_t_ci(list(attacker_top1), list(prior_top1))
     return gain, controls.classify(gain.lo, gain.hi, 0.0, margin_pp, positive_passed=positive_passed,
                                    negative_passed=negative_passed)
 
@@ -174,10 +174,10 @@ def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], origina
     guesses = attacker(observed)
     top1, topk = scoring.hit_rates(originals, guesses, k)
     firsts = scoring.first_guesses(guesses)
-    f1 = mean_ci(scoring.f1_values(originals, firsts), bounds=(0, 100))
+    f1 = mean_t_ci(scoring.f1_values(originals, firsts), bounds=(0, 100))
     reference = controls.exposure_free_f1(originals, firsts)
     shuffled = scoring.first_guesses(attacker(scoring.derange(observed)))
-    negative = mean_ci(scoring.f1_values(originals, shuffled), bounds=(0, 100))
+    negative = mean_t_ci(scoring.f1_values(originals, shuffled), bounds=(0, 100))
     negative_passed = negative.lo <= reference + margin_pp
     prior = [100.0 * sum(h) / len(h) for h in prior_hits(model, prefix, originals) if h]
     gain, verdict = prior_gain(top1, prior, margin_pp, positive_passed=positive_passed,

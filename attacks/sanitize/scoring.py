@@ -1,6 +1,7 @@
 """Scoring the attackers on sanitised tokens, their controls and the verdict (attacks/controls.py's rule).
 
-Per attacker, over the text positions of each prompt (macro over prompts, Student-t 95% intervals):
+Per attacker, over the text positions of each prompt (macro over prompts, 95% intervals: proportion_ci for the
+rates, Student t for the token F1 the verdict reads):
 - top1, top{k}: % of positions whose original token is the attacker's first guess / among its first k
   (for the neighbour attacker top{k} is the paper's Pr@k);
 - token_f1: multiset token F1 of the sequence of first guesses against the prompt's text tokens, the
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from attacks import controls
-from metrics.intervals import Estimate, mean_ci
+from metrics.intervals import Estimate, mean_t_ci
 from metrics.privacy import token_prf
 from metrics.proportions import proportion_ci
 
@@ -87,10 +88,10 @@ def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[i
     guesses = attacker(observed)
     top1, topk = hit_rates(originals, guesses, k)
     firsts = first_guesses(guesses)
-    f1 = mean_ci(f1_values(originals, firsts), bounds=(0, 100))
+    f1 = mean_t_ci(f1_values(originals, firsts), bounds=(0, 100))
     reference = controls.exposure_free_f1(originals, firsts)
     shuffled = first_guesses(attacker(derange(observed)))
-    negative = mean_ci(f1_values(originals, shuffled), bounds=(0, 100))
+    negative = mean_t_ci(f1_values(originals, shuffled), bounds=(0, 100))
     negative_passed = negative.lo <= reference + margin_pp
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive_passed,
                                 negative_passed=negative_passed)
@@ -103,6 +104,6 @@ def positive_control(originals: Sequence[Sequence[int]], identity_guesses: Seque
                      margin_pp: float) -> tuple[Estimate, float, bool]:
     """The neighbour attacker on the unsanitised text: (its F1, its reference, passed)."""
     firsts = first_guesses(identity_guesses)
-    f1 = mean_ci(f1_values(originals, firsts), bounds=(0, 100))
+    f1 = mean_t_ci(f1_values(originals, firsts), bounds=(0, 100))
     reference = controls.exposure_free_f1(originals, firsts)
     return f1, reference, f1.lo >= reference + margin_pp

@@ -4,7 +4,8 @@ attacks/controls.py (paper 004 Table 6 style).
 For each attacker (label inference, EIA, BiSR(f), the learned inverter) and each recorded example (a row
 of a recorded step):
 - token F1 (multiset, %) of its guess against the truth (the labels; the input tokens), macro over
-  examples with a Student-t interval, and position-wise top-1 accuracy (%);
+  examples with a Student-t interval (the one the verdict's calibration assumes), and position-wise top-1
+  accuracy (%);
 - reference r: `exposure_free_f1`, what its guess for example j scores against example i ≠ j. For an
   untrained attacker a guess that ignores the exposure (a decoder that always says "the") scores
   exactly r: the verdict asks whether the exposure adds anything beyond it. The real-text chance floor
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from attacks import controls
-from metrics.intervals import mean_ci
+from metrics.intervals import mean_ci, mean_t_ci
 from metrics.privacy import token_prf
 from metrics.proportions import proportion_ci
 
@@ -63,17 +64,17 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     if kind == "set" and any(len(set(x)) != len(x) for x in [*refs, *guesses, *plain_refs, *plain_guesses]):
         raise ValueError(f"{name}: a set attacker's truths and guesses must hold distinct tokens")
     prf = [token_prf(r, g, mode=controls.PRF_MODE) for r, g in zip(refs, guesses)]
-    f1 = mean_ci([f for *_, f in prf], bounds=(0, 100))
+    f1 = mean_t_ci([f for *_, f in prf], bounds=(0, 100))
     reference = controls.exposure_free_f1(refs, guesses)
-    plain_f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(plain_refs, plain_guesses)],
+    plain_f1 = mean_t_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(plain_refs, plain_guesses)],
                        bounds=(0, 100))
     plain_reference = controls.exposure_free_f1(plain_refs, plain_guesses)
     extra: dict[str, Any] = {}
     if kind == "sequence":
         extra = proportion_ci([_top1(r, g) for r, g in zip(refs, guesses)]).flat(f"{name}_top1")
     else:
-        extra = {**mean_ci([p for p, _, _ in prf], bounds=(0, 100)).flat(f"{name}_token_precision"),
-                 **mean_ci([r for _, r, _ in prf], bounds=(0, 100)).flat(f"{name}_token_recall"),
+        extra = {**mean_ci([p for p, _, _ in prf]).flat(f"{name}_token_precision"),
+                 **mean_ci([r for _, r, _ in prf]).flat(f"{name}_token_recall"),
                  f"{name}_exposure_free_token_f1": reference}
     if prior_guesses is not None:
         prior = _mean_f1(refs, prior_guesses)
@@ -85,7 +86,7 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     negative: dict[str, Any] = {}
     negative_passed = True
     if negative_guesses is not None:
-        neg_f1 = mean_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, negative_guesses)],
+        neg_f1 = mean_t_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, negative_guesses)],
                          bounds=(0, 100))
         neg_reference = controls.exposure_free_f1(refs, negative_guesses)
         negative_passed = controls.negative_control(neg_f1, neg_reference, margin_pp).passed

@@ -26,6 +26,7 @@ import torch
 
 from attacks.inversion import (
     Example,
+    TrainLog,
     TrainSettings,
     build,
     make_examples,
@@ -61,8 +62,9 @@ def public_examples(copy: ServerCopy, public: torch.Tensor, steps: Sequence[int]
 
 
 def trained(copy: ServerCopy, public: Sequence[Sequence[int]], settings: TrainSettings,
-            shuffled: bool = False) -> Any:
-    """An inverter trained on the public blocks (3/4 train, 1/4 validation, split by block)."""
+            shuffled: bool = False) -> tuple[Any, TrainLog]:
+    """An inverter trained on the public blocks (3/4 train, 1/4 validation, split by block), and its training
+    log (whose loss curves the runner logs as W&B step history)."""
     blocks = torch.as_tensor(public, dtype=torch.long)
     if blocks.shape[0] < 2:
         raise ValueError("the learned inverter needs at least 2 public blocks (splitft.data.n_align)")
@@ -75,8 +77,7 @@ def trained(copy: ServerCopy, public: Sequence[Sequence[int]], settings: TrainSe
     copy.at(PRETRAINED)
     decoder = copy_module.deepcopy(copy.model)       # the decoder keeps the pretrained weights
     inv = build(decoder, int(train_ex[0].features.shape[-1]), settings)
-    train(inv, train_ex, val_ex, settings)
-    return inv
+    return inv, train(inv, train_ex, val_ex, settings)
 
 
 def read(inv: Any, copy: ServerCopy, max_examples: int, batch_size: int = 32) -> list[tuple[int, int, list[int]]]:

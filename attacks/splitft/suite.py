@@ -37,10 +37,13 @@ def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> Adversa
 
 def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg: dict[str, Any],
                 cache_dir: str | None, settings: Any,
-                public: list[list[int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Flat metrics (label_*, eia_*, bisr_*, weights_label_*, inverter_*, verdict) and one sample row per
-    attacked example. `public`: token blocks the server knows (D_align), the learned inverter's training
-    data and the weights attacker's frequency prior."""
+                public: list[list[int]] | None = None
+                ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Flat metrics (label_*, eia_*, bisr_*, weights_label_*, inverter_*, verdict), one sample row per
+    attacked example, and the learned inverters' loss curves by name (`inverter`, and `inverter_negative` for
+    its shuffled-pairs twin: {"train_history", "val_history"}, (step, loss) pairs; empty when the inverter is
+    off), the W&B step history only. `public`: token blocks the server knows (D_align), the learned
+    inverter's training data and the weights attacker's frequency prior."""
     attacked = ServerCopy(view, model_cfg, cache_dir)
     b = settings.bisr
     # BiSR(b) reads the gradient sent up at cut m; with A frozen (splitft.train_head=false) none was sent.
@@ -63,17 +66,20 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
     eia_plain = eia(control, int(e.steps), float(e.lr), int(e.max_examples))
     attackers = ["label", "eia"]
     inv_guess: list = []
+    curves: dict[str, dict[str, Any]] = {}
     v = settings.inverter
     if v.enabled:
         from attacks.splitft import inverter
 
         train_settings = inverter.settings_from(v, int(attacked.view.select(channel=SMASHED_UP)[0].tensor.shape[1]))
-        learned = inverter.trained(attacked, public or [], train_settings)
+        learned, log = inverter.trained(attacked, public or [], train_settings)
+        curves["inverter"] = {"train_history": log.train_history, "val_history": log.val_history}
         inv_guess = inverter.read(learned, attacked, int(v.max_examples))
         inv_plain = inverter.read(learned, control, int(v.max_examples))
         negative = None
         if v.negative_control:
-            shuffled = inverter.trained(attacked, public or [], train_settings, shuffled=True)
+            shuffled, log = inverter.trained(attacked, public or [], train_settings, shuffled=True)
+            curves["inverter_negative"] = {"train_history": log.train_history, "val_history": log.val_history}
             negative = [g for *_, g in inverter.read(shuffled, attacked, int(v.max_examples))]
     bisr_guess: list = []
     bisr_b_guess: list = []
@@ -175,4 +181,4 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
              for (s, r, g), t in zip(guesses, inputs(guesses))]
     rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g, "truth_ids": t}  # a batch, no row
              for (s, g), t in zip(wl_guess, sets)]
-    return metrics, rows
+    return metrics, rows, curves

@@ -1,8 +1,8 @@
 """One collaborative-decoding run end to end, as library calls the runner composes (paper 003): the two
 parties, the benchmark, every decoding the audit reads (the run under its defence, the cloud alone, the
-undefended positive control, the null signals: the edge without x_priv) and the answer's utility. The
-DecodeLeak audit of these decodings is attacks/collab/suite.py; the runner (runners/collab.py) writes both
-into results.json."""
+undefended positive control, the null signals: the edge without x_priv), the answer's utility, and the W&B
+step history of its examples (`decode_rates`, `example_history`). The DecodeLeak audit of these decodings is
+attacks/collab/suite.py; the runner (runners/collab.py) writes both into results.json."""
 from __future__ import annotations
 
 import dataclasses
@@ -160,11 +160,39 @@ def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> U
     # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
     floor = constant_answer_floor([e.answer for e in examples]) if metric == "accuracy" else None
     # Accuracy is a proportion of examples (each 0 or 100): Wilson's interval, never zero-width at 0 or 100 %;
-    # ROUGE-L a mean of scores (Student t, clipped) (docs/design.md, Metrics).
-    interval = proportion_ci if metric == "accuracy" else (lambda v: mean_ci(v, bounds=(0.0, 100.0)))
+    # ROUGE-L a mean of scores (bootstrap over examples) (docs/design.md, Metrics).
+    interval = proportion_ci if metric == "accuracy" else mean_ci
     return Utility(metric, per, cloud_per, interval(per), interval(cloud_per), floor, option_scores)
 
 
 def generation(cfg: DictConfig) -> dict[str, Any]:
     """results.json `generation`: the collaborative decoding's own settings (greedy, to EOS)."""
     return {"max_new_tokens": int(cfg.collab.max_new_tokens), "greedy": True, "stop_at_eos": True}
+
+
+def decode_rates(output_ids: list[list[int]], step_seconds: list[float]) -> list[float | None]:
+    """Each example's generated tokens per second of its collaborative decoding: engine.collaborate times
+    every step that emits a token, so example i's steps are the next len(output_ids[i]) of `step_seconds`
+    (protocol.collaborate_all joins them in example order). None where no time was measured."""
+    rates, at = [], 0
+    for ids in output_ids:
+        spent = sum(step_seconds[at:at + len(ids)])
+        at += len(ids)
+        rates.append(len(ids) / spent if spent > 0 else None)
+    return rates
+
+
+def example_history(samples: list[dict[str, Any]], k_rep: int, metric: str,
+                    rates: list[float | None]) -> list[dict[str, Any]]:
+    """The W&B step history of a collab run, one step per example (samples.jsonl's order): Token-ER@K at the
+    report K and its floor, the inversion's ROUGE-1 recall where it ran, the example's utility (`metric`:
+    accuracy 0 or 100, or ROUGE-L) and its decoding's tokens per second, each under `example/`."""
+    keys = (f"token_er_at_{k_rep}", f"floor_token_er_at_{k_rep}", "inversion_rouge1_recall")
+    history = []
+    for i, (row, rate) in enumerate(zip(samples, rates)):
+        record = {f"example/{k}": row[k] for k in keys if row.get(k) is not None}
+        record[f"example/{metric}"] = row["utility"]
+        if rate is not None:
+            record["example/tokens_per_second"] = rate
+        history.append({"step": i, **record})
+    return history

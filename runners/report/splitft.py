@@ -126,7 +126,7 @@ def _blocks(run: Run) -> dict[str, list[float]] | None:
 
 
 def _paired(a: list[float], b: list[float]) -> str:
-    """mean of a − b over blocks with its t interval; the same blocks scored by two models."""
+    """mean of a − b over blocks with its bootstrap interval; the same blocks scored by two models."""
     e = paired_difference_ci(a, b)
     return fmt_ci(e.mean, e.lo, e.hi, 3)
 

@@ -783,7 +783,7 @@ def test_edge_side_baselines_and_likelihood_scoring_end_to_end(tmp_path):
 
 
 def test_decode_rates_split_the_step_times_by_example():
-    from runners.collab import decode_rates, example_history
+    from harness.collab.experiment import decode_rates, example_history
 
     assert decode_rates([[5, 6], [7], []], [0.5, 0.5, 0.25]) == [2.0, 4.0, None]
     rows = [{"token_er_at_5": 40.0, "floor_token_er_at_5": 10.0, "utility": 100.0},

@@ -422,9 +422,17 @@ def test_fp_error_refuses_a_configuration_without_masks(tmp_path):
                                 "configuration=slalom has none"]
 
 
-def test_controlled_error_smoke_end_to_end_and_report(tmp_path):
+def test_controlled_error_smoke_end_to_end_and_report(tmp_path, monkeypatch):
+    import wandb
+
+    from ..test_wandb_mirror_offline import _Run
+
+    mirrored = _Run()      # logger=wandb with a fake init: the W&B step history, nothing leaves the machine
+    monkeypatch.setattr(wandb, "init", lambda **kw: mirrored)
+    monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "out"
-    res = run_cli_in_process(["experiment=controlled_error_smoke", "semantic_model=null"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=controlled_error_smoke", "semantic_model=null", "logger=wandb"], out,
+                             tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     run_dir = next(out.rglob("results.json")).parent
     results = json.loads((run_dir / "results.json").read_text())
@@ -438,6 +446,11 @@ def test_controlled_error_smoke_end_to_end_and_report(tmp_path):
     assert results["metrics"]["max_rescale_deviation"] < 0.01
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 and set(samples[0]["levels"]) == set(rows)
+    # W&B step history: one step per batch (2 prompts, batch_size 2: one), every level's tokens per second
+    history = [(step, data) for step, data in mirrored.logged if step is not None]
+    assert [step for step, _ in history] == [0]
+    assert set(history[0][1]) == {f"batch_tokens_per_second/{slug}" for slug in rows}
+    assert all(rate > 0 for rate in history[0][1].values())
 
     from runners import report
 

@@ -549,9 +549,11 @@ def test_report_pairs_held_out_ce_over_the_same_blocks(tmp_path):
             and line.startswith("| ") and line.count("|") == 6}
     # a constant difference has a zero-width interval: the spread between blocks (±2 nats) cancels
     assert rows["splitft_none"] == "| splitft_none | 4 | 0.100 [0.100, 0.100] | — | 0.100 [0.100, 0.100] |"
-    # privpair − none per block: 0.1, 0.2, 0.1, 0.2 → 0.15 ± t(0.975, 3)·0.0577/2 = ± 0.092
-    assert rows["privpair λ=1"] == ("| privpair λ=1 | 4 | -0.050 [-0.142, 0.042] | 0.150 [0.058, 0.242] "
-                                    "| 0.250 [0.158, 0.342] |")
+    # privpair − none per block: 0.1, 0.2, 0.1, 0.2 → 0.15 with the paired bootstrap's interval: a resample
+    # of the four blocks that is all 0.1 (or all 0.2) comes 1 time in 16, more often than 2.5 %, so the
+    # interval's ends are the two differences themselves (the t interval read ± 0.092 around 0.15).
+    assert rows["privpair λ=1"] == ("| privpair λ=1 | 4 | -0.050 [-0.100, 0.000] | 0.150 [0.100, 0.200] "
+                                    "| 0.250 [0.200, 0.300] |")
     assert rows["nopeek α=1"].endswith("| — | — |")                         # not the same blocks: not paired
     assert "embedding_dx" not in rows                                          # no blocks: not in this table
     assert "CE − split, no defence's (nats; + = worse)" in md
@@ -616,7 +618,7 @@ def test_with_a_frozen_the_server_runs_every_attack_but_bisr_backward(ids):
     assert not view.select(channel=GRAD_UP)
     settings = OmegaConf.merge(SECTION.attack, {"eia": {"steps": 5, "max_examples": 3},
                                                 "bisr": {"steps": 5, "max_examples": 3}})
-    metrics, rows = run_attacks(view, {t["step"]: t for t in record.truth}, model_cfg, None, settings)
+    metrics, rows, curves = run_attacks(view, {t["step"]: t for t in record.truth}, model_cfg, None, settings)
     assert not any(k.startswith("bisr_b_") for k in metrics)
     # one recorded step: no update to read; the weights attacker says why instead of scoring
     assert "consecutive recorded steps" in metrics["weights_label_skipped"]
@@ -624,6 +626,7 @@ def test_with_a_frozen_the_server_runs_every_attack_but_bisr_backward(ids):
     assert {"label_token_f1", "eia_token_f1", "bisr_token_f1"} <= set(metrics)
     assert metrics["strongest_attacker"] in ("label", "eia", "bisr")
     assert {r["attacker"] for r in rows} == {"label", "eia", "bisr"}
+    assert curves == {}                              # no learned inverter, no loss curves
 
 
 def test_label_attack_decodes_with_the_recorded_weights_and_eia_inverts_the_head(ids):
@@ -754,8 +757,8 @@ def test_learned_inverter_reads_undefended_s_a_and_its_shuffled_twin_does_not(id
     settings = inverter.settings_from(OmegaConf.create({"mode": "projection", "layout": "aligned", "head": "evidence",
                                                         "max_steps": 5, "max_minutes": 5.0, "batch_size": 8,
                                                         "lr": 1e-3}), 12)
-    guesses = inverter.read(inverter.trained(copy, public, settings), copy, 3)
-    negative = [g for *_, g in inverter.read(inverter.trained(copy, public, settings, shuffled=True), copy, 3)]
+    guesses = inverter.read(inverter.trained(copy, public, settings)[0], copy, 3)
+    negative = [g for *_, g in inverter.read(inverter.trained(copy, public, settings, shuffled=True)[0], copy, 3)]
     truth = [ids[r].tolist() for _, r, _ in guesses]
     scores = assess("inverter", truth, [g for *_, g in guesses], truth, [g for *_, g in guesses], 1.0, 5.0,
                     negative_guesses=negative)
@@ -788,10 +791,15 @@ def test_suite_chains_the_inverter_into_bisr_forward(ids):
     section.bisr.update(steps=0, max_examples=2, init="sip", backward_steps=0)
     section.inverter.update(enabled=True, max_steps=3, max_examples=2, negative_control=False)
     public = torch.randint(0, 500, (8, ids.shape[1]), generator=torch.Generator().manual_seed(1)).tolist()
-    metrics, rows = run_attacks(view, truth, model_cfg, None, section, public=public)
+    metrics, rows, curves = run_attacks(view, truth, model_cfg, None, section, public=public)
     inverter = {(r["step"], r["row"]): r["guess_ids"] for r in rows if r["attacker"] == "inverter"}
     bisr = {(r["step"], r["row"]): r["guess_ids"] for r in rows if r["attacker"] == "bisr"}
     assert len(bisr) == 2 and bisr == inverter and metrics["bisr_token_f1"] == metrics["inverter_token_f1"]
+    # the inverter's loss curves for the W&B step history (no negative control here: no shuffled twin)
+    assert list(curves) == ["inverter"]
+    val = curves["inverter"]["val_history"]
+    assert val and [s for s, _ in val] == [s for s, _ in curves["inverter"]["train_history"]]
+    assert val[-1][0] == 3 and all(loss > 0 for _, loss in val)
 
 
 APP_TOML = """[build-system]

@@ -14,7 +14,7 @@ OP_ORDER = ("q", "k", "v", "o", "gate", "up", "lm_head", "down")
 
 METRIC_DEFINITIONS = {
     "mean_true_error": "mean over trials of |fl(<w,x+eta>) - fl(<w,eta>) - <w,x>| (exact reference), headline "
-                       "precision and kernel, offloaded ops; 95% t interval over op instances' means",
+                       "precision and kernel, offloaded ops; 95% bootstrap interval over op instances' means",
     "mean_bound": "mean over the same trials of the proven bound (docs/fp_bound.md)",
     "bound_ratio": "mean_bound / mean_true_error (the paper reports about 4)",
     "bound_violation_rate": "fraction (0-1) of trials whose error exceeds the bound (plus the reference's own "
@@ -46,7 +46,7 @@ class Summary:
     mean_abs_exact: float
     sigma_mean: float
     delta_mean: float | None
-    instance_error_ci: tuple[float, float] | None = None   # 95% t interval over instances' mean errors
+    instance_error_ci: tuple[float, float] | None = None   # 95% bootstrap interval over instances' mean errors
     bound_finite: bool = True      # False where d·u_acc ≥ 1: the bound does not exist (results.json has null)
     d: list[int] = field(default_factory=list)
 
