@@ -29,7 +29,9 @@ stage whose layers hold no used exposure (layers=[8] and a stage 0) is dropped: 
 No stages (null) scores the whole vocabulary with every used exposure. `prune_prior` K adds a first stage
 that keeps the K tokens the model's next-token prior ranks highest, before any exposure is scored (both
 scorers prune by it): the only pruning a single deep layer alone allows without a forward of the whole
-vocabulary through every layer above it. The pruning recall of a stage is the
+vocabulary through every layer above it. `prune_union_prior` K makes the first exposure stage keep its own
+`keep` best ∪ the prior's K best, for each scorer: the exposure score and the prior each rescue the truth the
+other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
 fraction of positions whose true token survived it: the only use of the truth besides scoring, so that a
 verdict can tell a pruning failure from a mask that held.
 
@@ -83,6 +85,7 @@ class Settings:
     ops: tuple[str, ...]
     prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
     prune_prior: int | None                      # keep the prior's K best first; None: no such stage
+    prune_union_prior: int | None                # the first exposure stage also keeps the prior's K best
     positions: str
     max_positions: int | None
     null_view: bool
@@ -99,6 +102,8 @@ class Settings:
                    ops=tuple(str(o) for o in node["ops"]),
                    prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
                    prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
+                   prune_union_prior=(None if node.get("prune_union_prior") is None
+                                      else int(node["prune_union_prior"])),
                    positions=str(node["positions"]),
                    max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
                    null_view=bool(node["null_view"]), map_reference=str(node["map_reference"]),
@@ -137,6 +142,9 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     if settings.prune_prior is not None and settings.prune_prior < 1:
         raise UserError(f"attack.sequential.prune_prior keeps {settings.prune_prior} candidates; a pruning width "
                         "must be >= 1")
+    if settings.prune_union_prior is not None and settings.prune_union_prior < 1:
+        raise UserError(f"attack.sequential.prune_union_prior keeps {settings.prune_union_prior} candidates; a "
+                        "pruning width must be >= 1")
     if settings.max_positions is not None and settings.max_positions < 1:
         raise UserError(f"attack.sequential.max_positions must be >= 1 or null, got {settings.max_positions}")
     if not 0 < settings.min_pruning_recall <= 1:
@@ -166,6 +174,14 @@ def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[in
             continue
         out.append((upto, min(keep, vocab)))
     return out
+
+
+def union_stage(plan: Sequence[tuple[int, int]], settings: Settings) -> int | None:
+    """The index in `plan` of the stage that prune_union_prior widens (the first that reads an exposure), or
+    None."""
+    if settings.prune_union_prior is None:
+        return None
+    return next((i for i, (upto, _) in enumerate(plan) if upto != PRIOR_STAGE), None)
 
 
 def _covered(keys: Sequence[Key], upto: int) -> tuple[Key, ...]:
@@ -513,6 +529,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     vocab = log_prior.numel()
     alive: dict[str, torch.Tensor] = {s.name: torch.arange(vocab) for s in group}
     depth = max(layer for _, layer in keys) + 1
+    widened = union_stage(plan, settings)
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
         final = i == len(plan)
         if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
@@ -554,6 +571,13 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
                 _record(results[s.name], int(cand[int(sc.argmax())]), true_token)
             else:
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
+                if i == widened:   # the prior's best join, after the stage's own (alive stays best first)
+                    assert settings.prune_union_prior is not None
+                    extra = log_prior.topk(min(settings.prune_union_prior, vocab)).indices
+                    # among this stage's candidates only: a token an earlier stage (prune_prior) dropped
+                    # has no score here
+                    extra = extra[torch.isin(extra, cand) & ~torch.isin(extra, alive[s.name])]
+                    alive[s.name] = torch.cat([alive[s.name], extra])
                 if bool((alive[s.name] == true_token).any()):
                     results[s.name].survived[i] += 1
     return {s.name: results[s.name].guesses[-1][-1] for s in group}
@@ -661,8 +685,11 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "ops": list(settings.ops),
         "positions": settings.positions,
         "max_positions": settings.max_positions,
-        "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else {"layers_upto": upto, "keep": keep}
-                   for upto, keep in outcome.stages],
+        "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else
+                   {"layers_upto": upto, "keep": keep,
+                    **({"union_prior": settings.prune_union_prior} if i == union_stage(outcome.stages, settings)
+                       else {})}
+                   for i, (upto, keep) in enumerate(outcome.stages)],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
         "null_view_of": outcome.null_of,
         "n_exposures_per_position": len(outcome.keys),
