@@ -397,6 +397,9 @@ class ScorerResult:
     guesses: list[list[int]] = field(default_factory=list)      # per prompt, per attacked position
     hits: list[list[bool]] = field(default_factory=list)
     survived: list[list[int]] = field(default_factory=list)     # per stage: positions whose truth survived it
+    # per stage, per position: the truth's rank (0 = best) among the stage's candidates by the score it prunes
+    # by, None where an earlier stage dropped it: how wide the stage had to be (docs/sequential_attack.md)
+    ranks: list[list[int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -468,7 +471,7 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
     if settings.null_view and any(p is None for p in partners):
         raise UserError("attack.sequential.null_view needs, for every prompt, another prompt at least as long as "
                         "its attacked positions; lower attack.sequential.max_positions or add prompts")
-    results = {s.name: ScorerResult(survived=[0] * len(plan)) for s in scorers}
+    results = {s.name: ScorerResult(survived=[0] * len(plan), ranks=[[] for _ in plan]) for s in scorers}
     prior_guesses, prior_hits, truth = [], [], []
     counter = {"forward": 0}
     start_time = time.perf_counter()
@@ -540,6 +543,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
         if upto == PRIOR_STAGE:   # prune_prior: every scorer keeps the prior's best, no exposure read
             top = log_prior.topk(keep).indices
             for s in group:
+                _rank(results[s.name], i, log_prior, torch.arange(vocab), true_token)
                 alive[s.name] = top
                 if bool((top == true_token).any()):
                     results[s.name].survived[i] += 1
@@ -570,6 +574,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             if final:
                 _record(results[s.name], int(cand[int(sc.argmax())]), true_token)
             else:
+                _rank(results[s.name], i, sc, cand, true_token)
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
                 if i == widened:   # the prior's best join, after the stage's own (alive stays best first)
                     assert settings.prune_union_prior is not None
@@ -581,6 +586,11 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
                 if bool((alive[s.name] == true_token).any()):
                     results[s.name].survived[i] += 1
     return {s.name: results[s.name].guesses[-1][-1] for s in group}
+
+
+def _rank(result: ScorerResult, stage: int, scores: torch.Tensor, cand: torch.Tensor, true_token: int) -> None:
+    at = (cand == true_token).nonzero()
+    result.ranks[stage].append(int((scores > scores[int(at[0])]).sum()) if at.numel() else None)
 
 
 def _record(result: ScorerResult, guess: int, true_token: int) -> None:

@@ -109,8 +109,9 @@ def test_prune_prior_keeps_the_priors_best_and_records_its_recall(tiny, prompts)
     assert sq.record(out, s, (1,))["stages"] == [{"by": "prior", "keep": k}]
 
 
-def _first_stage_recall(s: sq.Settings, log_prior: torch.Tensor, y: torch.Tensor, truth: int) -> int:
-    """Whether the likelihood scorer's truth survived the first stage (1 or 0) at one position whose exposure is
+def _first_stage(s: sq.Settings, log_prior: torch.Tensor, y: torch.Tensor, truth: int) -> tuple[int, int | None]:
+    """Whether the likelihood scorer's truth survived the first stage (1 or 0), and its rank there, at one
+    position whose exposure is
     the layer-0 QKV row `y` alone (σ = 1), with an identity codebook (the exposure score of v is y_v − ½) and
     the prior `log_prior`: `_position` on a stub prefix (codebook stages need no forward pass)."""
     from types import SimpleNamespace
@@ -120,11 +121,12 @@ def _first_stage_recall(s: sq.Settings, log_prior: torch.Tensor, y: torch.Tensor
     keys = [("qkv", 0)]
     plan = sq.stages(s, keys, vocab)
     scorer = sq.Scorer(sq.LIKELIHOOD, 0.0, "own")
-    results = {scorer.name: sq.ScorerResult(guesses=[[]], hits=[[]], survived=[0] * len(plan))}
+    results = {scorer.name: sq.ScorerResult(guesses=[[]], hits=[[]], survived=[0] * len(plan),
+                                            ranks=[[] for _ in plan])}
     prefix = SimpleNamespace(log_prior=log_prior)
     sq._position(None, prefix, [scorer], {"own": ({("qkv", 0): y[None]}, {("qkv", 0): 1.0})}, 0, keys, plan,
                  book, (book * book).sum(-1), s, truth, results, {"forward": 0})
-    return results[scorer.name].survived[0]
+    return results[scorer.name].survived[0], results[scorer.name].ranks[0][0]
 
 
 def test_union_first_stage_keeps_what_the_prior_alone_and_the_exposure_alone_each_drop():
@@ -146,12 +148,16 @@ def test_union_first_stage_keeps_what_the_prior_alone_and_the_exposure_alone_eac
     prior_only = settings(**base, prune=((0, vocab),), prune_prior=2)
 
     def recall(s):
-        return [_first_stage_recall(s, lp, y, t) for lp, y, t in cases]
+        return [_first_stage(s, lp, y, t)[0] for lp, y, t in cases]
 
     assert recall(exposure_only) == [0, 1]
     assert recall(prior_only) == [1, 0]
     assert recall(union) == [1, 1]
     assert sq.union_stage(sq.stages(union, [("qkv", 0)], vocab), union) == 0
+    # the truth's rank by the stage's own score: how wide it had to be (the union's stage ranks by the exposure)
+    assert [_first_stage(exposure_only, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
+    assert [_first_stage(prior_only, lp, y, t)[1] for lp, y, t in cases] == [0, 2]
+    assert [_first_stage(union, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
 
 
 def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
@@ -251,6 +257,22 @@ def test_map_reference_prior_leaves_the_config_hash_as_before(hydra_conf):
     assert config_hash(semantic("attack.sequential.map_reference=prior")) == config_hash(default)
     other = semantic("attack.sequential.map_reference=null_view")
     assert other["attack"]["sequential"]["map_reference"] == "null_view"
+    assert config_hash(other) != config_hash(default)
+
+
+def test_prune_union_prior_null_leaves_the_config_hash_as_before(hydra_conf):
+    """prune_union_prior=null is what every run did before the key existed: out of the semantic config (the
+    committed runs keep their hash); a width enters it."""
+    from harness.results import config_hash
+    from runners import sequential_attack as runner
+
+    def semantic(*extra):
+        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
+
+    default = semantic()
+    assert "prune_union_prior" not in default["attack"]["sequential"]
+    other = semantic("attack.sequential.prune_union_prior=64")
+    assert other["attack"]["sequential"]["prune_union_prior"] == 64
     assert config_hash(other) != config_hash(default)
 
 
