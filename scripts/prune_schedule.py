@@ -91,6 +91,7 @@ def main() -> None:
             wall, cpu = time.perf_counter(), time.process_time()
             out = sq.run(model, inputs.prompts, rows, sigmas, settings, keys, starts, book=book)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            decisive = sq.pruning_decisive(model, inputs.prompts, out, rows, sigmas, settings)
             n = out.n_positions
             row = {"epsilon": epsilon, "schedule": name, "settings": SCHEDULES[name],
                    "stages": sq.record(out, settings, used)["stages"], "n_positions": n,
@@ -103,6 +104,7 @@ def main() -> None:
                                            for k in result.survived]
                 # the width each stage needed to keep every truth that reached it (its rank + 1)
                 row[f"{scorer}_ranks"] = result.ranks
+                row[f"{scorer}_pruning_decisive"] = decisive[scorer]
                 row[f"{scorer}_width_needed"] = [1 + max((x for x in r if x is not None), default=-1)
                                                  for r in result.ranks]
             rows_out.append(row)

@@ -604,6 +604,41 @@ def candidates_per_position(outcome: Outcome) -> float:
     return outcome.forward_candidates / outcome.n_positions if outcome.n_positions else math.nan
 
 
+@torch.no_grad()
+def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome: Outcome,
+                     rows: Sequence[dict[Key, torch.Tensor]], sigmas: Sequence[dict[Key, float]],
+                     settings: Settings) -> dict[str, int]:
+    """Per scorer, the missed positions where the truth, scored with every used exposure (and the prior, for
+    MAP), scores at least as high as the scorer's guess. Only there can the pruning have cost a hit: at any
+    other miss the unpruned argmax is not the truth either (it scores at least the guess's score, which
+    beats the truth's). A truth that survived every stage and lost is never counted. One forward of the
+    truth and the guesses per missed position; teacher-forced only (the prefix is the truth's)."""
+    if settings.mode != "teacher_forced":
+        raise ValueError("pruning_decisive reads the true prefix: teacher_forced outcomes only")
+    keys = outcome.keys
+    depth = max(layer for _, layer in keys) + 1
+    count = {name: 0 for name in outcome.scorers}
+    weight = {s.name: s.prior_weight for s in scorers_for(settings)}
+    for r, prompt in enumerate(prompts):
+        for j, p in enumerate(outcome.positions[r]):
+            truth = outcome.truth[r][j]
+            missed = {name: res.guesses[r][j] for name, res in outcome.scorers.items() if not res.hits[r][j]}
+            if not missed:
+                continue
+            prefix = Prefix(model, [int(t) for t in prompt[:p]])
+            assert prefix.log_prior is not None
+            cand = torch.tensor(sorted({truth, *missed.values()}), dtype=torch.long)
+            mus = candidate_inputs(model, prefix, cand, depth, keys, settings.chunk)
+            at = {int(t): i for i, t in enumerate(cand)}
+            for name, guess in missed.items():
+                view = r if not name.endswith("_null") else outcome.null_of[r]
+                assert view is not None
+                full = sum(gaussian_scores(mus[k], rows[view][k][p], sigmas[view][k]) for k in keys)
+                full = full + weight[name] * prefix.log_prior[cand]
+                count[name] += bool(full[at[truth]] >= full[at[guess]])
+    return count
+
+
 # results.json names of each scorer's metrics
 PREFIX = {LIKELIHOOD: "sequential", MAP: "sequential_map", f"{LIKELIHOOD}_null": "sequential_null",
           f"{MAP}_null": "sequential_map_null"}

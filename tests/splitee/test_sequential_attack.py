@@ -174,6 +174,33 @@ def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
     assert "union_prior" not in sq.record(ref, plain, (0, 1))["stages"][0]
 
 
+def test_pruning_decisive_counts_the_hits_pruning_cost(tiny, prompts):
+    """pruning_decisive: with no pruning no miss is decisive (the guess is the full argmax; ε = 12 on the tiny
+    model misses some of the 12 positions unpruned); with a stage 0 so narrow (2) that it drops truths the
+    full score would pick, every hit the pruning lost is counted."""
+    full = settings(prune=None, max_positions=4, null_view=False)
+    narrow = settings(prune=((0, 2),), max_positions=4, null_view=False)
+    model = tiny.model
+    used = sq.check(full, len(model.model.layers), OPS)
+    keys = [(op, layer) for layer in used for op in OPS]
+    lengths = [len(p) for p in prompts]
+    views, table = sq.record_view(model, prompts, configuration="ep1", epsilon=12.0, seed=0, offload=OPS,
+                                  sigma_scale=1.0, sensitivity_rule="paper",
+                                  pad_token_id=tiny.tokenizer.pad_token_id, batch_size=8)
+    rows = sq.prompt_rows(views, lengths, 8, keys)
+    sigmas = sq.op_sigmas(model, "ep1", 12.0, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper", table=table)
+    starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
+    out_full = sq.run(model, prompts, rows, sigmas, full, keys, starts)
+    out_narrow = sq.run(model, prompts, rows, sigmas, narrow, keys, starts)
+    assert all(0 < sum(sq._flat(r.hits)) < out_full.n_positions for r in out_full.scorers.values())
+    assert sq.pruning_decisive(model, prompts, out_full, rows, sigmas, full) == {sq.LIKELIHOOD: 0, sq.MAP: 0}
+    decisive = sq.pruning_decisive(model, prompts, out_narrow, rows, sigmas, narrow)
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        lost = sum(sq._flat(out_full.scorers[name].hits)) - sum(sq._flat(out_narrow.scorers[name].hits))
+        assert lost > 0 and decisive[name] >= lost
+        assert decisive[name] <= out_narrow.n_positions - sum(sq._flat(out_narrow.scorers[name].hits))
+
+
 def test_huge_sigma_reads_the_prior_and_small_sigma_leaks(tiny, prompts):
     """ε = 0.01 (σ ~ 10⁴ times the signal): MAP picks what the prior picks, so MAP − prior is 0 with an
     interval that covers 0 and the likelihood attacker is no better than on a null view. ε = 100 (a known
