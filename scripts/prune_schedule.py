@@ -123,11 +123,13 @@ def table_md(rows: list[dict]) -> str:
                          for s in r[f"{scorer}_recall"])
 
     lines = ["| ε | schedule | MAP recall per stage [Wilson 95%] | likelihood recall per stage | MAP top-1 | "
-             "prior top-1 | MAP width needed per stage | s/position (wall) | CPU s/position | candidates/position |",
-             "| ---: | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+             "prior top-1 | MAP width needed per stage | MAP / likelihood pruning-decisive misses | s/position (wall) | "
+             "CPU s/position | candidates/position |",
+             "| ---: | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['epsilon']:g} | {r['schedule']} | {rec(r, 'map')} | {rec(r, 'likelihood')} | "
                      f"{100 * r['map_top1']:.1f}% | {100 * r['prior_top1']:.1f}% | {r['map_width_needed']} | "
+                     f"{r['map_pruning_decisive']} / {r['likelihood_pruning_decisive']} | "
                      f"{r['seconds_per_position']:.2f} | "
                      f"{r['cpu_seconds_per_position']:.2f} | {r['candidates_per_position']:.0f} |")
     return "\n".join(lines) + "\n"
