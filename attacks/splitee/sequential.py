@@ -32,8 +32,9 @@ scorers prune by it): the only pruning a single deep layer alone allows without 
 vocabulary through every layer above it. `prune_union_prior` K makes the first exposure stage keep its own
 `keep` best ∪ the prior's K best, for each scorer: the exposure score and the prior each rescue the truth the
 other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
-fraction of positions whose true token survived it: the only use of the truth besides scoring, so that a
-verdict can tell a pruning failure from a mask that held.
+fraction of positions whose true token survived it: with the truth's rank per stage and `pruning_decisive`
+(diagnostics of the same kind) the only use of the truth besides scoring, so that a verdict can tell a
+pruning failure from a mask that held.
 
 Scorers. One attack runs several scorers at once: the likelihood and MAP attackers on the prompt's own view
 and, with `null_view`, the same two on the view of another prompt (the next one in the workload that covers
@@ -611,7 +612,8 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     """Per scorer, the missed positions where the truth, scored with every used exposure (and the prior, for
     MAP), scores at least as high as the scorer's guess. Only there can the pruning have cost a hit: at any
     other miss the unpruned argmax is not the truth either (it scores at least the guess's score, which
-    beats the truth's). A truth that survived every stage and lost is never counted. One forward of the
+    beats the truth's). A truth that survived every stage and lost scores below the guess here too (up to
+    rounding between the two computations). One forward of the
     truth and the guesses per missed position; teacher-forced only (the prefix is the truth's)."""
     if settings.mode != "teacher_forced":
         raise ValueError("pruning_decisive reads the true prefix: teacher_forced outcomes only")
