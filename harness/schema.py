@@ -205,6 +205,7 @@ class SequentialAttackConfig:
     ops: List[str] = MISSING              # of qkv, o, gate_up
     prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep] per stage; 0 = the layer-0 codebook; null = none
     prune_prior: Optional[int] = MISSING  # a first stage keeping the prior's K best tokens; null = none
+    prune_union_prior: Optional[int] = MISSING   # the first exposure stage also keeps the prior's K best; null = no
     positions: str = MISSING              # text (after the public chat-template header) | all (from position 1)
     max_positions: Optional[int] = MISSING
     null_view: bool = MISSING             # also attack each prompt with another prompt's view (the reference)
@@ -583,6 +584,7 @@ def _check_sequential(seq: DictConfig) -> None:
         if stage[0] < 0:
             raise UserError(f"attack.sequential.prune: stage depth {stage[0]} must be >= 0")
     check_at_least("attack.sequential.prune_prior", seq.prune_prior, 1, nullable=True)
+    check_at_least("attack.sequential.prune_union_prior", seq.prune_union_prior, 1, nullable=True)
     check_at_least("attack.sequential.max_positions", seq.max_positions, 1, nullable=True)
     check_at_least("attack.sequential.chunk", seq.chunk, 1)
     if not 0 < seq.min_pruning_recall <= 1:

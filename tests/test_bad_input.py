@@ -119,6 +119,12 @@ CASES = {
     "bayes k below 1": Case([*ATTACK, "attack.bayes.k=[0]"],
                             "attack.bayes.k must be a non-empty list of integers >= 1"),
     "unknown attack setting": Case([*ATTACK, "attack.setting=blind"], "attack.setting='blind' is not one of"),
+    "sequential union pruning width below 1": Case(
+        ["experiment=sequential_attack_smoke", "attack.sequential.prune_union_prior=0"],
+        "attack.sequential.prune_union_prior must be >= 1"),
+    "sequential union pruning width negative": Case(
+        ["experiment=sequential_attack_smoke", "attack.sequential.prune_union_prior=-4"],
+        "attack.sequential.prune_union_prior must be >= 1"),
     "sequential MAP reference unknown": Case(
         ["experiment=sequential_attack_smoke", "attack.sequential.map_reference=nearest"],
         "attack.sequential.map_reference='nearest' is not one of prior, null_view"),

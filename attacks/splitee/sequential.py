@@ -29,9 +29,12 @@ stage whose layers hold no used exposure (layers=[8] and a stage 0) is dropped: 
 No stages (null) scores the whole vocabulary with every used exposure. `prune_prior` K adds a first stage
 that keeps the K tokens the model's next-token prior ranks highest, before any exposure is scored (both
 scorers prune by it): the only pruning a single deep layer alone allows without a forward of the whole
-vocabulary through every layer above it. The pruning recall of a stage is the
-fraction of positions whose true token survived it: the only use of the truth besides scoring, so that a
-verdict can tell a pruning failure from a mask that held.
+vocabulary through every layer above it. `prune_union_prior` K makes the first exposure stage keep its own
+`keep` best ∪ the prior's K best, for each scorer: the exposure score and the prior each rescue the truth the
+other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
+fraction of positions whose true token survived it: with the truth's rank per stage and `pruning_decisive`
+(diagnostics of the same kind) the only use of the truth besides scoring, so that a verdict can tell a
+pruning failure from a mask that held.
 
 Scorers. One attack runs several scorers at once: the likelihood and MAP attackers on the prompt's own view
 and, with `null_view`, the same two on the view of another prompt (the next one in the workload that covers
@@ -83,6 +86,7 @@ class Settings:
     ops: tuple[str, ...]
     prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
     prune_prior: int | None                      # keep the prior's K best first; None: no such stage
+    prune_union_prior: int | None                # the first exposure stage also keeps the prior's K best
     positions: str
     max_positions: int | None
     null_view: bool
@@ -99,6 +103,8 @@ class Settings:
                    ops=tuple(str(o) for o in node["ops"]),
                    prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
                    prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
+                   prune_union_prior=(None if node.get("prune_union_prior") is None
+                                      else int(node["prune_union_prior"])),
                    positions=str(node["positions"]),
                    max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
                    null_view=bool(node["null_view"]), map_reference=str(node["map_reference"]),
@@ -137,6 +143,9 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     if settings.prune_prior is not None and settings.prune_prior < 1:
         raise UserError(f"attack.sequential.prune_prior keeps {settings.prune_prior} candidates; a pruning width "
                         "must be >= 1")
+    if settings.prune_union_prior is not None and settings.prune_union_prior < 1:
+        raise UserError(f"attack.sequential.prune_union_prior keeps {settings.prune_union_prior} candidates; a "
+                        "pruning width must be >= 1")
     if settings.max_positions is not None and settings.max_positions < 1:
         raise UserError(f"attack.sequential.max_positions must be >= 1 or null, got {settings.max_positions}")
     if not 0 < settings.min_pruning_recall <= 1:
@@ -166,6 +175,14 @@ def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[in
             continue
         out.append((upto, min(keep, vocab)))
     return out
+
+
+def union_stage(plan: Sequence[tuple[int, int]], settings: Settings) -> int | None:
+    """The index in `plan` of the stage that prune_union_prior widens (the first that reads an exposure), or
+    None."""
+    if settings.prune_union_prior is None:
+        return None
+    return next((i for i, (upto, _) in enumerate(plan) if upto != PRIOR_STAGE), None)
 
 
 def _covered(keys: Sequence[Key], upto: int) -> tuple[Key, ...]:
@@ -381,6 +398,9 @@ class ScorerResult:
     guesses: list[list[int]] = field(default_factory=list)      # per prompt, per attacked position
     hits: list[list[bool]] = field(default_factory=list)
     survived: list[list[int]] = field(default_factory=list)     # per stage: positions whose truth survived it
+    # per stage, per position: the truth's rank (0 = best) among the stage's candidates by the score it prunes
+    # by, None where an earlier stage dropped it: how wide the stage had to be (docs/sequential_attack.md)
+    ranks: list[list[int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -452,7 +472,7 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
     if settings.null_view and any(p is None for p in partners):
         raise UserError("attack.sequential.null_view needs, for every prompt, another prompt at least as long as "
                         "its attacked positions; lower attack.sequential.max_positions or add prompts")
-    results = {s.name: ScorerResult(survived=[0] * len(plan)) for s in scorers}
+    results = {s.name: ScorerResult(survived=[0] * len(plan), ranks=[[] for _ in plan]) for s in scorers}
     prior_guesses, prior_hits, truth = [], [], []
     counter = {"forward": 0}
     start_time = time.perf_counter()
@@ -513,6 +533,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     vocab = log_prior.numel()
     alive: dict[str, torch.Tensor] = {s.name: torch.arange(vocab) for s in group}
     depth = max(layer for _, layer in keys) + 1
+    widened = union_stage(plan, settings)
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
         final = i == len(plan)
         if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
@@ -523,6 +544,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
         if upto == PRIOR_STAGE:   # prune_prior: every scorer keeps the prior's best, no exposure read
             top = log_prior.topk(keep).indices
             for s in group:
+                _rank(results[s.name], i, log_prior, torch.arange(vocab), true_token)
                 alive[s.name] = top
                 if bool((top == true_token).any()):
                     results[s.name].survived[i] += 1
@@ -553,10 +575,23 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             if final:
                 _record(results[s.name], int(cand[int(sc.argmax())]), true_token)
             else:
+                _rank(results[s.name], i, sc, cand, true_token)
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
+                if i == widened:   # the prior's best join, after the stage's own (alive stays best first)
+                    assert settings.prune_union_prior is not None
+                    extra = log_prior.topk(min(settings.prune_union_prior, vocab)).indices
+                    # among this stage's candidates only: a token an earlier stage (prune_prior) dropped
+                    # has no score here
+                    extra = extra[torch.isin(extra, cand) & ~torch.isin(extra, alive[s.name])]
+                    alive[s.name] = torch.cat([alive[s.name], extra])
                 if bool((alive[s.name] == true_token).any()):
                     results[s.name].survived[i] += 1
     return {s.name: results[s.name].guesses[-1][-1] for s in group}
+
+
+def _rank(result: ScorerResult, stage: int, scores: torch.Tensor, cand: torch.Tensor, true_token: int) -> None:
+    at = (cand == true_token).nonzero()
+    result.ranks[stage].append(int((scores > scores[int(at[0])]).sum()) if at.numel() else None)
 
 
 def _record(result: ScorerResult, guess: int, true_token: int) -> None:
@@ -568,6 +603,42 @@ def candidates_per_position(outcome: Outcome) -> float:
     """Mean number of candidates run through the model per position (the codebook stage scores the whole
     vocabulary without a forward pass and is not counted)."""
     return outcome.forward_candidates / outcome.n_positions if outcome.n_positions else math.nan
+
+
+@torch.no_grad()
+def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome: Outcome,
+                     rows: Sequence[dict[Key, torch.Tensor]], sigmas: Sequence[dict[Key, float]],
+                     settings: Settings) -> dict[str, int]:
+    """Per scorer, the missed positions where the truth, scored with every used exposure (and the prior, for
+    MAP), scores at least as high as the scorer's guess. Only there can the pruning have cost a hit: at any
+    other miss the unpruned argmax is not the truth either (it scores at least the guess's score, which
+    beats the truth's). A truth that survived every stage and lost scores below the guess here too (up to
+    rounding between the two computations). One forward of the
+    truth and the guesses per missed position; teacher-forced only (the prefix is the truth's)."""
+    if settings.mode != "teacher_forced":
+        raise ValueError("pruning_decisive reads the true prefix: teacher_forced outcomes only")
+    keys = outcome.keys
+    depth = max(layer for _, layer in keys) + 1
+    count = {name: 0 for name in outcome.scorers}
+    weight = {s.name: s.prior_weight for s in scorers_for(settings)}
+    for r, prompt in enumerate(prompts):
+        for j, p in enumerate(outcome.positions[r]):
+            truth = outcome.truth[r][j]
+            missed = {name: res.guesses[r][j] for name, res in outcome.scorers.items() if not res.hits[r][j]}
+            if not missed:
+                continue
+            prefix = Prefix(model, [int(t) for t in prompt[:p]])
+            assert prefix.log_prior is not None
+            cand = torch.tensor(sorted({truth, *missed.values()}), dtype=torch.long)
+            mus = candidate_inputs(model, prefix, cand, depth, keys, settings.chunk)
+            at = {int(t): i for i, t in enumerate(cand)}
+            for name, guess in missed.items():
+                view = r if not name.endswith("_null") else outcome.null_of[r]
+                assert view is not None
+                full = sum(gaussian_scores(mus[k], rows[view][k][p], sigmas[view][k]) for k in keys)
+                full = full + weight[name] * prefix.log_prior[cand]
+                count[name] += bool(full[at[truth]] >= full[at[guess]])
+    return count
 
 
 # results.json names of each scorer's metrics
@@ -661,8 +732,11 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "ops": list(settings.ops),
         "positions": settings.positions,
         "max_positions": settings.max_positions,
-        "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else {"layers_upto": upto, "keep": keep}
-                   for upto, keep in outcome.stages],
+        "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else
+                   {"layers_upto": upto, "keep": keep,
+                    **({"union_prior": settings.prune_union_prior} if i == union_stage(outcome.stages, settings)
+                       else {})}
+                   for i, (upto, keep) in enumerate(outcome.stages)],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
         "null_view_of": outcome.null_of,
         "n_exposures_per_position": len(outcome.keys),

@@ -38,6 +38,7 @@ def prompts(tiny):
 
 def settings(**kw) -> sq.Settings:
     base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)), prune_prior=None,
+                prune_union_prior=None,
                 positions="text", max_positions=4, null_view=True, map_reference="prior", chunk=512,
                 min_pruning_recall=0.99)
     return sq.Settings(**{**base, **kw})
@@ -106,6 +107,98 @@ def test_prune_prior_keeps_the_priors_best_and_records_its_recall(tiny, prompts)
     assert out.recall(sq.LIKELIHOOD) == out.recall(sq.MAP) == [sum(in_top) / 9]
     assert sq._flat(out.scorers[sq.LIKELIHOOD].hits) == in_top
     assert sq.record(out, s, (1,))["stages"] == [{"by": "prior", "keep": k}]
+
+
+def _first_stage(s: sq.Settings, log_prior: torch.Tensor, y: torch.Tensor, truth: int) -> tuple[int, int | None]:
+    """Whether the likelihood scorer's truth survived the first stage (1 or 0), and its rank there, at one
+    position whose exposure is
+    the layer-0 QKV row `y` alone (σ = 1), with an identity codebook (the exposure score of v is y_v − ½) and
+    the prior `log_prior`: `_position` on a stub prefix (codebook stages need no forward pass)."""
+    from types import SimpleNamespace
+
+    vocab = log_prior.numel()
+    book = torch.eye(vocab)
+    keys = [("qkv", 0)]
+    plan = sq.stages(s, keys, vocab)
+    scorer = sq.Scorer(sq.LIKELIHOOD, 0.0, "own")
+    results = {scorer.name: sq.ScorerResult(guesses=[[]], hits=[[]], survived=[0] * len(plan),
+                                            ranks=[[] for _ in plan])}
+    prefix = SimpleNamespace(log_prior=log_prior)
+    sq._position(None, prefix, [scorer], {"own": ({("qkv", 0): y[None]}, {("qkv", 0): 1.0})}, 0, keys, plan,
+                 book, (book * book).sum(-1), s, truth, results, {"forward": 0})
+    return results[scorer.name].survived[0], results[scorer.name].ranks[0][0]
+
+
+def test_union_first_stage_keeps_what_the_prior_alone_and_the_exposure_alone_each_drop():
+    """prune_union_prior: the first exposure stage keeps its own best ∪ the prior's best. Two positions, two
+    survivors a position for every schedule: at A the prior ranks the truth first and the exposure third, at B
+    the exposure first and the prior third. The prior alone (prune_prior=2) drops B's truth, the exposure alone
+    (its top 2) drops A's, their union (top 1 of each) keeps both: recall 1 where either alone has 1/2."""
+    vocab = 6
+    # exposure score y_v − ½ ranks: A 0 > 1 > 3 (truth 3, third); B 4 first (truth 4)
+    y_a = torch.tensor([0.9, 0.8, 0.1, 0.7, 0.0, 0.2])
+    y_b = torch.tensor([0.1, 0.2, 0.3, 0.0, 0.9, 0.4])
+    # prior ranks: A 3 first; B 2 > 5 > 4 (truth 4, third)
+    prior_a = torch.log_softmax(torch.tensor([0.0, 0.1, 0.2, 3.0, 0.3, 0.4], dtype=torch.float64), -1)
+    prior_b = torch.log_softmax(torch.tensor([0.0, 0.1, 3.0, 0.2, 1.0, 2.0], dtype=torch.float64), -1)
+    cases = [(prior_a, y_a, 3), (prior_b, y_b, 4)]
+    base = dict(prior="none", layers=(0,), ops=("qkv",), null_view=False)
+    union = settings(**base, prune=((0, 1),), prune_union_prior=1)
+    exposure_only = settings(**base, prune=((0, 2),))
+    prior_only = settings(**base, prune=((0, vocab),), prune_prior=2)
+
+    def recall(s):
+        return [_first_stage(s, lp, y, t)[0] for lp, y, t in cases]
+
+    assert recall(exposure_only) == [0, 1]
+    assert recall(prior_only) == [1, 0]
+    assert recall(union) == [1, 1]
+    assert sq.union_stage(sq.stages(union, [("qkv", 0)], vocab), union) == 0
+    # the truth's rank by the stage's own score: how wide it had to be (the union's stage ranks by the exposure)
+    assert [_first_stage(exposure_only, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
+    assert [_first_stage(prior_only, lp, y, t)[1] for lp, y, t in cases] == [0, 2]
+    assert [_first_stage(union, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
+
+
+def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
+    """On the tiny model through sq.run: the union stage's survivors number keep..keep+K, its recall is at
+    least that of the same stage without the union, and results.json's stage names the union."""
+    s = settings(prune=((0, 16), (1, 4)), prune_union_prior=16, max_positions=3, null_view=False)
+    plain = settings(prune=((0, 16), (1, 4)), max_positions=3, null_view=False)
+    out, ref = attack(tiny, prompts, "ep1", 1.0, s), attack(tiny, prompts, "ep1", 1.0, plain)
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        assert out.recall(name)[0] >= ref.recall(name)[0]
+    # layer 0..0 forwards the survivors of both scorers: more than without the union, at most 2·(16 + 16) each
+    assert ref.forward_candidates < out.forward_candidates <= out.n_positions * (2 * 32 + 2 * 4)
+    assert sq.record(out, s, (0, 1))["stages"][0] == {"layers_upto": 0, "keep": 16, "union_prior": 16}
+    assert "union_prior" not in sq.record(ref, plain, (0, 1))["stages"][0]
+
+
+def test_pruning_decisive_counts_the_hits_pruning_cost(tiny, prompts):
+    """pruning_decisive: with no pruning no miss is decisive (the guess is the full argmax; ε = 12 on the tiny
+    model misses some of the 12 positions unpruned); with a stage 0 so narrow (2) that it drops truths the
+    full score would pick, every hit the pruning lost is counted."""
+    full = settings(prune=None, max_positions=4, null_view=False)
+    narrow = settings(prune=((0, 2),), max_positions=4, null_view=False)
+    model = tiny.model
+    used = sq.check(full, len(model.model.layers), OPS)
+    keys = [(op, layer) for layer in used for op in OPS]
+    lengths = [len(p) for p in prompts]
+    views, table = sq.record_view(model, prompts, configuration="ep1", epsilon=12.0, seed=0, offload=OPS,
+                                  sigma_scale=1.0, sensitivity_rule="paper",
+                                  pad_token_id=tiny.tokenizer.pad_token_id, batch_size=8)
+    rows = sq.prompt_rows(views, lengths, 8, keys)
+    sigmas = sq.op_sigmas(model, "ep1", 12.0, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper", table=table)
+    starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
+    out_full = sq.run(model, prompts, rows, sigmas, full, keys, starts)
+    out_narrow = sq.run(model, prompts, rows, sigmas, narrow, keys, starts)
+    assert all(0 < sum(sq._flat(r.hits)) < out_full.n_positions for r in out_full.scorers.values())
+    assert sq.pruning_decisive(model, prompts, out_full, rows, sigmas, full) == {sq.LIKELIHOOD: 0, sq.MAP: 0}
+    decisive = sq.pruning_decisive(model, prompts, out_narrow, rows, sigmas, narrow)
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        lost = sum(sq._flat(out_full.scorers[name].hits)) - sum(sq._flat(out_narrow.scorers[name].hits))
+        assert lost > 0 and decisive[name] >= lost
+        assert decisive[name] <= out_narrow.n_positions - sum(sq._flat(out_narrow.scorers[name].hits))
 
 
 def test_huge_sigma_reads_the_prior_and_small_sigma_leaks(tiny, prompts):
@@ -191,6 +284,22 @@ def test_map_reference_prior_leaves_the_config_hash_as_before(hydra_conf):
     assert config_hash(semantic("attack.sequential.map_reference=prior")) == config_hash(default)
     other = semantic("attack.sequential.map_reference=null_view")
     assert other["attack"]["sequential"]["map_reference"] == "null_view"
+    assert config_hash(other) != config_hash(default)
+
+
+def test_prune_union_prior_null_leaves_the_config_hash_as_before(hydra_conf):
+    """prune_union_prior=null is what every run did before the key existed: out of the semantic config (the
+    committed runs keep their hash); a width enters it."""
+    from harness.results import config_hash
+    from runners import sequential_attack as runner
+
+    def semantic(*extra):
+        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
+
+    default = semantic()
+    assert "prune_union_prior" not in default["attack"]["sequential"]
+    other = semantic("attack.sequential.prune_union_prior=64")
+    assert other["attack"]["sequential"]["prune_union_prior"] == 64
     assert config_hash(other) != config_hash(default)
 
 
@@ -288,6 +397,7 @@ def test_smoke_experiment_results(tmp_path):
     (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
     (["attack.sequential.prune=[[9,4]]"], "stage depth 9 is outside 0..2"),
     (["attack.sequential.prune_prior=0"], "attack.sequential.prune_prior must be >= 1"),
+    (["attack.sequential.prune_union_prior=0"], "attack.sequential.prune_union_prior must be >= 1"),
     (["engine.offload=[qkv,gate_up,lm_head]"], "attack.sequential.ops needs ['o'] offloaded"),
     (["configuration=slalom"], "the sequential attacker models t3's plain inputs and Gaussian masks"),
     (["attack.sequential.mode=greedy"], "attack.sequential.mode='greedy' is not one of"),
