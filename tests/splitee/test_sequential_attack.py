@@ -408,3 +408,18 @@ def test_bad_input(tmp_path, args, message):
     lines = res.stderr_lines
     assert len(lines) == 1 and lines[0].startswith("splitbench: error: ") and message in lines[0], lines
     assert not list((tmp_path / "out").rglob("results.json"))
+
+
+def test_cost_benchmark_runs_with_the_attackers_current_settings(tmp_path, monkeypatch):
+    """benchmarks/sequential_attack.py (issue 32 item 5's cost benchmark) builds its settings from the YAML, so
+    an option added to the attacker cannot break it again; one schedule on a tiny model, two positions."""
+    import sys
+
+    from benchmarks import sequential_attack as bench
+
+    out = tmp_path / "cost.md"
+    monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-llama", "--prompts", "1", "--positions", "2",
+                                      "--threads", "1", "--schedules", "[[0,64],[1,8]]", "--out", str(out)])
+    bench.main()
+    row = [line for line in out.read_text().splitlines() if line.startswith("| `[[0,64],[1,8]]`")]
+    assert len(row) == 1 and int(row[0].split("|")[4]) > 0   # candidates forwarded per position
