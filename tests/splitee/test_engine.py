@@ -13,8 +13,8 @@ from scipy import stats
 
 from harness.errors import UserError
 from harness.models import load_model
-from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import (
+from harness.splitee.engine import EngineSettings, SplitEngine
+from harness.splitee.mechanisms import (
     INT8_EXACT_WIDTH,
     INT8_MAX_ROWS,
     SLALOM_MODULUS,
