@@ -36,7 +36,7 @@ def child(configuration: str, bank: str | None, new_tokens: int) -> None:
     from hydra import compose, initialize_config_dir
 
     import harness.schema  # noqa: F401  (the sb.* resolvers)
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
     from runners.common import load_inputs
 
     overrides = [f"configuration={configuration}"] + ([f"engine.bank_bytes={bank}"] if bank not in (None, "default") else [])

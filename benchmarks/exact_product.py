@@ -1,4 +1,4 @@
-"""Slalom's two exact kernels side by side (harness/split/mechanisms.py ExactProduct): int8 digit GEMMs
+"""Slalom's two exact kernels side by side (harness/splitee/mechanisms.py ExactProduct): int8 digit GEMMs
 (`IntegerWeights.matmul_mod`) against the float64 GEMM split over the input dimension
 (`exact_matmul_mod`), on one op's quantised weights, for a range of row counts. The result is the
 int8/float64 time ratio per row count (median over rotated rounds, min–max), which is where
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.rounds import commit_label, emit, median_range, run_rounds, wall_seconds
-from harness.split.mechanisms import (
+from harness.splitee.mechanisms import (
     INT8_DOT_FLAGS,
     INT8_MAX_ROWS,
     ExactProduct,

@@ -47,8 +47,8 @@ from omegaconf import OmegaConf
 
 from benchmarks.bank_memory import peak_rss_mib
 from benchmarks.rounds import commit_label, emit, median_range, paired_log_ratio, run_rounds, verdict
-from harness.split.mechanisms import INT8_MAX_ROWS, native_int8_dot
-from harness.split.offload import CATEGORY
+from harness.splitee.mechanisms import INT8_MAX_ROWS, native_int8_dot
+from harness.splitee.offload import CATEGORY
 
 ROOT = Path(__file__).resolve().parents[1]
 # The configurations this benchmark times side by side (a subset of harness/configurations.py).
@@ -87,7 +87,7 @@ def load(model_name: str, batch: int, prompt_set: str = "shortest"):
 def engine_for(model, configuration: str, epsilon: float, threads: int | None, precompute: bool = False):
     """`precompute`: every mask and correction made before the generation's clock starts (an unbounded bank)."""
     from harness.configurations import effective_epsilon
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     bank = {"bank_bytes": None} if precompute else {}
     return SplitEngine(model, EngineSettings(configuration, epsilon=effective_epsilon(configuration, epsilon),
@@ -133,7 +133,7 @@ def decode_bytes_per_step(engine_t3, engine_ep1, batch: int) -> tuple[float, flo
     """(weight bytes a decode step reads, the bank bytes ep1 adds to it): every linear weight once
     (fp32), against one mask and its corrections per offloaded op and prompt (noise_bank.row_bytes).
     Where decoding a small batch is bound by memory traffic, their ratio is the floor of ep1/t3."""
-    from harness.split.noise_bank import row_bytes
+    from harness.splitee.noise_bank import row_bytes
 
     weights = sum(m.weight.numel() * m.weight.element_size() for m in engine_t3.model.modules()
                   if isinstance(m, torch.nn.Linear))

@@ -14,7 +14,7 @@ their union, so names are unique across systems.
 
 Adding a configuration: one `Configuration(...)` in its system's entry of harness/systems.py and one
 conf/configuration/NAME.yaml (its name and a description). A SpliTEE mechanism that does not exist yet also
-needs a class in harness/split/mechanisms.py, named by `mechanism`.
+needs a class in harness/splitee/mechanisms.py, named by `mechanism`.
 """
 from __future__ import annotations
 

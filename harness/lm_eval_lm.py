@@ -137,7 +137,7 @@ class SanitizedContexts:
 def plain_lm(model: Any, tokenizer: Any, batch_size: int) -> EngineLM:
     """EngineLM on the unprotected engine where `model` lies: the cpu configuration for a model on the CPU,
     gpu for one on CUDA (no masks, no noise, so the engine's seed reads nothing)."""
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     configuration = "gpu" if model.device.type == "cuda" else "cpu"
     return EngineLM(SplitEngine(model, EngineSettings(configuration=configuration)), tokenizer,

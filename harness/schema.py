@@ -55,7 +55,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 LOGGERS = ("none", "wandb")
 BANK_POLICIES = ("refill", "error")
 SENSITIVITY_RULES = ("paper", "per_head")
-SLALOM_SCALINGS = ("per_token", "per_op", "fixed")   # harness/split/mechanisms.py
+SLALOM_SCALINGS = ("per_token", "per_op", "fixed")   # harness/splitee/mechanisms.py
 OFFLOADABLE = ("qkv", "o", "gate_up", "lm_head")
 EPN_N = ("text", "input_ids")
 TIMING_MODES = ("prefix", "separate")   # runners/timing.py
@@ -79,14 +79,14 @@ class GenerationConfig:
 
 @dataclass
 class EngineConfig:
-    """Arguments of harness.split.engine.EngineSettings; `configuration`, `epsilon` and `seed` are filled
+    """Arguments of harness.splitee.engine.EngineSettings; `configuration`, `epsilon` and `seed` are filled
     in by the runner (one run may drive several configurations)."""
 
     _target_: str = MISSING
     offload: List[str] = MISSING
     bank_on_exhaustion: str = MISSING
     bank_capacity: Optional[int] = MISSING
-    bank_bytes: Optional[int] = MISSING     # harness/split/noise_bank.py: the memory bound
+    bank_bytes: Optional[int] = MISSING     # harness/splitee/noise_bank.py: the memory bound
     record_view: bool = MISSING
     tee_threads: Optional[int] = MISSING
     allow_cpu_fallback: bool = MISSING
@@ -630,13 +630,22 @@ def _check_engine(engine: DictConfig) -> None:
     check_choice("engine.sensitivity_rule", engine.sensitivity_rule, SENSITIVITY_RULES)
 
 
+# (path, value, hashed as): a value the config hash takes in under an older spelling. The engine moved from
+# harness/split/ into harness/splitee/ (issue 30); every SpliTEE run finished before the move hashed
+# `engine._target_` as the old module path, so the new path is hashed as that string and those runs keep
+# their config hash (runners/run.py skips them as complete, not stale). results.json records the path as run.
+HASHED_AS: tuple[tuple[str, Any, Any], ...] = (
+    ("engine._target_", "harness.splitee.engine.EngineSettings", "harness.split.engine.EngineSettings"),
+)
+
+
 def semantic_config(cfg: DictConfig, keys: Sequence[str], *, ignore: Sequence[str] = (),
                     unhashed: Sequence[tuple[str, Any]] = (), **replace: Any) -> dict[str, Any]:
     """The resolved config's `keys` (an allow-list: the keys the run reads, runners/identity.py; top-level or
     dotted, `engine.sigma_scale` keeping that part of `engine` only) less the `ignore` parts and the
-    `unhashed` (path, value) pairs at their value, with `replace` applied: what the config hash of a run is
-    computed over (runners normalise ε). A key the run does not read, a section added later included, never
-    enters."""
+    `unhashed` (path, value) pairs at their value, the HASHED_AS values under their older spelling, with
+    `replace` applied: what the config hash of a run is computed over (runners normalise ε). A key the run
+    does not read, a section added later included, never enters."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(resolved, dict)
     out: dict[str, Any] = {}
@@ -654,6 +663,11 @@ def semantic_config(cfg: DictConfig, keys: Sequence[str], *, ignore: Sequence[st
     for key, value in unhashed:
         if _get_path(out, key) == value:
             _pop_path(out, key)
+    for key, value, hashed_as in HASHED_AS:
+        *parents, leaf = key.split(".")
+        node = _get_path(out, ".".join(parents)) if parents else out
+        if isinstance(node, dict) and node.get(leaf) == value:
+            node[leaf] = hashed_as
     out.update(replace)
     _drop_placements(out, set(RUNNER_PLACEMENTS.get(str(resolved.get("runner")), ())))
     return out

@@ -41,7 +41,7 @@ class Configuration:
     name: str
     runs_on: str                      # host_cpu | accelerator | tee; the other systems: clients | edge | local
     split: bool = False               # linear ops offloaded through the Boundary to the accelerator
-    mechanism: str | None = None      # harness/split/mechanisms.py: plain | gaussian | slalom (split only)
+    mechanism: str | None = None      # harness/splitee/mechanisms.py: plain | gaussian | slalom (split only)
     epsilon_rule: str | None = None   # CONSTANT | INVERSE_SQRT_N: Gaussian masks whose σ follows ε
     # The name the mechanism's own paper gives its privacy parameter, and what its value measures (results.json
     # `privacy_parameter`, beside `epsilon`: harness/configurations.py privacy_parameter).

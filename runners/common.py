@@ -253,7 +253,7 @@ def make_engine(cfg: DictConfig, configuration: str, model: Any, *, seed: int | 
     seeds its masks (default: the run's seed)."""
     from hydra.utils import instantiate
 
-    from harness.split.engine import SplitEngine
+    from harness.splitee.engine import SplitEngine
 
     settings = instantiate(
         cfg.engine,
@@ -295,7 +295,7 @@ class BatchedGeneration:
 
     def add(self, res: Any, n_prompts: int) -> None:
         """Join the next batch's GenerationResult (of n_prompts prompts)."""
-        from harness.split.mechanisms import merge_slalom_stats
+        from harness.splitee.mechanisms import merge_slalom_stats
 
         self.output_ids.extend([list(map(int, ids)) for ids in res.output_ids])
         for key, value in res.timings.items():

@@ -190,7 +190,7 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
         "slalom_wraps": "slalom only: outputs whose integer product |W_q x_q| passed (q-1)/2, so that the centred "
                         "residue was wrong, counted exactly over the run (None: not slalom); results.json `slalom` "
                         "has them per op instance and type with the input bits each op ran with "
-                        "(harness/split/mechanisms.py)",
+                        "(harness/splitee/mechanisms.py)",
         "mask seeds": "with several mask_seeds every metric is the mean over seeds (a _ci_lo/_ci_hi the mean of the "
                       "per-seed 95% intervals over prompts) and <metric>_seed_sd/_seed_min/_seed_max its spread "
                       "across seeds; per_mask_seed holds each seed's metrics (metrics/replicates.py)",

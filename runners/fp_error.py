@@ -6,7 +6,7 @@
    everything that changes it, so an ε sweep captures once.
 2. Instances (harness/splitee/numerics/study.py): every weight matrix of every offloaded op (q, k, v, o, gate, up
    per layer, the LM head), each with its op's Δ; Down per layer as the non-offloaded reference with its
-   own Δ (harness/split/sensitivity.down_sensitivity). σ = Δ times the configuration's noise factor
+   own Δ (harness/splitee/sensitivity.down_sensitivity). σ = Δ times the configuration's noise factor
    (harness/configurations.py: 1/ε for ep1, √n for epn, 0 for t3).
 3. Trials: `fp_error.trials` output elements per instance, in every precision of `fp_error.precisions`
    (Down: `fp_error.down_precisions`) and every kernel, against the exact reference and the bound.

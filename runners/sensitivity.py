@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         from harness.models import load_model, model_entry
-        from harness.split.sensitivity import sensitivity_table
+        from harness.splitee.sensitivity import sensitivity_table
 
         loaded = load_model(model_entry(args.model))
         text = render(args.model, loaded.source, sensitivity_table(loaded.model, ("qkv", "o", "gate_up", "lm_head")))

@@ -49,7 +49,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from benchmarks.models import load_named_model
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
     from harness.workloads import load_workload
 
     loaded = load_named_model(args.model)

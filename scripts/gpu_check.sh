@@ -72,7 +72,7 @@ step "collab smoke, both parties on cuda" 120 "${run[@]}" experiment=collab_smok
 step "t3 = cpu on SmolLM2" 180 "$py" - <<'EOF'
 import torch
 from harness.models import load_model, model_entry
-from harness.split.engine import EngineSettings, SplitEngine
+from harness.splitee.engine import EngineSettings, SplitEngine
 
 m = load_model(model_entry("smollm2-135m"))
 texts = ["Name three primary colours.", "Write one sentence about the sea.", "What is 12 times 7?"]

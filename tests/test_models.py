@@ -188,7 +188,7 @@ def test_tiny_gemma3_bounds_use_one_plus_w_and_t3_matches_cpu():
     formula with the effective gain 1 + w of the norm that feeds it (input norm for QKV and O, the
     pre-feedforward norm for Gate/Up, the final norm for the LM head), the supremum it reports is what the
     model's own norm reaches, and T3 generates exactly CPU's tokens."""
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     model, d = tiny_gemma3()
 
@@ -432,7 +432,7 @@ def test_io_hooks_keep_outputs_on_the_callers_device_and_change_nothing():
 
 
 def test_engine_refuses_a_model_not_in_float32():
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     half = load_model(_cfg("tiny-llama"), placement=BF16)
     with pytest.raises(ValueError, match="SplitEngine needs a float32 model"):

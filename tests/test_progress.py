@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.models import load_model
-from harness.split.engine import EngineSettings, SplitEngine
+from harness.splitee.engine import EngineSettings, SplitEngine
 
 from .conftest import run_cli
 

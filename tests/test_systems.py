@@ -97,3 +97,14 @@ def test_every_system_has_the_same_folders(system):
     if system.section is None:
         assert conf.read_text().startswith("# @package _global_\n")
     assert system.docs == f"docs/{name}.md" and (REPO / system.docs).is_file()
+
+
+@pytest.mark.parametrize("layer", ("harness", "attacks", "tests"))
+def test_a_layer_holds_one_folder_per_system_and_no_other(layer):
+    """The registry's systems are the only code folders of harness/, attacks/ and tests/ (what all systems
+    share sits in their modules): a system's code split over two folders (SpliTEE's engine in harness/split/
+    beside harness/splitee/ until issue 30) or a folder no entry declares fails here. A folder holding no .py
+    file (harness/data/, attacks/data/: data files; a __pycache__ left by a removed package) is not code."""
+    code = {d.name for d in (REPO / layer).iterdir()
+            if d.is_dir() and d.name != "__pycache__" and any(d.rglob("*.py"))}
+    assert code == set(systems.NAMES)

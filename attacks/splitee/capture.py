@@ -35,7 +35,7 @@ from harness import configurations
 from harness.adversary_view import MASKED_INPUT, AdversaryView, describe
 from harness.errors import UserError
 from harness.progress import progress
-from harness.split.engine import EngineSettings, SplitEngine
+from harness.splitee.engine import EngineSettings, SplitEngine
 
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "qkv": ("qkv",),
@@ -236,9 +236,9 @@ def feature_dim(model: nn.Module, component: str) -> int:
 def sigma_qkv0(model: nn.Module, configuration: str, epsilon: float | None, n_tokens: int,
                sigma_scale: float = 1.0) -> float:
     """σ of the layer-0 QKV mask of a prompt of n tokens, as the attacker computes it: Δ from the public
-    weights (harness.split.sensitivity) over the ε the exposure really gets (harness.configurations); 0
+    weights (harness.splitee.sensitivity) over the ε the exposure really gets (harness.configurations); 0
     without Gaussian masks (t3)."""
-    from harness.split.sensitivity import sensitivity_table
+    from harness.splitee.sensitivity import sensitivity_table
 
     (eps,) = configurations.exposure_epsilons(configuration, epsilon, [n_tokens], sigma_scale)
     if eps is None:

@@ -64,8 +64,8 @@ from torch import nn
 from harness import configurations
 from harness.adversary_view import MASKED_INPUT, AdversaryView
 from harness.errors import UserError
-from harness.split.architectures import OP_MEMBERS, decoder_layers
-from harness.split.sensitivity import OpSensitivity, sensitivity_table
+from harness.splitee.architectures import OP_MEMBERS, decoder_layers
+from harness.splitee.sensitivity import OpSensitivity, sensitivity_table
 
 OPS = ("qkv", "o", "gate_up")
 MODES = ("teacher_forced", "free_running")
@@ -215,7 +215,7 @@ def record_view(model: nn.Module, prompts: Sequence[Sequence[int]], *, configura
     """The prompts submitted once through the split engine under `configuration` (prefill only, no LM head),
     one AdversaryView per batch: what the accelerator received; and the engine's Δ table (harness.split.
     sensitivity), which `op_sigmas` takes rather than computing it again."""
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     settings = EngineSettings(configuration=configuration, epsilon=epsilon, seed=seed, record_view=True,
                               offload=tuple(op for op in offload if op != "lm_head"), sigma_scale=sigma_scale,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.split.mechanisms import SLALOM_MODULUS, centre, quantise
+from harness.splitee.mechanisms import SLALOM_MODULUS, centre, quantise
 
 
 def blind(x_q: torch.Tensor, mask: torch.Tensor, modulus: int = SLALOM_MODULUS) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from harness.errors import UserError
-from harness.split.architectures import architecture_of, decoder_layers, final_norm
+from harness.splitee.architectures import architecture_of, decoder_layers, final_norm
 
 
 @dataclass

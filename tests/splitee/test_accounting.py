@@ -48,7 +48,7 @@ def test_exposure_count_matches_the_engine(position):
     the prefill the count is exact. Decode steps: the count is an upper bound (the layer-0 QKV row of a
     step changes only if the generated token does), every other decode row changes."""
     from harness.models import load_model, model_entry
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     loaded = load_model(model_entry("tiny-llama"))
     a = [1500, 2301, 887, 4096, 77, 905, 3120]

@@ -100,7 +100,7 @@ def test_capture_drops_left_padding(tied, prompts):
 def test_truncated_capture_equals_full_engine(tied, prompts):
     """Capturing on the model cut after layer ℓ gives bit-identical exposures (same masks) to the full engine."""
     from harness.adversary_view import AdversaryView
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     batch = prompts[:3]
     spec = spec_of("ep1", 3.0, 7, "composite", layer=1, batch_size=3)
@@ -118,7 +118,7 @@ def test_view_round_trips_meta_and_channels(tied, prompts, tmp_path):
     an exposure another system adds changes nothing; a view.pt written before channels existed still loads."""
     from harness.adversary_view import MASKED_INPUT, AdversaryView, Exposure, view_meta
     from harness.provenance import source_digest
-    from harness.split.engine import EngineSettings, SplitEngine
+    from harness.splitee.engine import EngineSettings, SplitEngine
 
     batch, lengths = prompts[:2], [len(p) for p in prompts[:2]]
     engine = SplitEngine(tied.model, EngineSettings("ep1", epsilon=3.0, seed=7, record_view=True))
@@ -246,7 +246,7 @@ def test_slalom_residues_are_attacked_as_numbers_and_read_nothing(pipe):
     """Slalom's blinded residues mod q reach 10^7, past float16: the noise-aware attacker trains on them in
     float32 (finite losses; in float16 they overflowed to NaN) and, the pad being uniform, reads no more
     than the floor."""
-    from harness.split.mechanisms import SLALOM_MODULUS
+    from harness.splitee.mechanisms import SLALOM_MODULUS
 
     cap = pipe.eval_capture("slalom", None, "qkv", 0)
     values = torch.cat(cap.features)

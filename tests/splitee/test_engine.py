@@ -13,8 +13,8 @@ from scipy import stats
 
 from harness.errors import UserError
 from harness.models import load_model
-from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import (
+from harness.splitee.engine import EngineSettings, SplitEngine
+from harness.splitee.mechanisms import (
     INT8_EXACT_WIDTH,
     INT8_MAX_ROWS,
     SLALOM_MODULUS,
@@ -587,3 +587,28 @@ def test_settings_defaults_live_in_the_yaml(hydra_conf):
     for f in dataclasses.fields(TrainSettings):
         assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.name
     assert {f.name for f in dataclasses.fields(TrainSettings)} == (set(cfg.attack.train) - {"threads"}) | {"seed"}
+
+
+def test_the_engine_named_by_the_yaml_and_hashed_under_its_old_path(hydra_conf):
+    """conf/splitee/default.yaml's `engine._target_` builds harness/splitee/engine.py's EngineSettings, and a
+    run's config hash takes that value in as harness.split.engine.EngineSettings, the path every SpliTEE run
+    finished before the engine moved (issue 30) hashed: such a run hashes as the same config with the old path
+    written (harness/schema.py HASHED_AS). Any other value still moves the hash."""
+    from hydra.utils import instantiate
+
+    from harness.results import config_hash
+    from runners import attack, fidelity, sequential_attack
+
+    from ..conftest import compose_config
+
+    for experiment, runner in (("smoke", fidelity), ("attack_smoke", attack),
+                               ("sequential_attack_smoke", sequential_attack)):
+        cfg = compose_config([f"experiment={experiment}"])
+        assert cfg.engine._target_ == "harness.splitee.engine.EngineSettings"
+        settings = instantiate(cfg.engine, configuration="ep1", epsilon=1.0, seed=0, _convert_="all")
+        assert type(settings) is EngineSettings
+        old = compose_config([f"experiment={experiment}", "engine._target_=harness.split.engine.EngineSettings"])
+        assert runner.semantic_config(cfg)["engine"]["_target_"] == "harness.split.engine.EngineSettings"
+        assert config_hash(runner.semantic_config(cfg)) == config_hash(runner.semantic_config(old))
+        other = compose_config([f"experiment={experiment}", "engine._target_=harness.splitee.engine.Other"])
+        assert config_hash(runner.semantic_config(other)) != config_hash(runner.semantic_config(cfg))

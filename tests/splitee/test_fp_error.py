@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from harness.models import load_model, model_entry
-from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.sensitivity import down_sensitivity
+from harness.splitee.engine import EngineSettings, SplitEngine
 from harness.splitee.numerics import bound, kernels, precisions, reference, study, summary
 from harness.splitee.numerics.controlled_error import ErrorRescaler, rescale_to_mae
 from harness.splitee.numerics.study import member_names
+from harness.splitee.sensitivity import down_sensitivity
 
 from ..conftest import compose_config, run_cli_in_process
 

@@ -1,4 +1,4 @@
-"""The noise bank of bounded memory (harness/split/noise_bank.py): entries drawn piece by piece are bit for
+"""The noise bank of bounded memory (harness/splitee/noise_bank.py): entries drawn piece by piece are bit for
 bit those of one whole draw, every entry is served once, the memory held stays within the bound whatever
 the generation length, and the engine's results do not depend on the bound."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 from harness.errors import UserError
 from harness.models import load_model
-from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.mechanisms import SLALOM_MODULUS, ExactProduct, exact_matmul_mod
-from harness.split.noise_bank import (
+from harness.splitee.engine import EngineSettings, SplitEngine
+from harness.splitee.mechanisms import SLALOM_MODULUS, ExactProduct, exact_matmul_mod
+from harness.splitee.noise_bank import (
     PIECE_ROWS,
     NoiseBank,
     gaussian_chunk_maker,

@@ -10,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.models import load_model
-from harness.split.architectures import architecture_of, decoder_layers, final_norm
-from harness.split.sensitivity import sensitivity_table
+from harness.splitee.architectures import architecture_of, decoder_layers, final_norm
+from harness.splitee.sensitivity import sensitivity_table
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 PAIRS = 10_000

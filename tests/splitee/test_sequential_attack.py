@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from attacks import controls
 from attacks.splitee import sequential as sq
 from harness.errors import UserError
-from harness.split.engine import EngineSettings, SplitEngine
+from harness.splitee.engine import EngineSettings, SplitEngine
 from metrics.proportions import mcnemar_exact, newcombe_paired, paired_table
 
 from ..conftest import CONF, builtin_prompt_ids, compose_config, run_cli_in_process
@@ -349,7 +349,7 @@ def test_slalom_reused_mask_gives_the_tokens_away(tiny):
     submissions: their difference mod q is the difference of the quantised inputs, from which the pair of
     tokens is recovered exactly."""
     from attacks.splitee.slalom_reuse import blind, pairs_from_difference, quantised_codebook, reused_difference
-    from harness.split.mechanisms import SLALOM_MODULUS, quantise
+    from harness.splitee.mechanisms import SLALOM_MODULUS, quantise
 
     book = sq.layer0_codebook(tiny.model)
     book_q = quantised_codebook(book, 8)

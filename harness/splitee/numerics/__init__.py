@@ -9,5 +9,5 @@
     summary.py           trials pooled into Table 4's rows and results.json's flat metrics
     controlled_error.py  the engine output hook that rescales each call's natural error (Table 5)
 
-These modules read the engine (harness/split/); the engine imports nothing from them.
+These modules read the engine (harness/splitee/engine.py and its parts); the engine imports nothing from them.
 """

@@ -25,9 +25,9 @@ from torch import nn
 from harness import provenance
 from harness.progress import progress as progress_bar
 from harness.results import atomic_torch_save, cache_key
-from harness.split.architectures import decoder_layers
-from harness.split.engine import EngineSettings, SplitEngine
-from harness.split.noise_bank import stream_seed
+from harness.splitee.architectures import decoder_layers
+from harness.splitee.engine import EngineSettings, SplitEngine
+from harness.splitee.noise_bank import stream_seed
 
 CAPTURED_OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 

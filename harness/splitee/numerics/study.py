@@ -21,14 +21,14 @@ from torch import nn
 
 from harness import configurations
 from harness.progress import progress as progress_bar
-from harness.split.architectures import OP_MEMBERS, decoder_layers
-from harness.split.noise_bank import stream_seed
-from harness.split.offload import all_op_instances, op_linears
-from harness.split.sensitivity import down_sensitivity, sensitivity_table
+from harness.splitee.architectures import OP_MEMBERS, decoder_layers
+from harness.splitee.noise_bank import stream_seed
 from harness.splitee.numerics import kernels as kernel_grids
 from harness.splitee.numerics.bound import bound_from_sums, evaluation_factor, first_order_bound
 from harness.splitee.numerics.precisions import U64, precision
 from harness.splitee.numerics.reference import reference_dot_grid, reference_error_bound
+from harness.splitee.offload import all_op_instances, op_linears
+from harness.splitee.sensitivity import down_sensitivity, sensitivity_table
 
 if TYPE_CHECKING:
     from harness.splitee.numerics.op_inputs import CapturedInputs
@@ -75,7 +75,7 @@ def sigma_per_vector(delta: float, prompt_lengths: torch.Tensor, configuration: 
                      sigma_scale: float = 1.0) -> torch.Tensor:
     """The mask scale each captured vector would get: Δ times its prompt row's noise factor
     (harness/configurations.noise_factors: sigma_scale/ε, 0 without noise), as in
-    harness/split/mechanisms.Gaussian."""
+    harness/splitee/mechanisms.Gaussian."""
     if configuration not in studied_configurations():
         raise ValueError(f"no Gaussian masks in configuration {configuration!r}")
     factors = configurations.noise_factors(configuration, epsilon, prompt_lengths.tolist(), sigma_scale)
@@ -86,7 +86,7 @@ def build_instances(model: nn.Module, captured: CapturedInputs, configuration: s
                     offload: Sequence[str], sensitivity_rule: str = "paper", sigma_scale: float = 1.0,
                     include_down: bool = True) -> list[OpInstance]:
     """One OpInstance per weight matrix of every offloaded op (q, k, v, o, gate, up per layer; the LM
-    head), with that op's Δ (harness/split/sensitivity.py); Down per layer as the non-offloaded
+    head), with that op's Δ (harness/splitee/sensitivity.py); Down per layer as the non-offloaded
     reference, with `down_sensitivity`. Paper order: layer by layer, the LM head last, Down after."""
     ops = tuple(o for o in ("qkv", "o", "gate_up", "lm_head") if o in offload)
     deltas = {(row.op, row.layer): row.delta for row in sensitivity_table(model, ops, sensitivity_rule)}

@@ -21,11 +21,11 @@ from harness.adversary_view import AdversaryView
 from harness.devices import cpu_description, detect_tee_kind, resolve_accelerator, set_tee_threads
 from harness.errors import UserError
 from harness.progress import progress
-from harness.split.architectures import OFFLOADABLE, architecture_of
-from harness.split.boundary import Boundary, Stopwatch
-from harness.split.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
-from harness.split.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_bytes
-from harness.split.offload import (
+from harness.splitee.architectures import OFFLOADABLE, architecture_of
+from harness.splitee.boundary import Boundary, Stopwatch
+from harness.splitee.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
+from harness.splitee.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_bytes
+from harness.splitee.offload import (
     CATEGORY,
     Installed,
     MemberLinear,
@@ -34,7 +34,7 @@ from harness.split.offload import (
     all_op_instances,
     op_linears,
 )
-from harness.split.sensitivity import as_dicts, sensitivity_table
+from harness.splitee.sensitivity import as_dicts, sensitivity_table
 
 CONF_PRIMARY = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"
 CONF_SPLITEE = CONF_PRIMARY.parent / "splitee" / "default.yaml"   # SpliTEE's keys, `engine` among them
@@ -76,7 +76,7 @@ class EngineSettings:
     slalom_frac_bits: int = _ENGINE["slalom_frac_bits"]
     slalom_scaling: str = _ENGINE["slalom_scaling"]            # per_token | per_op | fixed (mechanisms.py: wrap-around)
     sigma_scale: float = _ENGINE["sigma_scale"]                # multiplies every σ (0: EP1 computes T3's numbers)
-    sensitivity_rule: str = _ENGINE["sensitivity_rule"]        # paper | per_head (harness.split.sensitivity)
+    sensitivity_rule: str = _ENGINE["sensitivity_rule"]        # paper | per_head (harness.splitee.sensitivity)
 
     def validate(self) -> None:
         conf = configurations.get(self.configuration)  # UserError for an unknown name
@@ -461,7 +461,7 @@ class SplitEngine:
 
     def slalom_stats(self) -> dict | None:
         """Slalom's wrap-arounds since the current or last generate() began, per op instance, per op type
-        and in total, with each op's input bits (harness/split/mechanisms.py); None for other mechanisms."""
+        and in total, with each op's input bits (harness/splitee/mechanisms.py); None for other mechanisms."""
         if self.mechanism is None or self.mechanism.name != "slalom":
             return None
         m = self.mechanism

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from harness.errors import UserError
-from harness.split.architectures import (
+from harness.splitee.architectures import (
     architecture_of,
     decoder_layers,
     effective_gain,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.split.architectures import OP_MEMBERS, decoder_layers, get_submodule, set_submodule
+from harness.splitee.architectures import OP_MEMBERS, decoder_layers, get_submodule, set_submodule
 
 CATEGORY = {"qkv": "attention_proj", "o": "attention_proj", "gate_up": "ffn_proj", "down": "down_proj", "lm_head": "lm_head"}
 
@@ -24,7 +24,7 @@ class OffloadedOp:
         self.bank = None
         self._pending: tuple[torch.Tensor, list[torch.Tensor], set[int]] | None = None
         if mechanism.name == "slalom":
-            from harness.split.mechanisms import ExactProduct
+            from harness.splitee.mechanisms import ExactProduct
 
             self.tee_quantised = mechanism.quantised_weights(self.tee_weights)
             # W_q·v mod q: the device's product of the masked input, and the TEE's of each bank mask (the
