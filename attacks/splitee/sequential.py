@@ -213,7 +213,7 @@ def record_view(model: nn.Module, prompts: Sequence[Sequence[int]], *, configura
                 batch_size: int, epsilon_lengths: Sequence[int] | None = None, meta: dict | None = None,
                 ) -> tuple[list[AdversaryView], list[OpSensitivity]]:
     """The prompts submitted once through the split engine under `configuration` (prefill only, no LM head),
-    one AdversaryView per batch: what the accelerator received; and the engine's Δ table (harness.split.
+    one AdversaryView per batch: what the accelerator received; and the engine's Δ table (harness.splitee.
     sensitivity), which `op_sigmas` takes rather than computing it again."""
     from harness.splitee.engine import EngineSettings, SplitEngine
 
@@ -259,7 +259,7 @@ def op_sigmas(model: nn.Module, configuration: str, epsilon: float | None, epsil
               keys: Sequence[Key], *, sigma_scale: float, sensitivity_rule: str,
               table: Sequence[OpSensitivity] | None = None) -> list[dict[Key, float]]:
     """σ of every used exposure for every prompt, as the attacker computes it from public knowledge: Δ of
-    the op from the weights (harness.split.sensitivity; `table` where it is already computed, record_view's
+    the op from the weights (harness.splitee.sensitivity; `table` where it is already computed, record_view's
     under `sensitivity_rule`) times the configuration's noise factor sigma_scale/ε
     (harness.configurations.noise_factors), the engine's own product in float32. 1.0 where nothing is masked
     with noise (t3, sigma_scale = 0): the score becomes exact matching."""
@@ -269,7 +269,7 @@ def op_sigmas(model: nn.Module, configuration: str, epsilon: float | None, epsil
     factors = configurations.noise_factors(configuration, epsilon, list(epsilon_lengths), sigma_scale)
     out = []
     for f in factors:
-        # The engine's σ: (Δ · factor) in float32 (harness/split/mechanisms.py Gaussian._sigma).
+        # The engine's σ: (Δ · factor) in float32 (harness/splitee/mechanisms.py Gaussian._sigma).
         row = {k: float(torch.tensor(delta[k]) * torch.tensor(f, dtype=torch.float32)) for k in keys}
         out.append({k: (s if s > 0 else 1.0) for k, s in row.items()})
     return out

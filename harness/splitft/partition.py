@@ -6,7 +6,7 @@
 
 The stages call the model's own modules in the order its own forward does (the decoder layers, the
 rotary embedding and transformers' mask builders), so a partitioned forward equals the model's forward
-(tests/splitft/test_splitft.py checks it to the bit) and every supported architecture (harness/split/
+(tests/splitft/test_splitft.py checks it to the bit) and every supported architecture (harness/splitee/
 architectures.py) works without re-implementing attention. What crosses between the stages is an
 ordinary tensor that the caller may transform (obfuscate, add noise, add decoy rows) before passing it
 on; `Context` is rebuilt for any batch shape with `context()`, so the body may run on a different number
