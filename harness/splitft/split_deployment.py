@@ -24,10 +24,29 @@ the saved stream state to backpropagate through it. The same functions run in Fl
 (`simulate_split`, Ray actors) and under `flwr run` on a SuperLink (module-level `serverapp`,
 `clientapp`; docs/splitft.md "Running split across machines").
 
-Scope: the defences that send s_A unchanged (`splitft_none`, `nopeek`). PrivPair's bursts and the
-evaluator's plain s_B of the noising defences need B on the client; they run in the simulation path
-(harness/splitft/federation.py) only, and asking for them here is a one-line error that says why
-(harness/splitft/config.py NOT_SPLIT). The runner takes this path with `splitft.runtime=split_deployment`.
+The measurement path. A noising defence (smashed-data DP, embedding dχ) sends s'_A ≠ s_A, so H and the
+attacks' truth need the plain s_B = B(s_A) of the clean batch, which the client cannot compute (it holds no
+B) and the protocol must not give the server. On a measured step (`measured`: a recorded step, or the
+round's last, where H is taken) the server asks for it on a message of its own, `query.split_measure`,
+after the step's s'_A has arrived:
+
+    server ──query.split_measure──▶ client ──measurement: the clean s_A (= A(embed(x)), no defence)──▶ server
+    server  `Evaluator`: s_B = B(s_A), no gradient    ──train.split_tail: s'_B, and measurement: s_B──▶ client
+
+The clean s_A goes to the `Evaluator`, an object in the server's process apart from the protocol's
+server: it holds B (the same frozen weights, so B stays in the server's process and no client machine needs
+it), writes nothing into the sink, and its output goes back to the client, which computes H and writes the
+truth to `recipe.truth_dir` as before. The adversary view is what the protocol's server records from
+`train.*` messages only; the `query.*` message and the `measurement` records are the benchmark's
+instrument, the trusted evaluator's channel that a real deployment would not run (docs/splitft.md "Split
+deployment"). Putting a copy of B in the client's process instead would have kept the clean s_A on the
+client's machine but made every client load B again, the very cost this deployment removes.
+
+Scope: `splitft_none`, `nopeek` (s_A sent unchanged; no measurement message), `smashed_dp_gaussian`,
+`smashed_dp_laplace`, `embedding_dx`. PrivPair's bursts train W1 through B on D_align, crossings this
+deployment does not send as messages; it runs in the simulation path (harness/splitft/federation.py) only,
+and asking for it here is a one-line error that says why (harness/splitft/config.py NOT_SPLIT). The runner
+takes this path with `splitft.runtime=split_deployment`.
 """
 from __future__ import annotations
 
@@ -70,6 +89,7 @@ from harness.splitft.step import (
 )
 
 FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
+MEASURE = "split_measure"            # the measurement path's query action: never part of the adversary view
 SPLIT_CONFIGURATIONS = SPLIT_DEPLOYMENT_CONFIGURATIONS
 NODE_WAIT_S, REPLY_TIMEOUT_S = 600.0, 1200.0
 
@@ -83,6 +103,12 @@ def recorded(section: Any, rnd: int, local: int) -> bool:
     """Bounded recording (`splitft.record`), as harness/splitft/client.py applies it."""
     return (rnd > int(section["rounds"]) - int(section["record"]["last_rounds"])
             and local >= int(section["local_steps"]) - int(section["record"]["steps_per_round"]))
+
+
+def measured(obfuscates: bool, section: Any, rnd: int, local: int) -> bool:
+    """Whether a step needs the plain s_B from the measurement path: the defence changes what crosses, and
+    the step is recorded (the attacks' truth) or the round's last (H), as split_step's `plain` is computed."""
+    return obfuscates and (recorded(section, rnd, local) or local == int(section["local_steps"]) - 1)
 
 
 # -- the client's half ------------------------------------------------------------------------------------
@@ -152,15 +178,24 @@ class SplitClient:
             out["theta"] = trainable.flat(self.trainer.model, self.names)
         session.update(local=local, rows=rows, before_a=generator.get_state())
         with torch.no_grad():
+            if measured(defence.obfuscates, s, session["round"], local):
+                # the clean s_A of the same batch and weights, kept for the measurement path (`measure`)
+                session["plain_s_a"], _ = self.part.head(blocks[rows])
             _, s_a, s_a_sent = self._forward_a(defence, blocks[rows])
         session.update(s_a=s_a, up=s_a_sent)
         self._save(session, optimizer, generator)
         out["s_a"] = s_a_sent
         return out
 
-    def tail(self, session: dict[str, Any], s_b: torch.Tensor) -> torch.Tensor | None:
+    def measure(self, session: dict[str, Any]) -> torch.Tensor:
+        """The measurement path's reply: the clean s_A of this step's batch, for the evaluator's B only."""
+        return session["plain_s_a"]
+
+    def tail(self, session: dict[str, Any], s_b: torch.Tensor, plain_s_b: torch.Tensor | None = None
+             ) -> torch.Tensor | None:
         """Phase 2: C's forward and loss on what came down, backward to C and to the cut m; the guarded
-        ∂L/∂s'_B to send up (None with A frozen: then the step ends here)."""
+        ∂L/∂s'_B to send up (None with A frozen: then the step ends here). `plain_s_b`: the evaluator's
+        B(s_A) on a measured step of a noising defence; otherwise the plain s_B is what came down."""
         s = self.section
         optimizer, generator, defence = self._restore(session)
         ids = torch.tensor(self.recipe.clients[session["client"]], dtype=torch.long)[session["rows"]]
@@ -171,8 +206,11 @@ class SplitClient:
         loss.backward()
         session["losses"].append(float(loss.detach()))
         session["down"] = down.detach()
-        if session["local"] == int(s.local_steps) - 1:   # split_step's `measure` (no obfuscation here: H = 0)
-            s_a, s_b_plain = session["s_a"], down.detach()
+        if plain_s_b is not None:
+            session["plain_s_b"] = plain_s_b
+        if session["local"] == int(s.local_steps) - 1:   # split_step's `measure`
+            s_a = session.get("plain_s_a", session["s_a"])
+            s_b_plain = session.get("plain_s_b", down.detach())
             session["measured"] = {"H": float(sq_norm(s_b_hat.detach() - s_b_plain)),
                                    "H_recv": float(sq_norm(down.detach() - s_b_plain)),
                                    "H_A": float(sq_norm(session["up"] - s_a)),
@@ -217,13 +255,15 @@ class SplitClient:
         session["sends"] += torch.bincount(session["rows"], minlength=n_blocks)
         session["steps_done"] += 1
         if recorded(self.section, session["round"], session["local"]):
-            # the evaluator's truth: with s_A sent unchanged, the plain s_A and s_B are what crossed
+            # the evaluator's truth: the measurement path's clean s_A and B(s_A) under a noising defence;
+            # with s_A sent unchanged, what crossed
             r = self.recipe
             session["truth"].append({
                 "step": step_id(session["round"], session["client"], session["local"], r.n_clients,
                                 int(self.section.local_steps)),
-                "ids": ids.detach().clone(), "s_a": session["s_a"], "s_b": session["down"]})
-        for key in ("rows", "before_a", "s_a", "up", "down", "grads"):
+                "ids": ids.detach().clone(), "s_a": session.get("plain_s_a", session["s_a"]),
+                "s_b": session.get("plain_s_b", session["down"])})
+        for key in ("rows", "before_a", "s_a", "up", "down", "grads", "plain_s_a", "plain_s_b"):
             session.pop(key, None)
 
     def round_metrics(self, session: dict[str, Any]) -> dict[str, float]:
@@ -300,11 +340,19 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
         _save_session(context, session)
         return reply(msg, client, out)
 
+    @app.query(MEASURE)
+    def measure(msg: Message, context: Context) -> Message:
+        """The measurement path: the clean s_A goes up in a `measurement` record, to the evaluator."""
+        _, me, client = setup(context)
+        s_a = me.measure(_load_session(context))
+        return reply(msg, client, None, {"measurement": ArrayRecord(torch_state_dict={"s_a": s_a.contiguous()})})
+
     @app.train(TAIL)
     def tail(msg: Message, context: Context) -> Message:
         r, me, client = setup(context)
         session = _load_session(context)
-        grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"])
+        plain = msg.content["measurement"].to_torch_state_dict()["s_b"] if "measurement" in msg.content else None
+        grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"], plain)
         return _after(msg, context, r, me, client, session, None if grad_m is None else {"grad_s_b": grad_m})
 
     @app.train(FINISH)
@@ -333,6 +381,19 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
 
 
 # -- the server's half ------------------------------------------------------------------------------------
+class Evaluator:
+    """The measurement path's B (module docstring): s_B = B(s_A) on a client's clean s_A, without gradient.
+    It shares the server's frozen B (nothing of B leaves the server's process) but not its record: it has
+    no sink, so nothing it receives or returns enters the adversary view."""
+
+    def __init__(self, part: Any) -> None:
+        self._part = part
+
+    def plain_s_b(self, s_a: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self._part.body(s_a, self._part.context(s_a)).detach()
+
+
 def _server_trainer(recipe: Recipe) -> ClientTrainer:
     check_supported(recipe)
     return ClientTrainer(recipe)     # the pretrained A and C (round 1's global state) and the frozen B
@@ -357,9 +418,11 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
         nodes = _wait_for_nodes(grid, r.n_clients)
         strategy = _recording_fedavg(sink, r.n_clients)
         n_steps = int(section.local_steps)
+        obfuscates = make_defence(r.configuration, r.epsilon, section).obfuscates
+        evaluator = Evaluator(part)
 
-        def exchange(action: str, contents: dict[int, RecordDict], rnd: int) -> dict[int, Any]:
-            messages = [Message(content=c, dst_node_id=n, message_type=f"train.{action}", group_id=str(rnd))
+        def exchange(action: str, contents: dict[int, RecordDict], rnd: int, kind: str = "train") -> dict[int, Any]:
+            messages = [Message(content=c, dst_node_id=n, message_type=f"{kind}.{action}", group_id=str(rnd))
                         for n, c in contents.items()]
             replies = list(grid.send_and_receive(messages, timeout=REPLY_TIMEOUT_S))
             errors = [m.error.reason for m in replies if m.has_error()]
@@ -388,6 +451,13 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                         _record(sink, SMASHED_UP, "s_a", part.k, up, step, client, rnd)
                         _record(sink, SMASHED_DOWN, "s_b", part.m, s_b, step, client, rnd)
                     downs[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"s_b": s_b.detach()})})
+                if measured(obfuscates, section, rnd, local):
+                    # the measurement path, after the protocol's s'_A is in and recorded: the clean s_A goes to
+                    # the evaluator only, and its B(s_A) rides down beside s'_B in a `measurement` record
+                    clean = exchange(MEASURE, {n: RecordDict({"config": cfg}) for n in nodes}, rnd, kind="query")
+                    for n, msg in clean.items():
+                        s_b_plain = evaluator.plain_s_b(msg.content["measurement"].to_torch_state_dict()["s_a"])
+                        downs[n]["measurement"] = ArrayRecord(torch_state_dict={"s_b": s_b_plain})
                 replies = exchange(TAIL, downs, rnd)
                 if bool(section.train_head):
                     grads = {}

@@ -40,8 +40,9 @@ def _recipe(configuration: str, epsilon: float | None, tmp_path: Path, **extra) 
                   str(truth))
 
 
-def _reference(recipe: Recipe) -> tuple[list[dict], dict[int, dict]]:
-    """Round 1 of the one-process path for both clients: its crossings and round metrics."""
+def _reference(recipe: Recipe, truth: dict | None = None) -> tuple[list[dict], dict[int, dict]]:
+    """Round 1 of the one-process path for both clients: its crossings and round metrics (and, into `truth`,
+    the evaluator's truth by step id)."""
     trainer = ClientTrainer(recipe)
     start = trainer.initial_state()
     exposures, metrics = [], {}
@@ -49,7 +50,26 @@ def _reference(recipe: Recipe) -> tuple[list[dict], dict[int, dict]]:
         out = trainer.run_round(client, 1, start, {}, 0)
         exposures += [e | {"client": client, "round": 1} for e in out.exposures]
         metrics[client] = out.metrics
+        if truth is not None:
+            truth.update({int(item["step"]): item for item in out.truth})
     return exposures, metrics
+
+
+def _assert_same_truth(got: dict[int, dict], want: dict[int, dict]) -> None:
+    """The evaluator's truth (harness/splitft/experiment.py load_truth): the same steps, ids, plain s_A and s_B."""
+    assert sorted(got) == sorted(want) and want
+    for step, w in want.items():
+        assert torch.equal(got[step]["ids"], w["ids"]), step
+        for k in ("s_a", "s_b"):
+            torch.testing.assert_close(got[step][k], w[k], rtol=1e-5, atol=1e-6, msg=f"truth {k} of step {step}")
+
+
+def _assert_view_holds_no_truth(exposures: list[dict], truth: dict[int, dict]) -> None:
+    """A noising defence's server never records the clean s_A or B(s_A) that the measurement path carried."""
+    plain = [item[k] for item in truth.values() for k in ("s_a", "s_b")]
+    for e in exposures:
+        assert not any(e["tensor"].shape == p.shape and torch.allclose(e["tensor"], p, rtol=1e-3, atol=1e-4)
+                       for p in plain), (e["channel"], e["step"])
 
 
 def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = frozenset(
@@ -69,6 +89,7 @@ def _assert_same_view(got: list[dict], want: list[dict], channels: set[str] = fr
 
 
 GUARD = {"grad_up": {"clip": 0.01, "noise_multiplier": 0.5}}
+NOISING = ("smashed_dp_gaussian", "smashed_dp_laplace", "embedding_dx")
 
 
 # Each variant is a Flower simulation (~35 s on 2 cores): they run with -m slow; the default suite keeps the
@@ -77,27 +98,43 @@ GUARD = {"grad_up": {"clip": 0.01, "noise_multiplier": 0.5}}
     pytest.param("splitft_none", None, {}, marks=pytest.mark.slow),
     pytest.param("nopeek", 0.5, {}, marks=pytest.mark.slow),
     pytest.param("splitft_none", None, {"train_head": False}, marks=pytest.mark.slow),
-    pytest.param("splitft_none", None, GUARD, marks=pytest.mark.slow)],
-                         ids=["none", "nopeek", "a_frozen", "grad_up_guard"])
+    pytest.param("splitft_none", None, GUARD, marks=pytest.mark.slow),
+    pytest.param("smashed_dp_gaussian", 50.0, {}, marks=pytest.mark.slow),
+    pytest.param("smashed_dp_laplace", 50.0, {}, marks=pytest.mark.slow),
+    pytest.param("embedding_dx", 100.0, {}, marks=pytest.mark.slow),
+    pytest.param("smashed_dp_gaussian", 50.0, {"train_head": False}, marks=pytest.mark.slow)],
+                         ids=["none", "nopeek", "a_frozen", "grad_up_guard", "dp_gaussian", "dp_laplace", "embedding_dx",
+                              "dp_gaussian_a_frozen"])
 def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, extra, tmp_path):
     """Flower's simulation runtime, 2 clients, 2 steps: the server's record equals run_round's view (NoPeek:
     the client's last message replays A's forward from the saved stream state, regulariser draw included;
     A frozen: the step ends at the tail, no gradient crosses; the guard on grad_up: its noise stream carries
-    over between steps in the session), and the round metrics are FedAvg's of run_round's."""
+    over between steps in the session; the noising defences: the noise drawn in the client's first message is
+    drawn again, the same, in its last), the round metrics are FedAvg's of run_round's, and the evaluator's
+    truth is run_round's. Under a noising defence H, H_A and the truth come through the measurement path
+    (B(s_A) by the server's Evaluator on a query message), and nothing the server recorded is the clean s_A
+    or B(s_A)."""
+    from harness.splitft.experiment import load_truth
     from harness.splitft.split_deployment import simulate_split
 
     train_head = extra.get("train_head", True)
     recipe = _recipe(configuration, epsilon, tmp_path, **extra)
-    want, metrics = _reference(recipe)
+    truth: dict[int, dict] = {}
+    want, metrics = _reference(recipe, truth)
     sink = simulate_split(recipe)
     channels = {"client_weights", "smashed_up", "smashed_down"} | ({"grad_up", "grad_down"} if train_head else set())
     _assert_same_view(sink.exposures, want, channels)
     assert sink.replies == {1: 2}
     n = [metrics[c]["num-examples"] for c in (0, 1)]
-    for k in ("train_loss", "H", "H_A", "regulariser"):
+    for k in ("train_loss", "H", "H_A", "H_recv", "H_A_rel", "regulariser"):
         assert sink.rounds[1][k] == pytest.approx((metrics[0][k] * n[0] + metrics[1][k] * n[1]) / sum(n), rel=1e-5), k
+    _assert_same_truth(load_truth(recipe.truth_dir), truth)
     if configuration == "nopeek":
         assert sink.rounds[1]["regulariser"] > 0
+    if configuration in NOISING:
+        # the defence is on (so the plain s_B could not have been read off what crossed) and measured
+        assert sink.rounds[1]["H_A"] > 0 and sink.rounds[1]["H"] > 0
+        _assert_view_holds_no_truth(sink.exposures, truth)
 
 
 def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_path):
@@ -122,16 +159,15 @@ def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_pat
 
 
 @pytest.mark.parametrize("configuration,reason", [
-    ("privpair", "its bursts train W1 through B"), ("smashed_dp_gaussian", "its H and the attacks' truth need"),
-    ("smashed_dp_laplace", "its H and the attacks' truth need"), ("embedding_dx", "its H and the attacks' truth need"),
-    ("splitft_central", "it is the centralised reference")])
+    ("privpair", "its bursts train W1 through B"), ("splitft_central", "it is the centralised reference")])
 def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(configuration, reason, tmp_path):
     """Each configuration the split deployment cannot run is refused in one line that says why (the runner's
     validate gives the same line: tests/test_bad_input.py)."""
     from harness.errors import UserError
     from harness.splitft.split_deployment import SplitClient
 
-    with pytest.raises(UserError, match=rf"^splitft.runtime=split_deployment runs splitft_none, nopeek; {configuration} "
+    with pytest.raises(UserError, match=rf"^splitft.runtime=split_deployment runs splitft_none, nopeek, "
+                                        rf"smashed_dp_gaussian, smashed_dp_laplace, embedding_dx; {configuration} "
                                         rf"cannot be split across processes: {reason}.* \(use splitft.runtime=simulation\)$"):
         SplitClient(_recipe(configuration, 1.0, tmp_path))
 
