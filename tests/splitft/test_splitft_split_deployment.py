@@ -137,22 +137,33 @@ def test_split_deployment_in_simulation_records_the_one_process_view(configurati
         _assert_view_holds_no_truth(sink.exposures, truth)
 
 
-def test_split_deployment_equals_the_existing_simulation_over_two_rounds(tmp_path):
+# splitft_none in the default suite; a noising defence (the measurement path) with -m slow
+@pytest.mark.parametrize("configuration,epsilon", [
+    ("splitft_none", None), pytest.param("smashed_dp_laplace", 50.0, marks=pytest.mark.slow)],
+                         ids=["none", "dp_laplace"])
+def test_split_deployment_equals_the_existing_simulation_over_two_rounds(configuration, epsilon, tmp_path):
     """Two rounds of one recorded step each, against federation.simulate (the runner's path, B in the
     ClientApp) on the same recipe: the same view in both rounds (round 2's from FedAvg's average), the same
-    round metrics (the DP accounting's max-sends included) and the same final A and C."""
+    round metrics (H, H_A and the DP accounting's max-sends included), the same evaluator's truth and the
+    same final A and C."""
+    import dataclasses
+
+    from harness.splitft.experiment import load_truth
     from harness.splitft.federation import simulate
     from harness.splitft.split_deployment import simulate_split
 
-    recipe = _recipe("splitft_none", None, tmp_path, rounds=2, local_steps=1,
+    recipe = _recipe(configuration, epsilon, tmp_path, rounds=2, local_steps=1,
                      record={"last_rounds": 2, "steps_per_round": 1})
+    split = dataclasses.replace(recipe, truth_dir=str(tmp_path / "truth_split"))
+    Path(split.truth_dir).mkdir()
     start = ClientTrainer(recipe).initial_state()
-    want, got = simulate(recipe, start), simulate_split(recipe, start)
+    want, got = simulate(recipe, start), simulate_split(split, start)
     assert {e["round"] for e in want.exposures} == {1, 2}
     _assert_same_view(got.exposures, want.exposures)
     assert got.replies == want.replies == {1: 2, 2: 2}
     for rnd in (1, 2):
         assert got.rounds[rnd] == pytest.approx(want.rounds[rnd], rel=1e-5, abs=1e-9), rnd
+    _assert_same_truth(load_truth(split.truth_dir), load_truth(recipe.truth_dir))
     assert got.final.keys() == want.final.keys()
     for name, value in want.final.items():
         torch.testing.assert_close(got.final[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
@@ -173,15 +184,18 @@ def test_split_deployment_refuses_a_defence_that_needs_b_on_the_client(configura
 
 
 @pytest.mark.slow
-def test_the_runner_trains_through_the_split_deployment(tmp_path):
-    """`splitft.runtime=split_deployment` (experiment=splitft_smoke, no defence, 1 round): the runner's results
-    name the runtime, and its rounds' training metrics, held-out scores and view channels equal the same run's
-    on the default runtime (B in each ClientApp)."""
+@pytest.mark.parametrize("defence", [["configuration=splitft_none"], ["configuration=smashed_dp_gaussian", "epsilon=50"]],
+                         ids=["none", "dp_gaussian"])
+def test_the_runner_trains_through_the_split_deployment(defence, tmp_path):
+    """`splitft.runtime=split_deployment` (experiment=splitft_smoke, 1 round; no defence, and smashed DP, whose H
+    and truth come through the measurement path): the runner's results name the runtime, and its rounds'
+    training metrics, held-out scores, view channels and the attacks' scores (read against that truth) equal
+    the same run's on the default runtime (B in each ClientApp)."""
     import json
 
     from ..conftest import run_cli_in_process
 
-    base = ["experiment=splitft_smoke", "configuration=splitft_none", "splitft.rounds=1"]
+    base = ["experiment=splitft_smoke", *defence, "splitft.rounds=1"]
     results = {}
     for runtime in ("simulation", "split_deployment"):
         out = tmp_path / runtime
@@ -197,6 +211,10 @@ def test_the_runner_trains_through_the_split_deployment(tmp_path):
     for key in ("train_loss", "H", "H_A", "heldout_ce", "heldout_top1"):
         assert got["rounds"][0][key] == pytest.approx(want["rounds"][0][key], rel=1e-5, abs=1e-9), key
     assert got["heldout_blocks_ce"]["final"] == pytest.approx(want["heldout_blocks_ce"]["final"], rel=1e-5)
+    attack = [k for k in want["metrics"] if k.endswith("token_f1")]
+    assert attack and got["metrics"].keys() == want["metrics"].keys()
+    for key in attack:
+        assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-9), key
 
 
 def test_the_split_client_holds_no_b(tmp_path):
