@@ -148,12 +148,10 @@ CASES = {
                               "splitft.placement.device=cuda needs CUDA", no_cuda=True),
     # --- splitft.runtime=split_deployment (harness/splitft/config.py NOT_SPLIT): a defence that cannot be split
     # across processes is refused with its reason before any model loads
-    "privpair split across processes": Case(["experiment=splitft_smoke", "splitft.runtime=split_deployment"],
-                                            "splitft.runtime=split_deployment runs splitft_none, nopeek, "
-                                            "smashed_dp_gaussian, smashed_dp_laplace, embedding_dx; privpair cannot "
-                                            "be split across processes: its bursts train W1 through B"),
     "central reference split across processes": Case(["experiment=splitft_smoke", "configuration=splitft_central",
                                                       "splitft.runtime=split_deployment"],
+                                                     "splitft.runtime=split_deployment runs splitft_none, nopeek, "
+                                                     "smashed_dp_gaussian, smashed_dp_laplace, embedding_dx, privpair; "
                                                      "splitft_central cannot be split across processes: it is the "
                                                      "centralised reference"),
     "unknown BiSR(b) weight source": Case(["experiment=splitft_smoke", "splitft.attack.bisr.backward_weights=[step,global]"],

@@ -31,12 +31,11 @@ INVERTER_HEADS = ("lm", "evidence")
 RUNTIMES = ("simulation", "split_deployment")
 # The configurations the split deployment (harness/splitft/split_deployment.py) runs, and why each other one
 # cannot be split across processes: one line each, the reason `splitft.runtime=split_deployment` gives. The
-# noising defences' H and attack truth (B on the clean s_A) come from the deployment's measurement path, outside
-# the adversary view (split_deployment.py `Evaluator`); PrivPair's bursts would need their own messages.
-SPLIT_DEPLOYMENT_CONFIGURATIONS = ("splitft_none", "nopeek", "smashed_dp_gaussian", "smashed_dp_laplace", "embedding_dx")
+# obfuscating defences' H and attack truth (B on the clean s_A) come from the deployment's measurement path,
+# outside the adversary view (split_deployment.py `Evaluator`).
+SPLIT_DEPLOYMENT_CONFIGURATIONS = ("splitft_none", "nopeek", "smashed_dp_gaussian", "smashed_dp_laplace", "embedding_dx",
+                                   "privpair")
 NOT_SPLIT = {
-    "privpair": ("its bursts train W1 through B (a B forward and backward per adapter step on D_align), and the "
-                 "split deployment does not send a burst's crossings as messages"),
     "splitft_central": "it is the centralised reference: one party holds the whole model, nothing is split",
 }
 
