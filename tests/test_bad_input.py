@@ -154,13 +154,12 @@ CASES = {
                               "splitft.placement.device=cuda needs CUDA", no_cuda=True),
     # --- splitft.runtime=split_deployment (harness/splitft/config.py NOT_SPLIT): a defence that cannot be split
     # across processes is refused with its reason before any model loads
-    "privpair split across processes": Case(["experiment=splitft_smoke", "splitft.runtime=split_deployment"],
-                                            "splitft.runtime=split_deployment runs splitft_none, nopeek; privpair "
-                                            "cannot be split across processes: its bursts train W1 through B"),
-    "smashed DP split across processes": Case(["experiment=splitft_smoke", "configuration=smashed_dp_laplace",
-                                               "epsilon=10", "splitft.runtime=split_deployment"],
-                                              "smashed_dp_laplace cannot be split across processes: its H and the "
-                                              "attacks' truth need the plain s_B = B(s_A)"),
+    "central reference split across processes": Case(["experiment=splitft_smoke", "configuration=splitft_central",
+                                                      "splitft.runtime=split_deployment"],
+                                                     "splitft.runtime=split_deployment runs splitft_none, nopeek, "
+                                                     "smashed_dp_gaussian, smashed_dp_laplace, embedding_dx, privpair; "
+                                                     "splitft_central cannot be split across processes: it is the "
+                                                     "centralised reference"),
     "unknown BiSR(b) weight source": Case(["experiment=splitft_smoke", "splitft.attack.bisr.backward_weights=[step,global]"],
                                           "splitft.attack.bisr.backward_weights='global' is not one of step, round_start"),
     "unknown splitft runtime": Case(["experiment=splitft_smoke", "splitft.runtime=grpc"],

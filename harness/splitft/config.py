@@ -30,15 +30,12 @@ INVERTER_LAYOUTS = ("prefix", "aligned")
 INVERTER_HEADS = ("lm", "evidence")
 RUNTIMES = ("simulation", "split_deployment")
 # The configurations the split deployment (harness/splitft/split_deployment.py) runs, and why each other one
-# cannot be split across processes: one line each, the reason `splitft.runtime=split_deployment` gives.
-SPLIT_DEPLOYMENT_CONFIGURATIONS = ("splitft_none", "nopeek")
-_PLAIN_S_B = ("H and the attacks' truth need the plain s_B = B(s_A) of the un-noised private batch, which only "
-              "B's holder (the server) can compute, and handing the server s_A would undo the defence")
+# cannot be split across processes: one line each, the reason `splitft.runtime=split_deployment` gives. The
+# obfuscating defences' H and attack truth (B on the clean s_A) come from the deployment's measurement path,
+# outside the adversary view (split_deployment.py `Evaluator`).
+SPLIT_DEPLOYMENT_CONFIGURATIONS = ("splitft_none", "nopeek", "smashed_dp_gaussian", "smashed_dp_laplace", "embedding_dx",
+                                   "privpair")
 NOT_SPLIT = {
-    "privpair": f"its bursts train W1 through B (a B forward and backward per adapter step), and its {_PLAIN_S_B}",
-    "smashed_dp_gaussian": f"its {_PLAIN_S_B}",
-    "smashed_dp_laplace": f"its {_PLAIN_S_B}",
-    "embedding_dx": f"its {_PLAIN_S_B}",
     "splitft_central": "it is the centralised reference: one party holds the whole model, nothing is split",
 }
 

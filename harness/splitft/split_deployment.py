@@ -2,7 +2,7 @@
 ServerApp's process, and every crossing of harness/splitft/step.py goes between a client and the server
 as a Flower message (flwr 1.42's Message API), each step:
 
-    server ──train.split_forward (round, local step; A and C at the round's first step)──▶ client
+    server ──train.split_forward (round, local step; A and C with the round's first message)──▶ client
     client  s'_A = send(A(embed(x)))                     ──s'_A (+ θ_A, θ_C of a recorded step)──▶ server
     server  s'_B = B(s'_A)                               ──train.split_tail: s'_B──▶ client
     client  L = ℓ(C(recover(s'_B)), y); backward to C    ──∂L/∂s'_B──▶ server
@@ -24,10 +24,41 @@ the saved stream state to backpropagate through it. The same functions run in Fl
 (`simulate_split`, Ray actors) and under `flwr run` on a SuperLink (module-level `serverapp`,
 `clientapp`; docs/splitft.md "Running split across machines").
 
-Scope: the defences that send s_A unchanged (`splitft_none`, `nopeek`). PrivPair's bursts and the
-evaluator's plain s_B of the noising defences need B on the client; they run in the simulation path
-(harness/splitft/federation.py) only, and asking for them here is a one-line error that says why
-(harness/splitft/config.py NOT_SPLIT). The runner takes this path with `splitft.runtime=split_deployment`.
+The measurement path. An obfuscating defence (smashed-data DP, embedding dχ, PrivPair) sends s'_A ≠ s_A, so H and the
+attacks' truth need the plain s_B = B(s_A) of the clean batch, which the client cannot compute (it holds no
+B) and the protocol must not give the server. On a measured step (`measured`: a recorded step, or the
+round's last, where H is taken) the server asks for it on a message of its own, `query.split_measure`,
+after the step's s'_A has arrived:
+
+    server ──query.split_measure──▶ client ──measurement: the clean s_A (= A(embed(x)), no defence)──▶ server
+    server  `Evaluator`: s_B = B(s_A), no gradient    ──train.split_tail: s'_B, and measurement: s_B──▶ client
+
+The clean s_A goes to the `Evaluator`, an object in the server's process apart from the protocol's
+server: it holds B (the same frozen weights, so B stays in the server's process and no client machine needs
+it), writes nothing into the sink, and its output goes back to the client, which computes H and writes the
+truth to `recipe.truth_dir` as before. The adversary view is what the protocol's server records from
+`train.*` messages only; the `query.*` message and the `measurement` records are the benchmark's
+instrument, the trusted evaluator's channel that a real deployment would not run (docs/splitft.md "Split
+deployment"). Putting a copy of B in the client's process instead would have kept the clean s_A on the
+client's machine but made every client load B again, the very cost this deployment removes.
+
+PrivPair's bursts (harness/splitft/privpair.py PrivPair.burst) cross too: before a local step the burst
+schedule gives adapter steps (`burst_steps`), each three message rounds on a D_align batch (public):
+
+    server ──train.align_forward (round, local, i; A and C if it opens the round)──▶ client
+    client  s_A = A(x_align), s'_A = W1(s_A)                         ──s_A, s'_A──▶ server
+    server  s_B = B(s_A), s'_B = B(s'_A)                             ──train.align_tail: s_B, s'_B──▶ client
+    client  PrivPair.losses on them (`_RemoteB`)                     ──∂L_W1/∂s'_B──▶ server
+    server  B's backward                                             ──train.align_finish: ∂L_W1/∂s'_A──▶ client
+    client  the losses again, ∂L_W1/∂s'_A in place of B's backward (`_Crossing`); W1 and W2 step
+
+recorded as the simulation's `align_up` / `align_down` crossings (step.ALIGN_OPS) on recorded steps. W1 and
+W2 stay on the client (the session within a round, the node's `context.state` across rounds).
+
+Scope: `splitft_none`, `nopeek` (s_A sent unchanged; no measurement message), `smashed_dp_gaussian`,
+`smashed_dp_laplace`, `embedding_dx`, `privpair`. `splitft_central` splits nothing; asking for it here is a
+one-line error that says why (harness/splitft/config.py NOT_SPLIT). The runner takes this path with
+`splitft.runtime=split_deployment`.
 """
 from __future__ import annotations
 
@@ -62,6 +93,7 @@ from harness.splitft.federation import (
 )
 from harness.splitft.privpair import sq_norm, token_ce
 from harness.splitft.step import (
+    ALIGN_OPS,
     CLIENT_WEIGHTS,
     GRAD_DOWN,
     GRAD_UP,
@@ -70,6 +102,8 @@ from harness.splitft.step import (
 )
 
 FORWARD, TAIL, FINISH = "split_forward", "split_tail", "split_finish"     # ClientApp train actions
+MEASURE = "split_measure"            # the measurement path's query action: never part of the adversary view
+ALIGN_FORWARD, ALIGN_TAIL, ALIGN_FINISH = "align_forward", "align_tail", "align_finish"   # PrivPair's bursts
 SPLIT_CONFIGURATIONS = SPLIT_DEPLOYMENT_CONFIGURATIONS
 NODE_WAIT_S, REPLY_TIMEOUT_S = 600.0, 1200.0
 
@@ -85,7 +119,65 @@ def recorded(section: Any, rnd: int, local: int) -> bool:
             and local >= int(section["local_steps"]) - int(section["record"]["steps_per_round"]))
 
 
+def burst_steps(configuration: str, section: Any, steps_done: int) -> int:
+    """PrivPair's adapter steps before the client's local step number `steps_done` (0-based over the run):
+    the schedule of PrivPair.burst, which the server drives here (every client has taken the same number of
+    steps); 0 for every other defence."""
+    if configuration != "privpair":
+        return 0
+    s = section["privpair"]
+    if steps_done == 0:
+        return int(s["warmup_align_steps"])
+    return int(s["align_steps"]) if steps_done % int(s["align_every"]) == 0 else 0
+
+
+def measured(obfuscates: bool, section: Any, rnd: int, local: int) -> bool:
+    """Whether a step needs the plain s_B from the measurement path: the defence changes what crosses, and
+    the step is recorded (the attacks' truth) or the round's last (H), as split_step's `plain` is computed."""
+    return obfuscates and (recorded(section, rnd, local) or local == int(section["local_steps"]) - 1)
+
+
 # -- the client's half ------------------------------------------------------------------------------------
+class _Crossing(torch.autograd.Function):
+    """s'_B = B(s'_A) computed on the server: forward gives what the server sent, backward what it sent back
+    for ∂/∂s'_A (PrivPair's burst: W1 trains through B)."""
+
+    @staticmethod
+    def forward(ctx: Any, s_a_obf: torch.Tensor, received: torch.Tensor, remote: Any) -> torch.Tensor:
+        ctx.remote = remote
+        return received.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.remote.grad_a is None:
+            raise RuntimeError("the server's ∂L_W1/∂s'_A has not arrived: B's backward cannot run on the client")
+        return ctx.remote.grad_a, None, None
+
+
+class _RemoteB:
+    """The partition PrivPair.losses computes on, with B across the network: head and tail are the client's;
+    its two calls of body, in losses' order (the plain s_A under no_grad, then s'_A), return the server's s_B
+    and s'_B, the second wired to W1 through `_Crossing`. PrivPair.losses itself, unchanged, so the burst's
+    numbers are the simulation's."""
+
+    def __init__(self, part: Any, s_b: torch.Tensor, s_b_obf: torch.Tensor, grad_a: torch.Tensor | None) -> None:
+        self._part, self._received, self.grad_a = part, [s_b, s_b_obf], grad_a
+        self.s_b_obf: torch.Tensor | None = None
+
+    def head(self, ids: torch.Tensor) -> Any:
+        return self._part.head(ids)
+
+    def tail(self, hidden: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return self._part.tail(hidden, ctx)
+
+    def body(self, hidden: torch.Tensor, ctx: Any) -> torch.Tensor:
+        received = self._received.pop(0)
+        if self._received:           # the first call: the plain s_B of public data, no gradient
+            return received
+        self.s_b_obf = _Crossing.apply(hidden, received, self)
+        return self.s_b_obf
+
+
 class SplitClient:
     """A client's model without B, and the three phases of its split step over a saved session."""
 
@@ -112,7 +204,10 @@ class SplitClient:
         generator.set_state(session["generator"])
         return optimizer, generator, self._defence(session, generator)
 
-    def _save(self, session: dict[str, Any], optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
+    def _save(self, session: dict[str, Any], optimizer: torch.optim.Optimizer, generator: torch.Generator,
+              defence: Any = None) -> None:
+        if defence is not None:      # PrivPair's W1 and W2 move in its bursts
+            session["defence"] = {k: v for k, v in vars(defence).items() if k != "generator"}
         session["weights"] = trainable.state(self.trainer.model, self.names)
         session["optimizer"] = optimizer.state_dict()
         session["generator"] = generator.get_state()
@@ -123,7 +218,7 @@ class SplitClient:
         return e, s_a, defence.send(s_a)
 
     def start_round(self, client: int, rnd: int, global_state: dict[str, torch.Tensor], steps_done: int,
-                    sends: torch.Tensor | None) -> dict[str, Any]:
+                    sends: torch.Tensor | None, adapters: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
         """The round's set-up of ClientTrainer.run_round: the global A and C, a fresh optimiser, the
         round's random streams, the defence calibrated on D_align."""
         s, r = self.section, self.recipe
@@ -132,6 +227,7 @@ class SplitClient:
         align = torch.tensor(r.align, dtype=torch.long)
         defence = make_defence(r.configuration, r.epsilon, s)
         defence.setup(self.part, align[: int(s.privpair.align_batch_size)], generator)
+        defence.load_state(adapters or {})       # PrivPair's W1, W2 from the client's previous round
         noise = torch.Generator().manual_seed(int(r.seed) * 1_000_003 + client * 10_007 + rnd + 7_919)
         blocks = torch.tensor(r.clients[client], dtype=torch.long)
         session = {"client": client, "round": rnd, "steps_done": steps_done, "noise": noise.get_state(),
@@ -140,6 +236,68 @@ class SplitClient:
                    "losses": [], "measured": None, "regulariser": 0.0, "truth": []}
         self._save(session, self.trainer.optimizer(), generator)
         return session
+
+    # -- PrivPair's burst, one adapter step in three messages (PrivPair.burst with B across the network) ----------
+    def align_forward(self, session: dict[str, Any], i: int) -> dict[str, torch.Tensor]:
+        """Burst step i, phase 1: draw a D_align batch from the round's stream; its s_A and s'_A = W1(s_A)
+        go up (public data: the server may see the plain s_A and return the plain s_B)."""
+        optimizer, generator, defence = self._restore(session)
+        if i == 0:
+            session["burst"] = {"opt1": None, "opt2": None}
+        align = torch.tensor(self.recipe.align, dtype=torch.long)
+        n = min(int(defence.s.align_batch_size), align.shape[0])
+        session["align_rows"] = torch.randint(0, align.shape[0], (n,), generator=generator)
+        with torch.no_grad():
+            s_a, _ = self.part.head(align[session["align_rows"]])
+            s_a_obf = defence.w1(s_a)
+        self._save(session, optimizer, generator, defence)
+        return {"s_a": s_a, "s_a_obf": s_a_obf}
+
+    def _align_losses(self, defence: Any, session: dict[str, Any], grad_a: torch.Tensor | None
+                      ) -> tuple[dict[str, torch.Tensor], _RemoteB]:
+        ids = torch.tensor(self.recipe.align, dtype=torch.long)[session["align_rows"]]
+        remote = _RemoteB(self.part, session["align_s_b"], session["align_s_b_obf"], grad_a)
+        return defence.losses(remote, ids), remote
+
+    def align_tail(self, session: dict[str, Any], s_b: torch.Tensor, s_b_obf: torch.Tensor) -> torch.Tensor:
+        """Phase 2: PrivPair's losses on the server's s_B and s'_B; ∂L_W1/∂s'_B goes up."""
+        optimizer, generator, defence = self._restore(session)
+        session.update(align_s_b=s_b, align_s_b_obf=s_b_obf)
+        out, remote = self._align_losses(defence, session, None)
+        (g_b,) = torch.autograd.grad(out["l_w1"], remote.s_b_obf)
+        self._save(session, optimizer, generator, defence)
+        return g_b
+
+    def align_finish(self, session: dict[str, Any], grad_a: torch.Tensor) -> None:
+        """Phase 3: the losses again, the server's ∂L_W1/∂s'_A in place of B's backward; W1 steps on
+        ∂L_W1, W2 on ∂L_W2, as PrivPair.burst's loop body (Adam's state carried through the burst)."""
+        optimizer, generator, defence = self._restore(session)
+        out, _ = self._align_losses(defence, session, grad_a)
+        burst, lr = session["burst"], float(defence.s.align_lr)
+        opt1 = torch.optim.Adam(defence.w1.parameters(), lr=lr)
+        opt2 = torch.optim.Adam(defence.w2.parameters(), lr=lr)
+        for opt, state in ((opt1, burst["opt1"]), (opt2, burst["opt2"])):
+            if state is not None:
+                opt.load_state_dict(state)
+        g1 = torch.autograd.grad(out["l_w1"], list(defence.w1.parameters()), retain_graph=not defence.identity_w2)
+        for param, g in zip(defence.w1.parameters(), g1):
+            param.grad = g
+        opt1.step()
+        if not defence.identity_w2:
+            g2 = torch.autograd.grad(out["l_w2"], list(defence.w2.parameters()))
+            for param, g in zip(defence.w2.parameters(), g2):
+                param.grad = g
+            opt2.step()
+        burst.update(opt1=opt1.state_dict(), opt2=opt2.state_dict())
+        # the round metrics report the round's last burst's last step, as run_round does
+        session["align_metrics"] = {k: float(v.detach()) for k, v in out.items() if v.dim() == 0}
+        for key in ("align_rows", "align_s_b", "align_s_b_obf"):
+            session.pop(key)
+        self._save(session, optimizer, generator, defence)
+
+    def adapters(self, session: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The defence's state the client keeps across rounds (PrivPair's W1, W2; never uploaded)."""
+        return self._defence(session, torch.Generator()).state()
 
     def forward(self, session: dict[str, Any], local: int) -> dict[str, torch.Tensor]:
         """Phase 1: draw the batch, run A, send s'_A (and θ_A, θ_C when the step is recorded)."""
@@ -152,15 +310,24 @@ class SplitClient:
             out["theta"] = trainable.flat(self.trainer.model, self.names)
         session.update(local=local, rows=rows, before_a=generator.get_state())
         with torch.no_grad():
+            if measured(defence.obfuscates, s, session["round"], local):
+                # the clean s_A of the same batch and weights, kept for the measurement path (`measure`)
+                session["plain_s_a"], _ = self.part.head(blocks[rows])
             _, s_a, s_a_sent = self._forward_a(defence, blocks[rows])
         session.update(s_a=s_a, up=s_a_sent)
         self._save(session, optimizer, generator)
         out["s_a"] = s_a_sent
         return out
 
-    def tail(self, session: dict[str, Any], s_b: torch.Tensor) -> torch.Tensor | None:
+    def measure(self, session: dict[str, Any]) -> torch.Tensor:
+        """The measurement path's reply: the clean s_A of this step's batch, for the evaluator's B only."""
+        return session["plain_s_a"]
+
+    def tail(self, session: dict[str, Any], s_b: torch.Tensor, plain_s_b: torch.Tensor | None = None
+             ) -> torch.Tensor | None:
         """Phase 2: C's forward and loss on what came down, backward to C and to the cut m; the guarded
-        ∂L/∂s'_B to send up (None with A frozen: then the step ends here)."""
+        ∂L/∂s'_B to send up (None with A frozen: then the step ends here). `plain_s_b`: the evaluator's
+        B(s_A) on a measured step of a noising defence; otherwise the plain s_B is what came down."""
         s = self.section
         optimizer, generator, defence = self._restore(session)
         ids = torch.tensor(self.recipe.clients[session["client"]], dtype=torch.long)[session["rows"]]
@@ -171,8 +338,11 @@ class SplitClient:
         loss.backward()
         session["losses"].append(float(loss.detach()))
         session["down"] = down.detach()
-        if session["local"] == int(s.local_steps) - 1:   # split_step's `measure` (no obfuscation here: H = 0)
-            s_a, s_b_plain = session["s_a"], down.detach()
+        if plain_s_b is not None:
+            session["plain_s_b"] = plain_s_b
+        if session["local"] == int(s.local_steps) - 1:   # split_step's `measure`
+            s_a = session.get("plain_s_a", session["s_a"])
+            s_b_plain = session.get("plain_s_b", down.detach())
             session["measured"] = {"H": float(sq_norm(s_b_hat.detach() - s_b_plain)),
                                    "H_recv": float(sq_norm(down.detach() - s_b_plain)),
                                    "H_A": float(sq_norm(session["up"] - s_a)),
@@ -217,13 +387,15 @@ class SplitClient:
         session["sends"] += torch.bincount(session["rows"], minlength=n_blocks)
         session["steps_done"] += 1
         if recorded(self.section, session["round"], session["local"]):
-            # the evaluator's truth: with s_A sent unchanged, the plain s_A and s_B are what crossed
+            # the evaluator's truth: the measurement path's clean s_A and B(s_A) under a noising defence;
+            # with s_A sent unchanged, what crossed
             r = self.recipe
             session["truth"].append({
                 "step": step_id(session["round"], session["client"], session["local"], r.n_clients,
                                 int(self.section.local_steps)),
-                "ids": ids.detach().clone(), "s_a": session["s_a"], "s_b": session["down"]})
-        for key in ("rows", "before_a", "s_a", "up", "down", "grads"):
+                "ids": ids.detach().clone(), "s_a": session.get("plain_s_a", session["s_a"]),
+                "s_b": session.get("plain_s_b", session["down"])})
+        for key in ("rows", "before_a", "s_a", "up", "down", "grads", "plain_s_a", "plain_s_b"):
             session.pop(key, None)
 
     def round_metrics(self, session: dict[str, Any]) -> dict[str, float]:
@@ -233,7 +405,8 @@ class SplitClient:
                 "H_recv": last["H_recv"], "H_recv_rel": last["H_recv"] / max(last["s_b_sq"], 1e-12),
                 "H_rel": last["H"] / max(last["s_b_sq"], 1e-12), "H_A_rel": last["H_A"] / max(last["s_a_sq"], 1e-12),
                 "regulariser": session["regulariser"], "num-examples": float(session["sends"].shape[0]),
-                MAX_SENDS: float(session["sends"].max())}
+                MAX_SENDS: float(session["sends"].max()),
+                **{f"align_{k}": v for k, v in (session.get("align_metrics") or {}).items()}}
 
 
 _CLIENTS: dict[int, SplitClient] = {}
@@ -285,26 +458,63 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
             content["tensors"] = ArrayRecord(torch_state_dict={k: v.detach().contiguous() for k, v in tensors.items()})
         return Message(content=content, reply_to=msg)
 
+    def session_of(msg: Message, context: Context, me: SplitClient, client: int) -> dict[str, Any]:
+        """The step's session; the round's first message (it carries the global A and C) starts it."""
+        if "arrays" not in msg.content:
+            return _load_session(context)
+        state = context.state
+        steps = int(state["progress"]["steps"]) if "progress" in state else 0
+        sends = state["sends"].to_torch_state_dict()["count"] if "sends" in state else None
+        adapters = state["adapters"].to_torch_state_dict() if "adapters" in state else None
+        return me.start_round(client, int(msg.content["config"]["round"]), msg.content["arrays"].to_torch_state_dict(),
+                              steps, sends, adapters)
+
+    @app.train(ALIGN_FORWARD)
+    def align_forward(msg: Message, context: Context) -> Message:
+        _, me, client = setup(context)
+        session = session_of(msg, context, me, client)
+        out = me.align_forward(session, int(msg.content["config"]["i"]))
+        _save_session(context, session)
+        return reply(msg, client, out)
+
+    @app.train(ALIGN_TAIL)
+    def align_tail(msg: Message, context: Context) -> Message:
+        _, me, client = setup(context)
+        session = _load_session(context)
+        got = msg.content["tensors"].to_torch_state_dict()
+        grad = me.align_tail(session, got["s_b"], got["s_b_obf"])
+        _save_session(context, session)
+        return reply(msg, client, {"grad_s_b_obf": grad})
+
+    @app.train(ALIGN_FINISH)
+    def align_finish(msg: Message, context: Context) -> Message:
+        _, me, client = setup(context)
+        session = _load_session(context)
+        me.align_finish(session, msg.content["tensors"].to_torch_state_dict()["grad_s_a_obf"])
+        _save_session(context, session)
+        return reply(msg, client)
+
     @app.train(FORWARD)
     def forward(msg: Message, context: Context) -> Message:
         _, me, client = setup(context)
-        cfg = msg.content["config"]
-        rnd, local = int(cfg["round"]), int(cfg["local"])
-        if local == 0:
-            steps = int(context.state["progress"]["steps"]) if "progress" in context.state else 0
-            sends = context.state["sends"].to_torch_state_dict()["count"] if "sends" in context.state else None
-            session = me.start_round(client, rnd, msg.content["arrays"].to_torch_state_dict(), steps, sends)
-        else:
-            session = _load_session(context)
-        out = me.forward(session, local)
+        session = session_of(msg, context, me, client)
+        out = me.forward(session, int(msg.content["config"]["local"]))
         _save_session(context, session)
         return reply(msg, client, out)
+
+    @app.query(MEASURE)
+    def measure(msg: Message, context: Context) -> Message:
+        """The measurement path: the clean s_A goes up in a `measurement` record, to the evaluator."""
+        _, me, client = setup(context)
+        s_a = me.measure(_load_session(context))
+        return reply(msg, client, None, {"measurement": ArrayRecord(torch_state_dict={"s_a": s_a.contiguous()})})
 
     @app.train(TAIL)
     def tail(msg: Message, context: Context) -> Message:
         r, me, client = setup(context)
         session = _load_session(context)
-        grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"])
+        plain = msg.content["measurement"].to_torch_state_dict()["s_b"] if "measurement" in msg.content else None
+        grad_m = me.tail(session, msg.content["tensors"].to_torch_state_dict()["s_b"], plain)
         return _after(msg, context, r, me, client, session, None if grad_m is None else {"grad_s_b": grad_m})
 
     @app.train(FINISH)
@@ -324,6 +534,8 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
         del context.state["split"]
         context.state["sends"] = ArrayRecord(torch_state_dict={"count": session["sends"]})
         context.state["progress"] = ConfigRecord({"steps": int(session["steps_done"])})
+        if adapters := me.adapters(session):
+            context.state["adapters"] = ArrayRecord(torch_state_dict=adapters)
         if r.truth_dir and session["truth"]:
             torch.save(session["truth"], Path(r.truth_dir) / f"client{client}_round{session['round']}.pt")
         return reply(msg, client, None, {"arrays": ArrayRecord(torch_state_dict=trainable.state(me.trainer.model, me.names)),
@@ -333,6 +545,19 @@ def split_client_app(recipe: Recipe | None = None) -> Any:
 
 
 # -- the server's half ------------------------------------------------------------------------------------
+class Evaluator:
+    """The measurement path's B (module docstring): s_B = B(s_A) on a client's clean s_A, without gradient.
+    It shares the server's frozen B (nothing of B leaves the server's process) but not its record: it has
+    no sink, so nothing it receives or returns enters the adversary view."""
+
+    def __init__(self, part: Any) -> None:
+        self._part = part
+
+    def plain_s_b(self, s_a: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self._part.body(s_a, self._part.context(s_a)).detach()
+
+
 def _server_trainer(recipe: Recipe) -> ClientTrainer:
     check_supported(recipe)
     return ClientTrainer(recipe)     # the pretrained A and C (round 1's global state) and the frozen B
@@ -357,9 +582,11 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
         nodes = _wait_for_nodes(grid, r.n_clients)
         strategy = _recording_fedavg(sink, r.n_clients)
         n_steps = int(section.local_steps)
+        obfuscates = make_defence(r.configuration, r.epsilon, section).obfuscates
+        evaluator = Evaluator(part)
 
-        def exchange(action: str, contents: dict[int, RecordDict], rnd: int) -> dict[int, Any]:
-            messages = [Message(content=c, dst_node_id=n, message_type=f"train.{action}", group_id=str(rnd))
+        def exchange(action: str, contents: dict[int, RecordDict], rnd: int, kind: str = "train") -> dict[int, Any]:
+            messages = [Message(content=c, dst_node_id=n, message_type=f"{kind}.{action}", group_id=str(rnd))
                         for n, c in contents.items()]
             replies = list(grid.send_and_receive(messages, timeout=REPLY_TIMEOUT_S))
             errors = [m.error.reason for m in replies if m.has_error()]
@@ -368,10 +595,45 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                                    f"replies, errors {errors}")
             return {m.metadata.src_node_id: m for m in replies}
 
+        def burst_step(contents: dict[int, RecordDict], rnd: int, local: int, view: bool) -> None:
+            """One adapter step of PrivPair's burst before step `local`: B's forward on the public s_A and
+            s'_A, and B's backward of ∂L_W1/∂s'_B; recorded (ALIGN_OPS) with the step's id when it is."""
+            ups = exchange(ALIGN_FORWARD, contents, rnd)
+            held, downs = {}, {}
+            for n, msg in ups.items():
+                client = int(msg.content["config"]["client"])
+                got = msg.content["tensors"].to_torch_state_dict()
+                with torch.no_grad():
+                    s_b = part.body(got["s_a"], part.context(got["s_a"]))
+                up = got["s_a_obf"].requires_grad_(True)
+                s_b_obf = part.body(up, part.context(up))
+                step = step_id(rnd, client, local, r.n_clients, n_steps)
+                held[n] = (client, step, up, s_b_obf)
+                if view:
+                    for (channel, op), tensor in zip(ALIGN_OPS[:4], (got["s_a"], up, s_b, s_b_obf)):
+                        _record(sink, channel, op, None, tensor, step, client, rnd)
+                downs[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"s_b": s_b, "s_b_obf": s_b_obf.detach()})})
+            replies = exchange(ALIGN_TAIL, downs, rnd)
+            grads = {}
+            for n, msg in replies.items():
+                client, step, up, s_b_obf = held[n]
+                g_b = msg.content["tensors"].to_torch_state_dict()["grad_s_b_obf"]
+                (g_a,) = torch.autograd.grad(s_b_obf, up, grad_outputs=g_b)    # the backward through frozen B
+                if view:
+                    for (channel, op), tensor in zip(ALIGN_OPS[4:], (g_b, g_a)):
+                        _record(sink, channel, op, None, tensor, step, client, rnd)
+                grads[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"grad_s_a_obf": g_a})})
+            exchange(ALIGN_FINISH, grads, rnd)
+
         for rnd in range(1, int(section.rounds) + 1):
             arrays = ArrayRecord(torch_state_dict=global_state)
             for local in range(n_steps):
-                first = {"arrays": arrays} if local == 0 else {}
+                first = {"arrays": arrays} if local == 0 else {}     # with the round's first message
+                view = recorded(section, rnd, local)
+                for i in range(burst_steps(r.configuration, section, (rnd - 1) * n_steps + local)):
+                    burst_step({n: RecordDict({"config": ConfigRecord({"round": rnd, "local": local, "i": i}),
+                                                         **first}) for n in nodes}, rnd, local, view)
+                    first = {}
                 cfg = ConfigRecord({"round": rnd, "local": local})
                 ups = exchange(FORWARD, {n: RecordDict({"config": cfg, **first}) for n in nodes}, rnd)
                 held, downs = {}, {}
@@ -380,7 +642,6 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                     got = msg.content["tensors"].to_torch_state_dict()
                     up = got["s_a"].requires_grad_(True)                    # what the server received
                     s_b = part.body(up, part.context(up))                   # B, frozen
-                    view = recorded(section, rnd, local)
                     step = step_id(rnd, client, local, r.n_clients, n_steps)
                     held[n] = (client, step, view, up, s_b)
                     if view:
@@ -388,6 +649,13 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                         _record(sink, SMASHED_UP, "s_a", part.k, up, step, client, rnd)
                         _record(sink, SMASHED_DOWN, "s_b", part.m, s_b, step, client, rnd)
                     downs[n] = RecordDict({"tensors": ArrayRecord(torch_state_dict={"s_b": s_b.detach()})})
+                if measured(obfuscates, section, rnd, local):
+                    # the measurement path, after the protocol's s'_A is in and recorded: the clean s_A goes to
+                    # the evaluator only, and its B(s_A) rides down beside s'_B in a `measurement` record
+                    clean = exchange(MEASURE, {n: RecordDict({"config": cfg}) for n in nodes}, rnd, kind="query")
+                    for n, msg in clean.items():
+                        s_b_plain = evaluator.plain_s_b(msg.content["measurement"].to_torch_state_dict()["s_a"])
+                        downs[n]["measurement"] = ArrayRecord(torch_state_dict={"s_b": s_b_plain})
                 replies = exchange(TAIL, downs, rnd)
                 if bool(section.train_head):
                     grads = {}
