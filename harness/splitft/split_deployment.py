@@ -38,8 +38,8 @@ server: it holds B (the same frozen weights, so B stays in the server's process 
 it), writes nothing into the sink, and its output goes back to the client, which computes H and writes the
 truth to `recipe.truth_dir` as before. The adversary view is what the protocol's server records from
 `train.*` messages only; the `query.*` message and the `measurement` records are the benchmark's
-instrument, the trusted evaluator's channel that a real deployment would not run (docs/splitft.md "Split
-deployment"). Putting a copy of B in the client's process instead would have kept the clean s_A on the
+instrument, the trusted evaluator's channel that a real deployment would not run (docs/splitft.md "Running
+split across machines"). Putting a copy of B in the client's process instead would have kept the clean s_A on the
 client's machine but made every client load B again, the very cost this deployment removes.
 
 PrivPair's bursts (harness/splitft/privpair.py PrivPair.burst) cross too: before a local step the burst
@@ -327,7 +327,7 @@ class SplitClient:
              ) -> torch.Tensor | None:
         """Phase 2: C's forward and loss on what came down, backward to C and to the cut m; the guarded
         ∂L/∂s'_B to send up (None with A frozen: then the step ends here). `plain_s_b`: the evaluator's
-        B(s_A) on a measured step of a noising defence; otherwise the plain s_B is what came down."""
+        B(s_A) on a measured step of a defence that obfuscates s_A; otherwise the plain s_B is what came down."""
         s = self.section
         optimizer, generator, defence = self._restore(session)
         ids = torch.tensor(self.recipe.clients[session["client"]], dtype=torch.long)[session["rows"]]
@@ -387,7 +387,7 @@ class SplitClient:
         session["sends"] += torch.bincount(session["rows"], minlength=n_blocks)
         session["steps_done"] += 1
         if recorded(self.section, session["round"], session["local"]):
-            # the evaluator's truth: the measurement path's clean s_A and B(s_A) under a noising defence;
+            # the evaluator's truth: the measurement path's clean s_A and B(s_A) under a defence that obfuscates s_A;
             # with s_A sent unchanged, what crossed
             r = self.recipe
             session["truth"].append({
