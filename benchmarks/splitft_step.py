@@ -16,8 +16,9 @@ and the geometric mean with its 95% Student-t interval gets a verdict against th
 the upper bound is ≤ 1.3, "not met" when the lower bound is above it, else "cannot tell"). The first burst
 of a run (warmup_align_steps, once per client) is timed apart: it is paid once, not per step. `--lora` and
 `--hidden` give the run's settings (experiment=splitft: LoRA on A and C, W1/W2 width 128, batch 4).
-`--alt-schedule P:S` adds an arm with another burst schedule (align_every P, align_steps S: a change of the
-method, off by default in conf/), and the report breaks one burst step down into its passes over B and C,
+`--schedule P:S` sets PrivPair's arm (align_every P, align_steps S; default conf/'s) and
+`--alt-schedule P:S[,P:S...]` adds an arm per other burst schedule (align_every P, align_steps S: a change
+of the method, not conf/'s), and the report breaks one burst step down into its passes over B and C,
 each timed alone on the D_align batch, to show what a burst step cannot do without.
 
     python -m benchmarks.splitft_step --model smollm2-135m --k 2 --m 28 --out docs/benchmarks/splitft_step.md
@@ -56,8 +57,10 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=1.3)
     ap.add_argument("--lora", action="store_true", help="LoRA on A and C (conf/splitft/default.yaml's lora), as experiment=splitft")
     ap.add_argument("--hidden", type=int, default=None, help="W1/W2 width (default: conf/splitft/default.yaml's)")
-    ap.add_argument("--alt-schedule", default=None, metavar="P:S",
-                    help="--cycle: one more PrivPair arm with align_every P and align_steps S")
+    ap.add_argument("--schedule", default=None, metavar="P:S",
+                    help="--cycle: PrivPair's schedule, align_every P and align_steps S (default: conf/splitft/default.yaml's)")
+    ap.add_argument("--alt-schedule", default=None, metavar="P:S[,P:S...]",
+                    help="--cycle: one more PrivPair arm per schedule, with align_every P and align_steps S")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -77,6 +80,8 @@ def main() -> None:
     settings = defaults.privpair
     if args.hidden is not None:
         settings.hidden = args.hidden
+    if args.schedule is not None:
+        settings.align_every, settings.align_steps = (int(x) for x in args.schedule.split(":"))
     privpair = PrivPair(1.0, settings)
     privpair.setup(part, ids, torch.Generator().manual_seed(0))
 
@@ -129,13 +134,15 @@ def cycle(args, model, part, opt, ids, privpair, settings, *, plain_step, split_
 
     arms = {"plain": (repeat(plain_step), every), "split": (repeat(lambda: split_step(part, Defence(), ids, opt)), every),
             "privpair": privpair_arm(privpair, every)}
-    labels = {"privpair": f"privpair (P={every}, {int(settings.align_steps)} burst steps)"}
-    if args.alt_schedule:
-        alt_every, alt_steps = (int(x) for x in args.alt_schedule.split(":"))
+    n = int(settings.align_steps)
+    labels = {"privpair": f"privpair (P={every}, {n} burst step{'s' if n > 1 else ''})"}
+    for schedule in (args.alt_schedule.split(",") if args.alt_schedule else []):
+        alt_every, alt_steps = (int(x) for x in schedule.split(":"))
         alt = PrivPair(1.0, OmegaConf.merge(settings, {"align_every": alt_every, "align_steps": alt_steps}))
         alt.setup(part, ids, torch.Generator().manual_seed(0))
-        arms["privpair_alt"] = privpair_arm(alt, alt_every)
-        labels["privpair_alt"] = f"privpair (P={alt_every}, {alt_steps} burst step{'s' if alt_steps > 1 else ''})"
+        arms[f"privpair_alt_{alt_every}_{alt_steps}"] = privpair_arm(alt, alt_every)
+        labels[f"privpair_alt_{alt_every}_{alt_steps}"] = (f"privpair (P={alt_every}, {alt_steps} burst "
+                                                          f"step{'s' if alt_steps > 1 else ''})")
 
     def cpu_seconds_per_step(fn, steps):
         def arm() -> float:
@@ -154,6 +161,7 @@ def cycle(args, model, part, opt, ids, privpair, settings, *, plain_step, split_
     command = (f"python -m benchmarks.splitft_step --cycle --model {args.model} --k {args.k} --m {args.m} "
                f"--batch {args.batch} --seq {args.seq} --rounds {args.rounds} --threads {args.threads}"
                + (" --lora" if args.lora else "") + (f" --hidden {args.hidden}" if args.hidden is not None else "")
+               + (f" --schedule {args.schedule}" if args.schedule else "")
                + (f" --alt-schedule {args.alt_schedule}" if args.alt_schedule else ""))
     lines = [f"# A run's split steps vs plain training steps: {args.model}, k={args.k}, m={args.m}", "",
              f"Command: `{command}`", "",
