@@ -74,12 +74,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 200
         # Exact, so that "all prompts identical" reports e.g. 100.0 and not 99.99999999999999.
         m = float(a[0])
         return Estimate(m, m, m, n)
-    rng = np.random.default_rng(seed)
-    reps = np.empty(n_boot)
-    rows = max(1, _RESAMPLE_CELLS // n)   # resamples per block: bounds the index array's memory at large n
-    for start in range(0, n_boot, rows):
-        k = min(rows, n_boot - start)
-        reps[start:start + k] = a[rng.integers(0, n, size=(k, n))].mean(axis=1)
+    reps = np.concatenate([a[idx].mean(axis=1) for idx in _resamples(n, n_boot, seed)])
     alpha = 1.0 - confidence
     lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
     # min/max absorb only the last bit of a resample sum's rounding (0.1 + 0.1 + 0.1 > 0.3): the mean of
@@ -149,9 +144,8 @@ def bootstrap_ci(
     point = float(stat_fn(a))
     if n == 1:
         return Estimate(point, point, point, n)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    reps = np.fromiter((stat_fn(a[row]) for row in idx), dtype=float, count=n_boot)
+    reps = np.fromiter((stat_fn(a[row]) for idx in _resamples(n, n_boot, seed) for row in idx), dtype=float,
+                       count=n_boot)
     if np.ptp(reps) == 0:
         return Estimate(point, point, point, n)
     alpha = 1.0 - confidence
@@ -159,9 +153,19 @@ def bootstrap_ci(
     return Estimate(point, float(lo), float(hi), n)
 
 
-# Index cells per block of resamples in `mean_ci` (int64: 32 MiB), so 2000 resamples of 10⁵ blocks do not
-# build a 1.6 GB index array at once.
+# Index cells per block of resamples (int64: 32 MiB), so 2000 resamples of 10⁵ units do not build a 1.6 GB
+# index array at once.
 _RESAMPLE_CELLS = 1 << 22
+
+
+def _resamples(n: int, n_boot: int, seed: int):
+    """The bootstrap's `n_boot` resamples of n units with replacement, as index arrays in blocks of at most
+    _RESAMPLE_CELLS cells. One generator is consumed in order, so the draws are the same whatever the block
+    size: `mean_ci` and `bootstrap_ci(values, np.mean)` resample alike."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, _RESAMPLE_CELLS // n)
+    for start in range(0, n_boot, rows):
+        yield rng.integers(0, n, size=(min(rows, n_boot - start), n))
 
 
 def _values(values: Sequence[float], name: str) -> np.ndarray:

@@ -76,6 +76,15 @@ def sq_norm(x: torch.Tensor) -> torch.Tensor:
     return x.pow(2).sum(-1).mean()
 
 
+def burst_length(s: Any, step: int) -> int:
+    """Adapter steps of the burst before private step `step` (0-based over the run): `warmup_align_steps`
+    before the first, `align_steps` every `align_every`, else none. `s` is splitft.privpair. The one rule:
+    PrivPair.burst runs it, and the split deployment's server drives the clients' bursts by it."""
+    if step == 0:
+        return int(s["warmup_align_steps"])
+    return int(s["align_steps"]) if step % int(s["align_every"]) == 0 else 0
+
+
 class PrivPair(Defence):
     name, obfuscates = "privpair", True
 
@@ -138,8 +147,7 @@ class PrivPair(Defence):
 
     def burst(self, step: int, part: Any, align: torch.Tensor, generator: torch.Generator,
               record: Any = None) -> dict[str, float] | None:
-        n = int(self.s.warmup_align_steps) if step == 0 else (
-            int(self.s.align_steps) if step % int(self.s.align_every) == 0 else 0)
+        n = burst_length(self.s, step)
         if n == 0:
             return None
         opt1 = torch.optim.Adam(self.w1.parameters(), lr=float(self.s.align_lr))

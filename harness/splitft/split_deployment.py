@@ -91,7 +91,7 @@ from harness.splitft.federation import (
     round_bar,
     show_round,
 )
-from harness.splitft.privpair import sq_norm, token_ce
+from harness.splitft.privpair import burst_length, sq_norm, token_ce
 from harness.splitft.step import (
     ALIGN_OPS,
     CLIENT_WEIGHTS,
@@ -121,14 +121,9 @@ def recorded(section: Any, rnd: int, local: int) -> bool:
 
 def burst_steps(configuration: str, section: Any, steps_done: int) -> int:
     """PrivPair's adapter steps before the client's local step number `steps_done` (0-based over the run):
-    the schedule of PrivPair.burst, which the server drives here (every client has taken the same number of
-    steps); 0 for every other defence."""
-    if configuration != "privpair":
-        return 0
-    s = section["privpair"]
-    if steps_done == 0:
-        return int(s["warmup_align_steps"])
-    return int(s["align_steps"]) if steps_done % int(s["align_every"]) == 0 else 0
+    PrivPair.burst's schedule (privpair.burst_length), which the server drives here (every client has taken
+    the same number of steps); 0 for every other defence."""
+    return burst_length(section["privpair"], steps_done) if configuration == "privpair" else 0
 
 
 def measured(obfuscates: bool, section: Any, rnd: int, local: int) -> bool:
