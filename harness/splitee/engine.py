@@ -123,6 +123,19 @@ class GenerationResult:
                                 slalom=mark["slalom"], prefill_timings=self.prefill_timings)
 
 
+@dataclass
+class _Batch:
+    """One call's left-padded batch on the run device (left_padded), each row's ε length n, and how to undo
+    the setup (SplitEngine._setup)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    lengths: list[int]
+    bank_precompute: float            # seconds the banks' supply took (_prepare_banks)
+    restore: Callable[[], None]       # takes the offloaded ops out, the model back to the CPU
+
+
 class _Context:
     """State the offloaded ops read during one forward pass."""
 
@@ -297,28 +310,15 @@ class SplitEngine:
                 f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}"
             )
         batch = len(prompts)
-        lengths = [len(p) for p in prompts] if epsilon_lengths is None else [int(n) for n in epsilon_lengths]
-        if len(lengths) != batch or min(lengths) < 1:
-            raise ValueError(f"epsilon_lengths must give one n >= 1 per prompt, got {epsilon_lengths}")
-        epsilons = self.epsilons_for(lengths)
-        # σ = Δ·factor per prompt row (harness/configurations.py noise_factors).
-        factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
-                                               self.settings.sigma_scale)
-        self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
-
-        bank_precompute = self._prepare_banks(batch * longest + batch * (max_new_tokens - 1), batch * max_new_tokens)
-        self.clock.reset()
-        self._reset_slalom()
-        counters_before = self.boundary.counters()
-        device = self.run_device
-        ids, mask, positions = left_padded(prompts, longest, pad_token_id, device)
-
         from transformers import DynamicCache
 
-        moved = device.type != "cpu"
-        if moved:
-            self.model.to(device)
-        installed = self._install()
+        inputs = self._setup(prompts, pad_token_id, epsilon_lengths,
+                             (batch * longest + batch * (max_new_tokens - 1), batch * max_new_tokens))
+        ids, mask, positions = inputs.ids, inputs.mask, inputs.positions
+        epsilons, bank_precompute = self.epsilons_for(inputs.lengths), inputs.bank_precompute
+        device = self.run_device
+        self.clock.reset()
+        counters_before = self.boundary.counters()
         # Tokens generated over the whole batch, with tqdm's tokens/s and ETA; silent unless stderr is a tty.
         bar = progress(desc=f"{self.settings.configuration}: generate", total=batch * max_new_tokens, unit="token")
         try:
@@ -360,10 +360,7 @@ class SplitEngine:
             total_s = timer() - start
         finally:
             bar.close()
-            self.ctx.valid = None
-            installed.restore()
-            if moved:
-                self.model.to("cpu")
+            inputs.restore()
 
         tokens = torch.stack(generated, dim=1).cpu().tolist()
         outputs = [_trim(row, eos_token_id if stop_at_eos else None) for row in tokens]
@@ -407,11 +404,34 @@ class SplitEngine:
         if limit is not None and longest > limit:
             raise UserError(f"a sequence of {longest} tokens exceeds the model's context of {limit}")
         batch = len(sequences)
+        # every position reaches the LM head here
+        inputs = self._setup(sequences, pad_token_id, epsilon_lengths, (batch * longest, batch * longest))
+        ids, mask, positions = inputs.ids, inputs.mask, inputs.positions
+        try:
+            self.boundary.step = 0
+            self.ctx.valid = mask.bool()
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        finally:
+            inputs.restore()
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        return [logp[row, longest - len(s):] for row, s in enumerate(sequences)]
+
+    def _setup(self, sequences: list[list[int]], pad_token_id: int, epsilon_lengths: list[int] | None,
+               bank_rows: tuple[int, int]) -> _Batch:
+        """What generate() and log_probs() both do before their first forward pass: set each row's σ factor
+        from its ε length n (len(sequence) unless `epsilon_lengths` gives it), promise and make the banks'
+        supply (`bank_rows`: rows per layer op, rows of the LM head; _prepare_banks), reset Slalom's counters,
+        put the left-padded batch (and the model, off the CPU) on the run device and install the offloaded ops.
+        The caller runs its passes and then calls the result's restore(), in a `finally`."""
+        batch, longest = len(sequences), max(len(s) for s in sequences)
         lengths = [len(s) for s in sequences] if epsilon_lengths is None else [int(n) for n in epsilon_lengths]
+        if len(lengths) != batch or min(lengths) < 1:
+            raise ValueError(f"epsilon_lengths must give one n >= 1 per prompt, got {epsilon_lengths}")
+        # σ = Δ·factor per prompt row (harness/configurations.py noise_factors).
         factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
                                                self.settings.sigma_scale)
         self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
-        self._prepare_banks(batch * longest, batch * longest)   # every position reaches the LM head here
+        bank_precompute = self._prepare_banks(*bank_rows)
         self._reset_slalom()
         device = self.run_device
         ids, mask, positions = left_padded(sequences, longest, pad_token_id, device)
@@ -419,17 +439,14 @@ class SplitEngine:
         if moved:
             self.model.to(device)
         installed = self._install()
-        try:
-            self.boundary.step = 0
-            self.ctx.valid = mask.bool()
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-        finally:
+
+        def restore() -> None:
             self.ctx.valid = None
             installed.restore()
             if moved:
                 self.model.to("cpu")
-        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        return [logp[row, longest - len(s):] for row, s in enumerate(sequences)]
+
+        return _Batch(ids, mask, positions, lengths, bank_precompute, restore)
 
     def _prepare_banks(self, rows_per_layer_op: int, rows_lm_head: int) -> float:
         """Before generation: promise each bank's supply (sized for this call, or once the configured
