@@ -531,7 +531,8 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     assert prefix.log_prior is not None
     log_prior = prefix.log_prior
     vocab = log_prior.numel()
-    alive: dict[str, torch.Tensor] = {s.name: torch.arange(vocab) for s in group}
+    everything = torch.arange(vocab)   # one per position, shared: alive's tensors are replaced, never written
+    alive: dict[str, torch.Tensor] = {s.name: everything for s in group}
     depth = max(layer for _, layer in keys) + 1
     widened = union_stage(plan, settings)
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
@@ -544,7 +545,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
         if upto == PRIOR_STAGE:   # prune_prior: every scorer keeps the prior's best, no exposure read
             top = log_prior.topk(keep).indices
             for s in group:
-                _rank(results[s.name], i, log_prior, torch.arange(vocab), true_token)
+                _rank(results[s.name], i, log_prior, everything, true_token)
                 alive[s.name] = top
                 if bool((top == true_token).any()):
                     results[s.name].survived[i] += 1
