@@ -102,13 +102,24 @@ def loss_gradient(part: Partition, s_b: torch.Tensor, tokens: torch.Tensor, is_r
                   real_rows: int) -> torch.Tensor:
     """∂ℓ/∂s_B of the trainer's loss (module docstring) with the real rows labelled by `tokens`: 0 on the
     decoys. Divided by the frame layout's n_real·(T − 1), as the trainer's block_ce(...).mean() is."""
+    (grad,) = loss_gradients(part, s_b, [tokens], is_real, real_rows)
+    return grad
+
+
+def loss_gradients(part: Partition, s_b: torch.Tensor, labellings: list[torch.Tensor], is_real: torch.Tensor,
+                   real_rows: int) -> list[torch.Tensor]:
+    """loss_gradient for each labelling of the same s_B, from one forward pass through the tail: only the
+    labels differ, so the positive control (true labels) and the null (shuffled) share the tail's logits."""
     s = s_b.detach().clone().requires_grad_(True)
     real = s[is_real]
+    grads = []
     with torch.enable_grad():
-        per_row = block_ce(part.tail(real, part.context(real)), tokens[is_real])
-        loss = per_row.sum() / real_rows
-        (grad,) = torch.autograd.grad(loss, s)
-    return grad.detach()
+        logits = part.tail(real, part.context(real))
+        for k, tokens in enumerate(labellings):
+            loss = block_ce(logits, tokens[is_real]).sum() / real_rows
+            (grad,) = torch.autograd.grad(loss, s, retain_graph=k < len(labellings) - 1)
+            grads.append(grad.detach())
+    return grads
 
 
 def shuffled_tokens(tokens: torch.Tensor, is_real: torch.Tensor) -> torch.Tensor:
@@ -173,15 +184,15 @@ def attack_seed(run: Any, model: torch.nn.Module, settings: TopologySettings, b:
         out.attack += attack
         out.labels += tokens[real][:, 1:].tolist()
         out.decode += decoding(part, s_b[real])
+        other = shuffled_tokens(tokens, real)
         if settings.mitigation is None:      # the returned gradient is the undefended one
             out.positive += attack
-        else:
-            clean = loss_gradient(part, s_b, tokens, real, real_rows)
+            null = loss_gradient(part, s_b, other, real, real_rows)
+        else:   # the positive control's gradient and the null's, from one pass through the tail
+            clean, null = loss_gradients(part, s_b, [tokens, other], real, real_rows)
             rows, positive = _match(part, s_b, clean, real, real_rows, None, b)
             out.positive += positive
             out.positions_matched += int(rows.sum()) * (grad.shape[1] - 1)
-        other = shuffled_tokens(tokens, real)
-        null = loss_gradient(part, s_b, other, real, real_rows)
         if settings.mitigation is not None:
             clip = frame_clip(null[real], settings.mitigation[0], settings.clip_quantile)
             null = mitigate(null, clip, settings.mitigation[1],

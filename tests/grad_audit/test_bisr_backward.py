@@ -75,6 +75,22 @@ def test_loss_gradient_is_the_gradient_the_local_node_returned(tiny):
     assert not torch.equal(shuffled[real], run.truth.tokens[0][real])
 
 
+def test_the_controls_gradients_from_one_pass_equal_two_fresh_ones(tiny):
+    """attack_seed takes the positive control's gradient (true labels) and the null's (shuffled) from one
+    forward through the tail (loss_gradients): each must equal, bit for bit, the gradient of its own pass."""
+    run, st = _run(tiny, mitigation=(None, 1.0), clip_quantile=0.5, frames=2)
+    from harness.splitft.partition import Partition
+
+    part = Partition(tiny, st.cut_after, st.resume_at)
+    for out in run.view.select(channel=CLOUD_OUTPUT):
+        tokens, real = run.truth.tokens[out.step], run.truth.is_real[out.step]
+        other = bb.shuffled_tokens(tokens, real)
+        clean, null = bb.loss_gradients(part, out.tensor, [tokens, other], real, REAL)
+        assert torch.equal(clean, bb.loss_gradient(part, out.tensor, tokens, real, REAL))
+        assert torch.equal(null, bb.loss_gradient(part, out.tensor, other, real, REAL))
+        assert not torch.equal(clean, null)
+
+
 def test_guard_estimate_from_what_the_cloud_receives():
     gen = torch.Generator().manual_seed(0)
     g = torch.zeros(80, 8, 576)
