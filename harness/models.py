@@ -71,7 +71,7 @@ _GEMMA3_TEXT_KEYS = {
 }
 
 
-# The model entries `model=<name>` composes; scripts outside Hydra (runners/sensitivity.py, benchmarks/)
+# The model entries `model=<name>` composes; scripts outside Hydra (runners/splitee/sensitivity.py, benchmarks/)
 # load the same files by name through model_entry.
 MODEL_ENTRIES = Path(__file__).resolve().parents[1] / "conf" / "model"
 

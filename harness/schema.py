@@ -58,7 +58,7 @@ SENSITIVITY_RULES = ("paper", "per_head")
 SLALOM_SCALINGS = ("per_token", "per_op", "fixed")   # harness/splitee/mechanisms.py
 OFFLOADABLE = ("qkv", "o", "gate_up", "lm_head")
 EPN_N = ("text", "input_ids")
-TIMING_MODES = ("prefix", "separate")   # runners/timing.py
+TIMING_MODES = ("prefix", "separate")   # runners/splitee/timing.py
 
 
 @dataclass

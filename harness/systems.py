@@ -15,7 +15,8 @@ runner's module is imported only when a job runs it. CROSS_SYSTEM holds what run
 calibration of every system's verdict against nulls): declared like a system, with no configurations of
 its own. Adding a system: its folders (harness/NAME/, attacks/NAME/, runners/NAME.py, runners/report/NAME.py,
 conf/NAME/, conf/experiment/NAME*.yaml, docs/NAME.md, tests/NAME/) and one entry in SYSTEMS
-(tests/test_systems.py checks both).
+(tests/test_systems.py checks both). A system with several runners keeps them in runners/NAME/ and its
+report sections in runners/report/NAME/ (SpliTEE: runners/splitee/, runners/report/splitee/).
 """
 from __future__ import annotations
 
@@ -126,31 +127,32 @@ SYSTEMS: tuple[System, ...] = (
             # fidelity also runs the sanitisers (sanitised prompt, then the plain engine): `sanitize` counts
             # only for their configurations (runners/identity.py)
             # dp_delta: 1e-5 is what every run converted with before the key existed (unhashed)
-            Runner("fidelity", "runners.fidelity", (*_SPLITEE_READS, "baseline", "sanitize", "dp_delta"),
+            Runner("fidelity", "runners.splitee.fidelity", (*_SPLITEE_READS, "baseline", "sanitize", "dp_delta"),
                    also_runs=(SANITIZE,), unhashed=(("dp_delta", 1e-5),)),
             # timing times the configurations of its own section, not the `configuration` group
-            Runner("timing", "runners.timing", ("runner", "seed", "model", "epsilon", "workload", "generation",
+            Runner("timing", "runners.splitee.timing", ("runner", "seed", "model", "epsilon", "workload", "generation",
                                                 "engine", "epn_n", "mask_seeds", "timing")),
             # of the engine, only what sizes its σ: the offloaded ops, the sensitivity rule and σ's scale
-            Runner("fp_error", "runners.fp_error", ("runner", "seed", "model", "configuration", "epsilon",
+            Runner("fp_error", "runners.splitee.fp_error", ("runner", "seed", "model", "configuration", "epsilon",
                                                     "workload", "engine.offload", "engine.sensitivity_rule",
                                                     "engine.sigma_scale", "epn_n", "mask_seeds", "fp_error")),
-            Runner("controlled_error", "runners.controlled_error", (*_SPLITEE_READS, "controlled_error")),
+            Runner("controlled_error", "runners.splitee.controlled_error", (*_SPLITEE_READS, "controlled_error")),
             # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
-            Runner("attack", "runners.attack", (*_SPLITEE_READS, "attack", "dp_delta"), ignores=("attack.sequential",),
-                   unhashed=(("dp_delta", 1e-5),)),
+            Runner("attack", "runners.splitee.attack", (*_SPLITEE_READS, "attack", "dp_delta"),
+                   ignores=("attack.sequential",), unhashed=(("dp_delta", 1e-5),)),
             # map_reference: prior and prune_union_prior: null are what every run computed before the keys
             # existed (unhashed)
-            Runner("sequential_attack", "runners.sequential_attack",
+            Runner("sequential_attack", "runners.splitee.sequential_attack",
                    (*_SPLITEE_READS, "attack.sequential", "attack.controls"),
                    unhashed=(("attack.sequential.map_reference", "prior"),
                              ("attack.sequential.prune_union_prior", None))),
             # restore: the source attack run fixed the configuration, workload and generation
-            Runner("restore", "runners.restore", ("runner", "seed", "model", "semantic_model", "restore")),
+            Runner("restore", "runners.splitee.restore", ("runner", "seed", "model", "semantic_model", "restore")),
         ),
-        report_sections=("runners.report.fidelity", "runners.report.timing", "runners.report.fp_error",
-                         "runners.report.controlled_error", "runners.report.attack",
-                         "runners.report.sequential_attack", "runners.report.restore"),
+        report_sections=("runners.report.splitee.fidelity", "runners.report.splitee.timing",
+                         "runners.report.splitee.fp_error", "runners.report.splitee.controlled_error",
+                         "runners.report.splitee.attack", "runners.report.splitee.sequential_attack",
+                         "runners.report.splitee.restore"),
         smoke=("smoke", "timing_smoke", "fp_error_smoke", "controlled_error_smoke", "attack_smoke",
                "sequential_attack_smoke", "restore_smoke"),
         docs="docs/splitee.md",

@@ -99,7 +99,7 @@ class SplitbenchLM(EngineLM):
         engine_configuration, view = configuration, None
         if known.system == configurations.SANITIZE:
             # A token sanitiser (paper 001) changes what the model sees, not how it computes: each request's
-            # context is sanitised on the client side, then run on the plain engine, as runners/fidelity.py does.
+            # context is sanitised on the client side, then run on the plain engine, as runners/splitee/fidelity.py does.
             from harness.lm_eval_lm import SanitizedContexts
             from harness.sanitize import sanitizer
 

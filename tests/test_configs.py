@@ -15,9 +15,10 @@ from harness import configurations, schema
 from harness.checks import MISSING_FILE
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
-from runners import attack, controlled_error, fidelity, fp_error, identity, timing
+from runners import identity
 from runners.registry import READS, RUNNERS, runner_systems
 from runners.run import render_error
+from runners.splitee import attack, controlled_error, fidelity, fp_error, timing
 
 from .conftest import CONF, compose_config, group_options
 
@@ -87,11 +88,11 @@ def test_a_missing_shared_data_file_is_refused_then_replaced(hydra_conf, experim
 RUNNERS_MODULES = {"fidelity": fidelity, "timing": timing, "fp_error": fp_error,
                    "controlled_error": controlled_error, "attack": attack}
 RUNNERS_MODULES["collab"] = importlib.import_module("runners.collab")
-RUNNERS_MODULES["restore"] = importlib.import_module("runners.restore")
+RUNNERS_MODULES["restore"] = importlib.import_module("runners.splitee.restore")
 RUNNERS_MODULES["grad_audit"] = importlib.import_module("runners.grad_audit")
 RUNNERS_MODULES["splitft"] = importlib.import_module("runners.splitft")
 RUNNERS_MODULES["sanitize"] = importlib.import_module("runners.sanitize")
-RUNNERS_MODULES["sequential_attack"] = importlib.import_module("runners.sequential_attack")
+RUNNERS_MODULES["sequential_attack"] = importlib.import_module("runners.splitee.sequential_attack")
 RUNNERS_MODULES["calibration"] = importlib.import_module("runners.calibration")
 
 

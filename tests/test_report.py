@@ -1,7 +1,7 @@
 """splitbench-report: run dirs → tables → report.md + PNGs (the runners/report/ package).
 
 The results.json files below are real ones written by `splitbench experiment=smoke` and
-`splitbench experiment=timing_smoke` (runners/fidelity.py, runners/timing.py), trimmed to the fields the
+`splitbench experiment=timing_smoke` (runners/splitee/fidelity.py, runners/splitee/timing.py), trimmed to the fields the
 report reads, with the metric values replaced by known numbers. No model is loaded.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from harness import configurations
 from runners import report
 from runners.registry import RUNNERS
-from runners.report import fidelity as fidelity_section
-from runners.report import timing as timing_section
 from runners.report.runs import scan
 from runners.report.sections import EXPERIMENTS
+from runners.report.splitee import fidelity as fidelity_section
+from runners.report.splitee import timing as timing_section
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -480,7 +480,7 @@ def test_other_experiments_get_a_generic_table(tmp_path: Path, capsys) -> None:
 def attack(configuration: str, epsilon: float | None, setting: str, component: str, f1: float, *,
            half: float = 3.0, bayes_top1: float = 90.0, bayes_reference: float = 0.1, floor: float = 22.0,
            positive_pass: bool = True, legacy: str | None = None) -> dict:
-    """An attack results.json (runners/attack.py) trimmed to what the report reads: the learned attacker's
+    """An attack results.json (runners/splitee/attack.py) trimmed to what the report reads: the learned attacker's
     token metrics all `f1 [f1-half, f1+half]`, the controls, the Bayes attacker (token F1 = top-1, ± 2 from
     1% up and ± 0.5 below, its exposure-free reference `bayes_reference`) with a k curve for noisy runs, the
     accounting. The verdicts
@@ -613,7 +613,7 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
 
 def sequential(epsilon: float, map_verdict: str, map_reason: str, likelihood_verdict: str | None = None,
                likelihood_reason: str | None = None, tags: tuple[str, ...] = ()) -> dict:
-    """A sequential_attack results.json (runners/sequential_attack.py) trimmed to its verdict keys."""
+    """A sequential_attack results.json (runners/splitee/sequential_attack.py) trimmed to its verdict keys."""
     m = {"verdict_map": map_verdict, "verdict_map_reason": map_reason}
     if likelihood_verdict is not None:
         m.update({"verdict_likelihood": likelihood_verdict, "verdict_likelihood_reason": likelihood_reason})
@@ -692,7 +692,7 @@ def test_every_runner_has_a_report_section() -> None:
 
 def test_display_orders_name_registered_configurations() -> None:
     """A renamed configuration must fail here, not fall silently to the end of a paper table."""
-    from runners.report import attack, fp_error
+    from runners.report.splitee import attack, fp_error
 
     for order in (fidelity_section.ORDER, fp_error.ORDER, attack.ORDER):
         assert set(order) <= set(configurations.NAMES)
@@ -730,7 +730,7 @@ def test_unknown_configurations_in_old_results_render_under_their_name(tmp_path:
 # Table 3 (example responses under each fidelity table)
 # ---------------------------------------------------------------------------------------------------
 
-from runners.report import example_responses as examples  # noqa: E402
+from runners.report.splitee import example_responses as examples  # noqa: E402
 
 BASE = ("The capital of France is Paris and it is known for the Eiffel Tower which was built in 1889 "
         "for the World Fair held in the city")
@@ -1047,14 +1047,14 @@ def test_sequential_attack_section_draws_the_layer_curve_and_both_modes(tmp_path
 
 
 def test_sequential_epsilon50_interpolates_in_log_epsilon_and_inverts_the_gdp_bound() -> None:
-    """runners/report/sequential_epsilon50.py: the crossing of 50 % is log-linear between the bracketing ε,
+    """runners/report/splitee/sequential_epsilon50.py: the crossing of 50 % is log-linear between the bracketing ε,
     "≤"/">" at the ends; the μ-GDP bound Φ(Φ⁻¹(κ) + ε√K) is exactly 50 % at the ε it solves, which for one
     K is Φ⁻¹(1 − κ)/√K; the committed Table 6's Bayes rows are read."""
     import math
 
     from scipy import stats
 
-    from runners.report import sequential_epsilon50 as e50
+    from runners.report.splitee import sequential_epsilon50 as e50
 
     assert e50.crossing([(1.0, 0.0), (100.0, 100.0)]) == ("=", pytest.approx(10.0))
     assert e50.crossing([(10.0, 20.0), (1.0, 10.0), (100.0, 80.0)]) == ("=", pytest.approx(10 ** (1 + 30 / 60)))

@@ -33,7 +33,7 @@ PROBE = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-import runners.fidelity as fidelity
+import runners.splitee.fidelity as fidelity
 
 _real = fidelity.run
 
@@ -68,7 +68,7 @@ def probe(tmp_path_factory) -> Path:
 def count_jobs(monkeypatch):
     """PROBE's counting for in-process runs: every job that really runs appends its name to the file
     `count_jobs(path)` names."""
-    import runners.fidelity as fidelity
+    import runners.splitee.fidelity as fidelity
 
     real = fidelity.run
 
@@ -419,7 +419,7 @@ def test_fidelity_run_mirrors_tokens_per_second_per_batch(tmp_path, monkeypatch)
 
 
 def test_speed_history_names_each_mask_seed_and_the_baseline():
-    from runners.fidelity import speed_history
+    from runners.splitee.fidelity import speed_history
 
     assert speed_history([0, 1], [[10.0, 12.0], [9.0, None]], [20.0, 21.0]) == [
         {"step": 0, "batch_tokens_per_second": 10.0, "batch_tokens_per_second/mask_seed1": 9.0,

@@ -78,14 +78,18 @@ def test_every_entry_names_what_exists(entry, hydra_conf):
 
 @pytest.mark.parametrize("system", systems.SYSTEMS, ids=lambda s: s.name)
 def test_every_system_has_the_same_folders(system):
-    """harness/NAME/, attacks/NAME/, runners/NAME.py (or the runners it declares), runners/report/NAME.py (or
-    the report sections it declares), conf/NAME/ (its section's defaults), docs/NAME.md, tests/NAME/."""
+    """harness/NAME/, attacks/NAME/, runners/NAME.py (or, for a system with several runners, runners/NAME/),
+    runners/report/NAME.py (or runners/report/NAME/), conf/NAME/ (its section's defaults), docs/NAME.md,
+    tests/NAME/."""
     name = system.name
     assert (REPO / "harness" / name / "__init__.py").is_file()
     assert (REPO / "attacks" / name / "__init__.py").is_file()
     assert (REPO / "tests" / name / "__init__.py").is_file()
     modules = [r.module for r in system.runners] + list(system.report_sections)
     assert all((REPO / (m.replace(".", "/") + ".py")).is_file() for m in modules)
+    for home, declared in (("runners", [r.module for r in system.runners]), ("runners.report", system.report_sections)):
+        for module in declared:
+            assert module == f"{home}.{name}" or module.startswith(f"{home}.{name}."), (name, module)
     if len(system.runners) == 1:
         assert system.runners[0].module == f"runners.{name}"
         assert system.report_sections == (f"runners.report.{name}",)
@@ -97,6 +101,27 @@ def test_every_system_has_the_same_folders(system):
     if system.section is None:
         assert conf.read_text().startswith("# @package _global_\n")
     assert system.docs == f"docs/{name}.md" and (REPO / system.docs).is_file()
+
+
+# What runners/ and runners/report/ hold beside the systems' modules: the machinery every runner or section
+# shares, and tradeoff.py, the one cross-system section (every run's `tradeoff` block in one chart)
+SHARED_RUNNER_MODULES = {"__init__", "run", "registry", "identity", "common", "export", "lm_eval_model"}
+SHARED_REPORT_MODULES = {"__init__", "__main__", "cli", "document", "format", "other", "plotting", "provenance",
+                         "runs", "sections", "tradeoff", "wandb_report"}
+
+
+@pytest.mark.parametrize("home, shared", (("runners", SHARED_RUNNER_MODULES),
+                                          ("runners/report", SHARED_REPORT_MODULES)))
+def test_runners_hold_each_entry_in_its_own_file_or_folder(home, shared):
+    """runners/ and runners/report/ hold, beside the shared modules above, one NAME.py or one NAME/ package per
+    entry (systems and cross-system runs): a system's runner or section left flat beside them (SpliTEE's
+    fidelity.py before issue 30) or a file no entry names fails here."""
+    folder = REPO / home
+    files = {p.stem for p in folder.glob("*.py")}
+    packages = {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()} - {"report"}
+    entries = {s.name for s in systems.ENTRIES}
+    assert files - shared <= entries and packages <= entries
+    assert not (files & packages)
 
 
 @pytest.mark.parametrize("layer", ("harness", "attacks", "tests"))

@@ -111,7 +111,7 @@ def test_loss_history_holds_each_attackers_losses_at_its_validation_steps():
 
 
 def test_controlled_error_history_is_each_levels_rate_per_batch():
-    from runners.controlled_error import speed_history
+    from runners.splitee.controlled_error import speed_history
 
     assert speed_history({"t3": [10.0, 12.0], "ce_0p01": [8.0, None]}) == [
         {"step": 0, "batch_tokens_per_second/t3": 10.0, "batch_tokens_per_second/ce_0p01": 8.0},

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import atomic_write_bytes
-from runners.report import other, verdicts
+from runners.report import other
 from runners.report.plotting import Figures
 from runners.report.provenance import problems_md, provenance_md, runs_md
 from runners.report.runs import Selection, scan, select
 from runners.report.sections import EXPERIMENTS, SECTIONS
+from runners.report.splitee import verdicts
 
 REPORT = "report.md"
 

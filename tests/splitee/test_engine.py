@@ -597,7 +597,7 @@ def test_the_engine_named_by_the_yaml_and_hashed_under_its_old_path(hydra_conf):
     from hydra.utils import instantiate
 
     from harness.results import config_hash
-    from runners import attack, fidelity, sequential_attack
+    from runners.splitee import attack, fidelity, sequential_attack
 
     from ..conftest import compose_config
 

@@ -347,7 +347,7 @@ def test_member_names():
 
 def test_experiments_compose_and_other_runners_hashes_ignore_the_new_sections(hydra_conf):
     from harness.results import config_hash
-    from runners import fidelity, fp_error, timing
+    from runners.splitee import fidelity, fp_error, timing
 
     fp = compose_config(["experiment=fp_error"])
     assert fp.runner == "fp_error" and fp.fp_error.trials == 1000 and fp.workload.n_prompts == 50

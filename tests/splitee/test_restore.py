@@ -1,4 +1,4 @@
-"""experiment=restore (runners/restore.py, paper Table 7) on a hand-made attack run: the restorer's text is
+"""experiment=restore (runners/splitee/restore.py, paper Table 7) on a hand-made attack run: the restorer's text is
 re-tokenised and scored by the attack's metrics, with a paired change and the restored floor."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES
-from runners.report import restore as restore_section
 from runners.report.plotting import Figures
 from runners.report.runs import scan
-from runners.restore import read_source
+from runners.report.splitee import restore as restore_section
+from runners.splitee.restore import read_source
 
 from ..conftest import run_cli_in_process
 

@@ -170,7 +170,7 @@ def test_attention_output_bound_is_reached_and_never_exceeded_for_o(name):
 
 
 def test_the_sensitivity_runner_given_an_unknown_model_exits_with_one_line_and_code_2(capsys):
-    from runners.sensitivity import main
+    from runners.splitee.sensitivity import main
 
     assert main(["--model", "no-such-model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -274,7 +274,7 @@ def test_map_reference_prior_leaves_the_config_hash_as_before(hydra_conf):
     """map_reference=prior is what every run did before the key existed: it stays out of the semantic config, so
     the committed sequential runs keep their config hash; null_view enters it."""
     from harness.results import config_hash
-    from runners import sequential_attack as runner
+    from runners.splitee import sequential_attack as runner
 
     def semantic(*extra):
         return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
@@ -291,7 +291,7 @@ def test_prune_union_prior_null_leaves_the_config_hash_as_before(hydra_conf):
     """prune_union_prior=null is what every run did before the key existed: out of the semantic config (the
     committed runs keep their hash); a width enters it."""
     from harness.results import config_hash
-    from runners import sequential_attack as runner
+    from runners.splitee import sequential_attack as runner
 
     def semantic(*extra):
         return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))

@@ -1,4 +1,4 @@
-"""The fidelity section's rows and tables (runners/report/fidelity.py, paper Table 2): a row is one finished
+"""The fidelity section's rows and tables (runners/report/splitee/fidelity.py, paper Table 2): a row is one finished
 fidelity run, a group the rows whose numbers are comparable. Its own module so that the example responses
 under each table (example_responses.py, paper Table 3), which fidelity.py renders, can read them without
 importing fidelity.py.

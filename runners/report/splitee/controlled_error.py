@@ -1,4 +1,4 @@
-"""Controlled numerical error: paper Table 5 (§7.3.2), from runners/controlled_error.py's runs.
+"""Controlled numerical error: paper Table 5 (§7.3.2), from runners/splitee/controlled_error.py's runs.
 
 One table per run: per error level, the mean absolute error actually realised and the fidelity metrics
 against T3; the plot draws semantic similarity against that error.

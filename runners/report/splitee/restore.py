@@ -1,4 +1,4 @@
-"""Restored reconstructions: paper Table 7 (§7.4.4), from runners/restore.py's runs.
+"""Restored reconstructions: paper Table 7 (§7.4.4), from runners/splitee/restore.py's runs.
 
 One table per run: each attacker's metrics on its raw and on its restored reconstructions, the paired
 change in token F1, the restored text's own floor and verdict; then the first `restore.examples` prompts

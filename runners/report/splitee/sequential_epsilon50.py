@@ -21,7 +21,7 @@ so the bound is Φ(Φ⁻¹(κ) + μ). Averaged over the attacked positions, it r
 (the likelihood attacker's case); κ = the prior alone's measured top-1 is a plug-in for MAP's (the prior's
 own probability of its top guess is not recorded).
 
-    python -m runners.report.sequential_epsilon50 OUT/sequential_attack --table6 docs/results/table6/report.md \
+    python -m runners.report.splitee.sequential_epsilon50 OUT/sequential_attack --table6 docs/results/table6/report.md \
         --out docs/results/sequential/dolly10x32/epsilon50.md
 """
 from __future__ import annotations
@@ -190,7 +190,7 @@ def build(root: Path, table6: Path | None) -> tuple[str, dict[str, Any]]:
             gdp_rows.append([label, what, f"{eps:.3g}"])
             record["gdp"].append({"kappa": kappa, "exposures": what, "epsilon50_lower_bound": eps})
     record["exposures_min_max"] = [min(ks), max(ks)]
-    md = [f"ε at which top-1 reaches {TARGET:g} % (ep1; `python -m runners.report.sequential_epsilon50`; "
+    md = [f"ε at which top-1 reaches {TARGET:g} % (ep1; `python -m runners.report.splitee.sequential_epsilon50`; "
           "log-linear interpolation between the bracketing ε; bracket: the same on the pointwise 95 % interval's "
           "upper and lower ends):", "",
           md_table(["attacker", "ε at 50 % top-1", "bracket", "ε measured"], body, align="lrrl"), "",
@@ -204,7 +204,7 @@ def build(root: Path, table6: Path | None) -> tuple[str, dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG,
-                                     description="the ε of 50 % top-1 (runners/report/sequential_epsilon50.py)")
+                                     description="the ε of 50 % top-1 (runners/report/splitee/sequential_epsilon50.py)")
     parser.add_argument("root", type=Path, help="a sweep directory holding sequential_attack runs")
     parser.add_argument("--table6", type=Path, default=None, help="a Table 6 report.md (the layer-0 Bayes attacker)")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown here (and .json beside it)")

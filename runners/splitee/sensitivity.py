@@ -1,6 +1,6 @@
 """Write a model's per-op global-sensitivity table (paper §5.3) as Markdown.
 
-    python -m runners.sensitivity --model smollm2-135m --out docs/sensitivity_smollm2-135m.md
+    python -m runners.splitee.sensitivity --model smollm2-135m --out docs/sensitivity_smollm2-135m.md
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def render(model_name: str, source: str, rows: list) -> str:
     lines = [
         f"# Global sensitivity per offloaded op: {model_name}",
         "",
-        f"Made by `python -m runners.sensitivity --model {model_name}` from `{source}`.",
+        f"Made by `python -m runners.splitee.sensitivity --model {model_name}` from `{source}`.",
         "",
         "Δ after an RMSNorm is 2·√d·‖α‖₄ (paper §5.3.2, α the effective gain, d the normalised dimension); "
         "Δ for O is 2·√d·‖W_V‖₂·‖α‖₄ (§5.3.3, the paper's rule, used by default). The per-head column is "

@@ -2,7 +2,7 @@
 
 The verdict of a configuration and ε is the worst (attacks/controls.worst: leak > inconclusive > at_chance)
 over every attacker run against it among the reported runs: the learned and the Bayes attacker of each
-`attack` run (runners/report/attack.py, the report's "Verdict per configuration and ε" table) and the MAP and
+`attack` run (runners/report/splitee/attack.py, the report's "Verdict per configuration and ε" table) and the MAP and
 likelihood attackers of each `sequential_attack` run (attacks/sequential.summarise). Runs are grouped by
 model, configuration, ε and tag set (a smoke run never decides a real configuration). Each entry names the
 run(s) and attacker(s) whose verdict decided it and, for every inconclusive attacker, its reason.
@@ -18,10 +18,10 @@ from typing import Any
 
 from attacks import controls
 from harness.results import atomic_write_json
-from runners.report import sequential_attack
-from runners.report.attack import AttackRow, _why_bayes, _why_learned
 from runners.report.format import num
 from runners.report.runs import Run
+from runners.report.splitee import sequential_attack
+from runners.report.splitee.attack import AttackRow, _why_bayes, _why_learned
 
 FILE = "verdicts.json"
 

@@ -1,4 +1,4 @@
-"""Prompt reconstruction: paper Table 6 (§7.4) and its companions, from runners/attack.py's runs.
+"""Prompt reconstruction: paper Table 6 (§7.4) and its companions, from runners/splitee/attack.py's runs.
 
 - `groups(runs)`: one group per (experiment name, model, workload, number of prompts, tags); a group's
   rows are its runs, sorted t3 first, then ep1 by ascending ε, then epn; within a configuration
@@ -22,7 +22,6 @@ from typing import Any
 
 from attacks import controls
 from harness import configurations
-from runners.report import sequential_attack
 from runners.report.format import (
     ci,
     configuration_label,
@@ -37,6 +36,7 @@ from runners.report.format import (
 )
 from runners.report.plotting import Figures, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
+from runners.report.splitee import sequential_attack
 
 EXPERIMENT = "attack"
 

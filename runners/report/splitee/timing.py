@@ -1,4 +1,4 @@
-"""Inference time per prompt: paper Table 1 / Fig. 4 (§7.1-7.2), from runners/timing.py's runs.
+"""Inference time per prompt: paper Table 1 / Fig. 4 (§7.1-7.2), from runners/splitee/timing.py's runs.
 
 One table per timing run: configuration × output limit → seconds per prompt, broken into the paper's
 components, with ratios to TDX and T3 at the same limit; stacked bars per output limit.
@@ -117,7 +117,7 @@ class TimingTable:
 
 
 def timing_row(raw: dict[str, Any]) -> TimingRow:
-    """One row of results.json's `table` (runners/timing.py). Reads `components_s` (the engine's full
+    """One row of results.json's `table` (runners/splitee/timing.py). Reads `components_s` (the engine's full
     breakdown) and falls back on the flat `<component>_s` keys."""
     comps = raw.get("components_s") or {}
 

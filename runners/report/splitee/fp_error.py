@@ -1,4 +1,4 @@
-"""Floating-point error of unmasking: paper Table 4 (§7.3.2), from runners/fp_error.py's runs.
+"""Floating-point error of unmasking: paper Table 4 (§7.3.2), from runners/splitee/fp_error.py's runs.
 
 Per ε, the mean true error against the mean bound (docs/fp_bound.md), their ratio and the violation rate;
 then per op type, per precision × kernel, and Down (§6.3). The plot draws error and bound against ε.

@@ -1,4 +1,4 @@
-"""Output fidelity against the baseline: paper Table 2 (§7.3.1), from runners/fidelity.py's runs.
+"""Output fidelity against the baseline: paper Table 2 (§7.3.1), from runners/splitee/fidelity.py's runs.
 
 One table per (experiment, model, workload, max_new_tokens, baseline, similarity model, tags); rows are
 the ε-taking configuration by ascending ε, then the other configurations in the paper's order. The plot
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import configurations
-from runners.report import example_responses
-from runners.report.fidelity_rows import FidelityGroup, FidelityRow
 from runners.report.format import fmt_ci, md_table, num, rank, uses_epsilon
 from runners.report.plotting import DASHES, Figures, pyplot, save, series_style
 from runners.report.runs import Run, finished_runs
+from runners.report.splitee import example_responses
+from runners.report.splitee.fidelity_rows import FidelityGroup, FidelityRow
 
 EXPERIMENT = "fidelity"
 

@@ -1,5 +1,5 @@
 """Example responses side by side, the departures from the baseline marked: paper Table 3 (§7.3.1), in each
-fidelity group of the fidelity section (fidelity.py), from the runs' samples.jsonl (runners/fidelity.py).
+fidelity group of the fidelity section (fidelity.py), from the runs' samples.jsonl (runners/splitee/fidelity.py).
 
 Which prompts. They are chosen once per group, on one reference configuration, so every configuration is
 shown on the same prompts:
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import SAMPLES
-from runners.report.fidelity_rows import FidelityGroup, FidelityRow
 from runners.report.format import num
+from runners.report.splitee.fidelity_rows import FidelityGroup, FidelityRow
 
 HEADING = "#### Example responses (paper Table 3)"
 REFERENCE = "epn"    # the paper's Table 3 configuration, preferred as the reference when it diverges
