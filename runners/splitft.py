@@ -86,6 +86,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "initial": training.initial,
         # per held-out block, so a report can pair two runs on the same blocks (runners/report/splitft.py)
         "heldout_blocks_ce": {"initial": training.initial_scores["ce"], "final": training.final_scores["ce"]},
+        "heldout_blocks_top1": {"initial": training.initial_scores["top1"], "final": training.final_scores["top1"]},
         "runtime": training.runtime,
         "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
                   "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled), "train_head": bool(s.train_head)},

@@ -1,5 +1,5 @@
 """The scripts behind committed results (scripts/cross_system_chart.sh, collab_paper_runs.sh,
-grad_audit_runs.sh, splitft_long_runs.sh) need local data; without it each stops before running anything,
+grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh) need local data; without it each stops before running anything,
 with one line and exit code 2."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("script, missing", [("cross_system_chart.sh", "dolly_prompts.jsonl"),
                                              ("collab_paper_runs.sh", "ori_pqal.json"),
                                              ("grad_audit_runs.sh", "wiki.test.raw"),
-                                             ("splitft_long_runs.sh", "wiki.test.raw")])
+                                             ("splitft_long_runs.sh", "wiki.test.raw"),
+                                             ("splitft_privpair_schedule.sh", "wiki.test.raw")])
 def test_missing_data_is_one_line_and_exit_2(tmp_path, script, missing):
     env = {**os.environ, "DATA": str(tmp_path / "nowhere")}
     res = subprocess.run(["bash", str(ROOT / "scripts" / script), str(tmp_path / "out")],
