@@ -3,15 +3,18 @@
 schedule minus the default, same seed and data, as differences with 95% intervals.
 
 - Held-out CE and top-1: per held-out block (results.json heldout_blocks_ce / heldout_blocks_top1), paired
-  by block within a seed (the held-out blocks depend only on the seed), pooled over seeds, Student t.
+  by block within a seed (the held-out blocks depend only on the seed), pooled over seeds, Student t
+  (metrics.intervals.mean_t_ci, the interval a decision reads).
 - An attacker's token F1: per attacked example (samples.jsonl, rescored with the suite's token_prf). The
   schedule changes which batch rows a client draws (the bursts draw their D_align rows from the same
   generator), so the attacked examples of two arms are in general not the same text: where every example
   of a seed matches (step, row and truth), the difference is paired; otherwise it is the difference of the
   two arms' means per seed, averaged over seeds, with a Welch–Satterthwaite t interval.
-- H/‖s_B‖², H_A/‖s_A‖² (last round) are one number per run: their per-seed differences are listed.
+- H/‖s_B‖², H_A/‖s_A‖² (last round) are one number per run: per schedule their mean over seeds with a Student t
+  interval over seeds, and the per-seed differences (schedule − default) with theirs; one seed gives no interval.
+- Verdicts: per schedule, the runs (seed, attacker or the run's verdict) whose verdict differs from the default's.
 
-    python scripts/splitft_privpair_schedule.py /tmp/ppair/runs --out docs/results/splitft_privpair_schedule/table.md
+    python scripts/splitft_privpair_schedule.py /work/runs/ppair2/runs --out docs/results/splitft_privpair_schedule/table.md
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attacks.controls import PRF_MODE  # noqa: E402
-from metrics.intervals import mean_ci  # noqa: E402
+from metrics.intervals import mean_t_ci  # noqa: E402
 from metrics.privacy import token_prf  # noqa: E402
 
 ATTACKERS = ["label", "bisr_b", "bisr_b_round_start", "eia", "bisr"]
@@ -107,7 +110,16 @@ def main() -> None:
     lines += ["", "Each schedule minus the default, same seeds and data (95% intervals; n = pairs or examples "
               "per arm pooled over seeds; positive = higher under the schedule):", "",
               "| schedule | quantity | difference [95% CI] | n | how |", "| --- | --- | --- | --- | --- |"]
-    summary = {}
+    summary, over_seeds = {}, {}
+    lines_h = ["", "H over seeds (mean, 95% Student t interval over the seeds' runs; one run gives no interval):", "",
+               "| schedule | quantity | mean [95% CI] | seeds |", "| --- | --- | --- | --- |"]
+    for sch in schedules:
+        for q in ("H_rel", "H_A_rel"):
+            vals = [runs[(*sch, s)]["metrics"][q] for s in seeds if (*sch, s) in runs]
+            e = mean_t_ci(vals)
+            over_seeds.setdefault(name[sch], {})[q] = [e.mean, e.lo, e.hi, e.n] if e.n > 1 else [e.mean, None, None, 1]
+            lines_h.append(f"| {name[sch]} | {q} | {e.mean:.3g} " + (f"[{e.lo:.3g}, {e.hi:.3g}]" if e.n > 1 else "(no interval)")
+                           + f" | {e.n} |")
     for sch in schedules:
         if sch == DEFAULT:
             continue
@@ -120,7 +132,7 @@ def main() -> None:
                 lines.append(f"| {name[sch]} | {q} | — (not in these results.json) | | |")
                 continue
             d = [a - b for s in both for a, b in zip(runs[(*sch, s)][key]["final"], runs[(*DEFAULT, s)][key]["final"])]
-            e = mean_ci(d)
+            e = mean_t_ci(d)
             out[q] = [e.mean, e.lo, e.hi, e.n]
             lines.append(f"| {name[sch]} | {q} | {e.mean:+.4f} {ci(e.lo, e.hi, 4)} | {e.n} blocks | paired by block |")
         for a in ATTACKERS:
@@ -129,7 +141,7 @@ def main() -> None:
                 continue
             paired = all([(k, t) for k, t, _ in x] == [(k, t) for k, t, _ in y] for x, y in ex)
             if paired:
-                e = mean_ci([fx - fy for x, y in ex for (_, _, fx), (_, _, fy) in zip(x, y)])
+                e = mean_t_ci([fx - fy for x, y in ex for (_, _, fx), (_, _, fy) in zip(x, y)])
                 diff, lo, hi, how = e.mean, e.lo, e.hi, "paired by example"
             else:
                 diff, lo, hi = welch_stratified([([f for *_, f in x], [f for *_, f in y]) for x, y in ex])
@@ -140,14 +152,23 @@ def main() -> None:
                          f"{sum(len(x) for x, _ in ex)} per arm | {how} |")
         for q in ("H_rel", "H_A_rel"):
             d = [runs[(*sch, s)]["metrics"][q] - runs[(*DEFAULT, s)]["metrics"][q] for s in both]
-            out[q] = d
-            lines.append(f"| {name[sch]} | {q} (per seed) | " + ", ".join(f"{x:+.3g}" for x in d) + f" | {len(d)} runs | per seed, no interval |")
-    text = "\n".join(lines) + "\n"
+            e = mean_t_ci(d)
+            out[q] = {"per_seed": d, "mean_ci": [e.mean, e.lo, e.hi, e.n] if e.n > 1 else None}
+            lines.append(f"| {name[sch]} | {q} (per seed: " + ", ".join(f"{x:+.3g}" for x in d) + ") | "
+                         + (f"{e.mean:+.3g} [{e.lo:+.3g}, {e.hi:+.3g}]" if e.n > 1 else "— (one seed, no interval)")
+                         + f" | {len(d)} seeds | paired by seed, Student t over seeds |")
+        differ = [f"seed {s} {v}: {runs[(*DEFAULT, s)]['metrics'][v]} → {runs[(*sch, s)]['metrics'][v]}"
+                  for s in both for v in [f"{a}_verdict" for a in ATTACKERS] + ["verdict"]
+                  if runs[(*sch, s)]["metrics"].get(v) != runs[(*DEFAULT, s)]["metrics"].get(v)]
+        out["verdicts differing"] = differ
+        lines.append(f"| {name[sch]} | verdicts differing from the default's | " + ("; ".join(differ) or "none")
+                     + f" | {len(both)} seeds | every attacker's and the run's verdict |")
+    text = "\n".join(lines + lines_h) + "\n"
     provenance = {f"{name[(p, s)]} seed {seed}": r["_path"] for (p, s, seed), r in sorted(runs.items())}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps({"differences": summary, "runs": provenance}, indent=1) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps({"differences": summary, "H over seeds": over_seeds, "runs": provenance}, indent=1) + "\n")
     print(text)
 
 
