@@ -86,6 +86,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "initial": training.initial,
         # per held-out block, so a report can pair two runs on the same blocks (runners/report/splitft.py)
         "heldout_blocks_ce": {"initial": training.initial_scores["ce"], "final": training.final_scores["ce"]},
+        "heldout_blocks_top1": {"initial": training.initial_scores["top1"], "final": training.final_scores["top1"]},
         "runtime": training.runtime,
         "split": {"k": int(s.k), "m": int(s.m), "n_layers": len(loaded.model.model.layers),
                   "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled), "train_head": bool(s.train_head)},
@@ -155,7 +156,8 @@ DEFINITIONS = {
     "heldout_ce_gain": "mean over held-out blocks of the pretrained model's CE minus the final model's (nats), "
                        "bootstrap 95% CI of that paired difference; per-block values under results.json "
                        "heldout_blocks_ce",
-    "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks",
+    "heldout_top1": "% of held-out next tokens the final model ranks first, mean over blocks; per-block values "
+                    "(% of a block's seq_len − 1 next tokens ranked first) under results.json heldout_blocks_top1",
     "H": "E‖ŝ_B − s_B‖² at the last local step of the last round (per token vector, mean over tokens, mean "
          "over clients weighted by their blocks); s_B = B(s_A) undefended, ŝ_B what C received",
     "H_recv": "E‖s'_B − s_B‖² likewise: what C would get from the server's output without a recovery; beside "

@@ -1,5 +1,5 @@
 """The scripts behind committed results (scripts/cross_system_chart.sh, collab_paper_runs.sh,
-grad_audit_runs.sh, splitft_long_runs.sh) need local data; without it each stops before running anything,
+grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh) need local data; without it each stops before running anything,
 with one line and exit code 2."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("script, missing", [("cross_system_chart.sh", "dolly_prompts.jsonl"),
                                              ("collab_paper_runs.sh", "ori_pqal.json"),
                                              ("grad_audit_runs.sh", "wiki.test.raw"),
-                                             ("splitft_long_runs.sh", "wiki.test.raw")])
+                                             ("splitft_long_runs.sh", "wiki.test.raw"),
+                                             ("splitft_privpair_schedule.sh", "wiki.test.raw")])
 def test_missing_data_is_one_line_and_exit_2(tmp_path, script, missing):
     env = {**os.environ, "DATA": str(tmp_path / "nowhere")}
     res = subprocess.run(["bash", str(ROOT / "scripts" / script), str(tmp_path / "out")],
@@ -24,3 +25,57 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path, script, missing):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{missing} not found" in lines[0] and "DATA=" in lines[0]
     assert not (tmp_path / "out").exists() and not res.stdout
+
+
+def _fake_run(root: Path, tag: str, blocks_ce: list[float], h: float, label_verdict: str, guesses: list[list[int]],
+              done: bool = True) -> None:
+    """One finished run of scripts/splitft_privpair_schedule.sh as the analysis reads it: results.json (the
+    fields it uses), samples.jsonl (label attacker: truth [1, 2] at rows 0, 1 of step 11), .done."""
+    import json
+    d = root / tag / "splitft" / "m" / "privpair" / "eps=1" / "seed"
+    d.mkdir(parents=True)
+    m = {"heldout_ce": sum(blocks_ce) / len(blocks_ce), "heldout_top1": 10.0, "H_rel": h, "H_A_rel": h / 2,
+         "label_token_f1": 50.0, "label_token_f1_ci_lo": 0.0, "label_token_f1_ci_hi": 100.0,
+         "label_reference_token_f1": 5.0, "label_verdict": label_verdict, "verdict": "leak"}
+    (d / "results.json").write_text(json.dumps({
+        "metrics": m, "timings": {"train_seconds": 1.0, "attack_seconds": 2.0},
+        "heldout_blocks_ce": {"initial": [9.0] * len(blocks_ce), "final": blocks_ce},
+        "heldout_blocks_top1": {"initial": [0.0] * len(blocks_ce), "final": [10.0] * len(blocks_ce)}}))
+    (d / "samples.jsonl").write_text("".join(json.dumps({"attacker": "label", "step": 11, "row": i,
+                                                         "truth_ids": [1, 2], "guess_ids": g}) + "\n"
+                                             for i, g in enumerate(guesses)))
+    if done:
+        (d / ".done").write_text("")
+
+
+def test_privpair_schedule_analysis_pairs_blocks_examples_and_seeds(tmp_path):
+    """scripts/splitft_privpair_schedule.py: held-out CE paired by block over seeds, the label attacker's F1
+    paired by example, H's per-seed differences with a t interval over seeds, changed verdicts named, and an
+    unfinished run (no .done) left out."""
+    import json
+
+    from metrics.intervals import mean_t_ci
+    runs = tmp_path / "runs"
+    right, wrong = [1, 2], [7, 8]           # token F1 100 and 0 against the truth [1, 2]
+    _fake_run(runs, "p4s2_seed0", [1.0, 2.0, 3.0], 0.1, "leak", [right, wrong])
+    _fake_run(runs, "p8s1_seed0", [1.5, 2.5, 3.5], 0.4, "leak", [right, right])
+    _fake_run(runs, "p4s2_seed1", [1.0, 1.0, 1.0], 0.2, "protect", [wrong, wrong])
+    _fake_run(runs, "p8s1_seed1", [1.2, 1.4, 1.0], 0.3, "leak", [wrong, wrong])
+    _fake_run(runs, "p4s1_seed0", [0.0, 0.0, 0.0], 0.0, "leak", [right, right], done=False)
+    out = tmp_path / "doc" / "table.md"
+    res = subprocess.run(["python", str(ROOT / "scripts" / "splitft_privpair_schedule.py"), str(runs), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(out.with_suffix(".json").read_text())
+    assert not any("P=4, 1" in k for k in got["runs"])          # unfinished: not read
+    d = got["differences"]["P=8, 1 burst step"]
+    ce = mean_t_ci([0.5, 0.5, 0.5, 0.2, 0.4, 0.0])               # schedule − default, block by block
+    assert d["held-out CE (nats)"] == pytest.approx([ce.mean, ce.lo, ce.hi, 6])
+    f1 = mean_t_ci([0.0, 100.0, 0.0, 0.0])                       # same step, row and truth: paired by example
+    assert d["label token F1 (pp)"] == pytest.approx([f1.mean, f1.lo, f1.hi, 4])
+    h = mean_t_ci([0.3, 0.1])
+    assert d["H_rel"]["per_seed"] == pytest.approx([0.3, 0.1])
+    assert d["H_rel"]["mean_ci"] == pytest.approx([0.2, h.lo, h.hi, 2]) and h.lo < 0 < h.hi
+    assert d["verdicts differing"] == ["seed 1 label_verdict: protect → leak"]
+    hs = got["H over seeds"]
+    assert hs["P=4, 2 burst steps (default)"]["H_rel"][:2] == pytest.approx([0.15, mean_t_ci([0.1, 0.2]).lo])

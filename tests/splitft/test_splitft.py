@@ -436,6 +436,28 @@ def test_the_adversary_view_does_not_depend_on_the_order_replies_arrive_in(hydra
         assert list(other.meta["splitft"]["steps"]) == list(first.meta["splitft"]["steps"])
 
 
+def test_heldout_scores_are_per_block_ce_and_top1_of_the_next_token():
+    """results.json heldout_blocks_ce / heldout_blocks_top1 are these lists: per block, the mean next-token CE
+    and the % of its seq_len − 1 next tokens ranked first. A model that always predicts "the same token again"
+    (logit 10 on the current id) is right exactly where ids[t+1] == ids[t]."""
+    from types import SimpleNamespace
+
+    from harness.splitft.evaluate import heldout_scores
+
+    vocab = 8
+
+    def repeat(input_ids):
+        return SimpleNamespace(logits=10.0 * torch.nn.functional.one_hot(input_ids, vocab).float())
+
+    blocks = [[1, 1, 1, 2], [3, 4, 5, 6], [2, 2, 2, 2]]
+    got = heldout_scores(repeat, blocks, batch_size=2)       # two batches: the order of blocks is kept
+    assert got["top1"] == pytest.approx([200 / 3, 0.0, 100.0])
+    # CE of the right token under logits (10 on one id, 0 elsewhere): log(e^10 + 7) − 10; of a wrong one + 10
+    # (float32: abs tolerance)
+    hit = math.log(math.exp(10) + vocab - 1) - 10
+    assert got["ce"] == pytest.approx([(3 * hit + 10) / 3, hit + 10, hit], abs=1e-5)
+
+
 def test_smoke_experiment_through_flower(tmp_path):
     """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
     import faulthandler
@@ -469,6 +491,10 @@ def test_smoke_experiment_through_flower(tmp_path):
     assert len(blocks["initial"]) == len(blocks["final"]) == results["n_prompts"]
     assert m["heldout_ce_gain"] == pytest.approx(m["initial_heldout_ce"] - m["heldout_ce"], abs=1e-6)
     assert m["heldout_ce_gain_ci_lo"] <= m["heldout_ce_gain"] <= m["heldout_ce_gain_ci_hi"]
+    top1 = results["heldout_blocks_top1"]                # per block, % of next tokens ranked first
+    assert len(top1["initial"]) == len(top1["final"]) == results["n_prompts"]
+    assert np.mean(top1["final"]) == pytest.approx(m["heldout_top1"], abs=1e-6)
+    assert np.mean(top1["initial"]) == pytest.approx(m["initial_heldout_top1"], abs=1e-6)
     assert results["tradeoff"]["leakage"]["metric"].endswith("token_f1") and results["tradeoff"]["utility"]
     split = results["split"]   # one data set and split per cross-system point (issue 34)
     assert results["tradeoff"]["setting"] == (f"{results['workload']} · k={split['k']} m={split['m']} · "
