@@ -293,7 +293,7 @@ class SplitEngine:
         the model sees (the caller chooses the reading: runners/common.py Inputs.epsilon_lengths).
         `checkpoints`: shorter limits whose timings, bytes and Slalom counts are read as the generation
         passes them (GenerationResult.at): the first k steps are the k-token generation, so one long
-        generation times every limit (runners/timing.py, timing.mode=prefix). `timer`: the clock of the prefill,
+        generation times every limit (runners/splitee/timing.py, timing.mode=prefix). `timer`: the clock of the prefill,
         checkpoint and total seconds (wall clock; benchmarks/overhead.py --clock cpu passes time.process_time,
         which a shared machine's other processes do not advance); the components keep the wall clock."""
         if max_new_tokens < 1:
