@@ -8,8 +8,9 @@
 #
 # Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default
 # ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
-# resumes where it stopped. About an hour on a 2-core CPU machine (the committed report's run dates). The
-# result and its reading: docs/results/cross_system/README.md.
+# resumes where it stopped. About an hour on a 2-core CPU machine (the committed report's run dates), and
+# about 45 minutes more for the sequential attacker (below). The result and its reading:
+# docs/results/cross_system/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -57,6 +58,25 @@ attack=(experiment=attack_2core "${prompts[@]}" attack.corpus.source=text "attac
 run -m "${attack[@]}" configuration=t3 attack.setting=noise_free
 run -m "${attack[@]}" configuration=ep1 epsilon=1,100,1000 attack.setting=noise_aware
 run -m "${attack[@]}" configuration=epn,slalom attack.setting=noise_aware
+
+# The strongest SpliTEE attacker since Table 6's: the sequential all-exposure attacker (docs/sequential_attack.md),
+# MAP (the mask's likelihood + the victim model's prior) over every layer's QKV, O and Gate/Up exposure of one
+# submission, judged against the prior alone. Its run's tradeoff block competes with the attack runs' above
+# for each point's x (the higher token F1), its floor the prior alone's token F1 on the same positions. Not
+# slalom: its one-time pad is not the Gaussian mask the attacker models (docs/sequential_attack.md). No null
+# view and one TEE thread, as Table 6's commands (docs/results/table6). The prompts go in the chat template
+# (experiment=sequential_attack: as a deployment sends them; the attack starts after its public header), and
+# its token F1 covers only the first N = 12 text tokens of each prompt, not the whole prompt as the attack
+# runs' does. N from a measurement (ep1 ε = 1 on SmolLM2, one TEE thread, this 2-core machine shared at a
+# load of about 3, 2026-12-05; wall times, above the CPU time at that share):
+#   1 prompt, 8 and 32 positions: 1.23 and 1.06 s per position (1.00 s each from the 9th to the 32nd);
+#   30 prompts, 1 position: 141 s, of which 104 s load the model and record the 30 prompts' view (90 s)
+#   and 37 s attack the 30 positions (1.25 s per prompt and position, per-prompt work included).
+#   One run ≈ 104 + 30 × 12 × 1.25 = 554 s; five runs ≈ 2,770 s ≈ 46 minutes (N = 16 would be 59).
+sequential=(experiment=sequential_attack "${prompts[@]}" attack.sequential.null_view=false engine.tee_threads=1
+            attack.sequential.max_positions=12)
+run -m "${sequential[@]}" configuration=t3,epn
+run -m "${sequential[@]}" configuration=ep1 epsilon=1,100,1000
 
 splitbench-report "$out" ${report:+--out "$report"}
 exit $status

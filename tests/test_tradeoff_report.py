@@ -197,3 +197,62 @@ def test_split_ft_points_split_by_data_and_split(tmp_path):
     got = {p.setting: (sorted(p.runs), p.leakage["value"], chart.utility(p)["value"]) for p in chart.points}
     assert got == {"splitft:text · k=2 m=2 · 2 clients · LoRA": (["a", "c"], 41.0, 30.0),
                    "splitft:jsonl · k=2 m=2 · 2 clients · LoRA": (["b"], 60.0, 10.0)}
+
+
+def _attack_block(learned: float, bayes: float) -> dict:
+    """An attack run's tradeoff (runners/splitee/attack.py) as its runner writes it from these metrics."""
+    from runners.splitee import attack
+
+    m = {"token_f1": learned, "token_f1_ci_lo": learned - 2, "token_f1_ci_hi": learned + 2,
+         "chance_floor_token_f1": 24.9, "bayes_token_f1": bayes, "bayes_token_f1_ci_lo": bayes - 1,
+         "bayes_token_f1_ci_hi": bayes + 1, "bayes_token_f1_chance": 6.0}
+    return attack._tradeoff(m, {"component": "qkv", "layer": 0})
+
+
+def _sequential_block(map_f1: float, prior_f1: float) -> dict:
+    """A sequential_attack run's tradeoff (runners/splitee/sequential_attack.py) as its runner writes it from
+    these metrics: MAP judged against the prior alone, the chart script's settings (no null view)."""
+    from attacks.splitee import sequential as sq
+    from runners.splitee import sequential_attack
+
+    s = sq.Settings(mode="teacher_forced", prior="model", layers=None, ops=sq.OPS, prune=((0, 2048), (1, 256)),
+                    prune_prior=None, prune_union_prior=None, positions="text", max_positions=12, null_view=False,
+                    map_reference="prior", chunk=512, min_pruning_recall=0.99)
+    m = {"sequential_token_f1": map_f1 / 2, "sequential_token_f1_ci_lo": 0.0, "sequential_token_f1_ci_hi": map_f1,
+         "sequential_map_token_f1": map_f1, "sequential_map_token_f1_ci_lo": map_f1 - 3,
+         "sequential_map_token_f1_ci_hi": map_f1 + 3, "prior_token_f1": prior_f1,
+         "prior_token_f1_ci_lo": prior_f1 - 3, "prior_token_f1_ci_hi": prior_f1 + 3}
+    return sequential_attack._tradeoff(m, s, tuple(range(30)), 30)
+
+
+def test_the_sequential_attacker_competes_with_the_attack_runs_of_its_configuration():
+    """A sequential_attack run joins the point of its configuration's attack and fidelity runs (t3 and epn carry
+    no ε whatever each runner was given, ep1 joins by ε), and is the point's leakage exactly where its token F1
+    is the highest: ep1 ε=1 and epn take the sequential MAP with the prior's floor, t3 and ep1 ε=100 keep the
+    attack run's attacker."""
+    from harness.configurations import effective_epsilon
+
+    runs = []
+    #               configuration, attack run's ε, sequential run's ε, learned, Bayes, MAP, prior
+    for conf, eps_a, eps_s, learned, bayes, map_f1, prior in (("t3", 1.0, 15.0, 94.2, 100.0, 99.0, 30.0),
+                                                              ("ep1", 1.0, 1.0, 11.7, 6.0, 31.0, 30.0),
+                                                              ("ep1", 100.0, 100.0, 21.0, 63.7, 50.0, 30.0),
+                                                              ("epn", 1.0, 15.0, 11.5, 6.0, 29.0, 28.0)):
+        tag = f"{conf}/{eps_s:g}"
+        runs += [_run(f"f/{tag}", conf, effective_epsilon(conf, eps_s), _utility(99.0, 98.0, 100.0)),
+                 _run(f"a/{tag}", conf, effective_epsilon(conf, eps_a), _attack_block(learned, bayes),
+                      experiment="attack"),
+                 _run(f"s/{tag}", conf, effective_epsilon(conf, eps_s), _sequential_block(map_f1, prior),
+                      experiment="sequential_attack")]
+    (chart,) = section.groups(runs)
+    points = {p.label: p for p in chart.points}
+    assert set(points) == {"t3", "ep1 ε=1", "ep1 ε=100", "epn"}
+    assert all(len(p.runs) == 3 and chart.complete(p) for p in points.values())
+    sequential = "sequential MAP (qkv/o/gate_up, every layer; first 12 text tokens)"
+    for label, attacker, value, floor in (("t3", "Bayes attacker (qkv layer 0)", 100.0, 6.0),
+                                          ("ep1 ε=1", sequential, 31.0, 30.0),
+                                          ("ep1 ε=100", "Bayes attacker (qkv layer 0)", 63.7, 6.0),
+                                          ("epn", sequential, 29.0, 28.0)):
+        leak = points[label].leakage
+        assert (leak["attacker"], leak["value"], leak["floor"]) == (attacker, value, floor), label
+    assert f"| splitee | epn | 29.0 [26.0, 32.0] | token_f1 · {sequential} | 28.0 |" in section.table_md(chart)

@@ -43,8 +43,8 @@ about the prompt (controls.sequential_verdict). Each scorer prunes by its own sc
 with a shared prefix (teacher-forced) their candidates are forwarded together (the union), otherwise each
 scorer follows its own prefix.
 
-The prior-only floor (`prior_top1`): the model's top-1 next-token guess given the true prefix, no view, on
-the same positions.
+The prior-only floor (`prior_top1`, and `prior_token_f1` on the token-F1 scale): the model's top-1 next-token
+guess given the true prefix, no view, on the same positions.
 
 Positions: `positions=text` attacks the positions after the public chat-template header (the longest
 common prefix of the prompt and the template rendered around an empty message, `public_prefix_length`);
@@ -657,7 +657,8 @@ def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
 
 def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     """results.json `metrics` of one sequential attack: each scorer's top-1 (Wilson interval over
-    positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor, the paired
+    positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor (its top-1 and
+    its token F1, `prior_token_f1`: the prior's guesses scored as the attackers' are), the paired
     differences (MAP − prior; with a null view MAP there − prior and MAP − MAP there; likelihood − the same
     attacker on a null view), each attacker's verdict and reason (attacks/controls.py sequential_verdict; MAP's
     reads `map_minus_prior` or, with map_reference=null_view, `map_minus_null`, named in `verdict_map_reads`),
@@ -669,11 +670,15 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
     m: dict = {"n_positions": outcome.n_positions, "n_prompts_attacked": sum(1 for p in outcome.positions if p)}
     prior = _flat(outcome.prior_hits)
     m.update(rate_record(prior, "prior_top1"))
+    keep = [i for i, t in enumerate(outcome.truth) if t]
+    truth = [outcome.truth[i] for i in keep]
+    # The prior alone's guesses scored as the attackers' are: MAP's no-signal floor on the token-F1 scale
+    # (the cross-system chart's x axis, runners/splitee/sequential_attack.py tradeoff)
+    m.update(corpus_token_prf(truth, [outcome.prior_guesses[i] for i in keep]).f1.flat("prior_token_f1"))
     for name, result in outcome.scorers.items():
         prefix = PREFIX[name]
         m.update(rate_record(_flat(result.hits), f"{prefix}_top1"))
-        keep = [i for i, t in enumerate(outcome.truth) if t]
-        f1 = corpus_token_prf([outcome.truth[i] for i in keep], [result.guesses[i] for i in keep]).f1
+        f1 = corpus_token_prf(truth, [result.guesses[i] for i in keep]).f1
         m.update(f1.flat(f"{prefix}_token_f1"))
         recall = outcome.recall(name)
         m[f"{prefix}_pruning_recall_min"] = min(recall) if recall else 1.0

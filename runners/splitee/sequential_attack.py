@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations
 from harness.results import RunContext
 from runners import common, identity
+
+if TYPE_CHECKING:
+    from attacks.splitee.sequential import Settings
 
 describe_skip = common.epsilon_ignored_note
 
@@ -79,9 +83,32 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                        "sigma_per_op_layer": {f"{op}[{layer}]": sigmas[0][(op, layer)] for op, layer in keys}
                        if sigmas else {}},
         "timings": {"capture_s": capture_s, "attack_s": outcome.seconds},
+        "tradeoff": _tradeoff(metrics, s, used, len(model.model.layers)),
     }
     return common.finish(cfg, ctx, results, samples, summary=summary,
                          provenance_extra={"torch_threads": torch.get_num_threads()})
+
+
+def _tradeoff(m: dict[str, Any], s: Settings, used: Sequence[int], n_layers: int) -> dict[str, Any]:
+    """The leakage half of this run's privacy–utility point (runners/report/tradeoff.py), with no point and no
+    setting as runners/splitee/attack.py writes its own, so that it joins the same configuration's fidelity
+    run and competes with its attack runs for the strongest attacker. Token F1 on the attacked positions of
+    the attacker the verdict reads: MAP where it ran, with its reference as the floor (the prior alone's
+    token F1, or MAP's on the null view with map_reference=null_view); else the likelihood attacker, with its
+    own token F1 on the null view as the floor where that ran."""
+    if "sequential_map_token_f1" in m:
+        name, key = "MAP", "sequential_map_token_f1"
+        floor = "prior_token_f1" if s.map_reference == "prior" else "sequential_map_null_token_f1"
+    else:
+        name, key, floor = "likelihood", "sequential_token_f1", "sequential_null_token_f1"
+    layers = "every layer" if len(used) == n_layers else f"layers {list(used)}"
+    noun, after = ("text token", "") if s.positions == "text" else ("token", " from position 1")
+    positions = (f"all {noun}s{after}" if s.max_positions is None else
+                 f"first {noun}{after}" if s.max_positions == 1 else f"first {s.max_positions} {noun}s{after}")
+    return common.tradeoff(leakage_metric="token_f1", leakage=m[key],
+                           leakage_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
+                           attacker=f"sequential {name} ({'/'.join(s.ops)}, {layers}; {positions})",
+                           leakage_floor=m.get(floor))
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -92,7 +119,7 @@ def summary(results: dict[str, Any]) -> str:
     names = [k for k in ("sequential_top1", "sequential_map_top1", "prior_top1", "sequential_null_top1",
                          "sequential_map_null_top1", "map_minus_prior", "map_null_minus_prior", "map_minus_null",
                          "likelihood_minus_null",
-                         "sequential_token_f1", "sequential_map_token_f1") if k in m]
+                         "sequential_token_f1", "sequential_map_token_f1", "prior_token_f1") if k in m]
     lines = [head, *common.metric_lines(m, names, width=28),
              f"  pruning recall per stage: {s['pruning_recall']}",
              f"  {m['seconds_per_position']:.3f} s and {m['candidates_per_position']:.0f} forwarded candidates per position",

@@ -392,6 +392,35 @@ def test_smoke_experiment_results(tmp_path):
     assert "smoke" in results["tags"]
 
 
+@pytest.mark.parametrize("args,attacker,floor", [
+    (["attack.sequential.null_view=false"], "MAP", "prior_token_f1"),   # the cross-system chart's runs
+    (["attack.sequential.map_reference=null_view"], "MAP", "sequential_map_null_token_f1"),
+    (["attack.sequential.prior=none"], "likelihood", "sequential_null_token_f1"),
+])
+def test_results_carry_the_chart_leakage_of_the_attacker_the_verdict_reads(tmp_path, args, attacker, floor):
+    """results.json `tradeoff`, the leakage half of the cross-system chart's point (runners/report/tradeoff.py):
+    the token F1 of the attacker the verdict reads with its interval, over its own no-signal reference; no
+    point, setting or utility, as the attack runner writes its own, so that both join one point. The prior's
+    token F1 is recomputed from samples.jsonl: its guesses scored against the attacked tokens."""
+    from metrics.privacy import corpus_token_prf
+
+    res = run_cli_in_process(["experiment=sequential_attack_smoke", *args], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = (tmp_path / "out").rglob("results.json")
+    results = json.loads(path.read_text())
+    m, block = results["metrics"], results["tradeoff"]
+    rows = [json.loads(line) for line in (path.parent / "samples.jsonl").read_text().splitlines()]
+    prior = corpus_token_prf([r["truth"] for r in rows if r["truth"]], [r["prior_guess"] for r in rows if r["truth"]]).f1
+    assert (m["prior_token_f1"], m["prior_token_f1_ci_lo"], m["prior_token_f1_ci_hi"]) == pytest.approx(
+        (prior.mean, prior.lo, prior.hi))
+    key = "sequential_map_token_f1" if attacker == "MAP" else "sequential_token_f1"
+    assert block["point"] is None and block["setting"] is None and block["utility"] is None
+    leak = block["leakage"]
+    assert leak["metric"] == "token_f1" and leak["value"] == m[key]
+    assert leak["ci"] == [m[f"{key}_ci_lo"], m[f"{key}_ci_hi"]] and leak["floor"] == m[floor]
+    assert leak["attacker"] == f"sequential {attacker} (qkv/o/gate_up, every layer; first 4 text tokens)"
+
+
 @pytest.mark.parametrize("args,message", [
     (["attack.sequential.layers=[5]"], "attack.sequential.layers=[5] must be distinct layers in 0..1"),
     (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
