@@ -54,7 +54,7 @@ def test_halves_join_per_configuration_and_parameter_with_the_worst_of_each():
 def test_one_chart_per_utility_metric_and_points_told_apart_by_their_label():
     accuracy = tradeoff(utility_metric="accuracy", utility=60.0, utility_ci=(50.0, 70.0), reference="gold",
                         leakage_metric="token_f1", leakage=30.0, leakage_ci=(25.0, 35.0), attacker="Pr@5",
-                        point="L=5 σ=1.25")
+                        leakage_floor=10.0, point="L=5 σ=1.25")
     runs = [
         _run("s/l5", "stencil", None, accuracy, experiment="sanitize"),
         _run("s/l4", "stencil", None, {**accuracy, "point": "L=4 σ=1.25"}, experiment="sanitize"),
@@ -74,7 +74,7 @@ def test_markdown_draws_complete_points_and_lists_the_rest(tmp_path):
             _run("f5", "ep1", 5.0, _utility(95.0, 94.0, 96.0))]
     figures = Figures(tmp_path)
     md = "\n".join(section.markdown(section.groups(runs), figures))
-    assert ("| splitee | ep1 ε=1 | 20.0 [19.0, 21.0] | token_f1 · learned inverter | 5.0 | 80.0 [78.0, 82.0] | "
+    assert ("| splitee | ep1 ε=1 | 20.0 [19.0, 21.0] | token_f1 · learned inverter | 5.0 | +15.0 | 80.0 [78.0, 82.0] | "
             "semantic_similarity vs cpu |") in md
     assert "Not drawn (one half not measured yet): ep1 ε=5." in md
     assert len(figures.written) == 1 and figures.written[0].read_bytes()[:8] == PNG_MAGIC
@@ -255,4 +255,28 @@ def test_the_sequential_attacker_competes_with_the_attack_runs_of_its_configurat
                                           ("epn", sequential, 29.0, 28.0)):
         leak = points[label].leakage
         assert (leak["attacker"], leak["value"], leak["floor"]) == (attacker, value, floor), label
-    assert f"| splitee | epn | 29.0 [26.0, 32.0] | token_f1 · {sequential} | 28.0 |" in section.table_md(chart)
+    assert f"| splitee | epn | 29.0 [26.0, 32.0] | token_f1 · {sequential} | 28.0 | +1.0 |" in section.table_md(chart)
+
+
+def test_the_strongest_attacker_is_the_largest_excess_over_its_own_floor_not_the_highest_score(tmp_path):
+    """The sequential MAP attacker's floor is the victim model's prior, which alone names many tokens: MAP at
+    40 over a prior of 39 read 1 point, a Bayes attacker at 30 over its floor of 6 read 24. The point takes the
+    Bayes attacker (the highest score would take MAP), and its x is the excess; an attacker without a floor is
+    listed, not drawn."""
+    runs = [_run("f/ep1", "ep1", 15.0, _utility(99.0, 98.0, 100.0)),
+            _run("a/ep1", "ep1", 15.0, _attack_block(11.0, 30.0), experiment="attack"),
+            _run("s/ep1", "ep1", 15.0, _sequential_block(40.0, 39.0), experiment="sequential_attack"),
+            _run("f/t3", "t3", None, _utility(100.0, 100.0, 100.0)),
+            _run("a/t3", "t3", None, tradeoff(leakage_metric="token_f1", leakage=50.0, leakage_ci=(49.0, 51.0),
+                                              attacker="floorless"), experiment="attack")]
+    (chart,) = section.groups(runs)
+    points = {p.label: p for p in chart.points}
+    leak = points["ep1 ε=15"].leakage
+    assert (leak["attacker"], leak["value"], leak["floor"]) == ("Bayes attacker (qkv layer 0)", 30.0, 6.0)
+    assert section.excess(leak) == 24.0 and chart.complete(points["ep1 ε=15"])
+    assert not chart.complete(points["t3"])
+    figures = Figures(tmp_path)
+    md = "\n".join(section.markdown([chart], figures))
+    assert "| splitee | ep1 ε=15 | 30.0 [29.0, 31.0] | token_f1 · Bayes attacker (qkv layer 0) | 6.0 | +24.0 |" in md
+    assert "Not drawn (the attacker has no no-signal floor, so no excess): t3." in md
+    assert len(figures.written) == 1

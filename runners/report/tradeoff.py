@@ -1,10 +1,15 @@
 """One privacy–utility chart for every system: each run's `tradeoff` block (runners/common.tradeoff).
 
 A point is one (system, model, configuration, privacy parameter, point label, setting): its leakage is the
-strongest attacker over every run that attacked it (the highest value; SpliTEE's attack and restore runs,
-a sanitiser's attacks, the server's attacks in split fine-tuning, ...), its utility per utility metric the
+strongest attacker over every run that attacked it (SpliTEE's attack, sequential and restore runs, a
+sanitiser's attacks, the server's attacks in split fine-tuning, ...), its utility per utility metric the
 lowest over every run that measured it. Taking the worst of each keeps a point from looking better than
-any one measurement of it. There is one chart per utility metric (semantic similarity of generations to
+any one measurement of it. The strongest attacker is the one with the largest excess over its own
+no-signal floor (score − floor), not the highest score: attackers differ in what nothing scores (the
+sequential MAP attacker's floor, the victim model's prior alone, names a third of a prompt's tokens; an
+unrelated prompt's token F1 is 15-25 %), so the highest score could crown an attacker that read nothing.
+The x axis is that excess, in points. An attacker without a floor competes by its score (floor 0) and is
+listed, not drawn. There is one chart per utility metric (semantic similarity of generations to
 the unprotected baseline, task accuracy, ...), so a chart never mixes two kinds of utility on its y axis;
 a point appears on every chart whose metric it has. Points without a leakage or a utility measurement are
 listed, not drawn.
@@ -39,9 +44,11 @@ from runners.report.runs import Run
 EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experiment's runs
 
 INTRO = ("Every configuration of every system on the same axes: reconstruction by the strongest attacker run "
-         "against it (x, %; higher = more leaked) and the utility it kept (y, %; higher = better), each "
-         "**value [95% interval]** over examples. A point joins the runs of one system, model, configuration "
-         "and privacy parameter: the highest leakage and the lowest utility any of them measured. Runs measured "
+         "against it, as its score's excess over that attacker's own no-signal floor (x, points; higher = more "
+         "leaked, 0 = the attacker read nothing beyond what it gets from no signal) and the utility it kept (y, "
+         "%; higher = better), each **value [95% interval]** over examples. A point joins the runs of one "
+         "system, model, configuration and privacy parameter: the attacker with the largest excess over its "
+         "floor and the lowest utility any of them measured. Runs measured "
          "on different settings (a benchmark and mode: collab's benchmark, fusion mode and α; a sanitiser's "
          "tasks; split fine-tuning's data and split) never join: each setting is its own series, named after "
          "the system. The floor is the attacker's no-signal score (what it reaches from nothing).")
@@ -88,7 +95,21 @@ class Chart:
         return point.utilities.get(self.metric)
 
     def complete(self, point: Point) -> bool:
-        return point.leakage is not None and self.utility(point) is not None
+        """Both halves measured and the leakage's floor known, so the point has an x (its excess)."""
+        return excess(point.leakage) is not None and self.utility(point) is not None
+
+
+def excess(leak: dict[str, Any] | None) -> float | None:
+    """The attacker's score minus its no-signal floor, in points; None without a score or a floor."""
+    if not leak or num(leak.get("value")) is None or num(leak.get("floor")) is None:
+        return None
+    return num(leak["value"]) - num(leak["floor"])
+
+
+def _strength(leak: dict[str, Any]) -> float:
+    """What decides the strongest attacker: the excess over its floor, or the score against a floor of 0."""
+    value = excess(leak)
+    return num(leak.get("value")) if value is None else value
 
 
 def _parameter(run: Run) -> str:
@@ -130,10 +151,11 @@ def _parts(run: Run, block: dict[str, Any]) -> tuple[str, str]:
 
 
 def _join(point: Point, run: Run, block: dict[str, Any]) -> None:
-    """Add one run's halves to a point: the highest leakage, the lowest utility per metric."""
+    """Add one run's halves to a point: the strongest attacker (largest excess over its floor), the lowest
+    utility per metric."""
     point.runs.append(run.rel)
     leak, util = block.get("leakage"), block.get("utility")
-    if leak and (point.leakage is None or num(leak.get("value")) > num(point.leakage.get("value"))):
+    if leak and (point.leakage is None or _strength(leak) > _strength(point.leakage)):
         point.leakage = leak
     if util:
         metric = str(util.get("metric"))
@@ -186,26 +208,29 @@ def table_md(chart: Chart) -> str:
     rows = [[p.series, p.label, _cell(p.leakage),
              "—" if not p.leakage else f"{p.leakage.get('metric')} · {p.leakage.get('attacker')}",
              "—" if not p.leakage or p.leakage.get("floor") is None else f"{num(p.leakage['floor']):.1f}",
+             "—" if excess(p.leakage) is None else f"{excess(p.leakage):+.1f}",
              _cell(chart.utility(p)),
              "—" if not chart.utility(p) else f"{chart.metric} vs {chart.utility(p).get('reference')}"]
             for p in chart.points]
     return md_table(["system · setting", "configuration", "leakage %", "leakage metric · attacker", "floor %",
-                     "utility %", "utility metric"], rows)
+                     "over floor (x) pp", "utility %", "utility metric"], rows)
 
 
 def plot(chart: Chart, path: Path) -> None:
-    """Leakage (x) against utility (y) with both intervals, one colour and marker per system and setting
-    (the legend names both), each point labelled with its configuration."""
+    """Leakage (x: the strongest attacker's excess over its no-signal floor) against utility (y) with both
+    intervals, one colour and marker per system and setting (the legend names both), each point labelled with
+    its configuration; the floor is the vertical line at 0."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
     series = list(dict.fromkeys(p.series for p in chart.points if chart.complete(p)))
-    any_floor = False
     for i, name in enumerate(series):
         pts = [p for p in chart.points if chart.complete(p) and p.series == name]
-        xs = [num(p.leakage["value"]) for p in pts]
+        xs = [excess(p.leakage) for p in pts]
         ys = [num(chart.utility(p)["value"]) for p in pts]
-        xerr = [[x - (p.leakage.get("ci") or [x, x])[0] for x, p in zip(xs, pts)],
-                [(p.leakage.get("ci") or [x, x])[1] - x for x, p in zip(xs, pts)]]
+        # The score's interval shifted by the floor (a fixed reference here, as the verdicts read it).
+        scores = [num(p.leakage["value"]) for p in pts]
+        xerr = [[s - (p.leakage.get("ci") or [s, s])[0] for s, p in zip(scores, pts)],
+                [(p.leakage.get("ci") or [s, s])[1] - s for s, p in zip(scores, pts)]]
         yerr = [[y - (chart.utility(p).get("ci") or [y, y])[0] for y, p in zip(ys, pts)],
                 [(chart.utility(p).get("ci") or [y, y])[1] - y for y, p in zip(ys, pts)]]
         style = series_style(i)
@@ -213,17 +238,9 @@ def plot(chart: Chart, path: Path) -> None:
                     alpha=0.9)
         for x, y, p in zip(xs, ys, pts):
             ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=style["color"])
-            # The attacker's no-signal floor at the same height: leakage metrics differ in what nothing scores
-            # (a token F1 of unrelated text is 15-25%), so the distance to the floor is what was read.
-            floor = num(p.leakage.get("floor"))
-            if floor is not None:
-                any_floor = True
-                ax.plot([floor, x], [y, y], ls=":", lw=0.8, color=style["color"], alpha=0.7)
-                ax.plot([floor], [y], marker="|", ms=8, color=style["color"], alpha=0.7)
-    if any_floor:
-        ax.plot([], [], ls=":", marker="|", color="grey", label="attacker's no-signal floor")
-    ax.set_xlim(left=0)
-    ax.set_xlabel("leakage: strongest attacker's score (%)")
+    if series:
+        ax.axvline(0.0, ls=":", lw=1.0, color="grey", label="each attacker's no-signal floor")
+    ax.set_xlabel("leakage: strongest attacker's score minus its no-signal floor (points)")
     ax.set_ylabel(f"utility kept: {chart.metric} (%)")
     save_axes(fig, ax, path, chart.title)
 
@@ -234,9 +251,14 @@ def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:
         md += [f"### {chart.title}", "", table_md(chart), ""]
         if any(chart.complete(p) for p in chart.points):
             md += figure("tradeoff", i, chart, plot, "privacy–utility chart")
-        missing = [f"{p.label} ({p.setting})" if p.setting else p.label for p in chart.points if not chart.complete(p)]
+        missing = [f"{p.label} ({p.setting})" if p.setting else p.label for p in chart.points
+                   if not chart.complete(p) and (p.leakage is None or chart.utility(p) is None)]
         if missing:
             md += [f"Not drawn (one half not measured yet): {', '.join(missing)}.", ""]
+        floorless = [p.label for p in chart.points if p.leakage is not None and chart.utility(p) is not None
+                     and excess(p.leakage) is None]
+        if floorless:
+            md += [f"Not drawn (the attacker has no no-signal floor, so no excess): {', '.join(floorless)}.", ""]
     return md
 
 
