@@ -62,7 +62,7 @@ run -m "${attack[@]}" configuration=epn,slalom attack.setting=noise_aware
 # The strongest SpliTEE attacker since Table 6's: the sequential all-exposure attacker (docs/sequential_attack.md),
 # MAP (the mask's likelihood + the victim model's prior) over every layer's QKV, O and Gate/Up exposure of one
 # submission, judged against the prior alone. Its run's tradeoff block competes with the attack runs' above
-# for each point's x (the higher token F1), its floor the prior alone's token F1 on the same positions. Not
+# for each point's x (the larger excess over its own floor), its floor the prior alone's token F1 on the same positions. Not
 # slalom: its one-time pad is not the Gaussian mask the attacker models (docs/sequential_attack.md). No null
 # view and one TEE thread, as Table 6's commands (docs/results/table6). The prompts go in the chat template
 # (experiment=sequential_attack: as a deployment sends them; the attack starts after its public header), and
