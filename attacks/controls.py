@@ -220,8 +220,8 @@ def repeat_leak_k(m: dict[str, Any]) -> int | None:
 
 
 def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_forced: bool,
-                       pruning_recall: Sequence[float] | None, min_recall: float, reference: str
-                       ) -> tuple[str, str]:
+                       pruning_recall: Sequence[float] | None, min_recall: float, reference: str,
+                       decisive_misses: int | None = None) -> tuple[str, str]:
     """The verdict of a sequential attacker (attacks/splitee/sequential.py) and why, from the 95% interval
     [lo, hi] (percentage points) of its paired top-1 difference against its `reference` on the same
     positions (MAP: the prior alone; likelihood: the same attacker on a null view), with m = margin_pp:
@@ -230,8 +230,15 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
         at_chance     −m ≤ lo and hi ≤ m, the attacker teacher-forced (an upper bound of its family, so
                       that its failure speaks for every prefix), and no pruning or every stage's pruning
                       recall ≥ min_recall (the truth was still among the candidates when the masks decided)
+                      or, where `decisive_misses` is given (attack.sequential.pruning_rule=no_decisive_miss),
+                      0 decisive misses in place of the recall condition
         inconclusive  everything else, with the reason: an interval past ±m, below the reference, a
-                      free-running attacker, a pruning stage that lost the truth too often.
+                      free-running attacker, a pruning stage that lost the truth too often, a decisive miss.
+
+    A decisive miss (sequential.pruning_decisive) is a missed position whose truth, scored with every used
+    exposure, scores at least as high as the guess. With none, the unpruned attacker hits only where the
+    pruned one does, position by position, so the pruned hits bound the unpruned ones from above: the side an
+    at_chance claim needs (docs/sequential_attack.md, "Pruning at small ε").
 
     A leak needs neither teacher forcing nor full recall: what was recovered was recovered."""
     if lo_pp > margin_pp:
@@ -244,9 +251,15 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
         reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} is wider than ±{margin_pp:g} pp")
     if not teacher_forced:
         reasons.append("free-running mode cannot certify at_chance (teacher-forced is the family's upper bound)")
-    low = [r for r in (pruning_recall or ()) if r < min_recall]
-    if low:
-        reasons.append(f"pruning recall {min(low):.3f} < {min_recall:g}")
+    if decisive_misses is not None:
+        if decisive_misses > 0:
+            reasons.append(f"{decisive_misses} decisive miss{'' if decisive_misses == 1 else 'es'}: pruning may "
+                           "have cost hits")
+    else:
+        low = [r for r in (pruning_recall or ()) if r < min_recall]
+        if low:
+            reasons.append(f"pruning recall {min(low):.3f} < {min_recall:g}")
     if reasons:
         return INCONCLUSIVE, "; ".join(reasons)
-    return AT_CHANCE, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies within ±{margin_pp:g} pp"
+    why = f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies within ±{margin_pp:g} pp"
+    return AT_CHANCE, why if decisive_misses is None else f"{why}; 0 decisive misses (pruning cost no hit)"

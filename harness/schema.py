@@ -212,6 +212,7 @@ class SequentialAttackConfig:
     map_reference: str = MISSING          # MAP's verdict against: prior | null_view (MAP on the null view)
     chunk: int = MISSING                  # candidates per forward pass
     min_pruning_recall: float = MISSING   # at_chance needs every stage's pruning recall at least this
+    pruning_rule: str = MISSING           # recall (min_pruning_recall) | no_decisive_miss (teacher_forced only)
 
 
 @dataclass
@@ -561,6 +562,7 @@ SEQUENTIAL_PRIORS = ("none", "model")
 SEQUENTIAL_OPS = ("qkv", "o", "gate_up")
 SEQUENTIAL_POSITIONS = ("text", "all")
 SEQUENTIAL_MAP_REFERENCES = ("prior", "null_view")
+SEQUENTIAL_PRUNING_RULES = ("recall", "no_decisive_miss")
 
 
 def _check_sequential(seq: DictConfig) -> None:
@@ -569,6 +571,7 @@ def _check_sequential(seq: DictConfig) -> None:
     check_choice("attack.sequential.prior", seq.prior, SEQUENTIAL_PRIORS)
     check_choice("attack.sequential.positions", seq.positions, SEQUENTIAL_POSITIONS)
     check_choice("attack.sequential.map_reference", seq.map_reference, SEQUENTIAL_MAP_REFERENCES)
+    check_choice("attack.sequential.pruning_rule", seq.pruning_rule, SEQUENTIAL_PRUNING_RULES)
     ops = list(seq.ops)
     if not ops or any(op not in SEQUENTIAL_OPS for op in ops) or len(set(ops)) != len(ops):
         raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(SEQUENTIAL_OPS)}, got {ops}")
@@ -592,10 +595,14 @@ def _check_sequential(seq: DictConfig) -> None:
 
 
 def _check_sequential_reference(seq: DictConfig) -> None:
-    """MAP judged against itself on a null view needs that view attacked (attacks/splitee/sequential.check)."""
+    """MAP judged against itself on a null view needs that view attacked, and the no-decisive-miss rule the
+    true prefix (attacks/splitee/sequential.check)."""
     if seq.prior == "model" and seq.map_reference == "null_view" and not seq.null_view:
         raise UserError("attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which "
                         "needs attack.sequential.null_view=true (or map_reference=prior)")
+    if seq.pruning_rule == "no_decisive_miss" and seq.mode != "teacher_forced":
+        raise UserError("attack.sequential.pruning_rule=no_decisive_miss scores the truth after the true prefix, "
+                        "which needs attack.sequential.mode=teacher_forced")
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")

@@ -140,12 +140,13 @@ SYSTEMS: tuple[System, ...] = (
             # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
             Runner("attack", "runners.splitee.attack", (*_SPLITEE_READS, "attack", "dp_delta"),
                    ignores=("attack.sequential",), unhashed=(("dp_delta", 1e-5),)),
-            # map_reference: prior and prune_union_prior: null are what every run computed before the keys
-            # existed (unhashed)
+            # map_reference: prior, prune_union_prior: null and pruning_rule: recall are what every run computed
+            # before the keys existed (unhashed)
             Runner("sequential_attack", "runners.splitee.sequential_attack",
                    (*_SPLITEE_READS, "attack.sequential", "attack.controls"),
                    unhashed=(("attack.sequential.map_reference", "prior"),
-                             ("attack.sequential.prune_union_prior", None))),
+                             ("attack.sequential.prune_union_prior", None),
+                             ("attack.sequential.pruning_rule", "recall"))),
             # restore: the source attack run fixed the configuration, workload and generation
             Runner("restore", "runners.splitee.restore", ("runner", "seed", "model", "semantic_model", "restore")),
         ),

@@ -133,6 +133,11 @@ CASES = {
          "attack.sequential.map_reference=null_view"],
         "attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which needs "
         "attack.sequential.null_view=true (or map_reference=prior)"),
+    "sequential no-decisive-miss rule free-running": Case(
+        ["experiment=sequential_attack_smoke", "attack.sequential.mode=free_running",
+         "attack.sequential.pruning_rule=no_decisive_miss"],
+        "attack.sequential.pruning_rule=no_decisive_miss scores the truth after the true prefix, which needs "
+        "attack.sequential.mode=teacher_forced"),
     "unknown logger mode": Case([*SMOKE, "logger=wandb", "logger.mode=loud"], "logger.mode='loud' is not one of"),
     "new top-level key": Case([*SMOKE, "+foo=1"], "unknown option foo (not in the schema; the top level has: model,"),
     "new key, misspelt": Case([*SMOKE, "+generation.max_new_token=5"],

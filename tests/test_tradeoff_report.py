@@ -217,7 +217,7 @@ def _sequential_block(map_f1: float, prior_f1: float) -> dict:
 
     s = sq.Settings(mode="teacher_forced", prior="model", layers=None, ops=sq.OPS, prune=((0, 2048), (1, 256)),
                     prune_prior=None, prune_union_prior=None, positions="text", max_positions=12, null_view=False,
-                    map_reference="prior", chunk=512, min_pruning_recall=0.99)
+                    map_reference="prior", chunk=512, min_pruning_recall=0.99, pruning_rule="recall")
     m = {"sequential_token_f1": map_f1 / 2, "sequential_token_f1_ci_lo": 0.0, "sequential_token_f1_ci_hi": map_f1,
          "sequential_map_token_f1": map_f1, "sequential_map_token_f1_ci_lo": map_f1 - 3,
          "sequential_map_token_f1_ci_hi": map_f1 + 3, "prior_token_f1": prior_f1,

@@ -34,7 +34,8 @@ vocabulary through every layer above it. `prune_union_prior` K makes the first e
 other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
 fraction of positions whose true token survived it: with the truth's rank per stage and `pruning_decisive`
 (diagnostics of the same kind) the only use of the truth besides scoring, so that a verdict can tell a
-pruning failure from a mask that held.
+pruning failure from a mask that held. `pruning_rule` picks which the verdict reads: every stage's recall
+(`recall`, issue 32's rule) or no decisive miss (`no_decisive_miss`, teacher-forced only: `decisive_check`).
 
 Scorers. One attack runs several scorers at once: the likelihood and MAP attackers on the prompt's own view
 and, with `null_view`, the same two on the view of another prompt (the next one in the workload that covers
@@ -72,6 +73,7 @@ MODES = ("teacher_forced", "free_running")
 PRIORS = ("none", "model")
 POSITIONS = ("text", "all")
 MAP_REFERENCES = ("prior", "null_view")   # what MAP's verdict reads MAP against (summarise)
+PRUNING_RULES = ("recall", "no_decisive_miss")   # what at_chance asks of the pruning (summarise)
 LIKELIHOOD, MAP = "likelihood", "map"
 Key = tuple[str, int]   # (op, layer) of one exposure
 
@@ -93,6 +95,7 @@ class Settings:
     map_reference: str                           # prior: MAP − prior; null_view: MAP − MAP on the null view
     chunk: int                                   # candidates per forward pass
     min_pruning_recall: float
+    pruning_rule: str                            # recall | no_decisive_miss (pruning_decisive, teacher-forced)
 
     @classmethod
     def from_config(cls, node) -> Settings:
@@ -109,7 +112,8 @@ class Settings:
                    max_positions=None if node["max_positions"] is None else int(node["max_positions"]),
                    null_view=bool(node["null_view"]), map_reference=str(node["map_reference"]),
                    chunk=int(node["chunk"]),
-                   min_pruning_recall=float(node["min_pruning_recall"]))
+                   min_pruning_recall=float(node["min_pruning_recall"]),
+                   pruning_rule=str(node["pruning_rule"]))
 
 
 def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[int, ...]:
@@ -117,12 +121,16 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     view cannot hold (not offloaded), a pruning width < 1, or a stage deeper than the model."""
     for key, value, allowed in (("mode", settings.mode, MODES), ("prior", settings.prior, PRIORS),
                                 ("positions", settings.positions, POSITIONS),
-                                ("map_reference", settings.map_reference, MAP_REFERENCES)):
+                                ("map_reference", settings.map_reference, MAP_REFERENCES),
+                                ("pruning_rule", settings.pruning_rule, PRUNING_RULES)):
         if value not in allowed:
             raise UserError(f"attack.sequential.{key}={value!r} is not one of {', '.join(allowed)}")
     if settings.prior == "model" and settings.map_reference == "null_view" and not settings.null_view:
         raise UserError("attack.sequential.map_reference=null_view judges MAP against MAP on a null view, which "
                         "needs attack.sequential.null_view=true (or map_reference=prior)")
+    if settings.pruning_rule == "no_decisive_miss" and settings.mode != "teacher_forced":
+        raise UserError("attack.sequential.pruning_rule=no_decisive_miss scores the truth after the true prefix, "
+                        "which needs attack.sequential.mode=teacher_forced")
     if not settings.ops or any(op not in OPS for op in settings.ops) or len(set(settings.ops)) != len(settings.ops):
         raise UserError(f"attack.sequential.ops must be distinct ops from {', '.join(OPS)}, got {list(settings.ops)}")
     missing = [op for op in settings.ops if op not in offload]
@@ -642,6 +650,24 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     return count
 
 
+def decisive_check(model: nn.Module, prompts: Sequence[Sequence[int]], outcome: Outcome,
+                   rows: Sequence[dict[Key, torch.Tensor]], sigmas: Sequence[dict[Key, float]],
+                   settings: Settings) -> dict | None:
+    """What attack.sequential.pruning_rule=no_decisive_miss reads (results.json `sequential.pruning_decisive`):
+    per scorer its decisive misses (pruning_decisive) and its misses, the positions forwarded for the check
+    (those some scorer missed) and its seconds. None with no pruning stage: the attacker is then the unpruned
+    one, which issue 32's "or with no pruning" certifies as it is."""
+    if not outcome.stages:
+        return None
+    start = time.perf_counter()
+    counts = pruning_decisive(model, prompts, outcome, rows, sigmas, settings)
+    missed = [[not all(res.hits[r][j] for res in outcome.scorers.values()) for j in range(len(pos))]
+              for r, pos in enumerate(outcome.positions)]
+    return {"by_scorer": {name: {"decisive": counts[name], "misses": sum(1 for h in _flat(res.hits) if not h)}
+                          for name, res in outcome.scorers.items()},
+            "positions_checked": sum(_flat(missed)), "seconds": time.perf_counter() - start}
+
+
 # results.json names of each scorer's metrics
 PREFIX = {LIKELIHOOD: "sequential", MAP: "sequential_map", f"{LIKELIHOOD}_null": "sequential_null",
           f"{MAP}_null": "sequential_map_null"}
@@ -655,14 +681,15 @@ def _flat(hits: Sequence[Sequence[bool]]) -> list[bool]:
     return [h for row in hits for h in row]
 
 
-def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
+def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: dict | None = None) -> dict:
     """results.json `metrics` of one sequential attack: each scorer's top-1 (Wilson interval over
     positions) and token F1 (multiset, macro over prompts, t interval), the prior-only floor (its top-1 and
     its token F1, `prior_token_f1`: the prior's guesses scored as the attackers' are), the paired
     differences (MAP − prior; with a null view MAP there − prior and MAP − MAP there; likelihood − the same
     attacker on a null view), each attacker's verdict and reason (attacks/controls.py sequential_verdict; MAP's
     reads `map_minus_prior` or, with map_reference=null_view, `map_minus_null`, named in `verdict_map_reads`),
-    the worst of them, and the cost."""
+    the worst of them, and the cost. With pruning_rule=no_decisive_miss each verdict's pruning condition is
+    its own scorer's decisive misses in `decisive` (decisive_check; None only where nothing was pruned)."""
     from attacks import controls
     from metrics.privacy import corpus_token_prf
     from metrics.proportions import paired_difference_record, rate_record
@@ -683,6 +710,14 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
         recall = outcome.recall(name)
         m[f"{prefix}_pruning_recall_min"] = min(recall) if recall else 1.0
     teacher = settings.mode == "teacher_forced"
+    if settings.pruning_rule == "no_decisive_miss" and outcome.stages and decisive is None:
+        raise ValueError("pruning_rule=no_decisive_miss needs decisive_check's counts of a pruned attack")
+
+    def decisive_misses(name: str) -> int | None:   # None: the recall rule (or no pruning, where both agree)
+        if settings.pruning_rule != "no_decisive_miss" or decisive is None:
+            return None
+        return int(decisive["by_scorer"][name]["decisive"])
+
     judged = []
     if MAP in outcome.scorers:
         map_hits = _flat(outcome.scorers[MAP].hits)
@@ -698,7 +733,8 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
             raise ValueError(f"map_reference={settings.map_reference} needs the null view's MAP scorer (null_view)")
         v, why = controls.sequential_verdict(m[f"{key}_ci_lo"], m[f"{key}_ci_hi"], margin_pp,
                                              teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
-                                             min_recall=settings.min_pruning_recall, reference=reference)
+                                             min_recall=settings.min_pruning_recall, reference=reference,
+                                             decisive_misses=decisive_misses(MAP))
         m["map_reference"], m["verdict_map_reads"] = settings.map_reference, key
         m["verdict_map"], m["verdict_map_reason"] = v, why
         judged.append((v, f"MAP: {why}"))
@@ -709,7 +745,8 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float) -> dict:
                                              margin_pp, teacher_forced=teacher,
                                              pruning_recall=outcome.recall(LIKELIHOOD),
                                              min_recall=settings.min_pruning_recall,
-                                             reference="the same attacker on a null view")
+                                             reference="the same attacker on a null view",
+                                             decisive_misses=decisive_misses(LIKELIHOOD))
         m["verdict_likelihood"], m["verdict_likelihood_reason"] = v, why
         judged.append((v, f"likelihood: {why}"))
     if judged:
@@ -744,6 +781,7 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
                        else {})}
                    for i, (upto, keep) in enumerate(outcome.stages)],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
+        "pruning_rule": settings.pruning_rule,
         "null_view_of": outcome.null_of,
         "n_exposures_per_position": len(outcome.keys),
         "vocab": outcome.vocab,

@@ -4,7 +4,8 @@ The prompts are submitted once through the split engine under the configuration 
 QKV / O / Gate-Up input recorded); the attacker reads that view alone and recovers the prompt position by
 position with the mechanism's likelihood (and with prior=model also MAP), against the prior-only floor and,
 with null_view, against itself on another prompt's view. Reports top-1, token F1, the paired differences
-with Newcombe intervals, the pruning recall per stage, the verdict with its reason, and the cost.
+with Newcombe intervals, the pruning recall per stage (with pruning_rule=no_decisive_miss also each scorer's
+decisive misses, which the verdict then reads instead), the verdict with its reason, and the cost.
 
     splitbench experiment=sequential_attack_smoke
     splitbench -m experiment=sequential_attack_smoke configuration=t3,ep1
@@ -68,8 +69,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     starts = [sq.public_prefix_length(tokenizer, p, inputs.workload.chat_template) for p in inputs.prompts]
     outcome = sq.run(model, inputs.prompts, rows, sigmas, s, keys, starts,
                      log=lambda msg: print(f"splitbench: {msg}", file=sys.stderr, flush=True))
-    metrics = sq.summarise(outcome, s, float(cfg.attack.controls.gate_margin_pp))
+    # no_decisive_miss (teacher-forced, checked at composition): one forward per missed position
+    decisive = (sq.decisive_check(model, inputs.prompts, outcome, rows, sigmas, s)
+                if s.pruning_rule == "no_decisive_miss" else None)
+    metrics = sq.summarise(outcome, s, float(cfg.attack.controls.gate_margin_pp), decisive)
     section = sq.record(outcome, s, used)
+    if s.pruning_rule == "no_decisive_miss":
+        section["pruning_decisive"] = decisive   # null: no pruning stage, nothing to check
     samples = sq.samples(outcome, [p.id for p in inputs.workload.prompts])
     results = {
         **common.results_header(cfg, "sequential_attack", inputs, generation=False),
@@ -122,6 +128,8 @@ def summary(results: dict[str, Any]) -> str:
                          "sequential_token_f1", "sequential_map_token_f1", "prior_token_f1") if k in m]
     lines = [head, *common.metric_lines(m, names, width=28),
              f"  pruning recall per stage: {s['pruning_recall']}",
+             *([f"  decisive misses (pruning may have cost a hit): {s['pruning_decisive']}"]
+               if "pruning_decisive" in s else []),
              f"  {m['seconds_per_position']:.3f} s and {m['candidates_per_position']:.0f} forwarded candidates per position",
              f"  verdict: {m['verdict']} ({m['verdict_reason']})"]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def settings(**kw) -> sq.Settings:
     base = dict(mode="teacher_forced", prior="model", layers=None, ops=OPS, prune=((0, 512), (1, 64)), prune_prior=None,
                 prune_union_prior=None,
                 positions="text", max_positions=4, null_view=True, map_reference="prior", chunk=512,
-                min_pruning_recall=0.99)
+                min_pruning_recall=0.99, pruning_rule="recall")
     return sq.Settings(**{**base, **kw})
 
 
@@ -303,6 +304,23 @@ def test_prune_union_prior_null_leaves_the_config_hash_as_before(hydra_conf):
     assert config_hash(other) != config_hash(default)
 
 
+def test_pruning_rule_recall_leaves_the_config_hash_as_before(hydra_conf):
+    """pruning_rule=recall is what every run did before the key existed: out of the semantic config (the
+    committed runs keep their hash); no_decisive_miss enters it."""
+    from harness.results import config_hash
+    from runners.splitee import sequential_attack as runner
+
+    def semantic(*extra):
+        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
+
+    default = semantic()
+    assert "pruning_rule" not in default["attack"]["sequential"]
+    assert config_hash(semantic("attack.sequential.pruning_rule=recall")) == config_hash(default)
+    other = semantic("attack.sequential.pruning_rule=no_decisive_miss")
+    assert other["attack"]["sequential"]["pruning_rule"] == "no_decisive_miss"
+    assert config_hash(other) != config_hash(default)
+
+
 def test_free_running_follows_its_own_prefix(tiny, prompts):
     """Free-running at a small σ recovers what teacher forcing does (it never goes wrong, so its prefix is
     the truth); its verdict cannot be at_chance whatever the interval."""
@@ -324,6 +342,101 @@ def test_verdict_rule():
     verdict, why = v(-3.1, 2.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)
     assert verdict == controls.INCONCLUSIVE and "[-3.10, 2.00] pp against the prior alone is wider than ±1 pp" in why
     assert "below" in v(-9.0, -3.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)[1]
+
+
+def test_verdict_rule_no_decisive_miss():
+    """pruning_rule=no_decisive_miss: 0 decisive misses replaces the recall condition (recall 0.78 still
+    at_chance); k > 0 is inconclusive and names the count; a leak is called whatever the count; the other
+    reasons stay."""
+    v = controls.sequential_verdict
+    kw = dict(min_recall=0.99, reference="the prior alone", teacher_forced=True, pruning_recall=[0.978, 0.784])
+    verdict, why = v(-0.9, 0.8, 1.0, decisive_misses=0, **kw)
+    assert verdict == controls.AT_CHANCE and why.endswith("; 0 decisive misses (pruning cost no hit)")
+    assert v(-0.9, 0.8, 1.0, **kw) == (controls.INCONCLUSIVE, "pruning recall 0.784 < 0.99")
+    assert v(-0.9, 0.8, 1.0, decisive_misses=3, **kw) == (controls.INCONCLUSIVE,
+                                                           "3 decisive misses: pruning may have cost hits")
+    assert v(-0.9, 0.8, 1.0, decisive_misses=1, **kw)[1] == "1 decisive miss: pruning may have cost hits"
+    assert v(1.5, 9.0, 1.0, decisive_misses=13, **kw)[0] == controls.LEAK
+    verdict, why = v(-1.9, 2.53, 1.0, decisive_misses=0, **kw)
+    assert verdict == controls.INCONCLUSIVE and why == ("interval [-1.90, 2.53] pp against the prior alone is wider "
+                                                        "than ±1 pp")
+
+
+def _synthetic_outcome(n: int = 400, prior_hits: int = 40, recall: float = 0.78) -> sq.Outcome:
+    """One prompt of n attacked positions, two stages: MAP and the likelihood attacker hit exactly where the
+    prior does (the first `prior_hits` positions; MAP − prior's interval lies within ±1 pp), every stage but
+    the first kept the truth at `recall` of them."""
+    truth = list(range(100, 100 + n))
+    hits = [i < prior_hits for i in range(n)]
+    guesses = [t if h else 7 for t, h in zip(truth, hits)]
+    kept = [n, round(recall * n)]
+
+    def scored() -> sq.ScorerResult:
+        return sq.ScorerResult(guesses=[list(guesses)], hits=[list(hits)], survived=list(kept),
+                               ranks=[[0] * n, [0] * n])
+    return sq.Outcome(scorers={sq.LIKELIHOOD: scored(), sq.MAP: scored()}, prior_guesses=[list(guesses)],
+                      prior_hits=[list(hits)], truth=[truth], positions=[list(range(1, n + 1))],
+                      stages=[(0, 2048), (1, 256)], keys=[("qkv", 0)], null_of=[None], seconds=1.0, n_positions=n,
+                      forward_candidates=256 * n, vocab=4096)
+
+
+def _decisive(outcome: sq.Outcome, map_decisive: int) -> dict:
+    misses = {name: sum(1 for h in sq._flat(r.hits) if not h) for name, r in outcome.scorers.items()}
+    return {"by_scorer": {sq.LIKELIHOOD: {"decisive": 0, "misses": misses[sq.LIKELIHOOD]},
+                          sq.MAP: {"decisive": map_decisive, "misses": misses[sq.MAP]}},
+            "positions_checked": max(misses.values()), "seconds": 0.0}
+
+
+def test_summarise_reads_the_pruning_rule():
+    """MAP's verdict on a synthetic outcome whose MAP − prior interval lies within ±1 pp with a last-stage recall
+    of 0.78: inconclusive by recall under `recall` (whatever the decisive counts), at_chance under
+    no_decisive_miss with 0 decisive misses, inconclusive naming the count with 2; that rule without the counts
+    of a pruned attack is a bug."""
+    out = _synthetic_outcome()
+    recall_rule = sq.summarise(out, settings(null_view=False), 1.0, _decisive(out, 0))
+    assert -1.0 <= recall_rule["map_minus_prior_ci_lo"] and recall_rule["map_minus_prior_ci_hi"] <= 1.0
+    assert recall_rule["verdict_map"] == controls.INCONCLUSIVE
+    assert recall_rule["verdict_map_reason"] == "pruning recall 0.780 < 0.99"
+    rule = settings(null_view=False, pruning_rule="no_decisive_miss")
+    clean = sq.summarise(out, rule, 1.0, _decisive(out, 0))
+    assert clean["verdict"] == clean["verdict_map"] == controls.AT_CHANCE and clean["attack_gate"]
+    assert clean["verdict_map_reason"].endswith("0 decisive misses (pruning cost no hit)")
+    costly = sq.summarise(out, rule, 1.0, _decisive(out, 2))
+    assert costly["verdict"] == controls.INCONCLUSIVE
+    assert costly["verdict_reason"] == "MAP: 2 decisive misses: pruning may have cost hits"
+    with pytest.raises(ValueError, match="needs decisive_check's counts"):
+        sq.summarise(out, rule, 1.0)
+
+
+def test_decisive_check_records_what_the_rule_reads(tiny, prompts):
+    """decisive_check on a real pruned attack (a stage 0 of width 2, ε = 12 on the tiny model): the counts are
+    pruning_decisive's, each scorer's misses are its misses, the positions checked those some scorer missed;
+    with no stage there is nothing to check (None); free-running is refused by check."""
+    s = settings(prune=((0, 2),), max_positions=2, null_view=False, pruning_rule="no_decisive_miss")
+    model = tiny.model
+    keys = [(op, layer) for layer in sq.check(s, len(model.model.layers), OPS) for op in OPS]
+    lengths = [len(p) for p in prompts]
+    views, table = sq.record_view(model, prompts, configuration="ep1", epsilon=12.0, seed=0, offload=OPS,
+                                  sigma_scale=1.0, sensitivity_rule="paper",
+                                  pad_token_id=tiny.tokenizer.pad_token_id, batch_size=8)
+    rows = sq.prompt_rows(views, lengths, 8, keys)
+    sigmas = sq.op_sigmas(model, "ep1", 12.0, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper", table=table)
+    starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
+    out = sq.run(model, prompts, rows, sigmas, s, keys, starts)
+    got = sq.decisive_check(model, prompts, out, rows, sigmas, s)
+    counts = sq.pruning_decisive(model, prompts, out, rows, sigmas, s)
+    assert {name: r["decisive"] for name, r in got["by_scorer"].items()} == counts
+    hits = {name: sq._flat(r.hits) for name, r in out.scorers.items()}
+    assert {name: r["misses"] for name, r in got["by_scorer"].items()} == {n: h.count(False) for n, h in hits.items()}
+    assert got["positions_checked"] == sum(not all(h[i] for h in hits.values()) for i in range(out.n_positions)) > 0
+    # the verdict reads the counts, not the recall (width 2 keeps few truths)
+    assert min(out.recall(sq.MAP)) < 0.99
+    m = sq.summarise(out, s, 1.0, got)
+    assert "pruning recall" not in m["verdict_map_reason"]
+    assert counts[sq.MAP] > 0 and f"{counts[sq.MAP]} decisive miss" in m["verdict_map_reason"]
+    assert sq.decisive_check(model, prompts, replace(out, stages=[]), rows, sigmas, s) is None
+    with pytest.raises(UserError, match="pruning_rule=no_decisive_miss scores the truth after the true prefix"):
+        sq.check(settings(mode="free_running", pruning_rule="no_decisive_miss"), 2, OPS)
 
 
 def test_newcombe_paired_interval():
@@ -419,6 +532,29 @@ def test_results_carry_the_chart_leakage_of_the_attacker_the_verdict_reads(tmp_p
     assert leak["metric"] == "token_f1" and leak["value"] == m[key]
     assert leak["ci"] == [m[f"{key}_ci_lo"], m[f"{key}_ci_hi"]] and leak["floor"] == m[floor]
     assert leak["attacker"] == f"sequential {attacker} (qkv/o/gate_up, every layer; first 4 text tokens)"
+
+
+def test_smoke_experiment_no_decisive_miss(tmp_path):
+    """pruning_rule=no_decisive_miss through the runner: results.json `sequential` holds each scorer's decisive
+    misses and misses and the positions checked, and the verdict's reason reads the counts, not the recall."""
+    res = run_cli_in_process(["experiment=sequential_attack_smoke", "attack.sequential.pruning_rule=no_decisive_miss",
+                              "attack.sequential.prune=[[0,4]]", "attack.sequential.max_positions=2"],
+                             tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = (tmp_path / "out").rglob("results.json")
+    results = json.loads(path.read_text())
+    seq, m = results["sequential"], results["metrics"]
+    assert seq["pruning_rule"] == "no_decisive_miss"
+    decisive = seq["pruning_decisive"]
+    assert set(decisive["by_scorer"]) == {"likelihood", "map", "likelihood_null", "map_null"}
+    for name, prefix in sq.PREFIX.items():
+        misses = round(m["n_positions"] * (1 - m[f"{prefix}_top1"] / 100))
+        assert decisive["by_scorer"][name]["misses"] == misses >= decisive["by_scorer"][name]["decisive"] >= 0
+    assert decisive["positions_checked"] >= max(r["misses"] for r in decisive["by_scorer"].values())
+    # a stage of width 4 loses truths (the recall rule would name it); this rule reads the counts instead
+    assert min(results["pruning_recall"]["map"]) < 0.99 and "pruning recall" not in m["verdict_reason"]
+    k = decisive["by_scorer"]["map"]["decisive"]
+    assert (f"{k} decisive miss" in m["verdict_map_reason"]) == (k > 0)
 
 
 @pytest.mark.parametrize("args,message", [
