@@ -271,54 +271,27 @@ def test_map_null_reference_needs_the_null_view(tiny):
         sq.check(settings(map_reference="nearest"), 2, OPS)
 
 
-def test_map_reference_prior_leaves_the_config_hash_as_before(hydra_conf):
-    """map_reference=prior is what every run did before the key existed: it stays out of the semantic config, so
-    the committed sequential runs keep their config hash; null_view enters it."""
+@pytest.mark.parametrize("key, default, other, stored", [
+    ("map_reference", "prior", "null_view", "null_view"),
+    ("prune_union_prior", "null", "64", 64),
+    ("pruning_rule", "recall", "no_decisive_miss", "no_decisive_miss"),
+])
+def test_an_option_at_its_old_behaviour_leaves_the_config_hash_as_before(hydra_conf, key, default, other, stored):
+    """Each option's default is what every run did before the key existed: it stays out of the semantic config,
+    so the committed sequential runs keep their config hash, whether left out or given explicitly; any other
+    value enters it."""
     from harness.results import config_hash
     from runners.splitee import sequential_attack as runner
 
     def semantic(*extra):
         return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
 
-    default = semantic()
-    assert "map_reference" not in default["attack"]["sequential"]
-    assert config_hash(semantic("attack.sequential.map_reference=prior")) == config_hash(default)
-    other = semantic("attack.sequential.map_reference=null_view")
-    assert other["attack"]["sequential"]["map_reference"] == "null_view"
-    assert config_hash(other) != config_hash(default)
-
-
-def test_prune_union_prior_null_leaves_the_config_hash_as_before(hydra_conf):
-    """prune_union_prior=null is what every run did before the key existed: out of the semantic config (the
-    committed runs keep their hash); a width enters it."""
-    from harness.results import config_hash
-    from runners.splitee import sequential_attack as runner
-
-    def semantic(*extra):
-        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
-
-    default = semantic()
-    assert "prune_union_prior" not in default["attack"]["sequential"]
-    other = semantic("attack.sequential.prune_union_prior=64")
-    assert other["attack"]["sequential"]["prune_union_prior"] == 64
-    assert config_hash(other) != config_hash(default)
-
-
-def test_pruning_rule_recall_leaves_the_config_hash_as_before(hydra_conf):
-    """pruning_rule=recall is what every run did before the key existed: out of the semantic config (the
-    committed runs keep their hash); no_decisive_miss enters it."""
-    from harness.results import config_hash
-    from runners.splitee import sequential_attack as runner
-
-    def semantic(*extra):
-        return runner.semantic_config(compose_config(["experiment=sequential_attack_smoke", *extra]))
-
-    default = semantic()
-    assert "pruning_rule" not in default["attack"]["sequential"]
-    assert config_hash(semantic("attack.sequential.pruning_rule=recall")) == config_hash(default)
-    other = semantic("attack.sequential.pruning_rule=no_decisive_miss")
-    assert other["attack"]["sequential"]["pruning_rule"] == "no_decisive_miss"
-    assert config_hash(other) != config_hash(default)
+    plain = semantic()
+    assert key not in plain["attack"]["sequential"]
+    assert config_hash(semantic(f"attack.sequential.{key}={default}")) == config_hash(plain)
+    changed = semantic(f"attack.sequential.{key}={other}")
+    assert changed["attack"]["sequential"][key] == stored
+    assert config_hash(changed) != config_hash(plain)
 
 
 def test_free_running_follows_its_own_prefix(tiny, prompts):
