@@ -280,3 +280,14 @@ def test_the_strongest_attacker_is_the_largest_excess_over_its_own_floor_not_the
     assert "| splitee | ep1 ε=15 | 30.0 [29.0, 31.0] | token_f1 · Bayes attacker (qkv layer 0) | 6.0 | +24.0 |" in md
     assert "Not drawn (the attacker has no no-signal floor, so no excess): t3." in md
     assert len(figures.written) == 1
+
+
+def test_an_attack_run_offers_the_attacker_with_the_larger_excess_over_its_own_floor():
+    """The learned inverter's floor (an unrelated prompt's F1, 24.9 here) is far above the Bayes attacker's
+    (6.0): learned 30 (+5.1) against Bayes 20 (+14.0) must offer Bayes, though its raw F1 is lower; with
+    Bayes at its floor the learned inverter's +5.1 wins."""
+    block = _attack_block(30.0, 20.0)
+    assert (block["leakage"]["attacker"], block["leakage"]["value"]) == ("Bayes attacker (qkv layer 0)", 20.0)
+    assert block["leakage"]["floor"] == 6.0
+    block = _attack_block(30.0, 6.0)
+    assert (block["leakage"]["attacker"], block["leakage"]["value"]) == ("learned inverter (qkv layer 0)", 30.0)

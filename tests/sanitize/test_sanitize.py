@@ -687,3 +687,19 @@ def test_task_examples_record_where_they_came_from(tmp_path, monkeypatch):
         load_dataset=load_dataset, load_dataset_builder=lambda *a: types.SimpleNamespace(hash=commit), exceptions=errors))
     docs, source = load_docs_with_source("qnli", None, None, 0)
     assert calls == [commit] and source == f"hub:nyu-mll/glue/qnli/validation@{commit}"
+
+
+def test_the_suites_strongest_attacker_is_the_largest_excess_over_its_own_reference():
+    """The run's chart point takes the attacker furthest above its own exposure-free reference, not the
+    highest F1: a prior-driven guesser at 40 over a reference of 39 loses to one at 30 over 6."""
+    from attacks.sanitize import suite
+    from metrics.intervals import Estimate
+
+    def score(name: str, f1: float, reference: float) -> scoring.AttackScore:
+        e = Estimate(f1, f1 - 1, f1 + 1, 8)
+        return scoring.AttackScore(name, e, e, e, reference, e, True, "leak", [])
+
+    result = suite.SuiteResult(metrics={}, scores=[score("prior_driven", 40.0, 39.0), score("bayes", 30.0, 6.0)])
+    assert result.strongest.name == "bayes"
+    result = suite.SuiteResult(metrics={}, scores=[score("prior_driven", 40.0, 10.0), score("bayes", 30.0, 6.0)])
+    assert result.strongest.name == "prior_driven"
