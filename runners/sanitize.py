@@ -127,6 +127,12 @@ def _definitions(k: int) -> dict[str, str]:
                                  "view (the prior alone), macro over prompts",
         "contextual_prior_gain": "contextual_top1 minus contextual_prior_top1, paired per prompt on the same "
                                  "positions, mean and t 95% CI over prompts (percentage points)",
+        "<attacker>_seconds/_seconds_per_position": "wall time of the attacker on the view (its controls and, for "
+                                                    "the trained ones, training excluded), in all and per text position",
+        "<attacker>_candidates_per_position": "candidate originals it scores per position: the candidate table for "
+                                              "neighbours, window and learned (a nearest search), the posterior's "
+                                              "candidates for bayes, beam x those for contextual; null for the "
+                                              "decoder, which generates over the model's vocabulary",
         "verdict": "the worst of the attackers' verdicts (leak > inconclusive > at_chance)",
         "unchanged_rate": "% of text positions the sanitiser left unchanged",
         "accuracy_<task>": "lm-eval zero-shot acc (its own template) on the sanitised inputs, % of examples, "

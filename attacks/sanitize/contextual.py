@@ -166,12 +166,12 @@ def prior_gain(attacker_top1: Sequence[float], prior_top1: Sequence[float], marg
 
 
 def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], originals: Sequence[Sequence[int]],
-          observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool, name: str = "contextual"
-          ) -> tuple[scoring.AttackScore, list[torch.Tensor], dict[str, Any]]:
+          observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool, name: str = "contextual",
+          candidates: int | None = None) -> tuple[scoring.AttackScore, list[torch.Tensor], dict[str, Any]]:
     """The contextual attacker scored as the others (top-1/top-k, token F1 against the exposure-free reference,
     the deranged-view negative control), with the verdict against the prior-alone reference instead, and the
     extra keys <name>_prior_top1 and <name>_prior_gain (flat, with 95% intervals)."""
-    guesses = attacker(observed)
+    guesses, seconds, positions = scoring.timed(attacker, observed)
     top1, topk = scoring.hit_rates(originals, guesses, k)
     firsts = scoring.first_guesses(guesses)
     f1 = mean_t_ci(scoring.f1_values(originals, firsts), bounds=(0, 100))
@@ -185,6 +185,6 @@ def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], origina
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
     # Rates over positions, as the other attackers' (scoring.score): Wilson where every prompt sits at 0 or 100 %.
     result = scoring.AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference,
-                                 negative, negative_passed, verdict, rows)
+                                 negative, negative_passed, verdict, rows, seconds, positions, candidates)
     extra = {**proportion_ci(prior).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain")}
     return result, guesses, extra

@@ -19,6 +19,7 @@ Controls and verdict (attacks/controls.py `classify`, margin m):
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,12 +45,27 @@ class AttackScore:
     negative_passed: bool
     verdict: str
     rows: list[dict[str, float]]
+    # Cost as data (issue 32 item 5): the attack's wall time on the view (its controls excluded), the positions
+    # it read, and the candidate originals it scores per position (None where it searches no explicit set).
+    seconds: float = 0.0
+    positions: int = 0
+    candidates: int | None = None
 
     def flat(self, k: int) -> dict[str, Any]:
         n = self.name
         return {**self.top1.flat(f"{n}_top1"), **self.topk.flat(f"{n}_top{k}"), **self.f1.flat(f"{n}_token_f1"),
                 f"{n}_token_f1_chance": self.reference, **self.negative.flat(f"{n}_negative_control_token_f1"),
-                f"{n}_negative_control_pass": self.negative_passed, f"{n}_verdict": self.verdict}
+                f"{n}_negative_control_pass": self.negative_passed, f"{n}_verdict": self.verdict,
+                f"{n}_seconds": self.seconds,
+                f"{n}_seconds_per_position": self.seconds / self.positions if self.positions else None,
+                f"{n}_candidates_per_position": self.candidates}
+
+
+def timed(attacker: Attacker, observed: Sequence[Sequence[int]]) -> tuple[list[torch.Tensor], float, int]:
+    """The attacker's guesses on the view, its wall time and the number of positions it read."""
+    start = time.perf_counter()
+    guesses = attacker(observed)
+    return guesses, time.perf_counter() - start, sum(len(s) for s in observed)
 
 
 def hit_rates(originals: Sequence[Sequence[int]], guesses: Sequence[torch.Tensor], k: int
@@ -80,12 +96,13 @@ def derange(items: Sequence[Any]) -> list[Any]:
 
 
 def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[int]],
-                   observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool
-                   ) -> tuple[AttackScore, list[torch.Tensor]]:
-    """Run one attacker on the view and on its deranged copy, and classify it."""
+                   observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool,
+                   candidates: int | None = None) -> tuple[AttackScore, list[torch.Tensor]]:
+    """Run one attacker on the view and on its deranged copy, and classify it. `candidates`: the originals it
+    scores per position, recorded with its wall time."""
     if len(originals) < 2:
         raise ValueError("the controls need at least two prompts")
-    guesses = attacker(observed)
+    guesses, seconds, positions = timed(attacker, observed)
     top1, topk = hit_rates(originals, guesses, k)
     firsts = first_guesses(guesses)
     f1 = mean_t_ci(f1_values(originals, firsts), bounds=(0, 100))
@@ -97,7 +114,7 @@ def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[i
                                 negative_passed=negative_passed)
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
     return AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference, negative,
-                       negative_passed, verdict, rows), guesses
+                       negative_passed, verdict, rows, seconds, positions, candidates), guesses
 
 
 def positive_control(originals: Sequence[Sequence[int]], identity_guesses: Sequence[torch.Tensor],

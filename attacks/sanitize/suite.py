@@ -97,9 +97,14 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         attackers[DECODER] = lambda obs: dec.rank(obs, k)
         training[DECODER] = dec.record()
         curves = {DECODER: {"train_history": dec.log.train_history, "val_history": dec.log.val_history}}
+    # Candidate originals scored per position: a nearest search over the candidate table, or the Bayes
+    # posterior's candidates; the learned decoder generates over the model's vocabulary (no explicit set).
+    table_size = int(table.candidates.numel())
+    posterior_size = max(bayes_settings.candidates, k)
+    candidates = {NEIGHBOURS: table_size, WINDOW: table_size, LEARNED: table_size, BAYES: posterior_size}
     scores, guesses = [], {}
     for name, fn in attackers.items():
-        s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok)
+        s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok, candidates.get(name))
         scores.append(s)
         guesses[name] = scoring.first_guesses(g)
     extra: dict[str, Any] = {}
@@ -107,7 +112,9 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         prefix = contextual.public_prefix(read_prefixes(view))
         ctx = contextual.ContextualSettings(beam=int(cfg.contextual_beam))
         fn = lambda obs: contextual.rank(obs, model, prefix, posterior_of, settings.mechanism, ctx, k)
-        s, g, extra = contextual.score(fn, model, prefix, originals, observed, k, margin, pos_ok, name=CONTEXTUAL)
+        # each beam is extended by each of the position's posterior candidates
+        s, g, extra = contextual.score(fn, model, prefix, originals, observed, k, margin, pos_ok, name=CONTEXTUAL,
+                                       candidates=ctx.beam * posterior_size)
         scores.append(s)
         guesses[CONTEXTUAL] = scoring.first_guesses(g)
     unchanged = proportion_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)

@@ -586,6 +586,14 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path, monkeypatch):
                     "contextual_prior_top1", "contextual_prior_gain_ci_lo", "contextual_verdict"):
             assert key in m, key
         assert m["contextual_prior_gain"] == pytest.approx(m["contextual_top1"] - m["contextual_prior_top1"])
+        # Cost as data (issue 32 item 5): every attacker's wall time, per position, and its candidate count.
+        attackers = [key[:-len("_verdict")] for key in m if key.endswith("_verdict") and key != "verdict"]
+        assert {"neighbours", "bayes", "contextual", "decoder"} <= set(attackers)
+        for a in attackers:
+            assert m[f"{a}_seconds"] > 0 and m[f"{a}_seconds_per_position"] > 0, a
+        assert m["neighbours_candidates_per_position"] == r["sanitize"]["candidate_vocabulary"]
+        assert m["contextual_candidates_per_position"] == 2 * m["bayes_candidates_per_position"] == 2 * 16   # beam 2
+        assert m["decoder_candidates_per_position"] is None
         from attacks import controls
         assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
