@@ -128,7 +128,9 @@ def _definitions(k: int) -> dict[str, str]:
         "contextual_prior_gain": "contextual_top1 minus contextual_prior_top1, paired per prompt on the same "
                                  "positions, mean and t 95% CI over prompts (percentage points)",
         "<attacker>_seconds/_seconds_per_position": "wall time of the attacker on the view (its controls and, for "
-                                                    "the trained ones, training excluded), in all and per text position",
+                                                    "the trained ones, training excluded), in all and per text position; "
+                                                    "contextual's is its beam search, the posterior it shares with bayes "
+                                                    "being counted under bayes",
         "<attacker>_candidates_per_position": "candidate originals it scores per position: the candidate table for "
                                               "neighbours, window and learned (a nearest search), the posterior's "
                                               "candidates for bayes, beam x those for contextual; null for the "
