@@ -142,6 +142,14 @@ def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positi
     return INCONCLUSIVE
 
 
+def strength(score: float, floor: float | None) -> float:
+    """What decides the strongest attacker wherever one is picked (a run's `tradeoff` block among its attackers,
+    the cross-system chart among runs): its score's excess over its own no-signal floor, the score itself
+    without a floor. Attackers differ in what nothing scores, so the highest score could crown one that read
+    nothing."""
+    return score if floor is None else score - floor
+
+
 def worst(verdicts: Sequence[str | None]) -> str | None:
     """The worst verdict (leak > inconclusive > at_chance) of those given; None when none is."""
     known = [v for v in verdicts if v is not None]

@@ -39,7 +39,7 @@ class SuiteResult:
         """The attacker with the largest token-F1 excess over its own exposure-free reference (the run's point
         on the cross-system chart): the rule the chart uses across runs (runners/report/tradeoff.py), since
         each attacker's reference differs (a prior-driven guesser scores high on any prompt)."""
-        return max(self.scores, key=lambda s: s.f1.mean - s.reference)
+        return max(self.scores, key=lambda s: controls.strength(s.f1.mean, s.reference))
 
 
 def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: Any, cfg: Any, seed: int,

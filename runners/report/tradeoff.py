@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attacks import controls
 from harness import configurations
 from harness.collab import config as collab_config
 from harness.sanitize import config as sanitize_config
@@ -107,9 +108,8 @@ def excess(leak: dict[str, Any] | None) -> float | None:
 
 
 def _strength(leak: dict[str, Any]) -> float:
-    """What decides the strongest attacker: the excess over its floor, or the score against a floor of 0."""
-    value = excess(leak)
-    return num(leak.get("value")) if value is None else value
+    """What decides the strongest attacker (attacks.controls.strength): the excess over its floor."""
+    return controls.strength(num(leak.get("value")), num(leak.get("floor")))
 
 
 def _parameter(run: Run) -> str:

@@ -139,14 +139,13 @@ def _tradeoff(m: dict[str, Any], attack: Any) -> dict[str, Any]:
     Bayes attacker, with that attacker's own no-signal floor. Stronger means the larger excess over its own
     floor, the rule the cross-system chart uses across runs (runners/report/tradeoff.py): by raw F1 the
     learned inverter, whose floor is an unrelated prompt's F1, would win where both read nothing."""
+    from attacks import controls
+
     where = f"{attack['component']} layer {attack['layer']}"
     candidates = [("learned inverter", "token_f1", "chance_floor_token_f1"),
                   ("Bayes attacker", "bayes_token_f1", "bayes_token_f1_chance")]
-
-    def strength(c: tuple[str, str, str]) -> float:
-        return m[c[1]] - (m.get(c[2]) or 0.0)
-
-    name, key, floor = max((c for c in candidates if m.get(c[1]) is not None), key=strength)
+    name, key, floor = max((c for c in candidates if m.get(c[1]) is not None),
+                           key=lambda c: controls.strength(m[c[1]], m.get(c[2])))
     return common.tradeoff(leakage_metric="token_f1", leakage=m[key],
                            leakage_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
                            attacker=f"{name} ({where})", leakage_floor=m.get(floor))
