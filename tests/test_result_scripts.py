@@ -1,5 +1,5 @@
 """The scripts behind committed results (scripts/cross_system_chart.sh, collab_paper_runs.sh,
-grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh) need local data; without it each stops before running anything,
+grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh, sanitize_fig34_grid.sh) need local data; without it each stops before running anything,
 with one line and exit code 2."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
                                              ("collab_paper_runs.sh", "ori_pqal.json"),
                                              ("grad_audit_runs.sh", "wiki.test.raw"),
                                              ("splitft_long_runs.sh", "wiki.test.raw"),
-                                             ("splitft_privpair_schedule.sh", "wiki.test.raw")])
+                                             ("splitft_privpair_schedule.sh", "wiki.test.raw"),
+                                             ("sanitize_fig34_grid.sh", "dev.tsv")])
 def test_missing_data_is_one_line_and_exit_2(tmp_path, script, missing):
     env = {**os.environ, "DATA": str(tmp_path / "nowhere")}
     res = subprocess.run(["bash", str(ROOT / "scripts" / script), str(tmp_path / "out")],
@@ -79,3 +80,34 @@ def test_privpair_schedule_analysis_pairs_blocks_examples_and_seeds(tmp_path):
     assert d["verdicts differing"] == ["seed 1 label_verdict: protect → leak"]
     hs = got["H over seeds"]
     assert hs["P=4, 2 burst steps (default)"]["H_rel"][:2] == pytest.approx([0.15, mean_t_ci([0.1, 0.2]).lo])
+
+
+def test_sanitize_shift_counts_a_neighbours_token_apart_from_unchanged(tmp_path):
+    """scripts/sanitize_shift.py: a substitute equal to the original token one position over is counted as a
+    neighbour's token, not as unchanged (the even-window shift of docs/results/sanitize_fig4)."""
+    import json
+    import sys
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sanitize_shift
+
+    # original 1 2 3 4; sanitised 1 (same), 3 (right neighbour), 9 (new), 3 (left neighbour)
+    assert sanitize_shift.shares([1, 2, 3, 4], [1, 3, 9, 3]) == (0.25, 0.5)
+    assert sanitize_shift.shares([5, 5], [5, 5]) == (1.0, 0.0)   # unchanged wins over a neighbour's copy
+    run = tmp_path / "out" / "sanitize" / "m" / "dx_stencil" / "eps=100" / "r"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"experiment": "sanitize", "mechanism": {
+        "mechanism": "dx_stencil", "window": 2, "sigma": 0.75, "parameter": 100.0}}))
+    rows = [{"original_text_ids": [1, 2, 3, 4], "text_span": [1, 5], "output_ids": [0, 1, 3, 9, 3]},
+            {"original_text_ids": [1, 2, 3, 4], "text_span": [0, 4], "output_ids": [1, 2, 3, 4]}]
+    (run / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize_shift.py"), str(tmp_path / "out"), "--out",
+                          str(tmp_path / "shift.md")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no finished" in res.stderr   # no .done yet: no run to read
+    (run / ".done").touch()
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize_shift.py"), str(tmp_path / "out"), "--out",
+                          str(tmp_path / "shift.md")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    row = next(line for line in (tmp_path / "shift.md").read_text().splitlines() if line.startswith("| dx_stencil"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["100", "2", "even"]
+    assert cells[6].startswith("62.5") and cells[7].startswith("25.0") and cells[8].startswith("87.5")
