@@ -142,6 +142,18 @@ def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positi
     return INCONCLUSIVE
 
 
+def interval_case(lo: float, hi: float, reference: float, margin: float) -> str:
+    """Why an interval [lo, hi] neither calls a leak (lo > reference + m) nor sits within reference ± m:
+    "below" (wholly under reference − m: the attacker failed), "above" (it excludes the reference from above
+    but not reference + m: a real excess the interval cannot place against the margin, which more samples
+    or a smaller margin would settle) or "wide" (it straddles the reference and reaches past ± m)."""
+    if hi < reference - margin:
+        return "below"
+    if lo > reference:
+        return "above"
+    return "wide"
+
+
 def strength(score: float, floor: float | None) -> float:
     """What decides the strongest attacker wherever one is picked (a run's `tradeoff` block among its attackers,
     the cross-system chart among runs): its score's excess over its own no-signal floor, the score itself
@@ -240,8 +252,8 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
                       recall ≥ min_recall (the truth was still among the candidates when the masks decided)
                       or, where `decisive_misses` is given (attack.sequential.pruning_rule=no_decisive_miss),
                       0 decisive misses in place of the recall condition
-        inconclusive  everything else, with the reason: an interval past ±m, below the reference, a
-                      free-running attacker, a pruning stage that lost the truth too often, a decisive miss.
+        inconclusive  everything else, with the reason: an interval past ±m, one above 0 but not +m
+                      (a leak the interval cannot size), below the reference, a free-running attacker, a pruning stage that lost the truth too often, a decisive miss.
 
     A decisive miss (sequential.pruning_decisive) is a missed position whose truth, scored with every used
     exposure, scores at least as high as the guess. With none, the unpruned attacker hits only where the
@@ -252,9 +264,13 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
     if lo_pp > margin_pp:
         return LEAK, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies above +{margin_pp:g} pp"
     reasons = []
-    if lo_pp < -margin_pp and hi_pp < -margin_pp:
+    case = interval_case(lo_pp, hi_pp, 0.0, margin_pp)
+    if case == "below":
         reasons.append(f"below {reference}: [{lo_pp:.2f}, {hi_pp:.2f}] pp (the attacker failed, which says "
                        "nothing about the masks)")
+    elif case == "above":
+        reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} excludes 0 but not "
+                       f"+{margin_pp:g} pp: a leak, of a size the interval cannot place against the margin")
     elif not (-margin_pp <= lo_pp and hi_pp <= margin_pp):
         reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} is wider than ±{margin_pp:g} pp")
     if not teacher_forced:

@@ -15,7 +15,9 @@
 # not run here (the committed sweeps are one η per series). Needs DATA (default ../shared/data) for SST-2 and
 # CommonsenseQA. Reruns skip finished runs. WORKERS=2 runs each half as two processes on the same grid, the
 # second in reverse order: a run one of them holds (its lock) or has finished is skipped by the other, so the
-# two meet in the middle (the committed Fig. 3 ran so, on 2 cores).
+# two meet in the middle (the committed Fig. 3 ran so, on 2 cores). HALVES (default "3 4") picks the halves,
+# SIGMAS (0.5,0.75,1.0,1.25) Fig. 3's series and WINDOWS (2,3,4,5,6,7) Fig. 4's, so that part of a grid can be
+# run in the open; docs/results/sanitize_fig4/README.md gives the calls that made the committed 26 points.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -50,9 +52,16 @@ else
             "sanitize.task_limit=${TASK_LIMIT:-40}" sanitize.threads=1 sanitize.attack.decoder_steps=0
             "sanitize.attack.contextual_beam=${CONTEXTUAL_BEAM:-0}"
             "paths.output_dir=$out")
-    grid "$etas" sanitize.sigma 0.5,0.75,1.0,1.25 "${common[@]}" "sanitize.task_paths.sst2=$sst2" sanitize.window=9
-    grid "$etas" sanitize.window 2,3,4,5,6,7 "${common[@]}" 'sanitize.tasks=[commonsense_qa]' \
-        "sanitize.task_paths.commonsense_qa=$csqa" sanitize.sigma=0.75
+    halves=" ${HALVES:-3 4} "
+    [[ $halves =~ ^( [34])+\ $ ]] || { echo "sanitize_fig34_grid.sh: HALVES must list 3 and/or 4, not '${HALVES}'" >&2; exit 2; }
+    if [[ $halves == *" 3 "* ]]; then
+        grid "$etas" sanitize.sigma "${SIGMAS:-0.5,0.75,1.0,1.25}" "${common[@]}" "sanitize.task_paths.sst2=$sst2" \
+            sanitize.window=9
+    fi
+    if [[ $halves == *" 4 "* ]]; then
+        grid "$etas" sanitize.window "${WINDOWS:-2,3,4,5,6,7}" "${common[@]}" 'sanitize.tasks=[commonsense_qa]' \
+            "sanitize.task_paths.commonsense_qa=$csqa" sanitize.sigma=0.75
+    fi
 fi
 if [[ -n $report ]]; then
     include=(); [[ ${SMOKE:-0} == 1 ]] && include=(--include-tagged smoke)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from metrics.proportions import proportion_ci  # noqa: E402
 from runners.report.format import md_table  # noqa: E402
+from runners.report.runs import Run, finished_runs, scan  # noqa: E402
 
 
 def shares(original: list[int], sanitised: list[int]) -> tuple[float, float]:
@@ -37,14 +38,12 @@ def shares(original: list[int], sanitised: list[int]) -> tuple[float, float]:
     return same / len(original), adjacent / len(original)
 
 
-def run_row(run: Path) -> tuple[tuple, list[str]] | None:
-    """One table row for a finished sanitiser run with samples, keyed for sorting; None for any other run."""
-    results, samples = run / "results.json", run / "samples.jsonl"
-    if not ((run / ".done").exists() and samples.exists()):
-        return None
-    r = json.loads(results.read_text())
-    mech = r.get("mechanism")
-    if r.get("experiment") != "sanitize" or not isinstance(mech, dict):
+def run_row(run: Run) -> tuple[tuple, list[str]] | None:
+    """One table row for a finished sanitiser run (the report's `finished_runs`), keyed for sorting; None when
+    it kept no samples or names no mechanism."""
+    samples = run.path / "samples.jsonl"
+    mech = run.data.get("mechanism")
+    if not samples.exists() or not isinstance(mech, dict):
         return None
     per_prompt = []
     for line in samples.read_text().splitlines():
@@ -72,7 +71,7 @@ def main() -> None:
     if not args.out.is_dir():
         print(f"sanitize_shift.py: {args.out} is not a directory", file=sys.stderr)
         sys.exit(2)
-    rows = sorted(filter(None, (run_row(p.parent) for p in args.out.rglob("results.json"))))
+    rows = sorted(filter(None, map(run_row, finished_runs(scan(args.out), "sanitize"))))
     if not rows:
         print(f"sanitize_shift.py: no finished sanitiser run with samples under {args.out}", file=sys.stderr)
         sys.exit(2)

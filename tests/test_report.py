@@ -585,7 +585,8 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
                  attack("ep1", 15.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.6, bayes_reference=0.2),
                  attack("ep1", 15.0, "noise_aware", "qkv", 4.0, half=0.5, bayes_top1=0.6, bayes_reference=0.2),
                  attack("ep1", 1.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.1),
-                 attack("ep1", 1.0, "noise_aware", "composite", 21.8, half=0.4, bayes_top1=0.1)):
+                 attack("ep1", 1.0, "noise_aware", "composite", 21.8, half=0.4, bayes_top1=0.1),
+                 attack("ep1", 100.0, "noise_oblivious", "qkv", 22.8, half=0.5, bayes_top1=1.5, bayes_reference=0.2)):
         write_run(runs, data["run_dir"], data)
     code, out, err = run_report([str(runs), "--out", str(out_dir)], capsys)
     assert code == 0, err
@@ -597,6 +598,11 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
     assert (below[lv], below[bv], below[v]) == ("inconclusive (below floor)", "**leak**", "**leak**")
     old = by_cell[("ep1 ε=1000", "noise-oblivious")]      # 14.22 [12.15, 16.29] against 23.84: once "pass"
     assert (old[lv], old[bv], old[v]) == ("inconclusive (below floor)", "**leak**", "**leak**")
+    # [22.3, 23.3] against a floor of 22: an excess the interval cannot place against the margin, named so;
+    # the Bayes attacker's [0, 3.5] against 0.2 straddles its reference and reaches past its margin
+    small = by_cell[("ep1 ε=100", "noise-oblivious")]
+    assert (small[lv], small[bv]) == ("inconclusive (above floor, not clear of floor + margin)",
+                                      "inconclusive (interval past chance ± margin)")
     assert not [c for r in rows for c in r if "pass" in c or "fail" in c]
     _, pairs = _table_rows(text.split("Verdict per configuration")[1])
     verdicts = {r[0]: r for r in pairs}
@@ -608,7 +614,7 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
                                         "noise-aware QKV", "**leak** from k=16"]
     assert verdicts["ep1 ε=1"][1:] == ["at chance", "2", "2 at chance", "at chance", "every attacker",
                                        "none up to k=16"]
-    assert [r[0] for r in pairs] == ["ep1 ε=1", "ep1 ε=15", "ep1 ε=1000", "ep1 ε=2500"]
+    assert [r[0] for r in pairs] == ["ep1 ε=1", "ep1 ε=15", "ep1 ε=100", "ep1 ε=1000", "ep1 ε=2500"]
 
 
 def sequential(epsilon: float, map_verdict: str, map_reason: str, likelihood_verdict: str | None = None,

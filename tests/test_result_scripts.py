@@ -95,7 +95,7 @@ def test_sanitize_shift_counts_a_neighbours_token_apart_from_unchanged(tmp_path)
     assert sanitize_shift.shares([5, 5], [5, 5]) == (1.0, 0.0)   # unchanged wins over a neighbour's copy
     run = tmp_path / "out" / "sanitize" / "m" / "dx_stencil" / "eps=100" / "r"
     run.mkdir(parents=True)
-    (run / "results.json").write_text(json.dumps({"experiment": "sanitize", "mechanism": {
+    (run / "results.json").write_text(json.dumps({"status": "ok", "experiment": "sanitize", "mechanism": {
         "mechanism": "dx_stencil", "window": 2, "sigma": 0.75, "parameter": 100.0}}))
     rows = [{"original_text_ids": [1, 2, 3, 4], "text_span": [1, 5], "output_ids": [0, 1, 3, 9, 3]},
             {"original_text_ids": [1, 2, 3, 4], "text_span": [0, 4], "output_ids": [1, 2, 3, 4]}]

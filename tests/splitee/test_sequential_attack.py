@@ -315,6 +315,11 @@ def test_verdict_rule():
     verdict, why = v(-3.1, 2.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)
     assert verdict == controls.INCONCLUSIVE and "[-3.10, 2.00] pp against the prior alone is wider than ±1 pp" in why
     assert "below" in v(-9.0, -3.0, 1.0, teacher_forced=True, pruning_recall=None, **kw)[1]
+    # a real excess that the interval cannot place against the margin (dolly144x32's ε = 1) is named as such
+    verdict, why = v(0.21, 1.31, 1.0, teacher_forced=True, pruning_recall=None, **kw)
+    assert verdict == controls.INCONCLUSIVE and "excludes 0 but not +1 pp: a leak" in why
+    assert [controls.interval_case(*x, 0.0, 1.0) for x in ((-3, -1.5), (0.2, 1.3), (-0.5, 1.3), (-1.3, -0.2))] == [
+        "below", "above", "wide", "wide"]
 
 
 def test_verdict_rule_no_decisive_miss():

@@ -222,10 +222,18 @@ def _why_learned(row: AttackRow) -> str | None:
         return None
     if not (m.get("positive_control_pass") and m.get("negative_control_pass")):
         return "control failed"
-    hi, floor, margin = num(m.get("token_f1_ci_hi")), num(m.get("chance_floor_token_f1")), num(m.get("gate_margin_pp"))
-    if None not in (hi, floor, margin) and hi < floor - margin:
-        return "below floor"
-    return "interval past floor ± margin"
+    lo, hi = num(m.get("token_f1_ci_lo")), num(m.get("token_f1_ci_hi"))
+    floor, margin = num(m.get("chance_floor_token_f1")), num(m.get("gate_margin_pp"))
+    return _why_interval(lo, hi, floor, margin, "floor")
+
+
+def _why_interval(lo: float | None, hi: float | None, reference: float | None, margin: float | None,
+                  name: str) -> str:
+    """An inconclusive interval's reason in the table's words (attacks.controls.interval_case)."""
+    if None in (lo, hi, reference, margin):
+        return f"interval past {name} ± margin"
+    return {"below": f"below {name}", "above": f"above {name}, not clear of {name} + margin",
+            "wide": f"interval past {name} ± margin"}[controls.interval_case(lo, hi, reference, margin)]
 
 
 def _why_bayes(row: AttackRow) -> str | None:
@@ -236,11 +244,8 @@ def _why_bayes(row: AttackRow) -> str | None:
         return "old run: no Bayes control"
     if not m.get("bayes_positive_control_pass"):
         return "control failed"
-    hi, ref, margin = (num(m.get("bayes_token_f1_ci_hi")), num(m.get("bayes_token_f1_chance")),
-                       num(m.get("gate_margin_pp")))
-    if None not in (hi, ref, margin) and hi < ref - margin:
-        return "below chance"
-    return "interval past chance ± margin"
+    lo, hi = num(m.get("bayes_token_f1_ci_lo")), num(m.get("bayes_token_f1_ci_hi"))
+    return _why_interval(lo, hi, num(m.get("bayes_token_f1_chance")), num(m.get("gate_margin_pp")), "chance")
 
 
 def table6_md(group: AttackGroup) -> str:
