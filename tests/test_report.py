@@ -618,15 +618,46 @@ def test_attack_verdict_per_configuration_is_the_worst_attacker(tmp_path: Path, 
 
 
 def sequential(epsilon: float, map_verdict: str, map_reason: str, likelihood_verdict: str | None = None,
-               likelihood_reason: str | None = None, tags: tuple[str, ...] = ()) -> dict:
+               likelihood_reason: str | None = None, tags: tuple[str, ...] = (), mode: str = "teacher_forced",
+               variant: str = "default") -> dict:
     """A sequential_attack results.json (runners/splitee/sequential_attack.py) trimmed to its verdict keys."""
     m = {"verdict_map": map_verdict, "verdict_map_reason": map_reason}
     if likelihood_verdict is not None:
         m.update({"verdict_likelihood": likelihood_verdict, "verdict_likelihood_reason": likelihood_reason})
     return {"experiment": "sequential_attack", "experiment_name": "sequential_attack", "status": "ok",
             "configuration": "ep1", "epsilon": epsilon, "model": "smollm2-135m", "workload": "dolly", "n_prompts": 10,
-            "metrics": m, "tags": list(tags), "config_hash": "2" * 64, "provenance": PROVENANCE,
-            "run_dir": f"sequential_attack/smollm2-135m/ep1/eps={epsilon:g}/default"}
+            "metrics": m, "tags": list(tags), "config_hash": "2" * 64, "provenance": PROVENANCE, "mode": mode,
+            "run_dir": f"sequential_attack/smollm2-135m/ep1/eps={epsilon:g}/{variant}"}
+
+
+def test_a_free_running_inconclusive_does_not_outvote_its_teacher_forced_bound(tmp_path: Path, capsys) -> None:
+    """A free-running sequential run can never certify at_chance, and teacher forcing bounds it from above:
+    its inconclusive is set aside where a teacher-forced run of the same attacker is there (listed under
+    set_aside in verdicts.json), so a configuration attacked in both modes can still read at chance. Its
+    leak always counts, and so does its inconclusive with no teacher-forced run beside it."""
+    runs = tmp_path / "runs"
+    free = "free-running mode cannot certify at_chance (teacher-forced is the family's upper bound)"
+    for data in (attack("ep1", 1.0, "noise_oblivious", "qkv", 22.0, half=0.5, bayes_top1=0.1),   # both at chance
+                 sequential(1.0, "at_chance", "paired difference against the prior alone [-0.4, 0.6] pp lies within ±1 pp"),
+                 sequential(1.0, "inconclusive", free, mode="free_running", variant="free"),
+                 sequential(15.0, "inconclusive", "interval [-0.20, 3.00] pp against the prior alone is wider than ±1 pp"),
+                 sequential(15.0, "leak", "paired difference against the prior alone [1.5, 4.0] pp lies above +1 pp",
+                            mode="free_running", variant="free"),
+                 sequential(100.0, "inconclusive", free, mode="free_running", variant="free")):
+        write_run(runs, data["run_dir"], data)
+    code, _, err = run_report([str(runs)], capsys)
+    assert code == 0, err
+    by = {e["epsilon"]: e for e in json.loads((runs / "verdicts.json").read_text())["configurations"]}
+    assert by[1.0]["verdict"] == "at_chance" and by[1.0]["inconclusive"] == []
+    assert [a["run"].rsplit("/", 1)[1] for a in by[1.0]["set_aside"]] == ["free"]
+    assert len(by[1.0]["attackers"]) == 4                                   # still listed
+    assert by[15.0]["verdict"] == "leak" and by[15.0]["set_aside"] == []     # a free-running leak counts
+    assert by[100.0]["verdict"] == "inconclusive" and by[100.0]["set_aside"] == []   # no teacher-forced run
+    # Table 6's verdict per configuration (its rows: the attack runs' pairs) agrees
+    headers, pairs = _table_rows((runs / "report.md").read_text().split("Verdict per configuration")[1])
+    row = dict(zip(headers, pairs[0]))
+    assert (row["configuration"], row["verdict"], row["worst from"]) == ("ep1 ε=1", "at chance", "every attacker")
+    assert row["sequential attacker (all exposures)"].endswith("at chance")
 
 
 def test_verdicts_json_is_the_worst_attacker_per_configuration(tmp_path: Path, capsys) -> None:

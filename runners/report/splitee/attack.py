@@ -273,9 +273,15 @@ def table6_md(group: AttackGroup) -> str:
 
 def pair_verdict(runs: Sequence[AttackRow], sequential: Sequence[Run] = ()) -> str | None:
     """The verdict of a configuration and ε: the worst over its runs' learned and Bayes attackers and the
-    sequential attacker's runs against it."""
+    sequential attacker's runs against it (less a free-running inconclusive that a teacher-forced run of the
+    same attacker bounds, sequential_attack.set_aside)."""
     return controls.worst([v for r in runs for v in (r.learned_verdict, r.bayes_verdict)]
-                          + [a["verdict"] for s in sequential for a in sequential_attack.attacker_verdicts(s)])
+                          + [a["verdict"] for a in _sequential_counted(sequential)])
+
+
+def _sequential_counted(runs: Sequence[Run]) -> list[dict]:
+    """The sequential runs' attacker verdicts that count for their configuration and ε."""
+    return sequential_attack.counted([a for s in runs for a in sequential_attack.attacker_verdicts(s)])
 
 
 def _sequential_cell(runs: Sequence[Run]) -> str:
@@ -285,7 +291,7 @@ def _sequential_cell(runs: Sequence[Run]) -> str:
     best = sequential_attack.strongest(runs)
     if best is None:
         return "—"
-    found = [a for s in runs for a in sequential_attack.attacker_verdicts(s)]
+    found = _sequential_counted(runs)
     worst = controls.worst([a["verdict"] for a in found])
     why = next((a["reason"] for a in found if a["verdict"] == worst and worst == controls.INCONCLUSIVE), None)
     m, n = best.metrics, best.metrics.get("n_positions")
@@ -319,8 +325,7 @@ def verdicts_md(group: AttackGroup) -> str:
                     for r in runs if worst is not None and r.learned_verdict == worst]
         if worst is not None and worst in bayes:
             culprits.append("Bayes")
-        if worst is not None and any(a["verdict"] == worst for s in sequential
-                                     for a in sequential_attack.attacker_verdicts(s)):
+        if worst is not None and any(a["verdict"] == worst for a in _sequential_counted(sequential)):
             culprits.append("sequential")
         if worst == controls.AT_CHANCE:
             culprits = ["every attacker"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attacks import controls
 from runners.report.format import md_table, tagged
 from runners.report.plotting import Figures, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
@@ -29,14 +30,33 @@ VERDICT_KEYS = {"map": ("verdict_map", "verdict_map_reason"),
 
 
 def attacker_verdicts(run: Run) -> list[dict[str, Any]]:
-    """Every attacker verdict one sequential run holds: {attacker, verdict, reason}, MAP's and the
+    """Every attacker verdict one sequential run holds: {attacker, verdict, reason, mode}, MAP's and the
     likelihood's; the run's own verdict when neither MAP nor a null view ran."""
-    m = run.metrics
-    out = [{"attacker": f"sequential_{name}", "verdict": m[key], "reason": m.get(reason)}
+    m, mode = run.metrics, run.data.get("mode")
+    out = [{"attacker": f"sequential_{name}", "verdict": m[key], "reason": m.get(reason), "mode": mode}
            for name, (key, reason) in VERDICT_KEYS.items() if m.get(key) is not None]
     if not out and m.get("verdict") is not None:
-        out.append({"attacker": "sequential", "verdict": m["verdict"], "reason": m.get("verdict_reason")})
+        out.append({"attacker": "sequential", "verdict": m["verdict"], "reason": m.get("verdict_reason"), "mode": mode})
     return out
+
+
+def set_aside(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attacker verdicts of one configuration and ε that its verdict does not count: a free-running run's
+    *inconclusive* where a teacher-forced run of the same attacker is among them. Teacher forcing gives the
+    attacker the true prefix, so it bounds the free-running attacker from above (docs/sequential_attack.md):
+    the free-running run can add no evidence for privacy, and its rule forbids it to certify at_chance, so
+    counting it would keep every configuration attacked in both modes inconclusive whatever the masks do.
+    Its leak still counts (what was recovered was recovered), and so does its inconclusive where no
+    teacher-forced run of its attacker is there. Entries without a mode (the attack runs') are never set aside."""
+    forced = {a["attacker"] for a in found if a.get("mode") == "teacher_forced"}
+    return [a for a in found if a.get("mode") == "free_running" and a["verdict"] == controls.INCONCLUSIVE
+            and a["attacker"] in forced]
+
+
+def counted(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attacker verdicts that decide a configuration and ε: `found` less `set_aside(found)`."""
+    aside = [id(a) for a in set_aside(found)]
+    return [a for a in found if id(a) not in aside]
 
 
 def strongest(runs: Sequence[Run]) -> Run | None:

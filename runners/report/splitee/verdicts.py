@@ -5,7 +5,9 @@ over every attacker run against it among the reported runs: the learned and the 
 `attack` run (runners/report/splitee/attack.py, the report's "Verdict per configuration and ε" table) and the MAP and
 likelihood attackers of each `sequential_attack` run (attacks/sequential.summarise). Runs are grouped by
 model, configuration, ε and tag set (a smoke run never decides a real configuration). Each entry names the
-run(s) and attacker(s) whose verdict decided it and, for every inconclusive attacker, its reason.
+run(s) and attacker(s) whose verdict decided it and, for every inconclusive attacker, its reason. One kind of
+verdict is set aside, and listed as such: a free-running sequential run's inconclusive where a
+teacher-forced run of the same attacker is there, which bounds it (sequential_attack.set_aside).
 
 `splitbench-report DIR` writes it (atomically) beside report.md, at the sweep root unless --out says
 otherwise; it is rewritten from the runs each time, so it is never staler than the report.
@@ -24,6 +26,8 @@ from runners.report.splitee import sequential_attack
 from runners.report.splitee.attack import AttackRow, _why_bayes, _why_learned
 
 FILE = "verdicts.json"
+SET_ASIDE = ("free-running and inconclusive, bounded by a teacher-forced run of the same attacker "
+             "(runners/report/splitee/sequential_attack.set_aside)")
 
 
 def attackers(run: Run) -> list[dict[str, Any]]:
@@ -53,14 +57,17 @@ def collect(runs: Sequence[Run]) -> list[dict[str, Any]]:
             groups.setdefault(key, []).append({"run": run.rel, "experiment": run.experiment, **a})
     out = []
     for (model, configuration, epsilon, tags), found in groups.items():
-        worst = controls.worst([a["verdict"] for a in found])
+        count = sequential_attack.counted(found)
+        worst = controls.worst([a["verdict"] for a in count])
         out.append({
             "model": model, "configuration": configuration, "epsilon": epsilon, "tags": list(tags),
             "verdict": worst,
             "decided_by": [{"run": a["run"], "attacker": a["attacker"], "reason": a["reason"]}
-                           for a in found if a["verdict"] == worst],
+                           for a in count if a["verdict"] == worst],
             "inconclusive": [{"run": a["run"], "attacker": a["attacker"], "reason": a["reason"]}
-                             for a in found if a["verdict"] == controls.INCONCLUSIVE],
+                             for a in count if a["verdict"] == controls.INCONCLUSIVE],
+            "set_aside": [{"run": a["run"], "attacker": a["attacker"], "reason": SET_ASIDE}
+                          for a in sequential_attack.set_aside(found)],
             "attackers": found,
         })
     return sorted(out, key=lambda e: (e["tags"], e["model"], e["configuration"],
@@ -74,7 +81,8 @@ def write(runs: Sequence[Run], out: Path) -> Path:
     atomic_write_json(path, {
         "description": "per (model, configuration, epsilon, tags): the worst verdict over every attacker run "
                        "against it (leak > inconclusive > at_chance), the run(s) and attacker(s) that decided it, "
-                       "and each inconclusive attacker's reason",
+                       "each inconclusive attacker's reason, and the verdicts set aside (a free-running "
+                       "inconclusive bounded by a teacher-forced run of the same attacker)",
         "configurations": collect(runs),
     })
     return path
