@@ -253,7 +253,8 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
                       or, where `decisive_misses` is given (attack.sequential.pruning_rule=no_decisive_miss),
                       0 decisive misses in place of the recall condition
         inconclusive  everything else, with the reason: an interval past ±m, one above 0 but not +m
-                      (a leak the interval cannot size), below the reference, a free-running attacker, a pruning stage that lost the truth too often, a decisive miss.
+                      (a leak the interval cannot size), below the reference, a free-running attacker,
+                      a pruning stage that lost the truth too often, a decisive miss.
 
     A decisive miss (sequential.pruning_decisive) is a missed position whose truth, scored with every used
     exposure, scores at least as high as the guess. With none, the unpruned attacker hits only where the
