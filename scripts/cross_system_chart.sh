@@ -8,9 +8,11 @@
 #
 # Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default
 # ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
-# resumes where it stopped. Two streams run side by side, one per core: the SpliTEE attack runs and then the
-# sanitiser runs, and beside them the fidelity runs and then the sequential attacker's. The result, its run
-# times and its reading: docs/results/cross_system/README.md.
+# resumes where it stopped. Two streams run side by side, one per core: the six SpliTEE attack runs (about
+# 30 minutes each on this 2-core machine under load, 2026-12-05: each noisy run trains three 4-minute
+# attackers), and beside them the fidelity runs (about 2 minutes each), the sequential attacker's (4-5) and
+# the sanitiser runs (13-28, one thread). The result, its run times and its reading:
+# docs/results/cross_system/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -52,7 +54,8 @@ sanitize=(experiment=sanitize "${prompts[@]}" "sanitize.tasks=[sst2,qnli,mmlu,co
 fidelity=(experiment=fidelity "${prompts[@]}" generation.max_new_tokens=64)
 
 # Leakage of SpliTEE's masks: Table 6's reduced protocol (layer-0 QKV, 4 minutes per learned attacker; the
-# Bayes attacker for t3, ep1 and epn). t3 first: its noise-free attacker and controls are reused by the rest.
+# Bayes attacker for t3, ep1 and epn). t3 first. Each noisy run still trains its own t3 and shuffled attackers
+# as controls beside its noise-aware one (the 2026-12-05 log), three 4-minute trainings per run.
 attack=(experiment=attack_2core "${prompts[@]}" attack.corpus.source=text "attack.corpus.path=$wiki"
         attack.component=qkv)
 
@@ -73,12 +76,11 @@ attack=(experiment=attack_2core "${prompts[@]}" attack.corpus.source=text "attac
 sequential=(experiment=sequential_attack "${prompts[@]}" attack.sequential.null_view=false engine.tee_threads=1
             attack.sequential.max_positions=12)
 
-first() {    # the attack runs' learned attackers train for a fixed 4 minutes: start them first
+first() {    # the attack runs: their learned attackers train for a fixed 4 minutes each
     local failed=0
     run -m "${attack[@]}" configuration=t3 attack.setting=noise_free
     run -m "${attack[@]}" configuration=ep1 epsilon=1,100,1000 attack.setting=noise_aware
     run -m "${attack[@]}" configuration=epn,slalom attack.setting=noise_aware
-    for point in "${sanitisers[@]}"; do run -m "${sanitize[@]}" $point; done   # $point splits into overrides
     return $failed
 }
 second() {
@@ -88,6 +90,7 @@ second() {
     for point in "${sanitisers[@]}"; do run -m "${fidelity[@]}" $point; done
     run -m "${sequential[@]}" configuration=t3,epn
     run -m "${sequential[@]}" configuration=ep1 epsilon=1,100,1000
+    for point in "${sanitisers[@]}"; do run -m "${sanitize[@]}" $point; done   # $point splits into overrides
     return $failed
 }
 status=0
