@@ -38,15 +38,19 @@ units a dose reaches), so trials are independent given the shared part. Adding a
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attacks import controls
+from harness.errors import UserError
+from harness.progress import progress
 from metrics import equivalence
 from metrics.equivalence import certifiable_margin
 from metrics.proportions import clopper_pearson
@@ -104,14 +108,23 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         raise ValueError(f"need at least one trial of each kind, got {trials} and {dosed_trials}")
     seeds = np.random.SeedSequence(seed).spawn(1 + len(entry.doses_pp))
     null_rngs = [np.random.default_rng(s) for s in seeds[0].spawn(trials)]
-    nulls = [entry.null_trial(rng) for rng in null_rngs]
+    bar = progress(desc=f"calibration {entry.system}", total=trials + dosed_trials * len(entry.doses_pp),
+                   unit="trial")
+    nulls = []
+    for rng in null_rngs:
+        nulls.append(entry.null_trial(rng))
+        bar.update(1)
     power, dosed_stats, gate_runs = {}, {}, []
     for dose, ss in zip(entry.doses_pp, seeds[1:]):
-        runs = [entry.dosed_trial(float(dose), np.random.default_rng(s)) for s in ss.spawn(dosed_trials)]
+        runs = []
+        for s in ss.spawn(dosed_trials):
+            runs.append(entry.dosed_trial(float(dose), np.random.default_rng(s)))
+            bar.update(1)
         if float(dose) == float(entry.gate_dose_pp):
             gate_runs = runs
         power[f"{float(dose):g}"] = proportion(sum(t.verdict == controls.LEAK for t in runs), dosed_trials)
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
+    bar.close()
     values = [t.statistic for t in nulls]
     by_attacker = sorted({a for t in nulls if t.parts for a in t.parts})
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -225,18 +238,28 @@ def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], tar
 # --- the entries ---------------------------------------------------------------------------------------------
 
 
-def corpus_stream(tokenizer: Any) -> list[int]:
-    """The built-in corpus as one stream of token ids (real text's token frequencies)."""
+def corpus_stream(tokenizer: Any, path: str | None = None, limit: int | None = None) -> list[int]:
+    """The built-in corpus (or the text file at `path`, its paragraphs as harness/text_corpus.paragraphs
+    keeps them) as one stream of token ids: real text's token frequencies. With `limit`, paragraphs are
+    tokenised only until the stream holds that many ids (a file may be far longer than a pool needs)."""
     from harness.text_corpus import BUILTIN_CORPUS, paragraphs
+    from harness.workloads import read_text
 
-    return [int(i) for p in paragraphs(BUILTIN_CORPUS.read_text()) for i in tokenizer(p)["input_ids"]]
+    text = BUILTIN_CORPUS.read_text() if path is None else read_text(Path(path), "calibration.splitee.pool_path")[0]
+    stream: list[int] = []
+    for p in paragraphs(text):
+        stream += [int(i) for i in tokenizer(p)["input_ids"]]
+        if limit is not None and len(stream) >= limit:
+            break
+    return stream
 
 
-def text_rows(tokenizer: Any, n: int, length: int) -> list[list[int]]:
-    """n rows of `length` token ids cut from the built-in corpus (real text, in order)."""
-    stream = corpus_stream(tokenizer)
+def text_rows(tokenizer: Any, n: int, length: int, path: str | None = None) -> list[list[int]]:
+    """n rows of `length` token ids cut in order from real text: the built-in corpus, or the file at `path`."""
+    stream = corpus_stream(tokenizer, path, limit=n * length)
     if len(stream) < n * length:
-        raise ValueError(f"the built-in corpus has {len(stream)} tokens, fewer than {n} rows of {length}")
+        source = "the built-in corpus" if path is None else f"calibration.splitee.pool_path={path}"
+        raise UserError(f"{source} has {len(stream)} tokens, fewer than {n} rows of {length}")
     return [stream[i * length:(i + 1) * length] for i in range(n)]
 
 
@@ -516,7 +539,8 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
 
 def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
                   doses_pp: Sequence[float], gate_dose_pp: float, map_reference: str,
-                  planning: dict[str, float] | None = None, chunk: int = 128) -> Entry:
+                  planning: dict[str, float] | None = None, chunk: int = 128, pool: str = "the built-in corpus"
+                  ) -> Entry:
     """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
     worst of MAP against its reference and the likelihood attacker against itself on a null view), on
     the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
@@ -626,7 +650,8 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     reads = "MAP − prior" if map_reference == "prior" else "MAP − MAP on the null view"
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
                  "exposure, masked afresh; the likelihood reference, and with map_reference=null_view MAP's, a "
-                 f"second other prompt's); MAP's verdict reads {reads}",
+                 f"second other prompt's); MAP's verdict reads {reads}; the pool: {n_prompts} prompts of "
+                 f"{len(tokens[0])} tokens from {pool}",
                  "a verdict that calls the model's prior, or an exposure of unrelated text, a leak of the prompt",
                  "pp of positions, among those the prior misses, whose exposure is their own prompt's (masked at "
                  f"the dose's ε, where it names the token): {reads} rises by about d pp",
@@ -700,11 +725,15 @@ def _grad_audit(cfg: Any, model: Any) -> Entry:
 @_register("splitee")
 def _splitee(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.splitee
-    rows = text_rows(model.tokenizer, int(c.prompts), int(c.tokens))
+    path = c.get("pool_path")
+    rows = text_rows(model.tokenizer, int(c.prompts), int(c.tokens), path)
+    pool = "the built-in corpus" if path is None else (
+        f"{path} (sha256 {hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]})")
     data = splitee_data(model.model, rows, epsilon=float(c.epsilon), dose_epsilon=float(c.dose_epsilon),
                         sigma_scale=float(cfg.engine.sigma_scale),
                         sensitivity_rule=str(cfg.engine.sensitivity_rule))
     return splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
                          min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
                          gate_dose_pp=float(c.gate_dose_pp),
-                         map_reference=str(cfg.attack.sequential.map_reference), planning=_planning(c))
+                         map_reference=str(cfg.attack.sequential.map_reference), planning=_planning(c),
+                         pool=pool)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List
+from pathlib import Path
+from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
 from harness import systems as systems_registry
 from harness.checks import check_at_least
 from harness.errors import UserError
+from harness.workloads import read_text
 
 # every system of the systems registry has a calibration entry (attacks/calibration.REGISTRY)
 SYSTEMS = systems_registry.NAMES
@@ -73,8 +75,9 @@ class CalibrationGradAuditConfig:
 
 @dataclass
 class CalibrationSpliteeConfig:
-    prompts: int = MISSING         # pool prompts of built-in text
+    prompts: int = MISSING         # pool prompts, cut in order from real text
     tokens: int = MISSING          # tokens a prompt (positions 1..tokens-1 are attacked)
+    pool_path: Optional[str] = None   # a UTF-8 text file the pool is cut from; None = the built-in corpus
     positions: int = MISSING       # positions per trial, drawn from the pool
     epsilon: float = MISSING       # ep1's ε of the masks
     dose_epsilon: float = MISSING  # ε of a dosed position's own exposure
@@ -145,6 +148,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if int(c.splitee.positions) > pool:
         raise UserError(f"calibration.splitee.positions={c.splitee.positions} exceeds the pool's {pool} positions "
                         "(prompts x (tokens - 1))")
+    if c.splitee.get("pool_path") is not None and "splitee" in systems:
+        read_text(Path(str(c.splitee.pool_path)), "calibration.splitee.pool_path")   # before anything is written
     for key in ("epsilon", "dose_epsilon"):
         if not (math.isfinite(float(c.splitee[key])) and float(c.splitee[key]) > 0):
             raise UserError(f"calibration.splitee.{key} must be a number > 0, got {c.splitee[key]}")

@@ -17,7 +17,7 @@ from metrics.intervals import mean_t_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import CONF, compose_config, run_cli_in_process
+from .conftest import CONF, compose_config, model_cfg, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -220,6 +220,28 @@ def test_bad_calibration_values_are_one_line_errors(tmp_path):
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.gate_dose_pp=3"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and "calibration.collab.gate_dose_pp must be one of its doses_pp" in res.stderr_lines[0]
+    res = run_cli_in_process(["experiment=calibration_smoke", f"calibration.splitee.pool_path={tmp_path / 'none.txt'}"],
+                             tmp_path / "pool_out", tmp_path / "cache")
+    assert res.returncode == 2 and len(res.stderr_lines) == 1
+    assert "calibration.splitee.pool_path=" in res.stderr_lines[0] and "does not exist" in res.stderr_lines[0]
+    assert not [p for p in (tmp_path / "pool_out").rglob("*") if p.is_file()]   # nothing written
+
+
+def test_splitee_pool_is_cut_in_order_from_a_text_file(tmp_path):
+    """calibration.splitee.pool_path: the pool's rows are the file's paragraphs tokenised in order (WikiText
+    headings dropped, as the built-in corpus's paragraphs), and a file too short for the pool is one line."""
+    from harness.errors import UserError
+    from harness.models import load_model
+
+    tok = load_model(model_cfg("tiny-llama"), cache_dir=tmp_path).tokenizer
+    path = tmp_path / "pool.txt"
+    path.write_text(" = A heading = \nThe cat sat on the mat.\n\nA second paragraph, longer than the first one is.\n")
+    stream = tok("The cat sat on the mat.")["input_ids"] + tok("A second paragraph, longer than the first one is.")["input_ids"]
+    rows = calibration.text_rows(tok, 2, 4, str(path))
+    assert rows == [stream[:4], stream[4:8]]
+    assert calibration.text_rows(tok, 2, 4) != rows          # the default is the built-in corpus
+    with pytest.raises(UserError, match=r"pool_path=.* has \d+ tokens, fewer than 100 rows of 4"):
+        calibration.text_rows(tok, 100, 4, str(path))
 
 
 def _splitee_data(vocab=60, dim=16, prompts=8, length=9, prior_hits=0.0, seed=0):
