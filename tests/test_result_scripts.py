@@ -1,4 +1,4 @@
-"""The scripts behind committed results (scripts/cross_system_chart.sh, collab_paper_runs.sh,
+"""The scripts behind committed results (scripts/cross_system_chart.sh, collab_paper_runs.sh, collect_runs.sh,
 grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh, sanitize_fig34_grid.sh) need local data; without it each stops before running anything,
 with one line and exit code 2."""
 from __future__ import annotations
@@ -111,3 +111,24 @@ def test_sanitize_shift_counts_a_neighbours_token_apart_from_unchanged(tmp_path)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:4] == ["100", "2", "even"]
     assert cells[6].startswith("62.5") and cells[7].startswith("25.0") and cells[8].startswith("87.5")
+
+
+def test_collect_runs_copies_finished_runs_only(tmp_path):
+    """scripts/collect_runs.sh: results.json and .done of each finished run, at its relative path; an
+    unfinished run (no .done) and the samples stay behind; a missing OUT is one line and exit code 2."""
+    out = tmp_path / "out"
+    for run, done in (("a/eps=1/r1", True), ("b/r2", False)):
+        (out / run).mkdir(parents=True)
+        (out / run / "results.json").write_text("{}")
+        (out / run / "samples.jsonl").write_text("")
+        if done:
+            (out / run / ".done").write_text("")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "collect_runs.sh"), f"{out}/", str(tmp_path / "dest")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    copied = sorted(str(p.relative_to(tmp_path / "dest")) for p in (tmp_path / "dest").rglob("*") if p.is_file())
+    assert copied == ["a/eps=1/r1/.done", "a/eps=1/r1/results.json"]
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "collect_runs.sh"), str(tmp_path / "none"),
+                          str(tmp_path / "dest2")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "dest2").exists()
