@@ -115,31 +115,45 @@ def audit_md(group: AuditGroup) -> str:
                     align="llrrrrrlcrll")
 
 
+def _clip_order(run: Run) -> tuple:
+    """A clip sweep's order: quantile clips by quantile, then fixed clips by size."""
+    mit = run.data.get("mitigation") or {}
+    q = num(mit.get("clip_quantile"))
+    return (0, q) if q is not None else (1, num(mit.get("grad_clip")) or 0.0)
+
+
 def mitigation_md(group: AuditGroup) -> str | None:
-    by_topo: dict[tuple, dict[str, Run]] = {}
+    """One row per mitigated run against the trainer at its topology: a clip sweep
+    (grad_audit.mitigation.clip_quantile=0.1,0.5,0.9) is one row per clip."""
+    by_topo: dict[tuple, dict[str, list[Run]]] = {}
     for run in group.runs:
         t = _topology(run)
-        by_topo.setdefault((t.get("cut_after"), t.get("resume_at"), t.get("latent_dim")), {})[
-            str(run.data.get("configuration"))] = run
+        by_topo.setdefault((t.get("cut_after"), t.get("resume_at"), t.get("latent_dim")), {}).setdefault(
+            str(run.data.get("configuration")), []).append(run)
     rows = []
-    for pair in by_topo.values():
-        if not set(ORDER) <= set(pair):
+    for runs in by_topo.values():
+        if not set(ORDER) <= set(runs):
             continue
-        a, b = pair["decoy_trainer"], pair["decoy_mitigated"]
-        cost, shared = _mitigation_cost(a, b)
-        mit = b.data.get("mitigation") or {}
-        clip = (f"q={mit['clip_quantile']:g} (median {num(b.metrics.get('grad_clip_median')) or 0:.2g}, "
-                f"{100 * (num(b.metrics.get('clipped_fraction')) or 0):.0f} % clipped)"
-                if mit.get("clip_quantile") is not None else f"{mit.get('grad_clip')}")
-        rows.append([_topo_label(a), f"{clip} / {mit.get('noise_multiplier')}",
-                     f"{a.metrics.get('zero_support_frames_identified')}/{a.metrics.get('frames_scored')} → "
-                     f"{b.metrics.get('zero_support_frames_identified')}/{b.metrics.get('frames_scored')}",
-                     f"{_pp(a.metrics.get('probe_effect_pp'))} → {_pp(b.metrics.get('probe_effect_pp'))}",
-                     f"{cost:+.3f} ({shared})"])
+        a = runs["decoy_trainer"][0]
+        for b in sorted(runs["decoy_mitigated"], key=_clip_order):
+            rows.append(_mitigation_row(a, b))
     if not rows:
         return None
     return md_table(["topology", "gradient clip / noise multiplier", "frames identified", "probe effect pp",
                      "cost (held-out CE, nats; over)"], rows)
+
+
+def _mitigation_row(a: Run, b: Run) -> list[str]:
+    cost, shared = _mitigation_cost(a, b)
+    mit = b.data.get("mitigation") or {}
+    clip = (f"q={mit['clip_quantile']:g} (median {num(b.metrics.get('grad_clip_median')) or 0:.2g}, "
+            f"{100 * (num(b.metrics.get('clipped_fraction')) or 0):.0f} % clipped)"
+            if mit.get("clip_quantile") is not None else f"{mit.get('grad_clip')}")
+    return [_topo_label(a), f"{clip} / {mit.get('noise_multiplier')}",
+            f"{a.metrics.get('zero_support_frames_identified')}/{a.metrics.get('frames_scored')} → "
+            f"{b.metrics.get('zero_support_frames_identified')}/{b.metrics.get('frames_scored')}",
+            f"{_pp(a.metrics.get('probe_effect_pp'))} → {_pp(b.metrics.get('probe_effect_pp'))}",
+            f"{cost:+.3f} ({shared})"]
 
 
 def _mitigation_cost(trainer: Run, mitigated: Run) -> tuple[float, str]:

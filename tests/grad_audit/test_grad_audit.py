@@ -406,3 +406,21 @@ def test_report_section_shows_the_mitigation_cost():
     assert "+0.350 (seeds 52, 53)" in md
     assert "1.000 (10/10)" in md and "+2.50 → +0.10" in md
     assert len(section.summary([group])) == 3
+
+
+def test_a_clip_sweep_is_one_mitigation_row_per_clip():
+    """grad_audit.mitigation.clip_quantile=0.1,0.5,0.9 at one topology: each mitigated run against the same
+    trainer, in quantile order, with its clipped fraction (none is dropped)."""
+    from runners.report import grad_audit as section
+
+    runs = [_run("decoy_trainer", 3.20, 10, 2.5)]
+    for q, ce, effect in ((0.9, 3.30, 1.5), (0.1, 3.60, 0.2), (0.5, 3.40, 0.8)):
+        run = _run("decoy_mitigated", ce, 0, effect)
+        run.data["mitigation"] = {"grad_clip": None, "clip_quantile": q, "noise_multiplier": 0.35}
+        run.metrics["clipped_fraction"] = 1 - q
+        runs.append(run)
+    md = section.mitigation_md(section.groups(runs)[0])
+    rows = [line for line in md.splitlines() if "q=" in line]
+    assert [r.split("q=")[1].split(" ")[0] for r in rows] == ["0.1", "0.5", "0.9"]
+    assert "90 % clipped" in rows[0] and "10 % clipped" in rows[2]
+    assert "+2.50 → +0.20" in rows[0] and "+0.400 (each run's own seeds)" in rows[0]
