@@ -203,7 +203,8 @@ def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], tar
             return statistics.fmean(widths) / crit * math.sqrt(n) if widths else None
 
         sd0, sd1 = spread(nulls), spread(gate_runs)
-        measured = None if sd0 is None or sd1 is None else {
+        # a spread across trials needs two of each (a one-trial pilot measures no planning values)
+        measured = None if sd0 is None or sd1 is None or min(len(nulls), len(gate_runs)) < 2 else {
             "sd_null_pp": sd0, "sd_dosed_pp": sd1,
             "spread_null_pp": statistics.stdev(t.statistic for t in nulls) * math.sqrt(n),
             "spread_dosed_pp": statistics.stdev(t.statistic for t in gate_runs) * math.sqrt(n),

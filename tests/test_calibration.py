@@ -73,6 +73,9 @@ def test_calibrate_counts_verdicts_with_exact_intervals():
     noisy = calibration.calibrate(_toy_entry("read"), 36, seed=2, dosed_trials=10)
     assert noisy["certify_rate"]["k"] == 0 and noisy["false_leak_rate"]["k"] <= 3
     assert noisy["certifiable_margin_pp"] == pytest.approx(certifiable_margin(noisy["null_statistic_sd_pp"] * 20 ** 0.5, 20))
+    # a one-trial pilot (calibration.trials=1 calibration.dosed_trials=1 is valid input) measures no spread
+    pilot = calibration.calibrate(_toy_entry("read"), 1, seed=2, dosed_trials=1)
+    assert pilot["false_leak_rate"]["n"] == 1 and pilot["sizing"]["measured"] is None
 
 
 def test_every_configured_system_has_a_registry_entry():
