@@ -424,6 +424,26 @@ def test_provenance_header(tmp_path: Path, capsys) -> None:
     assert "2026-11-29T13:44:33+00:00" in head
 
 
+def test_relative_to_writes_the_commands_paths_from_the_repository_root(tmp_path: Path, capsys) -> None:
+    """--relative-to DIR: the absolute paths of the runs' commands and of the Generated line are written
+    relative to DIR (what a committed report shows); relative ones (../shared/data) are left as they are."""
+    from runners.report.format import relative_paths
+
+    assert relative_paths("x paths.output_dir=/a/runs/out 'p=/a/b c' workload.path=../shared/d", "/a/repo") == \
+        "x paths.output_dir=../runs/out 'p=../b c' workload.path=../shared/d"
+    root = tmp_path / "runs"
+    sweep(root)
+    for i, path in enumerate(sorted(root.rglob("results.json"))):
+        record = json.loads(path.read_text())
+        record["provenance"]["command"] = f"splitbench configuration=c{i} paths.output_dir={root}"
+        path.write_text(json.dumps(record))
+    repo = tmp_path / "repo"
+    assert run_report([str(root), "--out", str(tmp_path / "rep"), "--relative-to", str(repo)], capsys)[0] == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "splitbench configuration=c0 paths.output_dir=../runs`" in text and str(tmp_path) not in text
+    assert "written relative to the repository root" in text
+
+
 def test_single_run_directory_is_a_report(tmp_path: Path, capsys) -> None:
     run = write_run(tmp_path, "one", fidelity("slalom", None, 20.22, 15.0, 25.44))
     assert run_report([str(run)], capsys)[0] == 0

@@ -38,6 +38,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="where report.md and the PNGs go (default: DIR)")
     parser.add_argument("--include-tagged", action="append", default=[], metavar="TAG[,TAG]",
                         help="also report runs with these tags (default: runs tagged smoke are left out)")
+    parser.add_argument("--relative-to", type=Path, default=None, metavar="DIR",
+                        help="write the absolute paths of the runs' commands (and of this command) relative to DIR, "
+                             "the repository root they ran from: for a committed report")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", default=None,
                         help="also build a W&B comparison report of the sweep (runs mirrored with logger=wandb): "
                              "saved when W&B is reachable, else its definition is written to OUT/"
@@ -103,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.wandb:  # before report.md is written: a report on the wrong project would select no run
             wandb_report.check_target([r for r in scan(args.dir) if r.state == "ok"],
                                       *wandb_report.parse_target(args.wandb))
-        result = build(args.dir, args.out or args.dir, tags, command=command)
+        result = build(args.dir, args.out or args.dir, tags, command=command, relative_to=args.relative_to)
     except (wandb_report.WandbReportError, ReportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

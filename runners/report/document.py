@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.results import atomic_write_bytes
 from runners.report import other
+from runners.report.format import relative_paths
 from runners.report.plotting import Figures
 from runners.report.provenance import problems_md, provenance_md, runs_md
 from runners.report.runs import Selection, scan, select
@@ -38,7 +39,8 @@ def _selection(root: Path, include_tags: Sequence[str]) -> Selection:
     return selection
 
 
-def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str | None = None) -> dict[str, Any]:
+def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str | None = None,
+          relative_to: Path | None = None) -> dict[str, Any]:
     """Write out/report.md and its PNGs from the runs under `root`. Returns a summary for the terminal:
     the report's path, the PNGs, the selection, and every section's tables under its experiment name."""
     root, out = Path(root), Path(out)
@@ -57,8 +59,9 @@ def build(root: Path, out: Path, include_tags: Sequence[str] = (), command: str 
         md += [f"> **Includes runs tagged {', '.join(tagged_in)}** (`--include-tagged {','.join(tagged_in)}`). "
                "Smoke runs use a tiny random model and a few prompts: they test the pipeline and say nothing "
                "about the scheme. Tagged runs are kept in tables of their own, never mixed with untagged ones.", ""]
-    md += [f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from `{root}`"
-           + (f" by `{command}`" if command else "") + ".", "", "## Provenance", "", provenance_md(runs), ""]
+    md += [relative_paths(f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from `{root}`"
+                          + (f" by `{command}`" if command else "") + ".", relative_to),
+           "", "## Provenance", "", provenance_md(runs, relative_to), ""]
     for section in SECTIONS:
         if items[section.EXPERIMENT]:
             md += section.markdown(items[section.EXPERIMENT], figure)

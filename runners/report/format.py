@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -145,3 +147,18 @@ def run_order(order: Sequence[str], data: Mapping[str, Any]) -> tuple:
     """A run's sort key in a table: its configuration's place in `order`, then the name, then ε."""
     name = str(data.get("configuration"))
     return rank(order, name), name, num(data.get("epsilon")) or 0.0
+
+
+# An absolute path in a command line: a "/" that starts a token or follows "=" or a quote (not one inside a
+# relative path such as ../shared/data).
+_ABSOLUTE = re.compile(r"(?<![\w./-])/[^\s'\"`]*")
+
+
+def relative_paths(text: str, base: str | os.PathLike | None) -> str:
+    """`text` with every absolute path written relative to `base` (report --relative-to: a committed report
+    names the paths of the machine that made it, as seen from the repository root its commands ran from);
+    unchanged when `base` is None."""
+    if base is None:
+        return text
+    root = os.path.abspath(base)
+    return _ABSOLUTE.sub(lambda m: os.path.relpath(m.group(0), root), text)

@@ -3,9 +3,10 @@ TEE kind, versions, dates, commands), the list of runs it covers, and the failed
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from runners.report.format import fmt_eps, md_table
+from runners.report.format import fmt_eps, md_table, relative_paths
 from runners.report.runs import Run, cpu_fallback
 
 VERSIONS = ("torch", "transformers", "sacrebleu", "rouge-score", "sentence-transformers")
@@ -23,8 +24,9 @@ def _uniq(values: Iterable[Any]) -> list[str]:
     return seen
 
 
-def provenance_md(runs: Sequence[Run]) -> str:
-    """The header: what was run, on what, from which code, when, with which command."""
+def provenance_md(runs: Sequence[Run], relative_to: Path | None = None) -> str:
+    """The header: what was run, on what, from which code, when, with which command (absolute paths in the
+    commands written relative to `relative_to`, where given)."""
     prov = [r.provenance for r in runs]
     code = [p.get("code") or {} for p in prov]
     commits = _uniq(f"{c.get('commit', '?')[:12]}{' (uncommitted changes)' if c.get('dirty') else ''}"
@@ -75,7 +77,11 @@ def provenance_md(runs: Sequence[Run]) -> str:
     commands = _uniq(p.get("command") for p in prov)
     if commands:
         lines.append("- **Commands**:")
-        lines += [f"  - `{c}`" for c in commands]
+        lines += [f"  - `{relative_paths(c, relative_to)}`" for c in commands]
+        if relative_to is not None:
+            lines.append("  - *(absolute paths are written relative to the repository root the commands ran from "
+                         "(report --relative-to); `../shared/data` is the project's copy of the public data sets "
+                         "(docs/results/README.md), and `paths.output_dir` may be any directory)*")
     notes = _uniq(n for r in runs for n in (r.data.get("notes") or []))
     if notes:
         lines.append("- **Notes from the runs**:")
