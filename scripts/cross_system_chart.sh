@@ -9,8 +9,8 @@
 # Needs local copies of Dolly, WikiText-2, SST-2, QNLI, MMLU and CommonsenseQA (DATA, default
 # ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
 # resumes where it stopped. Two streams run side by side, one per core: the six SpliTEE attack runs (about
-# 30 minutes each on this 2-core machine under load, 2026-12-05: each noisy run trains three 4-minute
-# attackers), and beside them the fidelity runs (about 2 minutes each), the sequential attacker's (4-5) and
+# 30 minutes each on this 2-core machine under load, 2026-12-05, where a run trains its t3 and shuffled
+# attackers beside its own; about 20 where it loads them from the cache), and beside them the fidelity runs (about 2 minutes each), the sequential attacker's (4-5) and
 # the sanitiser runs (13-28, one thread). The result, its run times and its reading:
 # docs/results/cross_system/README.md.
 set -euo pipefail
@@ -54,8 +54,9 @@ sanitize=(experiment=sanitize "${prompts[@]}" "sanitize.tasks=[sst2,qnli,mmlu,co
 fidelity=(experiment=fidelity "${prompts[@]}" generation.max_new_tokens=64)
 
 # Leakage of SpliTEE's masks: Table 6's reduced protocol (layer-0 QKV, 4 minutes per learned attacker; the
-# Bayes attacker for t3, ep1 and epn). t3 first. Each noisy run still trains its own t3 and shuffled attackers
-# as controls beside its noise-aware one (the 2026-12-05 log), three 4-minute trainings per run.
+# Bayes attacker for t3, ep1 and epn). t3 first: the noisy runs load its attacker and shuffled control from
+# the cache. The cache key holds the digest of attacks/, harness/ and metrics/, so a checkout that changes
+# under the sweep retrains them in every later run (the 2026-12-05 runs until they ran from a fixed checkout).
 attack=(experiment=attack_2core "${prompts[@]}" attack.corpus.source=text "attack.corpus.path=$wiki"
         attack.component=qkv)
 
