@@ -212,7 +212,8 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert "| collab | 420 | 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 420 | planned 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
+    assert "; measured " in text   # the n the rule asks at the run's own measured rates, beside the planned n
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):

@@ -14,8 +14,10 @@ INTRO = ("Each system's verdict run as its runner runs it, on null trials (a sig
          "statistic). *False leaks*: null trials read leak, with the Clopper–Pearson 95% upper bound; *at "
          "chance*: null trials read at_chance (the verdict's power to certify); *power*: dosed trials read leak; "
          "*certifiable margin*: the margin the sample size certifies with 80 % probability at the nulls' spread "
-         "(metrics/equivalence.py); *n the rule asks*: the n the sizing rule (metrics/equivalence.py) needs at the "
-         "configured planning values for the configured target, with its predicted certification and power at n. Issue 31's acceptance: false-leak bound ≤ 10 %, power at the gate's dose "
+         "(metrics/equivalence.py); *n the rule asks*: the n the sizing rule (metrics/equivalence.py) needs for the "
+         "configured target at the configured planning values (*planned*) and at the values the run measured "
+         "(*measured*), each with its predicted certification and power at the run's n. Issue 31's acceptance: "
+         "false-leak bound ≤ 10 %, power at the gate's dose "
          "≥ 80 %, nulls at chance ≥ 80 % (✓/✗ per check, measured, not enforced).")
 
 
@@ -27,6 +29,14 @@ def _pct(p: dict[str, Any] | None) -> str:
     return "—" if p is None else f"{p['k']}/{p['n']} ({100 * p['rate']:.0f} %)"
 
 
+def _sized(values: dict[str, Any] | None) -> str | None:
+    """The n the sizing rule asks at one set of planning values, and its predictions at the run's n."""
+    if not values or "predicted_certify_probability" not in values:
+        return None
+    return (f"{values['n_needed']} (at n: certify {100 * values['predicted_certify_probability']:.0f} %, "
+            f"power {100 * values['predicted_power_at_gate_dose']:.0f} %)")
+
+
 def run_md(run: Run) -> str:
     rows = []
     for name, s in (run.data.get("systems") or {}).items():
@@ -34,10 +44,10 @@ def run_md(run: Run) -> str:
         power = "; ".join(f"{d} pp: {_pct(p)}" for d, p in s["power"].items())
         margin = s.get("certifiable_margin_pp")
         acc = s.get("acceptance") or {}
-        planned = (s.get("sizing") or {}).get("planned") or {}
-        sized = ("—" if "predicted_certify_probability" not in planned else
-                 f"{planned['n_needed']} (at n: certify {100 * planned['predicted_certify_probability']:.0f} %, "
-                 f"power {100 * planned['predicted_power_at_gate_dose']:.0f} %)")
+        sizing = s.get("sizing") or {}
+        sized = "; ".join(f"{label} {_sized(sizing.get(key))}" for label, key in (("planned", "planned"),
+                                                                               ("measured", "measured"))
+                          if _sized(sizing.get(key)) is not None) or "—"
         rows.append([name, str(s["n_examples"]), sized, s["null"], f"{_pct(fl)} ≤ {100 * fl['ci'][1]:.1f} %",
                      _pct(s["certify_rate"]), power, f"{s['gate_dose_pp']:g}",
                      "—" if margin is None else f"{margin:.2f} (m = {s['margin_pp']:g})",
