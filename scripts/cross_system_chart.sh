@@ -10,8 +10,9 @@
 # ../shared/data; offline machines cannot reach the hub). Reruns skip finished runs, so an interrupted script
 # resumes where it stopped. Two streams run side by side, one per core: the six SpliTEE attack runs (about
 # 30 minutes each on this 2-core machine under load, 2026-12-05, where a run trains its t3 and shuffled
-# attackers beside its own; about 20 where it loads them from the cache), and beside them the fidelity runs (about 2 minutes each), the sequential attacker's (4-5) and
-# the sanitiser runs (13-28, one thread). The result, its run times and its reading:
+# attackers beside its own; about 16 where it loads them from the cache, 2026-12-06), and beside them the
+# fidelity runs (about 2 minutes each), the sequential attacker's (4-5) and the sanitiser runs (13-28, one
+# thread). The result, its run times and its reading:
 # docs/results/cross_system/README.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
