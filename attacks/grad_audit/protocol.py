@@ -218,7 +218,8 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     m["converged"] = all(s["converged"] for s in scored)
     m["utility_gate"] = ("unknown" if not m["converged"] else "pass" if ce.mean <= th["utility_max_nats"] else "fail")
     positions = sum(s["positions"] for s in scored)
-    # Mitigated runs: the share of real rows' position vectors the clip shortened (0.0: nothing was clipped,
+    # Mitigated runs: the share of real rows' position vectors carrying a gradient that the clip shortened
+    # (0.0: nothing was clipped,
     # which is also what an unmitigated run records); the median of the per-frame clips.
     m["clipped_fraction"] = sum(s["clipped"] for s in scored) / positions if positions else 0.0
     clips = [c for s in scored for c in s["clips"]]

@@ -20,7 +20,7 @@ class SeedRun:
     truth: FrameTruth            # what it did not
     losses: list[float]
     heldout_ce: torch.Tensor     # (heldout_blocks,) of the split pipeline after training
-    clip_record: list[tuple[float, int, int]]   # mitigated frames: (clip, positions clipped, real positions)
+    clip_record: list[tuple[float, int, int]]   # mitigated frames: (clip, positions clipped, real positions carrying a gradient)
     ce_curve: list[tuple[int, float]]           # (frames trained, mean held-out CE) at the curve's points
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.adversary_view import AdversaryView, Exposure
-from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, frame_clip, mitigate
+from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, carrying_norms, frame_clip, mitigate
 from harness.splitft.partition import Context, Partition
 
 FORWARD_PAYLOAD, RETURNED_GRADIENT, CLOUD_OUTPUT = "forward_payload", "returned_gradient", "cloud_output"
@@ -92,7 +92,8 @@ class DecoyTrainer:
     def __init__(self, model: nn.Module, settings: TopologySettings, seed: int) -> None:
         self.settings = settings
         self.part = Partition(model, settings.cut_after, settings.resume_at)
-        # per mitigated frame: (its clip, real position vectors longer than it, real position vectors)
+        # per mitigated frame: (its clip, real position vectors longer than it, real position vectors that carry a
+        # gradient: a row's last never does)
         self.clip_record: list[tuple[float, int, int]] = []
         for p in model.parameters():
             p.requires_grad_(False)
@@ -168,7 +169,7 @@ class DecoyTrainer:
         returned = received.grad
         if st.mitigation is not None:
             clip = frame_clip(returned[frame.real_index], st.mitigation[0], st.clip_quantile)
-            norms = returned[frame.real_index].norm(dim=-1)
+            norms = carrying_norms(returned[frame.real_index])
             self.clip_record.append((clip, int((norms > clip).sum()), int(norms.numel())))
             returned = mitigate(returned, clip, st.mitigation[1], self.gen)
         # 4. cloud backward, then the local node's bottleneck

@@ -26,6 +26,7 @@ from harness.grad_audit.trainer import (
 from harness.grad_audit.transforms import (
     assemble_frame,
     clip_positions,
+    frame_clip,
     mitigate,
     random_rotation,
 )
@@ -165,13 +166,27 @@ def test_quantile_clip_binds_on_the_measured_norms_and_scales_the_noise(tiny):
     record = out[0].clip_record
     assert len(record) == 3
     for (clip, clipped, total), e, real in zip(record, view.select(channel=RETURNED_GRADIENT), truth.is_real):
-        assert total == 4 * 6 and clipped == pytest.approx(0.75 * total, abs=1)
+        # 4 real rows of 6 tokens; the last position of each carries no gradient and is not counted
+        assert total == 4 * 5 and clipped == pytest.approx(0.75 * total, abs=1)
         decoy_noise = e.tensor[~real]
         assert float(decoy_noise.std()) == pytest.approx(0.35 * clip, rel=0.1)
         assert torch.all(torch.linalg.vector_norm(e.tensor[real], dim=-1) <= clip + 0.35 * clip * 30)
     fixed = []
     _frames(tiny, (0.01, 0.35), n=1, trainer_out=fixed)
     assert fixed[0].clip_record[0][0] == 0.01
+
+
+def test_a_quantile_below_the_share_of_empty_positions_still_clips_above_zero(tiny):
+    """q = 0.1 with 6-token rows: 1/6 of the real positions (each row's last) carry no gradient. A quantile
+    over all norms put the clip at 0, every returned entry at 0, and BiSR on zero rows crashed."""
+    out = []
+    view, truth = _frames(tiny, (None, 0.35), n=2, clip_quantile=0.1, trainer_out=out)
+    for (clip, clipped, total), e, real in zip(out[0].clip_record, view.select(channel=RETURNED_GRADIENT),
+                                               truth.is_real):
+        assert clip > 0 and total == 4 * 5 and clipped == pytest.approx(0.9 * total, abs=1)
+        assert torch.all((e.tensor[real] != 0).flatten(1).any(dim=1))
+    with pytest.raises(ValueError, match="no real position carries"):
+        frame_clip(torch.zeros(2, 3, 4), None, 0.5)
 
 
 def test_returned_gradient_is_exactly_zero_on_the_decoys_and_nowhere_else(tiny):
