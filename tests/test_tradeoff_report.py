@@ -7,7 +7,7 @@ import pytest
 
 from runners.common import tradeoff
 from runners.report import tradeoff as section
-from runners.report.plotting import Figures
+from runners.report.plotting import Figures, label_offsets
 from runners.report.runs import Run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,6 +79,16 @@ def test_markdown_draws_complete_points_and_lists_the_rest(tmp_path):
     assert "Not drawn (one half not measured yet): ep1 ε=5." in md
     assert len(figures.written) == 1 and figures.written[0].read_bytes()[:8] == PNG_MAGIC
     assert section.summary(section.groups(runs)) == ["privacy–utility: 1 point(s) with both halves across 1 chart(s)"]
+
+
+def test_point_labels_that_would_overlap_are_stacked_and_the_rest_stay_put():
+    """ep1 at ε = 100 and 1000 sit one point apart on the chart: their labels printed over each other."""
+    anchors = [(100.0, 50.0), (102.0, 51.0), (300.0, 50.0)]
+    sizes = [(40.0, 8.0)] * 3
+    dy = label_offsets(anchors, sizes)
+    assert dy[1] == 0.0 and dy[2] == 0.0                   # the higher one and the far one are not moved
+    lower_top = anchors[0][1] + 8.0 + dy[0]
+    assert lower_top <= anchors[1][1] - 1.0 + 1e-9         # the other clears the first one's box
 
 
 def test_a_run_without_a_tradeoff_block_is_not_a_point():

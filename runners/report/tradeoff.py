@@ -39,7 +39,7 @@ from harness.collab import config as collab_config
 from harness.sanitize import config as sanitize_config
 from harness.splitft import config as splitft_config
 from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.plotting import Figures, PointLabel, pyplot, save_axes, series_style
 from runners.report.runs import Run
 
 EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experiment's runs
@@ -223,6 +223,7 @@ def plot(chart: Chart, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
     series = list(dict.fromkeys(p.series for p in chart.points if chart.complete(p)))
+    labels: list[PointLabel] = []
     for i, name in enumerate(series):
         pts = [p for p in chart.points if chart.complete(p) and p.series == name]
         xs = [excess(p.leakage) for p in pts]
@@ -236,13 +237,12 @@ def plot(chart: Chart, path: Path) -> None:
         style = series_style(i)
         ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=style["marker"], color=style["color"], capsize=2, label=name,
                     alpha=0.9)
-        for x, y, p in zip(xs, ys, pts):
-            ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=style["color"])
+        labels += [PointLabel(x, y, p.label, style["color"]) for x, y, p in zip(xs, ys, pts)]
     if series:
         ax.axvline(0.0, ls=":", lw=1.0, color="grey", label="each attacker's no-signal floor")
     ax.set_xlabel("leakage: strongest attacker's score minus its no-signal floor (points)")
     ax.set_ylabel(f"utility kept: {chart.metric} (%)")
-    save_axes(fig, ax, path, chart.title)
+    save_axes(fig, ax, path, chart.title, labels=labels)
 
 
 def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:

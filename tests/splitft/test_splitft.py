@@ -116,7 +116,9 @@ def test_privpair_burst_trains_the_recovery(ids):
     gen = torch.Generator().manual_seed(1)
     pp.setup(part, ids, gen)
     with torch.no_grad():
-        pp.w1.outer.weight.normal_(std=0.3)           # a strong obfuscation to recover from
+        # a strong obfuscation to recover from, from its own generator: drawn from the global one, it hung on
+        # which tests had run before in the worker, and 2 of 12 draws leave W2 above 0.75 after 30 steps
+        pp.w1.outer.weight.normal_(std=0.3, generator=torch.Generator().manual_seed(0))
     pp.burst(0, part, ids, gen)
     trained = pp.losses(part, ids)
     for p in pp.w2.outer.parameters():
