@@ -91,19 +91,43 @@ def _topo_label(run: Run) -> str:
             f" · {t.get('frames')} frames{start}")
 
 
+def _config_label(run: Run) -> str:
+    """The configuration, with its clip where it is mitigated: a clip sweep's runs share a topology, and this
+    is what tells their rows apart."""
+    config = str(run.data.get("configuration"))
+    mit = run.data.get("mitigation") or {}
+    if config != "decoy_mitigated" or not mit:
+        return config
+    q = num(mit.get("clip_quantile"))
+    return f"{config} (clip q={q:g})" if q is not None else f"{config} (clip {mit.get('grad_clip')})"
+
+
+def _dose_text(m: dict, n_seeds: int) -> str:
+    """Where the dosed positive control fired: on how many scored seeds per dose (its pass needs every seed
+    silent at 0 and firing at each dose), or, for runs that predate the count, whether it fired on all."""
+    doses = m.get("positive_control_doses_pp")
+    if not doses:
+        return ""
+    parts = []
+    for d in doses:
+        key = f"positive_control_{d:g}".replace(".", "p") + "pp_gate_fires"
+        fired = m.get(f"{key}_seeds")
+        parts.append(f"+{d:g}: {fired}/{n_seeds}" if fired is not None else f"+{d:g}: {'yes' if m.get(key) else 'no'}")
+    unit = " seeds" if any(m.get(f"positive_control_{d:g}".replace(".", "p") + "pp_gate_fires_seeds") is not None
+                           for d in doses) else " pp"
+    return " (fires at " + ", ".join(parts) + unit + ")"
+
+
 def audit_md(group: AuditGroup) -> str:
     rows = []
     for run in group.runs:
         m = run.metrics
         zs = num(m.get("zero_support_agreement"))
-        doses = m.get("positive_control_doses_pp")
-        dose_txt = ("" if not doses else " (fires at " + ", ".join(
-            f"+{d:g}: {'yes' if m.get(f'positive_control_{d:g}'.replace('.', 'p') + 'pp_gate_fires') else 'no'}"
-            for d in doses) + " pp)")
+        n_seeds = len(run.data.get("seeds") or [])
         controls_ = (f"{'✓' if m.get('negative_control_pass') else '✗'} / "
-                     f"{'✓' if m.get('positive_control_pass') else '✗'}{dose_txt}")
+                     f"{'✓' if m.get('positive_control_pass') else '✗'}{_dose_text(m, n_seeds)}")
         rows.append([
-            run.data.get("configuration"), _topo_label(run), len(run.data.get("seeds") or []),
+            _config_label(run), _topo_label(run), n_seeds,
             "—" if zs is None else f"{zs:.3f} ({m.get('zero_support_frames_identified')}/{m.get('frames_scored')})",
             f"{num(m.get('norm_rank_agreement_pct')) or 0:.1f} vs {num(m.get('partition_chance_agreement_pct')) or 0:.1f}",
             fmt_ci(*ci(m, "probe_effect_pp")) + f" ({m.get('probe_arm')})", _pp(m.get("probe_upper_bound_pp")),
@@ -171,10 +195,9 @@ def _mitigation_cost(trainer: Run, mitigated: Run) -> tuple[float, str]:
     return cost, "each run's own seeds"
 
 
-
 def arms_md(group: AuditGroup) -> str:
     arms = ("forward", "gradient", "joint")
-    rows = [[run.data.get("configuration"), _topo_label(run),
+    rows = [[_config_label(run), _topo_label(run),
              *[fmt_ci(*ci(run.metrics, f"probe_effect_pp_{a}")) for a in arms]] for run in group.runs]
     return md_table(["configuration", "topology", *[f"{a} effect pp [95%]" for a in arms]], rows)
 
@@ -185,7 +208,7 @@ def bisr_md(group: AuditGroup) -> str | None:
         m = run.metrics
         if "bisr_b_verdict" not in m:
             continue
-        rows.append([run.data.get("configuration"), _topo_label(run), m.get("bisr_b_positions"),
+        rows.append([_config_label(run), _topo_label(run), m.get("bisr_b_positions"),
                      fmt_ci(*ci(m, "bisr_b_top1")), f"{num(m.get('bisr_b_top1_floor')) or 0:.2f}",
                      fmt_ci(*ci(m, "bisr_b_minus_floor_pp")), fmt_ci(*ci(m, "bisr_b_decode_top1")),
                      fmt_ci(*ci(m, "bisr_b_minus_decode_pp")),

@@ -439,3 +439,22 @@ def test_a_clip_sweep_is_one_mitigation_row_per_clip():
     assert [r.split("q=")[1].split(" ")[0] for r in rows] == ["0.1", "0.5", "0.9"]
     assert "90 % clipped" in rows[0] and "10 % clipped" in rows[2]
     assert "+2.50 → +0.20" in rows[0] and "+0.400 (each run's own seeds)" in rows[0]
+
+
+def test_the_audit_table_names_each_runs_clip_and_counts_the_seeds_a_dose_fired_on():
+    """A clip sweep's mitigated rows share a topology: the configuration cell carries the clip. The positive
+    control passes only if no seed fires at dose 0, so 'fires at +0: no' (not on every seed) hid the one
+    seed that did; the cell counts seeds."""
+    from runners.report import grad_audit as section
+
+    trainer, mitigated = _run("decoy_trainer", 3.20, 10, 2.5), _run("decoy_mitigated", 3.3, 0, 0.5)
+    mitigated.data["mitigation"] = {"grad_clip": None, "clip_quantile": 0.1, "noise_multiplier": 0.35}
+    trainer.metrics.update({"positive_control_doses_pp": [0.0, 1.0], "positive_control_pass": False,
+                            "negative_control_pass": True,
+                            "positive_control_0pp_gate_fires": False, "positive_control_0pp_gate_fires_seeds": 1,
+                            "positive_control_1pp_gate_fires": True, "positive_control_1pp_gate_fires_seeds": 2})
+    md = section.audit_md(section.groups([trainer, mitigated])[0])
+    assert "| decoy_mitigated (clip q=0.1) |" in md
+    assert "✓ / ✗ (fires at +0: 1/2, +1: 2/2 seeds)" in md
+    del trainer.metrics["positive_control_0pp_gate_fires_seeds"], trainer.metrics["positive_control_1pp_gate_fires_seeds"]
+    assert "(fires at +0: no, +1: yes pp)" in section.audit_md(section.groups([trainer])[0])
