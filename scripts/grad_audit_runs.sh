@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Paper 004's audit on SmolLM2-135M at what fits a 2-core machine (issue 13): the main split 15 -> 27 at
 # D = 64 through the paper's seed protocol (explore 42-47, replicate 48-50, test 51-53), the mitigation on
-# the test seeds, and the depth / width study (4, 6, 8, 12 delegated layers at D = 64; 12 at D = 96, 128) on
-# one seed per phase. experiment=grad_audit_2core: rows of 8 tokens, 64 frames per seed from the
+# the test seeds, the depth / width study (4, 6, 8, 12 delegated layers at D = 64; 12 at D = 96, 128) on
+# one seed per phase, and the mitigation's clip quantile (0.1, 0.5, 0.9) at the study's base cell. experiment=grad_audit_2core: rows of 8 tokens, 64 frames per seed from the
 # least-squares start (docs/grad_audit.md). Two runs side by side, one torch thread each.
 #
-#   bash scripts/grad_audit_runs.sh [OUT] [REPORT]   # defaults: outputs/grad_audit, no committed report
-#   bash scripts/grad_audit_runs.sh outputs/grad_audit docs/results/grad_audit   # the committed one
+#   bash scripts/grad_audit_runs.sh [OUT] [REPORT]   # defaults: outputs/grad_audit, no report
+#   bash scripts/grad_audit_runs.sh outputs/grad_audit /tmp/all   # one report over every run
+#
+# The committed reports split them: docs/results/grad_audit/issue31 (the main split and the mitigation) and
+# docs/results/grad_audit/depth_width (the study and the clip sweep, OUT/grad_audit_depth_width); each
+# folder's commands are in docs/grad_audit.md (and depth_width/README.md).
 #
 # Needs a local copy of WikiText-2's test file (DATA, default ../shared/data; offline machines cannot reach
 # the hub). Reruns skip finished runs, and a failed run does not stop the rest.
@@ -27,12 +31,18 @@ wikitext=${DATA:-../shared/data}/wikitext2/wiki.test.raw
 
 study="configuration=decoy_trainer grad_audit.seeds.explore=[42] grad_audit.seeds.replicate=[48] \
 grad_audit.seeds.test=[51] tags=[depth_width] experiment_name=grad_audit_depth_width"
+# the mitigation's clip-quantile sweep at the study's base cell (15 -> 27, D = 64), paired on test seed 51
+sweep="configuration=decoy_mitigated grad_audit.seeds.explore=[42] grad_audit.seeds.replicate=[] \
+grad_audit.seeds.test=[51] tags=[depth_width] experiment_name=grad_audit_depth_width"
 first=(
     "configuration=decoy_trainer"
     "configuration=decoy_mitigated grad_audit.seeds.explore=[42] grad_audit.seeds.replicate=[] grad_audit.seeds.test=[51,52,53]"
     "$study grad_audit.cut_after=19"
     "$study grad_audit.cut_after=23"
     "$study grad_audit.resume_at=23"
+    "$sweep grad_audit.mitigation.clip_quantile=0.1"
+    "$sweep grad_audit.mitigation.clip_quantile=0.5"
+    "$sweep grad_audit.mitigation.clip_quantile=0.9"
 )
 second=(
     "$study grad_audit.latent_dim=96"
