@@ -89,14 +89,25 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 
 def _tradeoff(m: dict[str, Any], workload: str) -> dict[str, Any]:
-    """Leakage: the headline probe's accuracy (%) on the real rows, its floor the constant guess; utility:
-    the held-out perplexity of the unsplit model over the split one's, in % (100·exp(−ΔCE)); both on
-    `workload`'s text, the point's setting."""
+    """Leakage: the stronger (larger excess over its own floor, attacks.controls.strength) of the headline
+    probe's accuracy (%) on the real rows, floor the constant guess, and, where it ran, BiSR's backward
+    stage's next-token top-1 (%), floor the constant guess on the same labels; utility: the held-out
+    perplexity of the unsplit model over the split one's, in % (100·exp(−ΔCE)); both on `workload`'s text,
+    the point's setting. Before BiSR(b) was a candidate, the trainer's point read +13 pp (the probe) while
+    BiSR(b) read +94."""
+    from attacks import controls
+
     const = m["constant_guess_accuracy_pct"]
+    leak = {"leakage_metric": "probe_accuracy_pct", "leakage": const + m["probe_effect_pp"],
+            "leakage_ci": (const + m["probe_effect_pp_ci_lo"], const + m["probe_effect_pp_ci_hi"]),
+            "attacker": f"frequent-token probe ({m['probe_arm']})", "leakage_floor": const}
+    if m.get("bisr_b_top1") is not None and (controls.strength(m["bisr_b_top1"], m.get("bisr_b_top1_floor"))
+                                             > controls.strength(leak["leakage"], const)):
+        leak = {"leakage_metric": "bisr_b_top1", "leakage": m["bisr_b_top1"],
+                "leakage_ci": (m.get("bisr_b_top1_ci_lo"), m.get("bisr_b_top1_ci_hi")),
+                "attacker": "BiSR backward (next-token labels)", "leakage_floor": m.get("bisr_b_top1_floor")}
     return common.tradeoff(
-        leakage_metric="probe_accuracy_pct", leakage=const + m["probe_effect_pp"],
-        leakage_ci=(const + m["probe_effect_pp_ci_lo"], const + m["probe_effect_pp_ci_hi"]),
-        attacker=f"frequent-token probe ({m['probe_arm']})", leakage_floor=const,
+        **leak,
         utility_metric="heldout_perplexity_ratio_pct", utility=100 * math.exp(-m["heldout_ce_increase"]),
         utility_ci=(100 * math.exp(-m["heldout_ce_increase_ci_hi"]), 100 * math.exp(-m["heldout_ce_increase_ci_lo"])),
         reference="the unsplit model", setting=workload)

@@ -360,7 +360,9 @@ def test_smoke_experiment_through_the_cli(tmp_path):
     assert hashlib.sha256(proto.read_bytes()).hexdigest() == r["protocol_sha256"]
     assert proto.stat().st_mtime <= path.stat().st_mtime
     assert json.loads(proto.read_text())["thresholds"]["bonferroni_m"] == 2 * 3
-    assert r["tradeoff"]["leakage"]["floor"] == pytest.approx(m["constant_guess_accuracy_pct"])
+    probe_excess, bisr_excess = m["probe_effect_pp"], m["bisr_b_top1"] - m["bisr_b_top1_floor"]
+    leak = r["tradeoff"]["leakage"]
+    assert leak["value"] - leak["floor"] == pytest.approx(max(probe_excess, bisr_excess))
     # issue 32: BiSR's backward stage on the last frame of each scored seed (32 real rows × 7 label positions)
     assert r["bisr_backward"]["frames"] == 1 and m["bisr_b_positions"] == 2 * 32 * 7
     for key in ("bisr_b_top1", "bisr_b_top1_floor", "bisr_b_minus_floor_pp", "bisr_b_minus_floor_pp_ci_lo",
@@ -458,3 +460,23 @@ def test_the_audit_table_names_each_runs_clip_and_counts_the_seeds_a_dose_fired_
     assert "✓ / ✗ (fires at +0: 1/2, +1: 2/2 seeds)" in md
     del trainer.metrics["positive_control_0pp_gate_fires_seeds"], trainer.metrics["positive_control_1pp_gate_fires_seeds"]
     assert "(fires at +0: no, +1: yes pp)" in section.audit_md(section.groups([trainer])[0])
+
+
+def test_the_chart_point_offers_the_attacker_with_the_larger_excess_over_its_own_floor():
+    """The trainer's point read the probe's +13 pp while BiSR(b) read +94 pp over its floor: the point takes
+    the stronger; under a mitigation where BiSR(b) reads less than the probe, the probe; without BiSR(b), the
+    probe."""
+    from runners.grad_audit import _tradeoff
+
+    m = {"constant_guess_accuracy_pct": 4.9, "probe_effect_pp": 13.4, "probe_effect_pp_ci_lo": 12.0,
+         "probe_effect_pp_ci_hi": 14.9, "probe_arm": "joint", "heldout_ce_increase": 1.0,
+         "heldout_ce_increase_ci_lo": 0.8, "heldout_ce_increase_ci_hi": 1.2,
+         "bisr_b_top1": 98.9, "bisr_b_top1_ci_lo": 97.4, "bisr_b_top1_ci_hi": 99.5, "bisr_b_top1_floor": 4.9}
+    leak = _tradeoff(m, "w")["leakage"]
+    assert (leak["metric"], leak["value"], leak["floor"]) == ("bisr_b_top1", 98.9, 4.9)
+    assert leak["ci"] == [97.4, 99.5] and leak["attacker"].startswith("BiSR")
+    m.update(bisr_b_top1=7.0)                             # +2.1 over its floor: the probe's +13.4 wins
+    assert _tradeoff(m, "w")["leakage"]["metric"] == "probe_accuracy_pct"
+    del m["bisr_b_top1"]
+    leak = _tradeoff(m, "w")["leakage"]
+    assert leak["metric"] == "probe_accuracy_pct" and leak["value"] == pytest.approx(4.9 + 13.4)
