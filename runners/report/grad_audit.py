@@ -108,14 +108,10 @@ def _dose_text(m: dict, n_seeds: int) -> str:
     doses = m.get("positive_control_doses_pp")
     if not doses:
         return ""
-    parts = []
-    for d in doses:
-        key = f"positive_control_{d:g}".replace(".", "p") + "pp_gate_fires"
-        fired = m.get(f"{key}_seeds")
-        parts.append(f"+{d:g}: {fired}/{n_seeds}" if fired is not None else f"+{d:g}: {'yes' if m.get(key) else 'no'}")
-    unit = " seeds" if any(m.get(f"positive_control_{d:g}".replace(".", "p") + "pp_gate_fires_seeds") is not None
-                           for d in doses) else " pp"
-    return " (fires at " + ", ".join(parts) + unit + ")"
+    keys = [f"positive_control_{d:g}".replace(".", "p") + "pp_gate_fires" for d in doses]
+    if all(f"{k}_seeds" in m for k in keys):
+        return " (fires at " + ", ".join(f"+{d:g}: {m[f'{k}_seeds']}/{n_seeds}" for d, k in zip(doses, keys)) + " seeds)"
+    return " (fires at " + ", ".join(f"+{d:g}: {'yes' if m.get(k) else 'no'}" for d, k in zip(doses, keys)) + " pp)"
 
 
 def audit_md(group: AuditGroup) -> str:
