@@ -3,6 +3,7 @@ grad_audit_runs.sh, splitft_long_runs.sh, splitft_privpair_schedule.sh, sanitize
 with one line and exit code 2."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -132,3 +133,19 @@ def test_collect_runs_copies_finished_runs_only(tmp_path):
                           str(tmp_path / "dest2")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "dest2").exists()
+
+
+def test_collect_runs_positions_keeps_only_id_and_positions_of_the_samples(tmp_path):
+    """--positions (sequential runs): samples.jsonl comes along with only what sequential_epsilon50 reads; the
+    prompt's token ids (truth, guesses) stay behind."""
+    run = tmp_path / "out" / "r"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text("{}")
+    (run / ".done").write_text("")
+    (run / "samples.jsonl").write_text(json.dumps({"id": "p1", "positions": [3, 4], "truth": [11, 12],
+                                                   "sequential_guess": [11, 9]}) + "\n")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "collect_runs.sh"), "--positions", str(tmp_path / "out"),
+                          str(tmp_path / "dest")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "dest" / "r" / "samples.jsonl").read_text().splitlines()]
+    assert rows == [{"id": "p1", "positions": [3, 4]}]
