@@ -239,14 +239,13 @@ def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], tar
 # --- the entries ---------------------------------------------------------------------------------------------
 
 
-def corpus_stream(tokenizer: Any, path: str | None = None, limit: int | None = None) -> list[int]:
-    """The built-in corpus (or the text file at `path`, its paragraphs as harness/text_corpus.paragraphs
-    keeps them) as one stream of token ids: real text's token frequencies. With `limit`, paragraphs are
-    tokenised only until the stream holds that many ids (a file may be far longer than a pool needs)."""
+def corpus_stream(tokenizer: Any, text: str | None = None, limit: int | None = None) -> list[int]:
+    """The built-in corpus (or `text`, its paragraphs as harness/text_corpus.paragraphs keeps them) as one
+    stream of token ids: real text's token frequencies. With `limit`, paragraphs are tokenised only until
+    the stream holds that many ids (a file may be far longer than a pool needs)."""
     from harness.text_corpus import BUILTIN_CORPUS, paragraphs
-    from harness.workloads import read_text
 
-    text = BUILTIN_CORPUS.read_text() if path is None else read_text(Path(path), "calibration.splitee.pool_path")[0]
+    text = BUILTIN_CORPUS.read_text() if text is None else text
     stream: list[int] = []
     for p in paragraphs(text):
         stream += [int(i) for i in tokenizer(p)["input_ids"]]
@@ -255,11 +254,12 @@ def corpus_stream(tokenizer: Any, path: str | None = None, limit: int | None = N
     return stream
 
 
-def text_rows(tokenizer: Any, n: int, length: int, path: str | None = None) -> list[list[int]]:
-    """n rows of `length` token ids cut in order from real text: the built-in corpus, or the file at `path`."""
-    stream = corpus_stream(tokenizer, path, limit=n * length)
+def text_rows(tokenizer: Any, n: int, length: int, text: str | None = None,
+              source: str = "the built-in corpus") -> list[list[int]]:
+    """n rows of `length` token ids cut in order from real text: the built-in corpus, or `text` (named
+    `source` in the error when it is too short)."""
+    stream = corpus_stream(tokenizer, text, limit=n * length)
     if len(stream) < n * length:
-        source = "the built-in corpus" if path is None else f"calibration.splitee.pool_path={path}"
         raise UserError(f"{source} has {len(stream)} tokens, fewer than {n} rows of {length}")
     return [stream[i * length:(i + 1) * length] for i in range(n)]
 
@@ -727,9 +727,15 @@ def _grad_audit(cfg: Any, model: Any) -> Entry:
 def _splitee(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.splitee
     path = c.get("pool_path")
-    rows = text_rows(model.tokenizer, int(c.prompts), int(c.tokens), path)
-    pool = "the built-in corpus" if path is None else (
-        f"{path} (sha256 {hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]})")
+    if path is None:
+        rows, pool = text_rows(model.tokenizer, int(c.prompts), int(c.tokens)), "the built-in corpus"
+    else:   # one read: the text for the rows, its bytes for the provenance hash
+        from harness.workloads import read_text
+
+        text, raw = read_text(Path(path), "calibration.splitee.pool_path")
+        rows = text_rows(model.tokenizer, int(c.prompts), int(c.tokens), text,
+                         source=f"calibration.splitee.pool_path={path}")
+        pool = f"{path} (sha256 {hashlib.sha256(raw).hexdigest()[:16]})"
     data = splitee_data(model.model, rows, epsilon=float(c.epsilon), dose_epsilon=float(c.dose_epsilon),
                         sigma_scale=float(cfg.engine.sigma_scale),
                         sensitivity_rule=str(cfg.engine.sensitivity_rule))

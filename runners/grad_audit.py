@@ -98,16 +98,15 @@ def _tradeoff(m: dict[str, Any], workload: str) -> dict[str, Any]:
     from attacks import controls
 
     const = m["constant_guess_accuracy_pct"]
-    leak = {"leakage_metric": "probe_accuracy_pct", "leakage": const + m["probe_effect_pp"],
-            "leakage_ci": (const + m["probe_effect_pp_ci_lo"], const + m["probe_effect_pp_ci_hi"]),
-            "attacker": f"frequent-token probe ({m['probe_arm']})", "leakage_floor": const}
-    if m.get("bisr_b_top1") is not None and (controls.strength(m["bisr_b_top1"], m.get("bisr_b_top1_floor"))
-                                             > controls.strength(leak["leakage"], const)):
-        leak = {"leakage_metric": "bisr_b_top1", "leakage": m["bisr_b_top1"],
-                "leakage_ci": (m.get("bisr_b_top1_ci_lo"), m.get("bisr_b_top1_ci_hi")),
-                "attacker": "BiSR backward (next-token labels)", "leakage_floor": m.get("bisr_b_top1_floor")}
+    candidates = [{"leakage_metric": "probe_accuracy_pct", "leakage": const + m["probe_effect_pp"],
+                   "leakage_ci": (const + m["probe_effect_pp_ci_lo"], const + m["probe_effect_pp_ci_hi"]),
+                   "attacker": f"frequent-token probe ({m['probe_arm']})", "leakage_floor": const}]
+    if m.get("bisr_b_top1") is not None:
+        candidates.append({"leakage_metric": "bisr_b_top1", "leakage": m["bisr_b_top1"],
+                           "leakage_ci": (m.get("bisr_b_top1_ci_lo"), m.get("bisr_b_top1_ci_hi")),
+                           "attacker": "BiSR backward (next-token labels)", "leakage_floor": m.get("bisr_b_top1_floor")})
     return common.tradeoff(
-        **leak,
+        **max(candidates, key=lambda c: controls.strength(c["leakage"], c["leakage_floor"])),
         utility_metric="heldout_perplexity_ratio_pct", utility=100 * math.exp(-m["heldout_ce_increase"]),
         utility_ci=(100 * math.exp(-m["heldout_ce_increase_ci_hi"]), 100 * math.exp(-m["heldout_ce_increase_ci_lo"])),
         reference="the unsplit model", setting=workload)

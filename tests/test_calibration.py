@@ -241,11 +241,12 @@ def test_splitee_pool_is_cut_in_order_from_a_text_file(tmp_path):
     path = tmp_path / "pool.txt"
     path.write_text(" = A heading = \nThe cat sat on the mat.\n\nA second paragraph, longer than the first one is.\n")
     stream = tok("The cat sat on the mat.")["input_ids"] + tok("A second paragraph, longer than the first one is.")["input_ids"]
-    rows = calibration.text_rows(tok, 2, 4, str(path))
+    source = f"calibration.splitee.pool_path={path}"
+    rows = calibration.text_rows(tok, 2, 4, path.read_text(), source=source)
     assert rows == [stream[:4], stream[4:8]]
     assert calibration.text_rows(tok, 2, 4) != rows          # the default is the built-in corpus
     with pytest.raises(UserError, match=r"pool_path=.* has \d+ tokens, fewer than 100 rows of 4"):
-        calibration.text_rows(tok, 100, 4, str(path))
+        calibration.text_rows(tok, 100, 4, path.read_text(), source=source)
 
 
 def _splitee_data(vocab=60, dim=16, prompts=8, length=9, prior_hits=0.0, seed=0):

@@ -65,7 +65,7 @@ from attacks import controls
 from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.label import constant_guesses, top1_floor
 from harness.grad_audit.trainer import CLOUD_OUTPUT, RETURNED_GRADIENT, TopologySettings, block_ce
-from harness.grad_audit.transforms import frame_clip, mitigate
+from harness.grad_audit.transforms import carrying_norms, frame_clip, mitigate
 from harness.splitft.partition import Partition
 from metrics.proportions import paired_difference_record, rate_record
 
@@ -194,7 +194,7 @@ def attack_seed(run: Any, model: torch.nn.Module, settings: TopologySettings, b:
             out.positive += positive
             out.positions_matched += int(rows.sum()) * (grad.shape[1] - 1)
         if settings.mitigation is not None:
-            clip = frame_clip(null[real], settings.mitigation[0], settings.clip_quantile)
+            clip = frame_clip(carrying_norms(null[real]), settings.mitigation[0], settings.clip_quantile)
             null = mitigate(null, clip, settings.mitigation[1],
                             torch.Generator().manual_seed(40_000 + 1_000 * int(run.seed) + int(i)))
         rows, guesses = _match(part, s_b, null, real, real_rows, guard_of(null, settings.mitigation), b)

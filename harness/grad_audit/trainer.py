@@ -168,8 +168,8 @@ class DecoyTrainer:
         loss.backward()
         returned = received.grad
         if st.mitigation is not None:
-            clip = frame_clip(returned[frame.real_index], st.mitigation[0], st.clip_quantile)
             norms = carrying_norms(returned[frame.real_index])
+            clip = frame_clip(norms, st.mitigation[0], st.clip_quantile)
             self.clip_record.append((clip, int((norms > clip).sum()), int(norms.numel())))
             returned = mitigate(returned, clip, st.mitigation[1], self.gen)
         # 4. cloud backward, then the local node's bottleneck

@@ -104,12 +104,11 @@ def carrying_norms(real_grad: torch.Tensor) -> torch.Tensor:
     return norms[norms > 0]
 
 
-def frame_clip(real_grad: torch.Tensor, fixed: float | None, quantile: float | None) -> float:
-    """The mitigation's clip for one frame: `fixed`, or the `quantile` of the real rows' per-position norms
-    where a gradient is carried (`carrying_norms`), so a share 1 − q of those is clipped."""
+def frame_clip(norms: torch.Tensor, fixed: float | None, quantile: float | None) -> float:
+    """The mitigation's clip for one frame: `fixed`, or the `quantile` of `norms`, the real rows' carrying
+    norms (`carrying_norms`), so a share 1 − q of those is clipped."""
     if quantile is None:
         return float(fixed)
-    norms = carrying_norms(real_grad)
     if norms.numel() == 0:
         raise ValueError("the mitigation's quantile clip: no real position carries a returned gradient")
     return float(torch.quantile(norms.double(), float(quantile)))

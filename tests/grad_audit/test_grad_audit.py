@@ -25,6 +25,7 @@ from harness.grad_audit.trainer import (
 )
 from harness.grad_audit.transforms import (
     assemble_frame,
+    carrying_norms,
     clip_positions,
     frame_clip,
     mitigate,
@@ -186,7 +187,7 @@ def test_a_quantile_below_the_share_of_empty_positions_still_clips_above_zero(ti
         assert clip > 0 and total == 4 * 5 and clipped == pytest.approx(0.9 * total, abs=1)
         assert torch.all((e.tensor[real] != 0).flatten(1).any(dim=1))
     with pytest.raises(ValueError, match="no real position carries"):
-        frame_clip(torch.zeros(2, 3, 4), None, 0.5)
+        frame_clip(carrying_norms(torch.zeros(2, 3, 4)), None, 0.5)
 
 
 def test_returned_gradient_is_exactly_zero_on_the_decoys_and_nowhere_else(tiny):
