@@ -41,8 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from attacks import controls
 from attacks.collab.evidence_recall import Evidence, Vocabulary, first_rank, recall_curves
 from harness.adversary_view import AdversaryView
@@ -95,13 +93,23 @@ def score_sets(all_sets: Sequence[Sequence[Sequence[int]]], evidence: Sequence[E
     return Curves(rows)
 
 
-@torch.no_grad()
 def invert(cloud: Any, tokenizer: Any, prompt_ids: list[int], max_new_tokens: int) -> str:
-    """Eq. 10: the cloud LLM's greedy reconstruction from an inversion prompt."""
-    ids = torch.tensor([prompt_ids], dtype=torch.long)
-    out = cloud.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    """Eq. 10: the cloud LLM's greedy reconstruction from an inversion prompt (transformers' generate at batch
+    1: the argmax of the raw logits, up to the generation config's EOS)."""
+    return invert_all(cloud, tokenizer, [prompt_ids], max_new_tokens, batch_size=1, min_rows=1)[0]
+
+
+def invert_all(cloud: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, *, batch_size: int,
+               min_rows: int) -> list[str]:
+    """`invert` of every prompt, `batch_size` at a time (engine.greedy_batch: each the same as alone)."""
+    eos = cloud.generation_config.eos_token_id
+    stop = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    texts = []
+    for at in range(0, len(prompts), max(1, batch_size)):
+        for ids, _ in engine.greedy_batch(cloud, prompts[at:at + batch_size], max_new_tokens=max_new_tokens,
+                                          vocab=None, stop=stop, min_rows=min_rows):
+            texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return texts
 
 
 @functools.lru_cache(maxsize=1)

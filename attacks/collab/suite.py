@@ -52,9 +52,10 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
     inv = c.inversion
     if inv.enabled:
         def inversions(all_sets: list[list[list[int]]]) -> list[str]:
-            return [leak.invert(cloud.model, cloud.tokenizer, prompts.encode(cloud.tokenizer, prompts.inversion_text(
-                e, cloud.tokenizer, s, int(inv.k), int(inv.max_steps))), int(inv.max_new_tokens))
-                for e, s in zip(examples, all_sets)]
+            chunks, floor = parties.pair.batches(len(examples))
+            return leak.invert_all(cloud.model, cloud.tokenizer, [prompts.encode(cloud.tokenizer, prompts.inversion_text(
+                e, cloud.tokenizer, s, int(inv.k), int(inv.max_steps))) for e, s in zip(examples, all_sets)],
+                int(inv.max_new_tokens), batch_size=len(chunks[0]) if chunks else 1, min_rows=floor)
 
         inv_key = {"edge": parties.edge.source, "cloud": cloud.source, "examples": runs.key["examples"], "top": top,
                    "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion"}

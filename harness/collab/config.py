@@ -28,6 +28,7 @@ MODES_OF = {
     "collab_custext": ("edge",), "collab_ldp_sampler": ("edge",), "collab_invisibleink": ("edge",),
 }
 OPTION_SCORING = ("stated", "likelihood")
+RNG_MODES = ("per_example", "shared")     # harness/collab/protocol.py (torch-free here)
 INVISIBLEINK_ACCOUNTING = ("sequence", "token")
 CUSTEXT_SELECT_FROM = ("fused", "private")
 # The defences whose swept parameter may be 0 (the appendix grids: CoVeil λ = 0, DP-Fusion ε = 0) are
@@ -115,6 +116,8 @@ class CollabConfig:
     option_scoring: str = MISSING       # stated | likelihood (option benchmarks)
     view_top: int = MISSING
     threads: Optional[int] = MISSING    # torch threads for the run; null = torch's default
+    batch_size: Optional[int] = MISSING  # examples decoded together; null = protocol.AUTO_BATCH
+    rng: str = MISSING                  # per_example | shared (protocol.RNG_MODES)
     placement: CollabPlacementConfig = MISSING
     benchmark: CollabBenchmarkConfig = MISSING
     evidence: CollabEvidenceConfig = MISSING
@@ -130,6 +133,8 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     if not (math.isfinite(c.alpha) and 0.0 <= c.alpha <= 1.0):
         raise UserError(f"collab.alpha must lie in [0, 1], got {c.alpha}")
     check_at_least("collab.threads", c.threads, 1, nullable=True)
+    check_at_least("collab.batch_size", c.batch_size, 1, nullable=True)
+    check_choice("collab.rng", c.rng, RNG_MODES)
     for party in ("edge", "cloud"):
         placement_check.check(f"collab.placement.{party}", c.placement[party])
     for key in ("max_new_tokens", "candidates", "view_top"):

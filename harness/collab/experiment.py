@@ -74,7 +74,9 @@ def load_parties(cfg: DictConfig, special_ids: Callable[[Any], tuple[int, int | 
         raise UserError(f"the edge model {edge.name} and the cloud model {cloud.name} have different tokenizers; "
                         "collaborative decoding fuses distributions over one shared vocabulary") from None
     _, eos = special_ids(edge.tokenizer)
-    return Parties(edge, cloud, vocab, protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos))
+    batch = protocol.AUTO_BATCH if c.batch_size is None else int(c.batch_size)
+    return Parties(edge, cloud, vocab, protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos,
+                                                     batch_size=batch, rng=str(c.rng)))
 
 
 def load_examples(cfg: DictConfig, pair: protocol.Pair) -> Any:

@@ -1,8 +1,21 @@
 """Run the collaboration over a benchmark: the defended run, the reference runs its verdict needs (the
-undefended run, the edge without x_priv, the cloud alone) and the inversion prompts, one example at a time
-(batch size 1: each party keeps its own KV cache; batching across examples is not done)."""
+undefended run, the edge without x_priv, the cloud alone) and the inversion prompts.
+
+Examples are decoded `Pair.batch_size` at a time (harness/collab/engine.py collaborate_batch, greedy_batch),
+and each example's numbers are the same at every batch size, to the last bit (harness/collab/batching.py).
+Randomness (`Pair.rng`):
+
+- `per_example` (the default): example i draws from its own generator, seeded from (seed, its id)
+  (`example_generator`), so its stream does not depend on the batch, on the other examples or on their order;
+- `shared`: one generator seeded with `seed` serves every example in sequence, as before batching; this
+  cannot be batched, so every decode of the run is then the engine before batching (batch 1, one row per
+  forward), which reproduces the runs committed before batching bit for bit.
+
+A deterministic defence never draws, so its outputs are the same under both.
+"""
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,52 +24,86 @@ from typing import Any
 import torch
 
 from harness.adversary_view import AdversaryView
-from harness.collab import engine, prompts
+from harness.collab import batching, config, engine, prompts
 from harness.collab.benchmarks import Example
 from harness.collab.defences import Defence
 from harness.progress import progress
 
+RNG_MODES = config.RNG_MODES
+# collab.batch_size: null. Decode speed of SmolLM2-135M on the 2-core machine, one thread (issue 50,
+# benchmarks/ceiling.py): 18 tokens/s at batch 1, 92 at 16, 112 at 32. 16 takes most of the gain while a
+# batch's rows stay few enough that its tail (the rows still decoding after the others stopped) is short.
+AUTO_BATCH = 16
+
 
 @dataclass
 class Pair:
-    """The two parties: models, the shared tokenizer and vocabulary size."""
+    """The two parties: models, the shared tokenizer and vocabulary size; how many examples decode together
+    and where their randomness comes from (module docstring)."""
 
     edge: Any
     cloud: Any
     tokenizer: Any
     vocab: int
     eos: int | None
+    batch_size: int = AUTO_BATCH
+    rng: str = "per_example"
+
+    def batches(self, n: int) -> tuple[list[range], int]:
+        """The examples' index ranges decoded together and the engine's row floor (batching.MIN_ROWS; 1 with
+        rng=shared: the engine before batching)."""
+        size, floor = (1, 1) if self.rng == "shared" else (max(1, int(self.batch_size)), batching.MIN_ROWS)
+        return [range(i, min(i + size, n)) for i in range(0, n, size)], floor
+
+
+def example_generator(seed: int, example_id: str) -> torch.Generator:
+    """Example `example_id`'s own generator under `seed` (rng=per_example): seeded from a hash of both, so
+    it is the same whatever else the run decodes and at every batch size."""
+    digest = hashlib.sha256(f"{int(seed)}/{example_id}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
 
 
 @dataclass
 class Signals:
-    """One protocol run over the benchmark: generations, its adversary view, per-step timings."""
+    """One protocol run over the benchmark: generations, its adversary view, per-step timings;
+    `shared_forward`: the two parties' forwards were one (the edge is the cloud's model with its prompt)."""
 
     output_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     view: AdversaryView = field(default_factory=AdversaryView)
     step_seconds: list[float] = field(default_factory=list)
     defence_seconds: float = 0.0
+    shared_forward: bool = False
 
 
 def collaborate_all(pair: Pair, examples: Sequence[Example], defence: Defence, *, mode: str, max_new_tokens: int,
                     seed: int, view_top: int, private: bool = True, meta: dict[str, Any] | None = None,
                     desc: str = "collab") -> Signals:
-    """Every example through engine.collaborate; `private=False` gives the edge the cloud's prompt (the
-    negative control: the same protocol without x_priv)."""
-    rng = torch.Generator().manual_seed(int(seed))
+    """Every example through engine.collaborate_batch, `pair.batch_size` at a time; `private=False` gives the
+    edge the cloud's prompt (the negative control: the same protocol without x_priv)."""
+    shared_rng = torch.Generator().manual_seed(int(seed))
     out = Signals(view=AdversaryView(meta=dict(meta or {})))
-    for ex in progress(examples, desc=desc, unit="example"):
-        edge_ids = prompts.encode(pair.tokenizer, prompts.party_text(ex, private=private))
-        cloud_ids = prompts.encode(pair.tokenizer, prompts.party_text(ex, private=False))
-        d = engine.collaborate(pair.edge, pair.cloud, edge_ids, cloud_ids, defence, mode=mode,
-                               max_new_tokens=max_new_tokens, vocab=pair.vocab, eos=pair.eos, rng=rng,
-                               example_id=ex.id, view_top=view_top)
-        out.output_ids.append(d.output_ids)
-        out.texts.append(pair.tokenizer.decode(d.output_ids, skip_special_tokens=True))
-        out.view.exposures.extend(d.exposures)
-        out.step_seconds.extend(d.step_seconds)
-        out.defence_seconds += d.defence_seconds
+    chunks, floor = pair.batches(len(examples))
+    # Each forward of a null decode (the edge without x_priv) is the cloud's: engine.collaborate_batch does it once.
+    out.shared_forward = pair.edge is pair.cloud and not private
+    bar = progress(total=len(examples), desc=desc, unit="example")
+    for chunk in chunks:
+        batch = [examples[i] for i in chunk]
+        edge_ids = [prompts.encode(pair.tokenizer, prompts.party_text(ex, private=private)) for ex in batch]
+        cloud_ids = [prompts.encode(pair.tokenizer, prompts.party_text(ex, private=False)) for ex in batch]
+        rngs = ([shared_rng] * len(batch) if pair.rng == "shared" else
+                [example_generator(seed, ex.id) for ex in batch])
+        decoded = engine.collaborate_batch(pair.edge, pair.cloud, edge_ids, cloud_ids, defence, mode=mode,
+                                           max_new_tokens=max_new_tokens, vocab=pair.vocab, eos=pair.eos, rngs=rngs,
+                                           example_ids=[ex.id for ex in batch], view_top=view_top, min_rows=floor)
+        for d in decoded:
+            out.output_ids.append(d.output_ids)
+            out.texts.append(pair.tokenizer.decode(d.output_ids, skip_special_tokens=True))
+            out.view.exposures.extend(d.exposures)
+            out.step_seconds.extend(d.step_seconds)
+            out.defence_seconds += d.defence_seconds
+        bar.update(len(batch))
+    bar.close()
     return out
 
 
@@ -71,13 +118,15 @@ class Floor:
 
 def cloud_alone(pair: Pair, examples: Sequence[Example], *, max_new_tokens: int, top: int) -> Floor:
     ids, texts, sets = [], [], []
-    for ex in progress(examples, desc="cloud alone (floor)", unit="example"):
-        cloud_ids = prompts.encode(pair.tokenizer, prompts.party_text(ex, private=False))
-        gen, s = engine.cloud_only(pair.cloud, cloud_ids, max_new_tokens=max_new_tokens, vocab=pair.vocab,
-                                   eos=pair.eos, top=top)
-        ids.append(gen)
-        texts.append(pair.tokenizer.decode(gen, skip_special_tokens=True))
-        sets.append(s)
+    chunks, floor = pair.batches(len(examples))
+    stop = set() if pair.eos is None else {pair.eos}
+    for chunk in progress(chunks, desc="cloud alone (floor)", unit="batch"):
+        cloud_ids = [prompts.encode(pair.tokenizer, prompts.party_text(examples[i], private=False)) for i in chunk]
+        for gen, s in engine.greedy_batch(pair.cloud, cloud_ids, max_new_tokens=max_new_tokens, vocab=pair.vocab,
+                                          stop=stop, top=top, min_rows=floor):
+            ids.append(gen)
+            texts.append(pair.tokenizer.decode(gen, skip_special_tokens=True))
+            sets.append(s)
     return Floor(ids, texts, sets)
 
 
@@ -109,7 +158,8 @@ def cached(cache_dir: Any, key: dict[str, Any], compute: Any) -> Any:
 def answer_critical(pair: Pair, examples: Sequence[Example], *, n: int | None, max_new_tokens: int = 8) -> list[Example]:
     """The paper's answer-critical filter (§3.1), automated: keep an example when the edge model alone,
     greedy, states the right option from x_pub plus the evidence spans and not from x_pub alone (the paper
-    screens with GPT-5.4 and people). Option benchmarks only; the first `n` kept (None: all)."""
+    screens with GPT-5.4 and people). Option benchmarks only; the first `n` kept (None: all). One example at
+    a time (it stops at the n-th kept; 8 tokens each, so batching would gain little)."""
     from dataclasses import replace
 
     from metrics.answers import option_correct

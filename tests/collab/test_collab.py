@@ -816,3 +816,118 @@ def test_report_keeps_ablations_out_of_the_curves_and_labels_them():
                                        "provenance": {"config": {"collab": {"candidates": 1000}}}})
     assert report._label(older, setting).endswith("|C|=1000")
     assert report._knob(run("collab_none", None, candidates=10), "candidates") is None   # CoVeil's knob only
+
+
+# --- batching (issue 50): every example's numbers the same at any batch size ----------------------------
+
+_PARAMETERS = {"collab_none": None, "coveil": 1.0, "collab_cogenesis": 3.0, "collab_dp_logit": 1.0,
+               "collab_dp_fusion": 0.5, "collab_custext": 4.0, "collab_ldp_sampler": 2.0, "collab_invisibleink": 64.0}
+
+
+@pytest.fixture(scope="module")
+def batching_setup(pair):
+    """The smoke's pair (tiny-llama edge, tiny-llama-tied cloud) on 6 built-in examples, 6 tokens, EOS a token
+    that the LDP sampler draws for one example at its third step: its rows stop at different steps (the tiny
+    models' greedy answer is one token repeated, so greedy rows never meet it and run to the end)."""
+    from harness.collab import protocol
+    from harness.collab.edge_baselines import LDPSampler, Options, custext_table
+
+    edge, cloud = pair
+    vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
+    examples = benchmarks.load_benchmark(OmegaConf.create(dict(
+        name="builtin", path=None, hub_id=None, n_examples=6, max_context_words=None,
+        answer_critical=False))).examples
+    probe = protocol.collaborate_all(protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, None, batch_size=1),
+                                     examples, LDPSampler(0.3, _PARAMETERS["collab_ldp_sampler"], 10.0), mode="edge",
+                                     max_new_tokens=6, seed=3, view_top=20)
+    eos = probe.output_ids[1][2]
+    opts = Options(custext_table=custext_table(edge.model, edge.tokenizer, "victim", "euclidean"), max_new_tokens=6)
+    return edge, cloud, vocab, examples, eos, opts
+
+
+def _decode_at(setup, name, mode, batch_size, rng="per_example", private=True, same_model=False):
+    from harness.collab import protocol
+    from harness.collab.defences import make_defence
+
+    edge, cloud, vocab, examples, eos, opts = setup
+    model = cloud.model if same_model else edge.model
+    p = protocol.Pair(model, cloud.model, edge.tokenizer, vocab, eos, batch_size=batch_size, rng=rng)
+    d = make_defence(name, _PARAMETERS[name], alpha=0.3, candidates=20, dp_delta=1e-5, renyi_order=2.0,
+                     baselines=opts)
+    return protocol.collaborate_all(p, examples, d, mode=mode, max_new_tokens=6, seed=3, view_top=20, private=private)
+
+
+def _exposures(sig):
+    return [(e.op, e.step, e.channel, e.tensor) for e in sig.view.exposures]
+
+
+def _runs():
+    from harness.collab.config import MODES_OF
+
+    return [(name, mode) for name in _PARAMETERS for mode in MODES_OF[name]]
+
+
+@pytest.mark.parametrize("name, mode", _runs())
+def test_every_defence_decodes_the_same_at_batch_1_and_4(batching_setup, name, mode):
+    """Token for token, and every exposure to the last bit: the run, and its null (one shared forward)."""
+    for private, same_model in ((True, False), (False, True)):
+        one = _decode_at(batching_setup, name, mode, 1, private=private, same_model=same_model)
+        four = _decode_at(batching_setup, name, mode, 4, private=private, same_model=same_model)
+        assert one.output_ids == four.output_ids
+        assert one.shared_forward == four.shared_forward == same_model
+        a, b = _exposures(one), _exposures(four)
+        assert [x[:3] for x in a] == [x[:3] for x in b]
+        assert all(torch.equal(x[3], y[3]) for x, y in zip(a, b))
+        if (name, private) == ("collab_ldp_sampler", True):
+            lengths = [len(ids) for ids in one.output_ids]
+            assert min(lengths) < 6 == max(lengths)         # a row stopped at EOS, others ran on
+
+
+@pytest.mark.parametrize("name, mode", [r for r in _runs() if r[0] in ("collab_none", "coveil", "collab_cogenesis")
+                                        or r == ("collab_dp_fusion", "cloud")])
+def test_a_deterministic_defence_decodes_as_before_batching(batching_setup, name, mode):
+    """rng=shared is the engine before batching (one example, one row a forward); a deterministic defence's
+    batched tokens and exposed ids are its, the probabilities within float rounding (MKL's kernel for one row
+    is not the one for four)."""
+    old = _decode_at(batching_setup, name, mode, 1, rng="shared")
+    new = _decode_at(batching_setup, name, mode, 4)
+    assert old.output_ids == new.output_ids
+    for (op, step, channel, x), (*_, y) in zip(_exposures(old), _exposures(new), strict=True):
+        if channel == engine.UPLOADED_PROBS:
+            assert torch.equal(x[:, 0], y[:, 0]) and torch.allclose(x[:, 1], y[:, 1], rtol=1e-6, atol=1e-12)
+        else:
+            assert torch.equal(x, y)
+
+
+def test_each_example_draws_from_its_own_generator(batching_setup):
+    """rng=per_example: an example's stream does not depend on the others (a subset decodes it the same)."""
+    from harness.collab import protocol
+
+    full = _decode_at(batching_setup, "collab_ldp_sampler", "edge", 4)
+    edge, cloud, vocab, examples, eos, opts = batching_setup
+    sub = _decode_at((edge, cloud, vocab, examples[3:], eos, opts), "collab_ldp_sampler", "edge", 4)
+    assert sub.output_ids == full.output_ids[3:]
+    g1, g2 = protocol.example_generator(3, "a"), protocol.example_generator(3, "a")
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+    assert not torch.equal(torch.rand(4, generator=protocol.example_generator(3, "a")),
+                           torch.rand(4, generator=protocol.example_generator(4, "a")))
+
+
+def test_floor_and_inversion_are_the_same_at_batch_1_and_4_and_as_generate(batching_setup):
+    from harness.collab import protocol
+
+    edge, cloud, vocab, examples, eos, _ = batching_setup
+    floors = [protocol.cloud_alone(protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos, batch_size=b),
+                                   examples, max_new_tokens=6, top=5) for b in (1, 4)]
+    assert floors[0].output_ids == floors[1].output_ids and floors[0].sets == floors[1].sets
+    prompts_ = [prompts.encode(cloud.tokenizer, prompts.party_text(e, private=False)) for e in examples]
+    texts = [leak.invert_all(cloud.model, cloud.tokenizer, prompts_, 5, batch_size=b, min_rows=4) for b in (1, 4)]
+    assert texts[0] == texts[1]
+    # The one-row path is transformers' generate at batch 1 (what the inversion was before batching).
+    gen = [cloud.tokenizer.decode(_greedy_until_eos(cloud.model, ids, 5), skip_special_tokens=True) for ids in prompts_]
+    assert leak.invert_all(cloud.model, cloud.tokenizer, prompts_, 5, batch_size=1, min_rows=1) == gen
+
+
+def _greedy_until_eos(model, ids, n):
+    x = torch.tensor([ids])
+    return model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)[0, len(ids):]
