@@ -58,7 +58,8 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
                 int(inv.max_new_tokens), batch_size=len(chunks[0]) if chunks else 1, min_rows=floor)
 
         inv_key = {"edge": parties.edge.source, "cloud": cloud.source, "examples": runs.key["examples"], "top": top,
-                   "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion"}
+                   "max_new_tokens": int(c.max_new_tokens), "inversion": dict(inv), "run": "floor_inversion",
+                   "engine": runs.key["engine"]}
         guesses = {"run": inversions(run_sets),
                    "floor": protocol.cached(cache_dir, inv_key, lambda: inversions(runs.floor.sets))}
         for curves_, texts in ((curves, guesses["run"]), (floor_curves, guesses["floor"])):

@@ -87,6 +87,7 @@ class DPLogit(Defence):
     vector is clipped at 0 and renormalised (post-processing) before upload."""
 
     name = "collab_dp_logit"
+    random_modes = ("cloud",)
 
     def __init__(self, alpha: float, epsilon: float, delta: float):
         super().__init__(alpha)
@@ -114,6 +115,7 @@ class DPFusion(Defence):
     Cloud-side: q_w is uploaded. Edge-side: the synced token is sampled from α·p_L + (1−α)·q_w."""
 
     name = "collab_dp_fusion"
+    random_modes = ("edge",)        # cloud-side it uploads q_w, a function of p_S and p_L
 
     def __init__(self, alpha: float, epsilon: float, order: float, iterations: int = 30):
         super().__init__(alpha)

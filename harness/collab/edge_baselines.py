@@ -34,11 +34,13 @@ from typing import Any
 
 import torch
 
-from harness.collab.fusion import Defence, fuse
+from harness.collab.fusion import Defence, fuse, plain
 
 
 class SampledDefence(Defence):
     """An edge-side defence that draws the synced token from `distribution`."""
+
+    random_modes = ("edge",)
 
     def select(self, p_S, p_L, rng):
         return int(torch.multinomial(self.distribution(p_S, p_L, "edge", rng).float(), 1, generator=rng))
@@ -53,6 +55,15 @@ class CusText(SampledDefence):
     def __init__(self, alpha: float, epsilon: float, table: Any, k: int, select_from: str = "fused"):
         super().__init__(alpha)
         self.epsilon, self.table, self.k, self.select_from = float(epsilon), table, int(k), select_from
+
+    def identity(self) -> dict[str, Any]:
+        out = {"name": self.name, **{k: plain(v) for k, v in sorted(vars(self).items()) if k != "table"}}
+        table = self.table      # by its content: the embedding rows, the candidates and the distance
+        if table is not None and "identity" not in table.memo:
+            table.memo["identity"] = {"vectors": plain(table.vectors), "candidates": plain(table.candidates),
+                                      "distance": table.distance}
+        out["table"] = None if table is None else table.memo["identity"]
+        return out
 
     def chosen(self, p_S: torch.Tensor, p_L: torch.Tensor) -> int:
         """The token the edge would append without the defence (what CusText then sanitises)."""

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from harness import configurations
 from harness.adversary_view import view_meta
-from harness.collab import benchmarks, edge_baselines, engine, protocol
+from harness.collab import batching, benchmarks, edge_baselines, engine, prompts, protocol
 from harness.collab.defences import make_defence
 from harness.errors import UserError
 from harness.models import load_model
@@ -46,6 +46,7 @@ class Decodings:
     null_again: Any                  # the negative control: the null signal, seed + 1
     defence: Any
     key: dict[str, Any]              # the cache key of this run's examples and models
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)   # Decodes.record: computed, reused, shared
 
 
 @dataclass
@@ -95,45 +96,103 @@ def load_examples(cfg: DictConfig, pair: protocol.Pair) -> Any:
     return bench
 
 
+class Decodes:
+    """Exact de-duplication of one run's collaborative decodes: each is keyed by what determines its computation
+    (both models' sources, both parties' prompt ids and the example ids, the defence and its parameters
+    (`Defence.identity`), the fusion mode, max_new_tokens and view_top, and the seed and rng mode only where
+    the defence draws in that mode), and a decode whose key was already computed is that decode, not a rerun:
+    so a deterministic defence's second null (seed + 1) is its null, and the undefended point's null is the
+    undefended edge without x_priv. `record` says, per decode, whether it was computed, read from the disk
+    cache (protocol.cached) or reused, and whether its two parties' forwards were one (a null decode with one
+    model for both parties: engine.collaborate_batch)."""
+
+    def __init__(self, cfg: DictConfig, parties: Parties, examples: list[Any]):
+        c = cfg.collab
+        self.cfg, self.parties, self.examples = cfg, parties, examples
+        self.common = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), view_top=int(c.view_top))
+        self.memo: dict[str, tuple[str, protocol.Signals]] = {}
+        self.record: dict[str, dict[str, Any]] = {}
+
+    def key(self, defence: Any, *, private: bool, seed: int) -> str:
+        import hashlib
+        import json
+
+        pair, mode = self.parties.pair, self.common["mode"]
+        ids = [[prompts.encode(pair.tokenizer, prompts.party_text(e, private=p)) for p in (private, False)]
+               for e in self.examples]
+        blob = dict(edge=self.parties.edge.source, cloud=self.parties.cloud.source,
+                    one_model=pair.edge is pair.cloud, examples=[e.id for e in self.examples], prompt_ids=ids,
+                    defence=defence.identity(), **self.common,
+                    **({"seed": int(seed), "rng": pair.rng} if mode in defence.random_modes else {}))
+        return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+    def run(self, label: str, defence: Any, *, private: bool, seed: int, desc: str,
+            meta: dict[str, Any] | None = None, disk: dict[str, Any] | None = None) -> protocol.Signals:
+        """Decode `label` (a name for results.json), or reuse the decode of the same key; `disk`: also keep it in
+        the on-disk cache under that key (the reference runs, shared by every run of a sweep)."""
+        key = self.key(defence, private=private, seed=seed)
+        if key in self.memo:
+            first, sig = self.memo[key]
+            self.record[label] = {"computed": False, "from_disk_cache": False, "reused": first,
+                                  "shared_forward": sig.shared_forward}
+            return sig
+
+        def compute() -> protocol.Signals:
+            return protocol.collaborate_all(self.parties.pair, self.examples, defence, private=private, seed=seed,
+                                            meta=meta, desc=desc, **self.common)
+
+        on_disk = disk is not None and protocol.cache_path(self.cfg.paths.cache_dir, disk).is_file()
+        sig = protocol.cached(self.cfg.paths.cache_dir, disk, compute) if disk is not None else compute()
+        self.memo[key] = (label, sig)
+        self.record[label] = {"computed": not on_disk, "from_disk_cache": on_disk, "reused": None,
+                              "shared_forward": sig.shared_forward}
+        return sig
+
+
 def decode(cfg: DictConfig, parties: Parties, bench: Any, name: str, lam: float | None, top: int) -> Decodings:
-    """Every decoding of the run, the deterministic controls cached (protocol.cached): the cloud alone, the
-    undefended run and its null; then the run under its defence, its null signal and the null at seed + 1."""
+    """Every decoding of the run, the deterministic controls cached on disk (protocol.cached): the cloud alone,
+    the undefended run and its null; then the run under its defence, its null signal and the null at seed + 1,
+    each decode of the same computation done once (`Decodes`)."""
     c = cfg.collab
     edge, cloud, pair, examples = parties.edge, parties.cloud, parties.pair, bench.examples
     settings = dict(alpha=float(c.alpha), candidates=int(c.candidates), dp_delta=float(c.dp_delta),
                     renyi_order=float(c.renyi_order),
                     baselines=edge_baselines.options_of(c, name, edge.model, edge.tokenizer))
     defence = make_defence(name, lam, **settings)
-    common_kw = dict(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=int(cfg.seed), view_top=int(c.view_top))
+    seed = int(cfg.seed)
     meta = view_meta(cfg, system=configurations.COLLAB, workload=bench.name, epsilon=lam if lam is not None else cfg.epsilon)
     meta.update(fusion=c.fusion, alpha=float(c.alpha), cloud_model=cloud.name, edge_model=edge.name)
 
+    # The disk cache's key: a shared-rng run decodes one row a forward (the engine before batching), whose last
+    # bits differ from the batched engine's, so the two never share an entry.
     key = dict(edge=edge.source, cloud=cloud.source, examples=[dataclasses.asdict(e) for e in examples],
-               max_new_tokens=int(c.max_new_tokens), top=top)
-    floor = protocol.cached(cfg.paths.cache_dir, {**key, "run": "cloud_alone"}, lambda: protocol.cloud_alone(
+               max_new_tokens=int(c.max_new_tokens), top=top,
+               engine="one row" if pair.rng == "shared" else f"rows >= {batching.MIN_ROWS}")
+    floor_key = {**key, "run": "cloud_alone"}
+    floor_on_disk = protocol.cache_path(cfg.paths.cache_dir, floor_key).is_file()
+    floor = protocol.cached(cfg.paths.cache_dir, floor_key, lambda: protocol.cloud_alone(
         pair, examples, max_new_tokens=int(c.max_new_tokens), top=top))
-    key.update(common_kw, alpha=float(c.alpha))
-    undefended = protocol.cached(cfg.paths.cache_dir, {**key, "run": "undefended"}, lambda: protocol.collaborate_all(
-        pair, examples, make_defence("collab_none", None, **settings), desc="positive control (undefended)",
-        **common_kw))
-    if name == "collab_none":  # the undefended point is its own positive control
-        signals, undefended = undefended, None
+    key.update(mode=c.fusion, max_new_tokens=int(c.max_new_tokens), seed=seed, view_top=int(c.view_top),
+               alpha=float(c.alpha))
+    runs = Decodes(cfg, parties, examples)
+    runs.record["cloud_alone"] = {"computed": not floor_on_disk, "from_disk_cache": floor_on_disk, "reused": None,
+                                  "shared_forward": False}
+    undefended_defence = make_defence("collab_none", None, **settings)
+    undefended = runs.run("undefended", undefended_defence, private=True, seed=seed,
+                          desc="positive control (undefended)", disk={**key, "run": "undefended"})
+    signals = runs.run("signals", defence, private=True, seed=seed, meta=meta, desc=f"{name} ({c.fusion}-side)")
+    if name == "collab_none":  # the undefended point is its own positive control (the same decode)
+        undefended = None
         signals.view.meta = meta
-    else:
-        signals = protocol.collaborate_all(pair, examples, defence, meta=meta,
-                                           desc=f"{name} ({c.fusion}-side)", **common_kw)
-    no_context = protocol.cached(cfg.paths.cache_dir, {**key, "run": "no_context"}, lambda: protocol.collaborate_all(
-        pair, examples, make_defence("collab_none", None, **settings), private=False,
-        desc="null of the undefended run (edge without x_priv)", **common_kw))
+    no_context = runs.run("no_context", undefended_defence, private=False, seed=seed,
+                          desc="null of the undefended run (edge without x_priv)", disk={**key, "run": "no_context"})
     # The verdict's null signal: this defence, parameter and seed with an edge that does not hold x_priv.
-    null = no_context if name == "collab_none" else protocol.collaborate_all(
-        pair, examples, make_defence(name, lam, **settings), private=False,
-        desc=f"null signal: {name} without x_priv", **common_kw)
-    # The negative control's second null: the same, another seed (identical for a deterministic defence).
-    null_again = protocol.collaborate_all(pair, examples, make_defence(name, lam, **settings), private=False,
-                                          desc="negative control: null signal, seed + 1",
-                                          **{**common_kw, "seed": int(cfg.seed) + 1})
-    return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key)
+    null = runs.run("null", make_defence(name, lam, **settings), private=False, seed=seed,
+                    desc=f"null signal: {name} without x_priv")
+    # The negative control's second null: the same, another seed (for a deterministic defence, the null itself).
+    null_again = runs.run("null_again", make_defence(name, lam, **settings), private=False, seed=seed + 1,
+                          desc="negative control: null signal, seed + 1")
+    return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key, runs.record)
 
 
 def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> Utility:
@@ -173,9 +232,10 @@ def generation(cfg: DictConfig) -> dict[str, Any]:
 
 
 def decode_rates(output_ids: list[list[int]], step_seconds: list[float]) -> list[float | None]:
-    """Each example's generated tokens per second of its collaborative decoding: engine.collaborate times
-    every step that emits a token, so example i's steps are the next len(output_ids[i]) of `step_seconds`
-    (protocol.collaborate_all joins them in example order). None where no time was measured."""
+    """Each example's generated tokens per second of its collaborative decoding: engine.collaborate_batch times
+    every step that emits a token (a batched step's time split evenly among the examples it decoded), so
+    example i's steps are the next len(output_ids[i]) of `step_seconds` (protocol.collaborate_all joins them
+    in example order). None where no time was measured."""
     rates, at = [], 0
     for ids in output_ids:
         spent = sum(step_seconds[at:at + len(ids)])

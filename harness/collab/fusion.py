@@ -7,7 +7,10 @@ among all of them.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,11 +26,32 @@ def fuse(p_L: torch.Tensor, p_S: torch.Tensor, alpha: float) -> torch.Tensor:
     return alpha * p_L + (1.0 - alpha) * p_S
 
 
+def plain(value: Any) -> Any:
+    """A parameter as JSON can hold it, for a defence's `identity`: a tensor by the sha256 of its bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        return f"tensor {tuple(t.shape)} {t.dtype} sha256:{hashlib.sha256(t.numpy().tobytes()).hexdigest()}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
 class Defence:
     name = "collab_none"
+    # The fusion modes in which the defence draws from its generator; in the others it is deterministic, so its
+    # decode does not depend on the seed (the de-duplication of experiment.decode keys it without one).
+    random_modes: tuple[str, ...] = ()
 
     def __init__(self, alpha: float):
         self.alpha = alpha
+
+    def identity(self) -> dict[str, Any]:
+        """What determines this defence's computation: its name and every parameter it holds."""
+        return {"name": self.name, **{k: plain(v) for k, v in sorted(vars(self).items())}}
 
     def upload(self, p_S: torch.Tensor, p_L: torch.Tensor, rng: torch.Generator) -> Upload:
         return Upload(p_S, None)

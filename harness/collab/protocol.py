@@ -130,20 +130,25 @@ def cloud_alone(pair: Pair, examples: Sequence[Example], *, max_new_tokens: int,
     return Floor(ids, texts, sets)
 
 
-def cached(cache_dir: Any, key: dict[str, Any], compute: Any) -> Any:
-    """`compute()` memoised on disk under <cache root>/collab/<sha256 of key>.pt: the reference runs (the
-    cloud alone, the undefended run, the edge without x_priv) do not depend on the defence or its
-    parameter, so a sweep computes them once. The key holds everything that changes them (the caller's)
-    and the code digest of harness/ and metrics/ (harness.provenance.source_digest)."""
-    import hashlib
+def cache_path(cache_dir: Any, key: dict[str, Any]) -> Any:
+    """Where `cached` keeps the value of `key`: <cache root>/collab/<sha256 of key and the code digest>.pt."""
     import json
 
     from harness.models import cache_root
     from harness.provenance import source_digest
-    from harness.results import atomic_torch_save
 
     blob = json.dumps({**key, "code": source_digest()}, sort_keys=True, default=str).encode()
-    path = cache_root(cache_dir) / "collab" / f"{hashlib.sha256(blob).hexdigest()}.pt"
+    return cache_root(cache_dir) / "collab" / f"{hashlib.sha256(blob).hexdigest()}.pt"
+
+
+def cached(cache_dir: Any, key: dict[str, Any], compute: Any) -> Any:
+    """`compute()` memoised on disk under `cache_path`: the reference runs (the cloud alone, the undefended
+    run, the edge without x_priv) do not depend on the defence or its parameter, so a sweep computes them
+    once. The key holds everything that changes them (the caller's) and the code digest of harness/ and
+    metrics/ (harness.provenance.source_digest)."""
+    from harness.results import atomic_torch_save
+
+    path = cache_path(cache_dir, key)
     if path.is_file():
         try:
             return torch.load(path, weights_only=False)

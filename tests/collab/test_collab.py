@@ -749,6 +749,13 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
         assert view.meta["system"] == "collab" and view.meta["configuration"] == r["configuration"]
         channel = engine.UPLOADED_PROBS if r["fusion"] == "cloud" else engine.SYNCED_TOKENS
         assert set(view.channels()) == {engine.PUBLIC_QUERY, channel}
+        # Issue 50's de-duplication: a deterministic defence's second null is its null; two models, no shared forward.
+        d = r["decodes"]
+        assert set(d) == {"cloud_alone", "undefended", "signals", "no_context", "null", "null_again"}
+        randomised = (r["configuration"], r["fusion"]) == ("collab_dp_fusion", "edge")
+        assert d["null_again"]["reused"] == (None if randomised else "null")
+        assert d["null_again"]["computed"] == randomised and d["signals"]["computed"]
+        assert not any(v["shared_forward"] for v in d.values())
     assert seen == {("coveil", "cloud"), ("coveil", "edge"), ("collab_dp_fusion", "cloud"), ("collab_dp_fusion", "edge")}
     # The report section renders both fusion modes with their plots.
     from runners.report.document import build
@@ -931,3 +938,30 @@ def test_floor_and_inversion_are_the_same_at_batch_1_and_4_and_as_generate(batch
 def _greedy_until_eos(model, ids, n):
     x = torch.tensor([ids])
     return model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)[0, len(ids):]
+
+
+def test_one_forward_for_a_null_decode_and_reuse_of_the_same_computation(tmp_path, batching_setup):
+    """With one model in both roles, the null decodes' two parties are one forward (p_S = p_L), the same
+    numbers as two copies of the model computing it twice; the undefended point's signals, null and second
+    null are then decodes done once (results.json `decodes`)."""
+    import copy
+
+    edge, cloud, vocab, examples, eos, opts = batching_setup
+    ids = [prompts.encode(cloud.tokenizer, prompts.party_text(e, private=False)) for e in examples]
+    kw = dict(mode="cloud", max_new_tokens=6, vocab=vocab, eos=eos, example_ids=[e.id for e in examples], view_top=20)
+    twin = copy.deepcopy(cloud.model)
+    for d in (Defence(0.3), DPLogit(0.3, 1.0, 1e-5)):
+        one = engine.collaborate_batch(cloud.model, cloud.model, ids, ids, d,
+                                       rngs=[torch.Generator().manual_seed(i) for i in range(6)], **kw)
+        two = engine.collaborate_batch(twin, cloud.model, ids, ids, d,
+                                       rngs=[torch.Generator().manual_seed(i) for i in range(6)], **kw)
+        assert [x.output_ids for x in one] == [x.output_ids for x in two]
+        assert all(torch.equal(a.tensor, b.tensor) for x, y in zip(one, two) for a, b in zip(x.exposures, y.exposures))
+    out = tmp_path / "out"
+    res = run_cli_in_process(SMOKE + ["configuration=collab_none", "collab.cloud=null"], out, tmp_path / "cache")
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(next(out.rglob("results.json")).read_text())
+    d = r["decodes"]
+    assert d["signals"]["reused"] == "undefended" and d["null"]["reused"] == d["null_again"]["reused"] == "no_context"
+    assert d["no_context"]["shared_forward"] and not d["undefended"]["shared_forward"]
+    assert [k for k, v in d.items() if v["computed"]] == ["cloud_alone", "undefended", "no_context"]
