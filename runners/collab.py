@@ -105,7 +105,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                                     point=collab_config.tradeoff_point(name, c.candidates, _parameter_unit(cfg) is not None)),
         "benchmark": benchmarks.describe(bench), "metric_definitions": _definitions(cfg),
         # Which decodes ran, came from the disk cache or were the same computation as an earlier one (issue 50).
-        "decodes": runs.record, "batch_size": parties.pair.batch_size, "rng": parties.pair.rng,
+        "decodes": runs.decodes.record, "batch_size": parties.pair.batch_size, "rng": parties.pair.rng,
+        "prompt_forwards": {"computed": parties.pair.prompt_cache.computed, "reused": parties.pair.prompt_cache.reused},
     }
     samples = [_sample(i, e, runs, audit, use, k_rep, bench.has_options) for i, e in enumerate(examples)]
     return common.finish(cfg, ctx, results, samples, summary=summary,

@@ -30,7 +30,9 @@ cut down to the live rows (each cut copies the cache, as every step's concatenat
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -102,21 +104,66 @@ def _stack(caches: Sequence[Any], width: int) -> Any:
     return batched
 
 
+# The prompt cache's size: SmolLM2-135M's cache of a 400-token prompt is 18 MB, so 1 GiB holds both prompts of
+# 30 PubMedQA examples (a point of the n30 grid), on a machine whose 23 GB several runs share.
+PROMPT_CACHE_BYTES = 1 << 30
+
+
+class PromptCache:
+    """Prompt forwards memoised by (model object, prompt ids): the same prompt forwarded by the same model is
+    the same computation (a prompt is always forwarded alone, at batch 1), so a run's decodes forward each
+    party's prompt once (the cloud's x_pub serves the cloud alone, every decode's cloud and every null decode's
+    edge). A hit returns a copy of the cache; the least recently used entries go past `max_bytes`."""
+
+    def __init__(self, max_bytes: int = PROMPT_CACHE_BYTES):
+        self.max_bytes, self.bytes = int(max_bytes), 0
+        self.entries: OrderedDict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, Any, int]] = OrderedDict()
+        self.computed = self.reused = 0
+
+    @torch.no_grad()
+    def forward(self, model: Any, ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        """(the last position's logits, the cache) of `ids` through `model`."""
+        key = (id(model), tuple(int(i) for i in ids))
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            logits, cache, _ = self.entries[key]
+            self.reused += 1
+            return logits, copy.deepcopy(cache)
+        logits, cache = prompt_forward(model, ids)
+        self.computed += 1
+        size = sum(t.numel() * t.element_size() for layer in getattr(cache, "layers", ())
+                   for t in (layer.keys, layer.values))
+        if 0 < size <= self.max_bytes:
+            self.entries[key] = (logits, copy.deepcopy(cache), size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                self.bytes -= self.entries.popitem(last=False)[1][2]
+        return logits, cache
+
+
+@torch.no_grad()
+def prompt_forward(model: Any, ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+    """One prompt alone through `model`: the last position's logits and the model's cache."""
+    out = model(input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1], out.cache
+
+
 class Rows:
     """One model's incremental forward over several prompts: `first[i]` is prompt i's next-token logits (the
     last position's float32 row, the whole output layer), then `step({i: token})` feeds each still-decoding
     prompt its token and returns its next logits; a prompt left out of `tokens` is finished."""
 
     @torch.no_grad()
-    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], min_rows: int = MIN_ROWS):
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], min_rows: int = MIN_ROWS,
+                 prompt_cache: PromptCache | None = None):
         self.model, self.min_rows = model, int(min_rows)
         self.first, self.prefill_seconds, caches = [], [], []
         for ids in prompts:
             start = time.perf_counter()
-            out = model(input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=True, logits_to_keep=1)
-            self.first.append(out.logits[0, -1])
+            logits, cache = prompt_cache.forward(model, ids) if prompt_cache is not None else prompt_forward(model, ids)
+            self.first.append(logits)
             self.prefill_seconds.append(time.perf_counter() - start)
-            caches.append(out.cache)
+            caches.append(cache)
         self.tokens = [len(p) for p in prompts]          # tokens in each prompt's cache
         # One prompt at min_rows 1 is the engine before batching: the model's own call, cache and attention.
         self.alone = len(prompts) == 1 and self.min_rows <= 1

@@ -68,18 +68,19 @@ def _probs(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 def collaborate_batch(edge: Any, cloud: Any, edge_ids: Sequence[list[int]], cloud_ids: Sequence[list[int]],
                       defence: Defence, *, mode: str, max_new_tokens: int, vocab: int, eos: int | None,
                       rngs: Sequence[torch.Generator], example_ids: Sequence[str], view_top: int,
-                      min_rows: int = batching.MIN_ROWS) -> list[Decoded]:
+                      min_rows: int = batching.MIN_ROWS, prompt_cache: Any = None) -> list[Decoded]:
     """Collaborative greedy decoding of several examples together under `defence` in fusion `mode` (cloud |
     edge), example i drawing from `rngs[i]` (one generator may serve several examples in sequence only at
     batch 1). Each example's numbers are those it gets decoded alone (harness/collab/batching.py).
 
     Where the edge is the cloud's model and every edge prompt is the cloud's (a null decode: the edge without
-    x_priv), both parties would compute the same forward: it is computed once and p_S = p_L."""
+    x_priv), both parties would compute the same forward: it is computed once and p_S = p_L. `prompt_cache`
+    (batching.PromptCache) serves prompts forwarded before."""
     n = len(example_ids)
     shared = edge is cloud and all(list(e) == list(c) for e, c in zip(edge_ids, cloud_ids))
     start = time.perf_counter()
-    c = batching.Rows(cloud, cloud_ids, min_rows)
-    e = c if shared else batching.Rows(edge, edge_ids, min_rows)
+    c = batching.Rows(cloud, cloud_ids, min_rows, prompt_cache)
+    e = c if shared else batching.Rows(edge, edge_ids, min_rows, prompt_cache)
     outs = [Decoded([], [Exposure(example_ids[i], None, 0, (len(cloud_ids[i]),), torch.tensor(list(cloud_ids[i])),
                                   PUBLIC_QUERY)]) for i in range(n)]
     prefill = [c.prefill_seconds[i] + (0.0 if shared else e.prefill_seconds[i]) for i in range(n)]
@@ -131,12 +132,13 @@ def _upload_exposure(example_id: str, step: int, probs: torch.Tensor, view_top: 
     return Exposure(example_id, None, step, tuple(rows.shape), rows, UPLOADED_PROBS)
 
 
-def greedy_batch(model: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, vocab: int, stop: Any,
-                 top: int = 0, min_rows: int = batching.MIN_ROWS) -> list[tuple[list[int], list[list[int]]]]:
+def greedy_batch(model: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, vocab: int | None, stop: Any,
+                 top: int = 0, min_rows: int = batching.MIN_ROWS,
+                 prompt_cache: Any = None) -> list[tuple[list[int], list[list[int]]]]:
     """One model decoding greedily alone from each prompt, together: per prompt its ids (up to and with the
     first id in `stop`, a set) and, with `top` > 0, its own top-`top` ids at every step. `vocab=None` takes
     the argmax of the raw logits over the whole output layer, as transformers' generate does (the inversion)."""
-    rows = batching.Rows(model, prompts, min_rows)
+    rows = batching.Rows(model, prompts, min_rows, prompt_cache)
     out: list[tuple[list[int], list[list[int]]]] = [([], []) for _ in prompts]
     logits = dict(enumerate(rows.first))
     for t in range(1, max_new_tokens + 1):

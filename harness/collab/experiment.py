@@ -46,7 +46,7 @@ class Decodings:
     null_again: Any                  # the negative control: the null signal, seed + 1
     defence: Any
     key: dict[str, Any]              # the cache key of this run's examples and models
-    record: dict[str, Any] = dataclasses.field(default_factory=dict)   # Decodes.record: computed, reused, shared
+    decodes: Any = None              # the Decodes that made them: .record (computed, reused, shared), .memo
 
 
 @dataclass
@@ -77,7 +77,8 @@ def load_parties(cfg: DictConfig, special_ids: Callable[[Any], tuple[int, int | 
     _, eos = special_ids(edge.tokenizer)
     batch = protocol.AUTO_BATCH if c.batch_size is None else int(c.batch_size)
     return Parties(edge, cloud, vocab, protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos,
-                                                     batch_size=batch, rng=str(c.rng)))
+                                                     batch_size=batch, rng=str(c.rng),
+                                                     prompt_cache=batching.PromptCache()))
 
 
 def load_examples(cfg: DictConfig, pair: protocol.Pair) -> Any:
@@ -192,7 +193,7 @@ def decode(cfg: DictConfig, parties: Parties, bench: Any, name: str, lam: float 
     # The negative control's second null: the same, another seed (for a deterministic defence, the null itself).
     null_again = runs.run("null_again", make_defence(name, lam, **settings), private=False, seed=seed + 1,
                           desc="negative control: null signal, seed + 1")
-    return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key, runs.record)
+    return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key, runs)
 
 
 def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> Utility:

@@ -48,6 +48,7 @@ class Pair:
     eos: int | None
     batch_size: int = AUTO_BATCH
     rng: str = "per_example"
+    prompt_cache: Any = None         # batching.PromptCache: each prompt forwarded once per run (None: no memo)
 
     def batches(self, n: int) -> tuple[list[range], int]:
         """The examples' index ranges decoded together and the engine's row floor (batching.MIN_ROWS; 1 with
@@ -95,7 +96,8 @@ def collaborate_all(pair: Pair, examples: Sequence[Example], defence: Defence, *
                 [example_generator(seed, ex.id) for ex in batch])
         decoded = engine.collaborate_batch(pair.edge, pair.cloud, edge_ids, cloud_ids, defence, mode=mode,
                                            max_new_tokens=max_new_tokens, vocab=pair.vocab, eos=pair.eos, rngs=rngs,
-                                           example_ids=[ex.id for ex in batch], view_top=view_top, min_rows=floor)
+                                           example_ids=[ex.id for ex in batch], view_top=view_top, min_rows=floor,
+                                           prompt_cache=pair.prompt_cache)
         for d in decoded:
             out.output_ids.append(d.output_ids)
             out.texts.append(pair.tokenizer.decode(d.output_ids, skip_special_tokens=True))
@@ -123,7 +125,7 @@ def cloud_alone(pair: Pair, examples: Sequence[Example], *, max_new_tokens: int,
     for chunk in progress(chunks, desc="cloud alone (floor)", unit="batch"):
         cloud_ids = [prompts.encode(pair.tokenizer, prompts.party_text(examples[i], private=False)) for i in chunk]
         for gen, s in engine.greedy_batch(pair.cloud, cloud_ids, max_new_tokens=max_new_tokens, vocab=pair.vocab,
-                                          stop=stop, top=top, min_rows=floor):
+                                          stop=stop, top=top, min_rows=floor, prompt_cache=pair.prompt_cache):
             ids.append(gen)
             texts.append(pair.tokenizer.decode(gen, skip_special_tokens=True))
             sets.append(s)

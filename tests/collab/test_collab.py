@@ -965,3 +965,23 @@ def test_one_forward_for_a_null_decode_and_reuse_of_the_same_computation(tmp_pat
     assert d["signals"]["reused"] == "undefended" and d["null"]["reused"] == d["null_again"]["reused"] == "no_context"
     assert d["no_context"]["shared_forward"] and not d["undefended"]["shared_forward"]
     assert [k for k, v in d.items() if v["computed"]] == ["cloud_alone", "undefended", "no_context"]
+    # Each party's prompt forwarded once: x_pub (the cloud alone's) then serves the undefended run's cloud and
+    # the null's one forward; x_priv the undefended edge.
+    assert r["prompt_forwards"] == {"computed": 6, "reused": 6}
+
+
+def test_a_prompt_forward_served_from_the_prompt_cache_decodes_the_same(batching_setup):
+    from harness.collab import protocol
+    from harness.collab.batching import PromptCache
+
+    edge, cloud, vocab, examples, eos, _ = batching_setup
+    cache = PromptCache()
+    runs = [protocol.collaborate_all(protocol.Pair(edge.model, cloud.model, edge.tokenizer, vocab, eos,
+                                                   batch_size=b, rng=rng, prompt_cache=pc), examples, DPLogit(0.3, 1.0, 1e-5),
+                                     mode="cloud", max_new_tokens=6, seed=3, view_top=20)
+            for b, rng, pc in ((4, "per_example", None), (4, "per_example", cache), (4, "per_example", cache),
+                               (1, "shared", None), (1, "shared", cache))]
+    assert cache.computed == 12 and cache.reused == 24      # 6 examples × 2 prompts, then served
+    for a, b in ((runs[0], runs[1]), (runs[0], runs[2]), (runs[3], runs[4])):
+        assert a.output_ids == b.output_ids
+        assert all(torch.equal(x[3], y[3]) for x, y in zip(_exposures(a), _exposures(b), strict=True))
