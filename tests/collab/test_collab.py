@@ -681,6 +681,8 @@ def smoke_cfg():
     ({"collab.controls.gate_margin_pp": float("nan")}, "collab.controls.gate_margin_pp must be a finite number >= 0, got nan"),
     ({"collab.option_scoring": "vote"}, "collab.option_scoring='vote' is not one of stated, likelihood"),
     ({"collab.option_scoring": "likelihood", "collab.benchmark.name": "dolly"}, "needs an option benchmark"),
+    ({"collab.batch_size": 0}, "collab.batch_size must be >= 1 or null, got 0"),
+    ({"collab.rng": "global"}, "collab.rng='global' is not one of per_example, shared"),
 ])
 def test_bad_values_are_refused_before_any_model_loads(smoke_cfg, updates, expected):
     from harness import schema
@@ -985,3 +987,20 @@ def test_a_prompt_forward_served_from_the_prompt_cache_decodes_the_same(batching
     for a, b in ((runs[0], runs[1]), (runs[0], runs[2]), (runs[3], runs[4])):
         assert a.output_ids == b.output_ids
         assert all(torch.equal(x[3], y[3]) for x, y in zip(_exposures(a), _exposures(b), strict=True))
+
+
+def test_a_run_reads_the_same_at_batch_size_1_and_the_default(tmp_path):
+    """End to end (a randomised edge-side defence, whose exposures are recomputed by the attacker): samples.jsonl
+    and every metric but the timings are the same at collab.batch_size=1 and at the default."""
+    results = {}
+    for b in ("1", "null"):
+        out = tmp_path / f"out{b}"
+        res = run_cli_in_process(SMOKE + ["configuration=collab_dp_fusion", "collab.fusion=edge", f"collab.batch_size={b}"],
+                                 out, tmp_path / f"cache{b}")
+        assert res.returncode == 0, res.stderr[-3000:]
+        run = next(out.rglob("results.json")).parent
+        r = json.loads((run / "results.json").read_text())
+        results[b] = ({k: v for k, v in r["metrics"].items() if "seconds" not in k}, r["batch_size"],
+                      (run / "samples.jsonl").read_text())
+    assert results["1"][0] == results["null"][0] and results["1"][2] == results["null"][2]
+    assert (results["1"][1], results["null"][1]) == (1, 16)
