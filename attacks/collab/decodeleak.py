@@ -51,8 +51,12 @@ METRICS = ("token_er", "rouge1_er", "span_er", "auc")
 INVERSION = ("inversion_rouge1_recall", "inversion_rouge1_f1")
 
 
-def exposure_sets(view: AdversaryView, example_id: str, *, cloud: Any, vocab: int, top: int) -> list[list[int]]:
-    """The per-step ranked exposure sets {E_t} of one example, read from the view only."""
+def exposure_sets(view: AdversaryView, example_id: str, *, cloud: Any, vocab: int, top: int,
+                  memo: dict[Any, list[list[int]]] | None = None) -> list[list[int]]:
+    """The per-step ranked exposure sets {E_t} of one example, read from the view only. Edge-side they are a
+    forward of the cloud model over the public query and the synced tokens: `memo` keeps them by those ids, so
+    two decodes that synced the same tokens (a deterministic defence's null and the undefended null, often)
+    cost one forward."""
     uploads = view.select(op=example_id, channel=engine.UPLOADED_PROBS)
     if uploads:
         return [e.tensor[:top, 0].long().tolist() for e in sorted(uploads, key=lambda e: e.step)]
@@ -60,8 +64,13 @@ def exposure_sets(view: AdversaryView, example_id: str, *, cloud: Any, vocab: in
     query = view.select(op=example_id, channel=engine.PUBLIC_QUERY)
     if not synced:
         return []
-    return engine.cloud_topk_along(cloud, query[0].tensor.tolist(), [int(e.tensor[0]) for e in synced],
-                                   vocab=vocab, top=top)
+    ids = (tuple(query[0].tensor.tolist()), tuple(int(e.tensor[0]) for e in synced), top)
+    if memo is not None and ids in memo:
+        return memo[ids]
+    sets = engine.cloud_topk_along(cloud, list(ids[0]), list(ids[1]), vocab=vocab, top=top)
+    if memo is not None:
+        memo[ids] = sets
+    return sets
 
 
 @dataclass

@@ -34,8 +34,11 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
     vocab_info = Vocabulary(parties.edge.tokenizer)
     evidence = [tokenise_evidence(e.evidence, vocab_info, bool(c.evidence.leading_space)) for e in examples]
 
+    memo: dict = {}     # edge-side exposure sets by (query, synced tokens): one forward per distinct sequence
+
     def sets_of(sig: protocol.Signals) -> list[list[list[int]]]:
-        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top) for e in examples]
+        return [leak.exposure_sets(sig.view, e.id, cloud=cloud.model, vocab=vocab, top=top, memo=memo)
+                for e in examples]
 
     run_sets = sets_of(runs.signals)
     curves = leak.score_sets(run_sets, evidence, vocab_info, ks)

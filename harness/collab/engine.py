@@ -45,7 +45,7 @@ class Decoded:
     `step_seconds` has one entry per generated token: the wall time of the step that produced it, divided
     evenly among the examples that step decoded together (at batch 1, the step's own time); step 1 is the
     example's own prompt forwards (each prompt is forwarded alone) and its defence. `defence_seconds` is the
-    example's own defence and fusion calls."""
+    example's own defence calls."""
 
     output_ids: list[int]
     exposures: list[Exposure] = field(default_factory=list)
@@ -89,20 +89,23 @@ def collaborate_batch(edge: Any, cloud: Any, edge_ids: Sequence[list[int]], clou
         forward = time.perf_counter() - start
         tokens = {}
         for i in logits_L:
-            d0 = time.perf_counter()
+            row = time.perf_counter()
             p_L = _probs(logits_L[i], vocab)
             p_S = p_L if shared else _probs(logits_S[i], vocab)
             out = outs[i]
+            d0 = time.perf_counter()
             if mode == "cloud":
                 up = defence.upload(p_S, p_L, rngs[i])
+                d1 = time.perf_counter()
                 token = int(torch.argmax(fuse(p_L, up.probs, defence.alpha)))
                 out.exposures.append(_upload_exposure(example_ids[i], t, up.probs, view_top))
             else:
                 token = defence.select(p_S, p_L, rngs[i])
+                d1 = time.perf_counter()
                 out.exposures.append(Exposure(example_ids[i], None, t, (1,), torch.tensor([token]), SYNCED_TOKENS))
-            own = time.perf_counter() - d0
-            out.defence_seconds += own
+            out.defence_seconds += d1 - d0
             out.output_ids.append(token)
+            own = time.perf_counter() - row      # this row's softmaxes, defence, fusion and exposure
             out.step_seconds.append((prefill[i] if t == 1 else forward / len(logits_L)) + own)
             if not (eos is not None and token == eos) and t < max_new_tokens:
                 tokens[i] = token

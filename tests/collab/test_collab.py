@@ -1004,3 +1004,25 @@ def test_a_run_reads_the_same_at_batch_size_1_and_the_default(tmp_path):
                       (run / "samples.jsonl").read_text())
     assert results["1"][0] == results["null"][0] and results["1"][2] == results["null"][2]
     assert (results["1"][1], results["null"][1]) == (1, 16)
+
+
+def test_edge_side_exposure_sets_are_one_forward_per_synced_sequence(pair):
+    """The audit's memo: the same query and synced tokens read from a second view cost no forward."""
+    from harness.adversary_view import AdversaryView
+
+    edge, cloud = pair
+    vocab = len(edge.tokenizer)
+    ex = benchmarks.load_benchmark(OmegaConf.create(dict(name="builtin", path=None, hub_id=None, n_examples=2,
+                                                         max_context_words=None, answer_critical=False))).examples[0]
+    c_ids = prompts.encode(edge.tokenizer, prompts.party_text(ex, private=False))
+    kw = dict(max_new_tokens=4, vocab=vocab, eos=None, rng=torch.Generator(), example_id=ex.id, view_top=5)
+    d = engine.collaborate(edge.model, cloud.model, c_ids, c_ids, Defence(0.3), mode="edge", **kw)
+    memo: dict = {}
+    first = leak.exposure_sets(AdversaryView(d.exposures), ex.id, cloud=cloud.model, vocab=vocab, top=5, memo=memo)
+    assert first == leak.exposure_sets(AdversaryView(d.exposures), ex.id, cloud=cloud.model, vocab=vocab, top=5)
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the memo should have served these sets")
+
+    again = AdversaryView(list(d.exposures))
+    assert leak.exposure_sets(again, ex.id, cloud=no_forward, vocab=vocab, top=5, memo=memo) == first
