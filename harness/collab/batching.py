@@ -1,8 +1,8 @@
 """Several examples decoded by one model together, each row's numbers those of the row decoded alone.
 
 `Rows` is one party's incremental forward over a batch of prompts. Batching pays on a CPU because a decode
-step at batch 1 is bound by reading the weights (SmolLM2-135M: 538 MB a step, docs/benchmarks/
-collab_throughput_smollm2-135m.md); B rows read them once. What batching must not change is any row's result,
+step at batch 1 is bound by reading the weights (SmolLM2-135M: 538 MB a step, issue 50; benchmarks/ceiling.py
+measures the gain); B rows read them once. What batching must not change is any row's result,
 to the last bit, so that a run's tokens and exposures are the same at every `collab.batch_size`. Three
 things would change it, and each is done so that it does not:
 
