@@ -1,6 +1,6 @@
 """This machine's ceiling for a model at a thread count: what no experiment on it can beat (issue 50).
 
-- `matmul_gflops`: a square float32 matmul's GFLOP/s (2·n³ per product), the best of a few repeats;
+- `matmul_gflops`: a square float32 matmul's GFLOP/s (2·n³ per product, n = 2048), the best of a few repeats;
 - `decode_tokens_per_second(model, batch)`: greedy decoding of `batch` equal-length random prompts together with
   the model's own batched cache (transformers' DynamicCache), no padding, no per-row work: tokens generated per
   second over the decode steps only (the prompts' forward is not timed);
@@ -33,7 +33,7 @@ from benchmarks.rounds import commit_label, emit  # noqa: E402
 BATCHES = (1, 8, 16, 32)
 
 
-def matmul_gflops(size: int = 1024, repeats: int = 5) -> float:
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     """GFLOP/s of a (size × size) @ (size × size) float32 matmul at torch's current thread count, best of
     `repeats` (after one warm-up)."""
     g = torch.Generator().manual_seed(0)
@@ -92,7 +92,7 @@ def measure(model: Any, batches: Sequence[int] = BATCHES, *, prompt_tokens: int 
             prefill_tokens: int = 512) -> dict[str, Any]:
     """Every ceiling at torch's current thread count: {matmul_gflops, decode_tokens_per_second: {batch: t/s},
     prefill_gflops}."""
-    return {"matmul_gflops": matmul_gflops(),
+    return {"matmul_gflops": matmul_gflops(), "prompt_tokens": prompt_tokens,
             "decode_tokens_per_second": {b: decode_tokens_per_second(model, b, prompt_tokens=prompt_tokens,
                                                                      new_tokens=new_tokens) for b in batches},
             "prefill_gflops": prefill_gflops(model, prefill_tokens)}
@@ -103,9 +103,9 @@ def report(name: str, threads: int, ceiling: dict[str, Any], command: str) -> st
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, commit {commit_label()}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
              "| measure | value |", "|:--|--:|",
-             f"| matmul (1024², float32) | {ceiling['matmul_gflops']:.1f} GFLOP/s |"]
+             f"| matmul (2048², float32) | {ceiling['matmul_gflops']:.1f} GFLOP/s |"]
     for b, tps in ceiling["decode_tokens_per_second"].items():
-        lines.append(f"| greedy decode, batch {b} | {tps:.1f} tokens/s |")
+        lines.append(f"| greedy decode, batch {b}, {ceiling['prompt_tokens']}-token prompts | {tps:.1f} tokens/s |")
     lines += [f"| prefill, 512 tokens | {ceiling['prefill_gflops']:.1f} GFLOP/s |", ""]
     return "\n".join(lines)
 
@@ -116,15 +116,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="each decoded prompt's length (attention and the "
+                    "cache grow with it)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from benchmarks.models import load_named_model
 
     model = load_named_model(args.model).model
-    ceiling = measure(model, args.batches, new_tokens=args.new_tokens)
+    ceiling = measure(model, args.batches, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
     command = (f"python benchmarks/ceiling.py --model {args.model} --threads {args.threads} --batches "
-               f"{' '.join(map(str, args.batches))} --new-tokens {args.new_tokens}")
+               f"{' '.join(map(str, args.batches))} --prompt-tokens {args.prompt_tokens} --new-tokens {args.new_tokens}")
     emit(report(args.model, args.threads, ceiling, command), args.out)
 
 
