@@ -30,9 +30,10 @@ from harness.collab.defences import Defence
 from harness.progress import progress
 
 RNG_MODES = config.RNG_MODES
-# collab.batch_size: null. Decode speed of SmolLM2-135M on the 2-core machine, one thread (issue 50,
-# benchmarks/ceiling.py): 18 tokens/s at batch 1, 92 at 16, 112 at 32. 16 takes most of the gain while a
-# batch's rows stay few enough that its tail (the rows still decoding after the others stopped) is short.
+# collab.batch_size: null. Decode speed of SmolLM2-135M on the 2-core machine, one thread: the model alone 18
+# tokens/s at batch 1, 92 at 16, 112 at 32 (issue 50); this engine's decode step (batching.Rows, ~190-token
+# prompts) 130 row-forwards/s at 16 and 145 at 32 (2026-12-07, load 3): 32 rows gain 12 % for twice the
+# cache, and a batch's tail (rows still decoding after the others stopped) grows with it.
 AUTO_BATCH = 16
 
 
