@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
-from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
@@ -194,7 +194,7 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
             floor_done = True
     ax.set_xscale("log")
     ax.set_xlabel("K (top-K exposure per step)")
-    ax.set_ylabel("Token-ER@K (%)")
+    metric_axis(ax, "y", "token_er_at_1", label="Token-ER@K (%)")
     save_axes(fig, ax, png, group.title)
 
 
@@ -215,6 +215,7 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
         style = series_style(i) if name != "collab_none" else {**series_style(i), "marker": "*"}
         ax.plot([leak(r.data) for r in runs], [r.data["utility"]["value"] for r in runs],
                 ms=9 if name == "collab_none" else 5, **style, label=name)
+    mark_coincident(ax, [(float(leak(r.data)), float(r.data["utility"]["value"])) for r in points])
     d0 = group.runs[0].data
     ax.axvline(d0["floor_inversion_rouge1_recall"] if inversion else d0["floor_token_er_at_k"][k], color="k", ls="--",
                label="floor")
@@ -222,8 +223,8 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
     constant = d0["utility"].get("constant_answer_floor")
     if constant is not None:
         ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
-    ax.set_xlabel("inversion ROUGE-1 recall (%)" if inversion else f"Token-ER@{k} (%)")
-    ax.set_ylabel(d0["utility"]["metric"])
+    metric_axis(ax, "x", "inversion_rouge1_recall" if inversion else f"token_er_at_{k}")
+    metric_axis(ax, "y", str(d0["utility"]["metric"]))
     save_axes(fig, ax, png, group.title)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import atomic_path
+from metrics import names
 
 PNG_PREFIX = "report_"  # PNGs this command owns in the output dir (stale ones are removed on rewrite)
 DASHES = ("--", ":", "-.", (0, (6, 2, 1, 2)), (0, (1, 3)))  # distinct reference-line styles
@@ -38,9 +39,78 @@ def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    # No offset notation on any axis: a flat 100 % otherwise reads "1e-6 + 9.999999e1" with ticks 4…10,
+    # which looks like variation where there is none.
+    matplotlib.rcParams["axes.formatter.useoffset"] = False
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def metric_axis(ax: Any, which: str, key: str, label: str | None = None) -> None:
+    """Label the x or y axis (`which`) of `ax` after the metric `key` (metrics/names.py) and, for a proportion,
+    fix it to 0–100 whatever the data: the same value then sits at the same height on every chart, and a flat
+    100 % is drawn at 100. Call it after drawing: points on the edges (0 and 100 %) are left unclipped, so a
+    marker at 100 % shows whole. A metric that can dip below 0 (semantic similarity) extends the axis to its
+    lower bound where the data does. `label` replaces the table's label (a chart that says more)."""
+    metric = names.lookup(key)
+    (ax.set_xlabel if which == "x" else ax.set_ylabel)(metric.label if label is None else label)
+    if metric.axis is None:
+        return
+    lo, hi = metric.axis
+    data_lo = (ax.dataLim.x0 if which == "x" else ax.dataLim.y0) if ax.has_data() else lo
+    if data_lo < lo and metric.bounds[0] is not None:
+        lo = metric.bounds[0]
+    (ax.set_xlim if which == "x" else ax.set_ylim)(lo, hi)
+    for artist in [*ax.lines, *ax.collections]:
+        artist.set_clip_on(False)
+
+
+def coincident(points: Sequence[tuple[float, float]], digits: int = 1) -> list[list[int]]:
+    """The indices of `points` grouped by their position rounded to `digits` decimals (what the tables
+    print), in first-seen order: points of one group are drawn on top of each other."""
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, (x, y) in enumerate(points):
+        groups.setdefault((round(x, digits), round(y, digits)), []).append(i)
+    return list(groups.values())
+
+
+COUNT_LEGEND = "×n: n points drawn at one place"
+
+
+def mark_coincident(ax: Any, points: Sequence[tuple[float, float]], *, legend: bool = True, size: int = 7) -> int:
+    """Write "×n" beside each place where n > 1 of `points` coincide (coincident), so that no point hides
+    another unseen, and say so in the legend (`legend`); returns the number of such places."""
+    shared = [g for g in coincident(points) if len(g) > 1]
+    for group in shared:
+        x, y = points[group[0]]
+        ax.annotate(f"×{len(group)}", (x, y), textcoords="offset points", xytext=(-5, -4), ha="right", va="top",
+                    fontsize=size, fontweight="bold", color="black", annotation_clip=False)
+    if shared and legend:
+        ax.plot([], [], " ", label=COUNT_LEGEND)
+    return len(shared)
+
+
+def crowded_ticklabels(ax: Any, *, gap: float = 4.0) -> None:
+    """Blank the x tick labels that would overlap the one before them (ε = 100 and 150 on a log axis), keeping
+    the first of each crowd; the ticks stay. Call it once the layout is final: it measures in display space,
+    with the same width estimate as place_labels."""
+    px = ax.figure.dpi / 72.0
+    size = ax.xaxis.get_ticklabels()[0].get_fontsize() if ax.xaxis.get_ticklabels() else 10.0
+    texts = [t.get_text() for t in ax.xaxis.get_ticklabels()]
+    ticks = ax.get_xticks()
+    kept_right = -float("inf")
+    out = []
+    for tick, text in zip(ticks, texts):
+        x = ax.transData.transform((tick, 0.0))[0]
+        half = 0.3 * size * px * len(text)
+        if text and x - half < kept_right + gap * px:
+            out.append("")
+            continue
+        out.append(text)
+        if text:
+            kept_right = x + half
+    ax.set_xticks(ticks, out)
 
 
 def save(fig: Any, path: Path) -> None:
@@ -59,13 +129,14 @@ class PointLabel:
 
 
 def label_offsets(anchors: Sequence[tuple[float, float]], sizes: Sequence[tuple[float, float]],
-                  gap: float = 1.0) -> list[float]:
+                  gap: float = 1.0, obstacles: Sequence[tuple[float, float, float, float]] = ()) -> list[float]:
     """Greedy vertical offsets (display units, y up) for labels whose boxes (width, height) start just right of
-    and above each anchor, so that no two boxes overlap: labels are placed top to bottom, and one that would
-    overlap a box already placed moves down below it. Two labels of points drawn close together (ep1 at
-    ε = 100 and 1000, one point apart) otherwise print over each other."""
+    and above each anchor, so that no two boxes overlap, nor a box one of the `obstacles` (x0, x1, y0, y1: the
+    markers): labels are placed top to bottom, and one that would overlap a box already placed moves down
+    below it. Two labels of points drawn close together (ep1 at ε = 100 and 1000, one point apart) otherwise
+    print over each other."""
     order = sorted(range(len(anchors)), key=lambda i: -anchors[i][1])
-    placed: list[tuple[float, float, float, float]] = []   # (x0, x1, y0, y1)
+    placed: list[tuple[float, float, float, float]] = list(obstacles)   # (x0, x1, y0, y1)
     offsets = [0.0] * len(anchors)
     for i in order:
         (x, y), (w, h) = anchors[i], sizes[i]
@@ -91,11 +162,18 @@ def place_labels(ax: Any, labels: Sequence[PointLabel], *, size: int = 6) -> Non
     points = [ax.transData.transform((lab.x, lab.y)) for lab in labels]
     # right of the point, or left of it where the label would cross the axes' right edge (into the legend)
     dx = [4.0 if x + 4 * px + w <= right else -4.0 - w / px for (x, _), (w, _) in zip(points, sizes)]
-    anchors = [(x + d * px, y + 3 * px) for (x, y), d in zip(points, dx)]
-    for lab, d, dy in zip(labels, dx, label_offsets(anchors, sizes)):
+    top = ax.get_window_extent().y1
+    # above the point, but never above the axes (into the title): a point at 100 % gets its label below the top
+    anchors = [(x + d * px, min(y + 3 * px, top - h)) for (x, y), d, (_, h) in zip(points, dx, sizes)]
+    marker = 3.5 * px   # half a marker (6-7 points across): no label lands on another point
+    markers = [(x - marker, x + marker, y - marker, y + marker) for x, y in points]
+    for lab, d, dy, (_, y0), (_, y) in zip(labels, dx, label_offsets(anchors, sizes, obstacles=markers), points,
+                                           anchors):
         moved = dy < -0.5
-        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=(d, 3 + dy / px), fontsize=size,
-                    color=lab.color,
+        # on a white ground above the error bars, which a label cannot always avoid
+        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=(d, (y - y0 + dy) / px), fontsize=size,
+                    color=lab.color, zorder=5, annotation_clip=False,
+                    bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.85),
                     arrowprops=dict(arrowstyle="-", lw=0.4, color=lab.color, shrinkA=0, shrinkB=2) if moved else None)
 
 

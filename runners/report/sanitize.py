@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.format import ci, file_slug, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sanitize"
@@ -148,21 +148,25 @@ def _plot(task: str):
         series: dict[str, list[Run]] = {}
         for run in table.runs:
             series.setdefault(series_label(run), []).append(run)
+        drawn: list[tuple[float, float]] = []
         for label, runs in sorted(series.items()):
             runs = sorted(runs, key=lambda r: num(r.data.get("epsilon")) or 0.0)
             xs = [num(r.metrics.get("pr_at_5")) for r in runs]
             ys = [num(r.metrics.get(f"accuracy_{task}")) for r in runs]
-            yerr = [[y - (num(r.metrics.get(f"accuracy_{task}_ci_lo")) or y) for r, y in zip(runs, ys)],
-                    [(num(r.metrics.get(f"accuracy_{task}_ci_hi")) or y) - y for r, y in zip(runs, ys)]]
+            cis = [ci(r.metrics, f"accuracy_{task}") for r in runs]
+            yerr = [[y - (lo if lo is not None else y) for (_, lo, _), y in zip(cis, ys)],
+                    [(hi if hi is not None else y) - y for (_, _, hi), y in zip(cis, ys)]]
             ax.errorbar(xs, ys, yerr=yerr, marker="o", ms=4, capsize=2, lw=1, label=label)
+            drawn += [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
         clean = num(table.runs[0].metrics.get(f"accuracy_unsanitized_{task}"))
         if clean is not None:
             ax.axhline(clean, color="grey", ls="--", lw=1, label="unsanitised")
         floor = num(table.runs[0].metrics.get(f"accuracy_floor_{task}"))
         if floor is not None:
             ax.axhline(floor, color="grey", ls=":", lw=1, label="constant-answer floor")
-        ax.set_xlabel("Pr@5 (% of tokens whose original is among the 5 nearest neighbours)")
-        ax.set_ylabel(f"{task} accuracy (%)")
+        mark_coincident(ax, drawn)
+        metric_axis(ax, "x", "pr_at_5")
+        metric_axis(ax, "y", f"accuracy_{task}")
         save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)
     return draw
 

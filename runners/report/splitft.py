@@ -21,7 +21,7 @@ from typing import Any
 from harness.splitft.config import variant_label
 from metrics.intervals import paired_difference_ci
 from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "splitft"
@@ -219,8 +219,9 @@ def plot_tradeoff(group: SplitFtGroup, path: Path) -> None:
     for i, (conf, pts) in enumerate(by.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=conf)
+    mark_coincident(ax, [p for pts in by.values() for p in pts])
     ax.set_xlabel("held-out cross-entropy of the final model (nats; lower = better)")
-    ax.set_ylabel("label inference token F1 (%)")
+    metric_axis(ax, "y", "label_token_f1", label="label inference token F1 (%)")
     save_axes(fig, ax, path, group.title)
 
 

@@ -34,7 +34,7 @@ from runners.report.format import (
     rank,
     tagged,
 )
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 from runners.report.splitee import sequential_attack
 
@@ -463,7 +463,7 @@ def plot(group: AttackGroup, path: Path) -> None:
     ax.plot([], [], "x--", color="gray", label="predicted for σ/√k")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("submissions of the same prompt, k (exposures averaged)")
-    ax.set_ylabel("Bayes top-1 token recovery (%)")
+    metric_axis(ax, "y", "bayes_top1")
     save_axes(fig, ax, path, f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker")
 
 

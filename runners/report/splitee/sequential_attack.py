@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from attacks import controls
-from runners.report.format import md_table, tagged
-from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.format import ci, md_table, tagged
+from runners.report.plotting import Figures, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sequential_attack"
@@ -160,13 +160,13 @@ def _full(group: SequentialGroup) -> list[Run]:
 def _series(ax, runs: Sequence[Run], x, key: str, label: str, i: int, linestyle: str) -> None:
     xs, ys, lo, hi = [], [], [], []
     for r in sorted(runs, key=x):
-        m = r.data["metrics"]
-        if m.get(key) is None:
+        mean, low, high = ci(r.data["metrics"], key)   # ends clipped to 0–100
+        if mean is None:
             continue
         xs.append(x(r))
-        ys.append(m[key])
-        lo.append(m[key] - m.get(f"{key}_ci_lo", m[key]))
-        hi.append(m.get(f"{key}_ci_hi", m[key]) - m[key])
+        ys.append(mean)
+        lo.append(mean - (low if low is not None else mean))
+        hi.append((high if high is not None else mean) - mean)
     if xs:
         ax.errorbar(xs, ys, yerr=[lo, hi], linestyle=linestyle, capsize=3, label=label, **series_style(i))
 
@@ -189,8 +189,7 @@ def plot(group: SequentialGroup, path: Path) -> None:
             _series(ax, runs, lambda r: float(r.data["epsilon"]), key, label + suffix, i, "-" if j == 0 else "--")
     ax.set_xscale("log")
     ax.set_xlabel("ε per exposure")
-    ax.set_ylabel("top-1 recovery %")
-    ax.set_ylim(-2, 102)
+    metric_axis(ax, "y", "sequential_top1", label="top-1 recovery (%)")
     save_axes(fig, ax, path, group.title)
 
 
@@ -233,8 +232,7 @@ def plot_layers(curve: LayerCurve, path: Path) -> None:
         _series(ax, curve.rows, lambda r: float(_first_n(r)), key, label, i, "-")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("layers used (0..n−1)")
-    ax.set_ylabel("top-1 recovery %")
-    ax.set_ylim(-2, 102)
+    metric_axis(ax, "y", "sequential_top1", label="top-1 recovery (%)")
     save_axes(fig, ax, path, curve.title)
 
 
