@@ -54,6 +54,8 @@ NAMES: dict[str, Metric] = {
     "prior_top1": Metric("Top-1 recovery, prior alone"),
     "pr_at_5": Metric("Pr@5: tokens whose original is among the 5 nearest neighbours"),
     "inversion_rouge1_recall": Metric("Inversion ROUGE-1 recall"),
+    "unchanged_rate": Metric("Tokens left unchanged"),
+    "contextual_prior_gain": Metric("Contextual attacker's gain over the prior alone", "pp", POINTS, POINTS),
     "probe_accuracy_pct": Metric("Frequent-token probe accuracy"),
     # task utility
     "accuracy": Metric("Accuracy"),
@@ -71,6 +73,7 @@ PATTERNS: tuple[tuple[re.Pattern[str], str, str, tuple, tuple | None], ...] = (
     (re.compile(r"token_er_at_(\d+)"), "Token-ER@{1}", "%", PERCENT, PERCENT),
     (re.compile(r"bayes_top1_k(\d+)"), "Bayes top-1 token recovery, k={1}", "%", PERCENT, PERCENT),
     (re.compile(r"accuracy_(.+)"), "Accuracy on {1}", "%", PERCENT, PERCENT),
+    (re.compile(r"(.+)_top(\d+)"), "{1} top-{2} recovery", "%", PERCENT, PERCENT),
     (re.compile(r"(label|eia|bisr|positive_control|negative_control|chance_floor)_token_f1"), "Token F1, {1}", "%",
      PERCENT, PERCENT),
 )

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from metrics import names
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
@@ -126,6 +127,8 @@ def groups(runs: Sequence[Run]) -> list[CollabGroup]:
 
 def _cell(d: dict[str, Any], name: str, k: str) -> str:
     lo, hi = (d.get(f"{name}_ci") or {}).get(k, [None, None]) if isinstance(d.get(f"{name}_ci"), dict) else (None, None)
+    # DecodeLeak's rates (and AUC, a mean of Token-ER) are percentages, their excesses differences of two
+    lo, hi = names.clip("excess_pp" if "excess" in name else "token_er_at_1", num(lo), num(hi))
     return fmt_ci((d.get(name) or {}).get(k), lo, hi, 1)
 
 
@@ -140,7 +143,7 @@ def table_md(group: CollabGroup) -> list[str]:
     for run in group.runs:
         d = run.data
         u = d["utility"]
-        row = [_label(run, group.setting), fmt_ci(u["value"], *u["ci"], 1)]
+        row = [_label(run, group.setting), fmt_ci(u["value"], *names.clip(str(u["metric"]), *u["ci"]), 1)]
         for m, _ in METRICS:
             row += [_cell(d, f"{m}_at_k", k), f"{num(d[f'floor_{m}_at_k'][k]):.1f}", _cell(d, f"excess_{m}_at_k", k)]
         inv = d.get("inversion_rouge1_recall")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from metrics import names
 from runners.report.format import ci, file_slug, fmt_ci, md_table, num, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
@@ -83,7 +84,7 @@ def _parameter(run: Run) -> str:
 def _cell(m: dict[str, Any], key: str) -> str:
     if m.get(key) is None:
         return "—"
-    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits=1)
+    return fmt_ci(*ci(m, key), digits=1)
 
 
 def series_label(run: Run) -> str:
@@ -106,13 +107,13 @@ def table_md(table: SanitizeTable) -> str:
         m, mech = run.metrics, _mech(run)
         windowed = run.data.get("configuration") in WINDOWED
         tradeoff = (run.data.get("tradeoff") or {}).get("leakage") or {}
-        ci = tradeoff.get("ci") or [None, None]
+        lo, hi = names.clip(str(tradeoff.get("metric")), *(tradeoff.get("ci") or [None, None]))
         rows.append([run.data.get("configuration"), _parameter(run), mech.get("window") if windowed else "—",
                      mech.get("sigma") if windowed else "—", *[_cell(m, f"accuracy_{t}") for t in table.tasks],
                      _cell(m, "pr_at_5"), _cell(m, "bayes_top1"), _cell(m, "bayes_top5"), _cell(m, "window_top1"),
                      _cell(m, "learned_top1"), _cell(m, "decoder_top1"), _cell(m, "contextual_top1"),
                      _cell(m, "contextual_prior_top1"), _gain_cell(m),
-                     f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
+                     f"{fmt_ci(tradeoff.get('value'), lo, hi, digits=1)} ({tradeoff.get('attacker')})",
                      _cell(m, "unchanged_rate"), m.get("verdict")])
     first = table.runs[0].metrics
     clean = [f"{t}: {_cell(first, f'accuracy_unsanitized_{t}')}" + _floor_note(first, t) for t in table.tasks]
@@ -129,7 +130,7 @@ def _gain_cell(m: dict[str, Any]) -> str:
     """The contextual attacker's paired gain over the prior alone, with its verdict ('—' where not run)."""
     if m.get("contextual_prior_gain") is None:
         return "—"
-    lo, hi = m.get("contextual_prior_gain_ci_lo"), m.get("contextual_prior_gain_ci_hi")
+    _, lo, hi = ci(m, "contextual_prior_gain")   # a difference of two percentages: within ±100 pp
     return f"{m['contextual_prior_gain']:+.1f} [{lo:+.1f}, {hi:+.1f}] ({m.get('contextual_verdict')})"
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from harness.splitft.config import variant_label
 from metrics.intervals import paired_difference_ci
-from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
+from runners.report.format import ci, configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
@@ -96,7 +96,7 @@ def _g(value: Any) -> str:
 
 
 def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
-    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits)
+    return fmt_ci(*ci(m, key), digits)
 
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
