@@ -119,7 +119,10 @@ def main() -> None:
     """`splitbench-lm-eval`: lm-eval's command line with the splitbench model registered."""
     from lm_eval.__main__ import cli_evaluate
 
+    from harness.lm_eval_tasks import with_shipped_tasks
+
     sys.argv[0] = "splitbench-lm-eval"
+    sys.argv = with_shipped_tasks(sys.argv)   # the tasks splitbench ships (splitbench_mc) need no --include_path
     try:
         cli_evaluate()
     except UserError as exc:
