@@ -27,9 +27,10 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -307,9 +308,12 @@ class GenerationCache:
 
 @dataclass
 class RunContext:
-    """One job: its directory, its name relative to the experiment's output dir, its config hash."""
+    """One job: its directory, its name relative to the experiment's output dir, its config hash, and when it
+    started (time.time(), for the wall time results.json records: `splitbench --dry-run` estimates a sweep's
+    cost from it)."""
 
     run_dir: RunDir
     name: str
     config_hash: str
     semantic: dict
+    started: float = field(default_factory=time.time)

@@ -45,6 +45,7 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_bars_in_environment, quiet_library_bars
 from harness.results import RunContext, RunDir, config_hash, remove_if_empty
+from runners import plan
 from runners.common import results_header
 from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
@@ -237,6 +238,9 @@ def main() -> None:
     sys.stderr = _WithoutHydraJobError(real_stderr)
     try:
         try:
+            if any(flag in sys.argv[1:] for flag in plan.FLAGS):   # --dry-run / --plan: the jobs; nothing run or written
+                print("\n".join(plan.report(plan.plan(sys.argv[1:], CONF_DIR))))
+                return
             app()
         except UserError as exc:
             if user_full_error:
