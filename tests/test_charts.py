@@ -109,12 +109,13 @@ def test_the_privacy_utility_chart_names_coincident_points_together_and_clips_in
 
 
 def test_coincident_points_get_a_count_and_a_legend_entry(tmp_path, monkeypatch):
-    from runners.report.plotting import mark_coincident
+    from runners.report.plotting import legend_entries, mark_coincident
 
     assert coincident([(1.0, 2.0), (1.04, 2.0), (3.0, 2.0)]) == [[0, 1], [2]]   # equal as the tables print them
     plt = pyplot()
     fig, ax = plt.subplots()
-    assert mark_coincident(ax, [(1.0, 2.0), (1.0, 2.0), (1.0, 2.0), (3.0, 4.0)]) == 1
-    assert [t.get_text() for t in ax.texts] == ["×3"]
-    assert COUNT_LEGEND in ax.get_legend_handles_labels()[1]
+    ax.errorbar([1.0, 3.0], [2.0, 4.0], yerr=1.0, label="a series")
+    labels = mark_coincident(ax, [(1.0, 2.0), (1.0, 2.0), (1.0, 2.0), (3.0, 4.0)])
+    assert [(lab.x, lab.y, lab.text) for lab in labels] == [(1.0, 2.0, "×3")]
+    assert legend_entries(ax)[1] == ["a series", COUNT_LEGEND]     # the note last, after the series
     plt.close(fig)

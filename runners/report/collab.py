@@ -188,17 +188,20 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     floor_done = False
+    drawn: list[tuple[float, float]] = []
     for i, run in enumerate(group.runs):
         d = run.data
         ks = [int(x) for x in d["token_er_at_k"]]
         ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], ms=4, **series_style(i), label=_label(run, group.setting))
+        drawn += [(float(x), float(d["token_er_at_k"][str(x)])) for x in ks]
         if not floor_done:
             ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
             floor_done = True
     ax.set_xscale("log")
     ax.set_xlabel("K (top-K exposure per step)")
     metric_axis(ax, "y", "token_er_at_1", label="Token-ER@K (%)")
-    save_axes(fig, ax, png, group.title)
+    counts = mark_coincident(ax, drawn)
+    save_axes(fig, ax, png, group.title, labels=counts)
 
 
 def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> None:
@@ -218,7 +221,6 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
         style = series_style(i) if name != "collab_none" else {**series_style(i), "marker": "*"}
         ax.plot([leak(r.data) for r in runs], [r.data["utility"]["value"] for r in runs],
                 ms=9 if name == "collab_none" else 5, **style, label=name)
-    mark_coincident(ax, [(float(leak(r.data)), float(r.data["utility"]["value"])) for r in points])
     d0 = group.runs[0].data
     ax.axvline(d0["floor_inversion_rouge1_recall"] if inversion else d0["floor_token_er_at_k"][k], color="k", ls="--",
                label="floor")
@@ -228,7 +230,8 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
         ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
     metric_axis(ax, "x", "inversion_rouge1_recall" if inversion else f"token_er_at_{k}")
     metric_axis(ax, "y", str(d0["utility"]["metric"]))
-    save_axes(fig, ax, png, group.title)
+    counts = mark_coincident(ax, [(float(leak(r.data)), float(r.data["utility"]["value"])) for r in points])
+    save_axes(fig, ax, png, group.title, labels=counts)
 
 
 def plot_inversion_tradeoff(group: CollabGroup, png: Path) -> None:

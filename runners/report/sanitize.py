@@ -165,10 +165,10 @@ def _plot(task: str):
         floor = num(table.runs[0].metrics.get(f"accuracy_floor_{task}"))
         if floor is not None:
             ax.axhline(floor, color="grey", ls=":", lw=1, label="constant-answer floor")
-        mark_coincident(ax, drawn)
         metric_axis(ax, "x", "pr_at_5")
         metric_axis(ax, "y", f"accuracy_{task}")
-        save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)
+        counts = mark_coincident(ax, drawn)
+        save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6, labels=counts)
     return draw
 
 

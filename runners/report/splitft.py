@@ -219,10 +219,10 @@ def plot_tradeoff(group: SplitFtGroup, path: Path) -> None:
     for i, (conf, pts) in enumerate(by.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=conf)
-    mark_coincident(ax, [p for pts in by.values() for p in pts])
     ax.set_xlabel("held-out cross-entropy of the final model (nats; lower = better)")
     metric_axis(ax, "y", "label_token_f1", label="label inference token F1 (%)")
-    save_axes(fig, ax, path, group.title)
+    counts = mark_coincident(ax, [p for pts in by.values() for p in pts])
+    save_axes(fig, ax, path, group.title, labels=counts)
 
 
 def plot_h(group: SplitFtGroup, path: Path) -> None:

@@ -218,7 +218,8 @@ def _places(chart: Chart) -> list[list[Point]]:
     """The drawn points grouped by where they land (coincident: the position the table prints, one decimal)."""
     drawn = [p for p in chart.points if chart.complete(p)]
     xy = [(excess(p.leakage), num(chart.utility(p)["value"])) for p in drawn]
-    return [[drawn[i] for i in group] for group in coincident(xy)]
+    # equal as the table prints them (one decimal): such points share one label
+    return [[drawn[i] for i in group] for group in coincident(xy, tol=0.05)]
 
 
 def numbered(chart: Chart) -> bool:
@@ -237,8 +238,7 @@ def table_md(chart: Chart) -> str:
     headers = ["system · setting", "configuration", "leakage %", "leakage metric · attacker", "floor %",
                "over floor (x) pp", "utility %", "utility metric"]
     if numbered(chart):   # the chart's labels
-        rows = [[i, *row] for i, row in enumerate(rows, 1)]
-        headers = ["#", *headers]
+        return md_table(["#", *headers], [[i, *row] for i, row in enumerate(rows, 1)], align="rl" + "r" * (len(headers) - 1))
     return md_table(headers, rows)
 
 

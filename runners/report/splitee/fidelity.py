@@ -21,8 +21,10 @@ from runners.report.plotting import (
     DASHES,
     Figures,
     crowded_ticklabels,
+    legend_entries,
     mark_coincident,
     metric_axis,
+    place_labels,
     pyplot,
     save,
     series_style,
@@ -146,7 +148,7 @@ def plot(group: FidelityGroup, path: Path) -> None:
                             ((configurations.REGISTRY[n].parameter_name if n in configurations.REGISTRY else None)
                              or "epsilon" for n in names))
     x_label = f"{' / '.join(symbols) or 'ε'} ({', '.join(names)})" if names else "ε"
-    shared = 0
+    counts: list[list] = []   # per panel, the "×n" labels of points drawn on one another
     for ax, (key, header) in zip(axes[0], metrics):
         color_i = 0
         drawn: list[tuple[float, float]] = []
@@ -162,7 +164,7 @@ def plot(group: FidelityGroup, path: Path) -> None:
             color_i += 1
             label = conf + (f" · {variant}" if variant else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", **style, label=label, zorder=3)
-            drawn += [(math.log10(p[0]), p[1]) for p in pts]   # log x: coincide on the axis as drawn
+            drawn += [(p[0], p[1]) for p in pts]
             bars = [p for p in pts if p[2] is not None and p[3] is not None]
             ax.errorbar([p[0] for p in bars], [p[1] for p in bars],
                         yerr=[[p[1] - p[2] for p in bars], [p[3] - p[1] for p in bars]], fmt="none", ecolor=c,
@@ -195,16 +197,17 @@ def plot(group: FidelityGroup, path: Path) -> None:
         ax.set_title(metric_names.label(key))
         ax.grid(True, which="both", alpha=0.3)
         # two swept configurations at the same ε and value: one marker hides the other
-        shared += mark_coincident(ax, [(10 ** x, y) for x, y in drawn], legend=False)
-    if shared:
+        counts.append(mark_coincident(ax, drawn, legend=False))
+    if any(counts):
         axes[0][0].plot([], [], " ", label=COUNT_LEGEND)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = legend_entries(axes[0][0])
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), frameon=False)
     fig.suptitle(f"{group.title}\n(mean over prompts, shaded: 95% interval)", fontsize=10)
     fig.draw_without_rendering()   # the final layout, which the tick labels' spacing is measured in
-    for ax in axes[0]:
+    for ax, panel in zip(axes[0], counts):
         crowded_ticklabels(ax)
+        place_labels(ax, panel)
     save(fig, path)
 
 
