@@ -119,3 +119,16 @@ def test_coincident_points_get_a_count_and_a_legend_entry(tmp_path, monkeypatch)
     assert [(lab.x, lab.y, lab.text) for lab in labels] == [(1.0, 2.0, "×3")]
     assert legend_entries(ax)[1] == ["a series", COUNT_LEGEND]     # the note last, after the series
     plt.close(fig)
+
+
+def test_point_labels_stay_inside_the_axes_and_clear_of_each_other():
+    """Three labels of points on the axes' bottom edge (0 %, as the k-curve's ε = 1 and epn): moving one down
+    would put it under the x tick labels, so it goes up instead."""
+    from runners.report.plotting import label_offsets
+
+    anchors = [(100.0, 13.0), (102.0, 13.0), (104.0, 13.0)]   # 3 units above the axes' bottom at 10
+    sizes = [(20.0, 8.0)] * 3
+    dy = label_offsets(anchors, sizes, bounds=(10.0, 200.0))
+    boxes = sorted((y + d, y + d + 8.0) for (_, y), d in zip(anchors, dy))
+    assert all(lo >= 10.0 for lo, _ in boxes)                                   # none below the axes
+    assert all(b[0] >= a[1] for a, b in zip(boxes, boxes[1:]))                  # none over another
