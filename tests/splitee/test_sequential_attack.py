@@ -45,7 +45,8 @@ def settings(**kw) -> sq.Settings:
     return sq.Settings(**{**base, **kw})
 
 
-def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+def recorded(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    """The attacker's inputs for `s`: (keys, rows, sigmas, starts) of the prompts submitted once."""
     model = tiny.model
     used = sq.check(s, len(model.model.layers), OPS)
     keys = [(op, layer) for layer in used for op in s.ops]
@@ -57,8 +58,43 @@ def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
     sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper",
                           table=table)
     starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
-    return sq.run(model, prompts, rows, sigmas, s, keys, starts)
+    return keys, rows, sigmas, starts
 
+
+def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s, seed)
+    return sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+
+
+# Cases whose every discrete output the attacker must keep exactly (issue 50 item 5 changed how candidates are
+# scored and how the true prefix is computed, not what): tests/splitee/data/sequential_exact_outputs.json holds
+# them as the code before that change (commit 35e157f) produced them.
+EXACT_CASES = {
+    "smoke_ep1_1": ("ep1", 1.0, {}),
+    "ep1_12": ("ep1", 12.0, {}),
+    "ep1_12_narrow": ("ep1", 12.0, {"prune": ((0, 2),), "null_view": False}),
+    "ep1_12_free_running": ("ep1", 12.0, {"mode": "free_running", "null_view": False}),
+    "ep1_12_prior_stage": ("ep1", 12.0, {"prune": ((1, 16),), "prune_prior": 256}),
+    "ep1_12_union_chunk7": ("ep1", 12.0, {"prune": ((0, 32), (1, 8)), "prune_union_prior": 16, "chunk": 7}),
+    "ep1_12_unpruned_layer1": ("ep1", 12.0, {"prune": None, "layers": (1,), "max_positions": 2, "null_view": False}),
+    "t3": ("t3", None, {}),
+}
+
+
+def exact_outputs(tiny, prompts) -> dict:
+    """Per EXACT_CASES case, every discrete output of sq.run (each scorer's guesses, hits, survivals and ranks,
+    the prior's guesses, the candidates forwarded) and, teacher-forced, pruning_decisive's counts."""
+    out = {}
+    for name, (configuration, epsilon, kw) in EXACT_CASES.items():
+        s = settings(**kw)
+        keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s)
+        o = sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+        out[name] = {"prior_guesses": o.prior_guesses, "forward_candidates": o.forward_candidates,
+                     **{f"{scorer}.{what}": getattr(r, what) for scorer, r in o.scorers.items()
+                        for what in ("guesses", "hits", "survived", "ranks")},
+                     "decisive": (sq.pruning_decisive(tiny.model, prompts, o, rows, sigmas, s)
+                                  if s.mode == "teacher_forced" else None)}
+    return out
 
 @pytest.mark.parametrize("configuration,epsilon", [("ep1", 3.0), ("epn", None)])
 def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
