@@ -296,7 +296,8 @@ def layer0_codebook(model: nn.Module, chunk: int = 8192) -> torch.Tensor:
 
 
 class Prefix:
-    """The prefix's keys and values (batch 1) and the model's next-token log-probabilities after it."""
+    """A prefix the attacker extends token by token (free-running: its own recovery): its keys and values (batch
+    1) and the model's next-token log-probabilities after it."""
 
     def __init__(self, model: nn.Module, tokens: Sequence[int]) -> None:
         from transformers import DynamicCache
@@ -306,6 +307,10 @@ class Prefix:
         self.cache = DynamicCache(config=model.config)
         self.log_prior: torch.Tensor | None = None
         self.extend(tokens)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
     @torch.no_grad()
     def extend(self, tokens: Sequence[int]) -> None:
@@ -322,13 +327,48 @@ class Prefix:
         return [(layer.keys, layer.values) for layer in self.cache.layers[:n_layers]]
 
 
+@dataclass(frozen=True)
+class TruePrefix:
+    """The true prefix of one position: its `length` tokens' keys and values per layer ([1, H_kv, length, d],
+    views into a Prefill's) and the model's next-token log-probabilities after it."""
+
+    length: int
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+    log_prior: torch.Tensor
+
+    def kv(self, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.keys_values[:n_layers]
+
+
+class Prefill:
+    """One forward pass over a prompt's true tokens up to its last attacked position: every layer's keys and
+    values, and the model's next-token logits after each prefix a position asks for. `at(p)` is position p's
+    true prefix, read from it and never computed again (causal attention: the keys and values of tokens 0..p−1
+    do not depend on what follows them)."""
+
+    @torch.no_grad()
+    def __init__(self, model: nn.Module, tokens: Sequence[int], positions: Sequence[int]) -> None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        ids = torch.as_tensor([[int(t) for t in tokens[:max(positions)]]], dtype=torch.long)
+        self.rows = {p: i for i, p in enumerate(positions)}
+        keep = torch.as_tensor([p - 1 for p in positions], dtype=torch.long)   # position p's prior: logits at p − 1
+        self.logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits[0]
+        self.keys_values = [(layer.keys, layer.values) for layer in cache.layers]
+
+    def at(self, p: int) -> TruePrefix:
+        return TruePrefix(p, [(k[:, :, :p], v[:, :, :p]) for k, v in self.keys_values],
+                          torch.log_softmax(self.logits[self.rows[p]].double(), -1))
+
+
 class _Enough(Exception):
     """Raised by the hook of the last op input a stage needs, to end the forward there."""
 
 
 @torch.no_grad()
-def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor, upto: int, keys: Sequence[Key],
-                     chunk: int) -> dict[Key, torch.Tensor]:
+def candidate_inputs(model: nn.Module, prefix: Prefix | TruePrefix, candidates: torch.Tensor, upto: int,
+                     keys: Sequence[Key], chunk: int) -> dict[Key, torch.Tensor]:
     """The input of every op in `keys` (layer < upto) at the next position for each candidate token, [K, d],
     through layers 0..upto−1 of the model (forward pre-hooks on the first linear of each op: q_proj, o_proj,
     gate_proj). The candidates of a chunk go in as one sequence after the shared prefix, all at the same
@@ -358,7 +398,7 @@ def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor,
     handles = [layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0]).register_forward_pre_hook(hook(key))
                for key in wanted]
     kv = prefix.kv(last[1] + 1)
-    p = len(prefix.tokens)
+    p = prefix.length
     dtype = model.get_input_embeddings().weight.dtype
     try:
         for start in range(0, candidates.numel(), chunk):
@@ -498,26 +538,25 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
         views = {"own": (rows[r], sigmas[r])}
         if settings.null_view:
             views["null"] = (rows[partners[r]], sigmas[partners[r]])
-        # The prior-only floor always reads the true prefix; teacher-forced scorers share it, free-running
-        # ones each follow their own recovery.
-        truth_prefix = Prefix(model, tokens[:pos[0]])
+        # The prior-only floor always reads the true prefix, from one forward pass over the prompt (Prefill);
+        # teacher-forced scorers share it, free-running ones each extend their own recovery a token at a time.
+        prefill = Prefill(model, tokens, pos)
         if settings.mode == "teacher_forced":
-            groups, chains = [scorers], [truth_prefix]
+            groups, chains = [scorers], [None]
         else:
             groups = [[s] for s in scorers]
             chains = [Prefix(model, tokens[:pos[0]]) for _ in groups]
         guesses_p, hits_p = [], []
         for p in pos:
-            assert truth_prefix.log_prior is not None
-            g = int(truth_prefix.log_prior.argmax())
+            true_prefix = prefill.at(p)
+            g = int(true_prefix.log_prior.argmax())
             guesses_p.append(g)
             hits_p.append(g == tokens[p])
             for group, chain in zip(groups, chains):
-                best = _position(model, chain, group, views, p, keys, plan, book, book_sq, settings, tokens[p],
-                                 results, counter)
-                if chain is not truth_prefix:
+                best = _position(model, true_prefix if chain is None else chain, group, views, p, keys, plan, book,
+                                 book_sq, settings, tokens[p], results, counter)
+                if chain is not None:
                     chain.extend([best[group[0].name]])
-            truth_prefix.extend([tokens[p]])
         prior_guesses.append(guesses_p)
         prior_hits.append(hits_p)
         if log is not None:
@@ -622,8 +661,8 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     MAP), scores at least as high as the scorer's guess. Only there can the pruning have cost a hit: at any
     other miss the unpruned argmax is not the truth either (it scores at least the guess's score, which
     beats the truth's). A truth that survived every stage and lost scores below the guess here too (up to
-    rounding between the two computations). One forward of the
-    truth and the guesses per missed position; teacher-forced only (the prefix is the truth's)."""
+    rounding between the two computations). One forward of the prompt (Prefill) and of the truth and the
+    guesses per missed position; teacher-forced only (the prefix is the truth's)."""
     if settings.mode != "teacher_forced":
         raise ValueError("pruning_decisive reads the true prefix: teacher_forced outcomes only")
     keys = outcome.keys
@@ -631,13 +670,16 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     count = {name: 0 for name in outcome.scorers}
     weight = {s.name: s.prior_weight for s in scorers_for(settings)}
     for r, prompt in enumerate(prompts):
+        checked = [p for j, p in enumerate(outcome.positions[r])
+                   if not all(res.hits[r][j] for res in outcome.scorers.values())]
+        prefill = Prefill(model, prompt, checked) if checked else None
         for j, p in enumerate(outcome.positions[r]):
             truth = outcome.truth[r][j]
             missed = {name: res.guesses[r][j] for name, res in outcome.scorers.items() if not res.hits[r][j]}
             if not missed:
                 continue
-            prefix = Prefix(model, [int(t) for t in prompt[:p]])
-            assert prefix.log_prior is not None
+            assert prefill is not None
+            prefix = prefill.at(p)
             cand = torch.tensor(sorted({truth, *missed.values()}), dtype=torch.long)
             mus = candidate_inputs(model, prefix, cand, depth, keys, settings.chunk)
             at = {int(t): i for i, t in enumerate(cand)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,6 +115,59 @@ def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
                         sensitivity_rule="paper", table=engine.table) == ours
     if configuration == "epn":
         assert ours[0][("qkv", 0)] != ours[1][("qkv", 0)]
+
+
+def test_results_are_the_recorded_ones_of_the_code_before_issue_50(tiny, prompts):
+    """Candidates attending to the prefix and themselves alone (_candidate_attention) and one prefill per prompt
+    (Prefill) changed how the attacker computes, not what: every guess, hit, survival, rank, prior guess,
+    count of candidates forwarded and decisive miss of EXACT_CASES is the one the previous code recorded."""
+    recorded_outputs = json.loads((Path(__file__).parent / "data" / "sequential_exact_outputs.json").read_text())
+    got = json.loads(json.dumps(exact_outputs(tiny, prompts)))   # tuples to lists, as recorded
+    for case, want in got.items():
+        assert want == recorded_outputs[case], case
+
+
+def _op_inputs_by_full_forward(model, tokens: list[int], keys) -> dict:
+    """The input of each op in `keys` at the last position of `tokens`, by a plain forward of the whole sequence
+    (no cache, the model's own attention): what candidate_inputs computes for that last token as a candidate."""
+    from harness.splitee.architectures import OP_MEMBERS
+
+    got, handles = {}, []
+    for op, layer in keys:
+        module = model.model.layers[layer].get_submodule(OP_MEMBERS[op][0])
+        handles.append(module.register_forward_pre_hook(
+            lambda _m, args, key=(op, layer): got.__setitem__(key, args[0][0, -1].float())))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([tokens]))
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompts):
+    """candidate_inputs (chunks of 2, so candidates share a forward and a chunk boundary falls between them) gives
+    each candidate's op inputs as a plain forward of prefix + that candidate does, from the true prefix of
+    one prefill (Prefill.at) and from a prefix extended token by token (Prefix, free-running's) alike; and
+    Prefill's prior is the model's own next-token distribution after the prefix."""
+    model, prompt = tiny.model, prompts[0]
+    start = sq.public_prefix_length(tiny.tokenizer, prompt, True)
+    keys = [(op, layer) for layer in (0, 1) for op in OPS]
+    positions = [start, start + 1, start + 2]
+    prefill = sq.Prefill(model, prompt, positions)
+    cand = torch.tensor([prompt[start + 1], 7, 11, 4096, 49151])
+    for p in positions[1:]:
+        with torch.no_grad():
+            prior = torch.log_softmax(model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1].double(), -1)
+        assert torch.allclose(prefill.at(p).log_prior, prior, atol=1e-5)
+        for prefix in (prefill.at(p), sq.Prefix(model, prompt[:p])):
+            assert prefix.length == p
+            mus = sq.candidate_inputs(model, prefix, cand, 2, keys, chunk=2)
+            for i, v in enumerate(cand.tolist()):
+                want = _op_inputs_by_full_forward(model, prompt[:p] + [v], keys)
+                for key in keys:
+                    assert torch.allclose(mus[key][i], want[key], rtol=1e-4, atol=1e-5), (p, v, key)
 
 
 def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
@@ -602,3 +656,4 @@ def test_cost_benchmark_runs_with_the_attackers_current_settings(tmp_path, monke
     bench.main()
     row = [line for line in out.read_text().splitlines() if line.startswith("| `[[0,64],[1,8]]`")]
     assert len(row) == 1 and int(row[0].split("|")[4]) > 0   # candidates forwarded per position
+
