@@ -366,15 +366,41 @@ class _Enough(Exception):
     """Raised by the hook of the last op input a stage needs, to end the forward there."""
 
 
+CANDIDATE_ATTENTION = "splitbench_candidates"   # the attention implementation candidate_inputs runs the model with
+
+
+def _candidate_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask, scaling: float, dropout: float = 0.0, *, prefix_kv, **kwargs):
+    """Attention of n candidates for one position, each as if it alone followed the prefix: query [1, H, n, d],
+    key and value the candidates' own [1, H_kv, n, d]; candidate i attends to the prefix's keys and values
+    (`prefix_kv`, per layer, [1, H_kv, p, d]) and to its own key and value alone, never to another candidate's.
+    Eager attention's arithmetic (scores · scaling, float32 softmax), with a query head g·j+i reading KV head j
+    (transformers' repeat_kv). The mask is not read: which keys a candidate sees is the whole point."""
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("candidate attention has no logit soft-capping or sliding window")
+    prefix_k, prefix_v = prefix_kv[module.layer_idx]
+    _, heads, n, d = query.shape
+    kv_heads, p = key.shape[1], prefix_k.shape[2]
+    q = query.reshape(kv_heads, heads // kv_heads, n, d)
+    own = (q * key.reshape(kv_heads, 1, n, d)).sum(-1, keepdim=True)                       # [H_kv, g, n, 1]
+    on_prefix = torch.matmul(q.reshape(kv_heads, -1, d), prefix_k[0].transpose(1, 2))     # [H_kv, g·n, p]
+    scores = torch.cat([on_prefix.view(kv_heads, -1, n, p), own], -1) * scaling
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights[..., :p].reshape(kv_heads, -1, p), prefix_v[0]).view(kv_heads, -1, n, d)
+    out = out + weights[..., p:] * value.reshape(kv_heads, 1, n, d)
+    return out.reshape(1, heads, n, d).transpose(1, 2).contiguous(), None
+
+
 @torch.no_grad()
 def candidate_inputs(model: nn.Module, prefix: Prefix | TruePrefix, candidates: torch.Tensor, upto: int,
                      keys: Sequence[Key], chunk: int) -> dict[Key, torch.Tensor]:
     """The input of every op in `keys` (layer < upto) at the next position for each candidate token, [K, d],
     through layers 0..upto−1 of the model (forward pre-hooks on the first linear of each op: q_proj, o_proj,
-    gate_proj). The candidates of a chunk go in as one sequence after the shared prefix, all at the same
-    position, under a 4D mask that lets each see the prefix and itself only: the prefix's keys and values
-    are read once, not copied per candidate."""
-    from transformers import DynamicCache
+    gate_proj). The candidates of a chunk go in as one sequence, all at the prefix's next position, through
+    the model's own layers with `_candidate_attention`: each attends to the prefix's keys and values, read
+    where they are (neither copied nor recomputed per chunk), and to itself, and nothing is spent on pairs of
+    candidates."""
+    from transformers import AttentionInterface
 
     from attacks.splitee.capture import truncated
 
@@ -395,24 +421,25 @@ def candidate_inputs(model: nn.Module, prefix: Prefix | TruePrefix, candidates: 
                 raise _Enough
         return read
 
+    AttentionInterface.register(CANDIDATE_ATTENTION, _candidate_attention)
     handles = [layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0]).register_forward_pre_hook(hook(key))
                for key in wanted]
     kv = prefix.kv(last[1] + 1)
     p = prefix.length
-    dtype = model.get_input_embeddings().weight.dtype
+    # The model's layers read their attention implementation from the (shared) config at every call; with an
+    # implementation the mask functions do not know, the model builds no mask either.
+    config, before = model.config, model.config._attn_implementation
+    config._attn_implementation = CANDIDATE_ATTENTION
     try:
         for start in range(0, candidates.numel(), chunk):
             ids = candidates[start:start + chunk]
-            n = ids.numel()
-            allowed = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], dim=1)
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-            cache = DynamicCache(ddp_cache_data=list(kv))   # a fresh cache object: the prefix's stays as it is
             try:
-                inner(input_ids=ids[None], position_ids=torch.full((1, n), p, dtype=torch.long),
-                      attention_mask=mask[None, None], cache=cache, use_cache=True)
+                inner(input_ids=ids[None], position_ids=torch.full((1, ids.numel()), p, dtype=torch.long),
+                      use_cache=False, prefix_kv=kv)
             except _Enough:
                 pass
     finally:
+        config._attn_implementation = before
         for h in handles:
             h.remove()
     return {k: torch.cat(v) for k, v in store.items()}

@@ -168,6 +168,7 @@ def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompt
                 want = _op_inputs_by_full_forward(model, prompt[:p] + [v], keys)
                 for key in keys:
                     assert torch.allclose(mus[key][i], want[key], rtol=1e-4, atol=1e-5), (p, v, key)
+    assert model.config._attn_implementation != sq.CANDIDATE_ATTENTION   # the model is left as it was
 
 
 def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
