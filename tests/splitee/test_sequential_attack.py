@@ -658,3 +658,26 @@ def test_cost_benchmark_runs_with_the_attackers_current_settings(tmp_path, monke
     row = [line for line in out.read_text().splitlines() if line.startswith("| `[[0,64],[1,8]]`")]
     assert len(row) == 1 and int(row[0].split("|")[4]) > 0   # candidates forwarded per position
 
+
+def test_cost_benchmark_compares_with_the_attacker_at_a_commit(tmp_path, monkeypatch):
+    """--baseline REV runs the attacker as committed at REV beside the current one, in rounds: here REV is HEAD,
+    whose attacker must decide exactly what the checkout's does, and the ratio comes with its interval; a
+    revision git cannot show ends with one line and exit code 2."""
+    import sys
+
+    from benchmarks import sequential_attack as bench
+
+    out = tmp_path / "cost.md"
+    argv = ["bench", "--model", "tiny-llama", "--prompts", "1", "--positions", "2", "--threads", "1", "--rounds", "2",
+            "--schedules", "[[0,64],[1,8]]", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "HEAD"])
+    bench.main()
+    row = [line for line in out.read_text().split("## Against the attacker at HEAD")[1].splitlines()
+           if line.startswith("| `[[0,64],[1,8]]`")]
+    cells = [c.strip() for c in row[0].split("|")]
+    ratio, lo, hi = (float(x) for x in cells[4].replace("[", "").replace("]", "").replace(",", "").split())
+    assert len(row) == 1 and cells[-2] == "yes" and lo <= ratio <= hi
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "no-such-revision"])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
