@@ -194,18 +194,23 @@ def main() -> None:
     for rev in args.baseline:
         lines += ["", f"## Against the attacker at {rev}", "",
                   f"Both in every round, order rotated; now/{rev} is the geometric mean of the {args.rounds} per-round "
-                  "ratios of seconds per position with its 95% paired t interval (benchmarks/rounds.py "
-                  "paired_log_ratio; one round gives no interval). Identical: every guess, hit, pruning survival, "
-                  "rank, prior guess and candidate count of the two runs.", "",
+                  "ratios of seconds per position, wall and process CPU (the CPU ratio is the steadier where other "
+                  "tenants take cores), with its 95% paired t interval (benchmarks/rounds.py paired_log_ratio; one "
+                  "round gives no interval). Identical: every guess, hit, pruning survival, rank, prior guess and "
+                  "candidate count of the two runs.", "",
                   f"| schedule | s / position at {rev} | s / position now | now / {rev} [95% interval] | "
+                  f"CPU s / position at {rev} | CPU s / position now | CPU now / {rev} [95% interval] | "
                   f"GFLOP/s at {rev} | of matmul peak at {rev} | identical |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for schedule in args.schedules:
             before, now = (schedule, rev), (schedule, NOW)
             ratio = paired_log_ratio(seconds[now], seconds[before])
+            cpu_ratio = paired_log_ratio(cpu[now], cpu[before])
             same = discrete(last[now]) == discrete(last[before])
             lines.append(f"| `{schedule}` | {statistics.median(seconds[before]):.2f} | "
                          f"{statistics.median(seconds[now]):.2f} | {ratio.ratio:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] | "
+                         f"{statistics.median(cpu[before]):.2f} | {statistics.median(cpu[now]):.2f} | "
+                         f"{cpu_ratio.ratio:.3f} [{cpu_ratio.lo:.3f}, {cpu_ratio.hi:.3f}] | "
                          f"{speed(before)} | {'yes' if same else 'NO'} |")
     emit("\n".join(lines) + "\n", args.out)
 

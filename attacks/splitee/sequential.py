@@ -16,9 +16,11 @@ maximum-likelihood token and the MAP's the Bayes-optimal guess under the model's
 in the clear: σ_e = 1 there, so the score is −½ Σ‖y − μ‖²: exact matching, the nearest candidate.
 
 Prefix (`mode`): `teacher_forced` gives the true prefix (an upper bound for every attacker of this family);
-`free_running` uses the attacker's own recovery so far. The prefix's keys and values are computed once per
-position (a KV cache extended by one token a step) and shared by every candidate, so the cost of a
-position does not grow with the number of positions already attacked, beyond attention over the prefix.
+`free_running` uses the attacker's own recovery so far. The true prefix of every position comes from one
+prefill of the prompt (`Prefill`: its per-layer keys and values, sliced per position, and the prior after
+each); a free-running recovery extends its own KV cache a token a step. Every candidate attends to the
+prefix's keys and values, shared and never copied, and to its own alone (`_candidate_attention`), so the cost
+of a position does not grow with the number of positions already attacked, beyond attention over the prefix.
 
 Staged pruning (`prune`: (layers_upto, keep) pairs). Stage `0` scores the whole vocabulary with the
 layer-0 QKV exposure alone, which needs no forward pass: its input is RMSNorm(E[v]), a codebook (as in
