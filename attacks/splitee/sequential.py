@@ -352,7 +352,9 @@ class Prefill:
     def __init__(self, model: nn.Module, tokens: Sequence[int], positions: Sequence[int]) -> None:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=model.config)
+        # No config: every layer keeps every key (a sliding-window layer's cache would keep only its last
+        # window − 1, and at(p) slices the first p); the model's own mask still applies its window here.
+        cache = DynamicCache()
         ids = torch.as_tensor([[int(t) for t in tokens[:max(positions)]]], dtype=torch.long)
         self.rows = {p: i for i, p in enumerate(positions)}
         keep = torch.as_tensor([p - 1 for p in positions], dtype=torch.long)   # position p's prior: logits at p − 1
@@ -377,10 +379,15 @@ def _candidate_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     key and value the candidates' own [1, H_kv, n, d]; candidate i attends to the prefix's keys and values
     (`prefix_kv`, per layer, [1, H_kv, p, d]) and to its own key and value alone, never to another candidate's.
     Eager attention's arithmetic (scores · scaling, float32 softmax), with a query head g·j+i reading KV head j
-    (transformers' repeat_kv). The mask is not read: which keys a candidate sees is the whole point."""
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("candidate attention has no logit soft-capping or sliding window")
+    (transformers' repeat_kv). The mask is not read: which keys a candidate sees is the whole point. A
+    sliding-window layer (Gemma 3's local ones) sees the prefix's last window − 1 keys besides its own."""
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("candidate attention has no attention logit soft-capping")
     prefix_k, prefix_v = prefix_kv[module.layer_idx]
+    window = kwargs.get("sliding_window")
+    if window is not None:   # the last ones of whatever the cache holds (a sliding layer's holds no more)
+        first = max(0, prefix_k.shape[2] - (window - 1))
+        prefix_k, prefix_v = prefix_k[:, :, first:], prefix_v[:, :, first:]
     _, heads, n, d = query.shape
     kv_heads, p = key.shape[1], prefix_k.shape[2]
     q = query.reshape(kv_heads, heads // kv_heads, n, d)

@@ -146,11 +146,26 @@ def _op_inputs_by_full_forward(model, tokens: list[int], keys) -> dict:
     return got
 
 
-def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompts):
+# A tiny random Gemma 3 whose first layer attends through a window of 4 tokens: the attacked positions lie far
+# past it (tiny-llama and tiny-qwen3 are conf/model's)
+TINY_GEMMA3 = {"name": "tiny-gemma3", "kind": "random", "revision": None, "architecture": "gemma3_text", "seed": 0,
+               "hf_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 4,
+                             "layer_types": ["sliding_attention", "full_attention"]}}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompts, name):
     """candidate_inputs (chunks of 2, so candidates share a forward and a chunk boundary falls between them) gives
     each candidate's op inputs as a plain forward of prefix + that candidate does, from the true prefix of
-    one prefill (Prefill.at) and from a prefix extended token by token (Prefix, free-running's) alike; and
-    Prefill's prior is the model's own next-token distribution after the prefix."""
+    one prefill (Prefill.at) and from a prefix extended token by token (Prefix, free-running's) alike, with
+    QK-norm (Qwen3) and a sliding window (Gemma 3); and Prefill's prior is the model's own next-token
+    distribution after the prefix."""
+    from harness.models import load_model
+
+    if name != "tiny-llama":
+        tiny = load_model(OmegaConf.create(TINY_GEMMA3) if name == "tiny-gemma3"
+                          else OmegaConf.load(CONF / "model" / f"{name}.yaml"))
     model, prompt = tiny.model, prompts[0]
     start = sq.public_prefix_length(tiny.tokenizer, prompt, True)
     keys = [(op, layer) for layer in (0, 1) for op in OPS]
