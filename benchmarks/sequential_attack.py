@@ -16,9 +16,8 @@ before a change to the attacker, and one between two changes), imported beside t
 view and settings. Every arm (schedule × code) runs once a round, in an order rotated by the round
 (benchmarks/rounds.py), over --rounds rounds; per schedule and REV the table gives now/REV as the geometric
 mean of the per-round ratios with its 95% paired interval, and whether every guess, hit, pruning survival,
-rank, prior guess and candidate count is identical. The seconds
-are the median over rounds. The load average at the start is printed in the header: on a shared machine the
-wall clock measures the other tenants too.
+rank, prior guess and candidate count is identical. The seconds are the median over rounds. The load average
+at the start is printed in the header: on a shared machine the wall clock measures the other tenants too.
 
     python -m benchmarks.sequential_attack --prompts 2 --positions 4 --rounds 1 --out docs/benchmarks/sequential_attack_smollm2-135m.md
     python -m benchmarks.sequential_attack --baseline 35e157f 0d84d9d --schedules '[[0,2048],[1,256],[4,32]]' --prompts 2 --positions 8 --rounds 5
@@ -162,8 +161,10 @@ def main() -> None:
         return f"{rate:.1f} | " + ("n/a" if peak is None else f"{rate / peak:.0%}")
 
     n_positions = sum(len(range(s, min(n, s + args.positions))) for s, n in zip(starts, lengths))
-    command = (f"python -m benchmarks.sequential_attack --prompts {args.prompts} --positions {args.positions} "
-               f"--rounds {args.rounds} --epsilon {args.epsilon:g} --threads {args.threads} --chunk {args.chunk}"
+    command = (f"python -m benchmarks.sequential_attack --model {args.model} --prompts {args.prompts} "
+               f"--positions {args.positions} "
+               f"--rounds {args.rounds} --epsilon {args.epsilon:g} --threads {args.threads} --chunk {args.chunk} "
+               f"--schedules {' '.join(repr(s) for s in args.schedules)}"
                + (f" --baseline {' '.join(args.baseline)}" if args.baseline else ""))
     lines = [f"# Sequential attacker: seconds per position against the vocabulary fraction scored ({args.model})", "",
              f"`{command}` at {commit_label()}", "",
