@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,7 +46,8 @@ def settings(**kw) -> sq.Settings:
     return sq.Settings(**{**base, **kw})
 
 
-def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+def recorded(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    """The attacker's inputs for `s`: (keys, rows, sigmas, starts) of the prompts submitted once."""
     model = tiny.model
     used = sq.check(s, len(model.model.layers), OPS)
     keys = [(op, layer) for layer in used for op in s.ops]
@@ -57,8 +59,43 @@ def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
     sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper",
                           table=table)
     starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
-    return sq.run(model, prompts, rows, sigmas, s, keys, starts)
+    return keys, rows, sigmas, starts
 
+
+def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s, seed)
+    return sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+
+
+# Cases whose every discrete output the attacker must keep exactly (issue 50 item 5 changed how candidates are
+# scored and how the true prefix is computed, not what): tests/splitee/data/sequential_exact_outputs.json holds
+# them as the code before that change (commit 35e157f) produced them.
+EXACT_CASES = {
+    "smoke_ep1_1": ("ep1", 1.0, {}),
+    "ep1_12": ("ep1", 12.0, {}),
+    "ep1_12_narrow": ("ep1", 12.0, {"prune": ((0, 2),), "null_view": False}),
+    "ep1_12_free_running": ("ep1", 12.0, {"mode": "free_running", "null_view": False}),
+    "ep1_12_prior_stage": ("ep1", 12.0, {"prune": ((1, 16),), "prune_prior": 256}),
+    "ep1_12_union_chunk7": ("ep1", 12.0, {"prune": ((0, 32), (1, 8)), "prune_union_prior": 16, "chunk": 7}),
+    "ep1_12_unpruned_layer1": ("ep1", 12.0, {"prune": None, "layers": (1,), "max_positions": 2, "null_view": False}),
+    "t3": ("t3", None, {}),
+}
+
+
+def exact_outputs(tiny, prompts) -> dict:
+    """Per EXACT_CASES case, every discrete output of sq.run (each scorer's guesses, hits, survivals and ranks,
+    the prior's guesses, the candidates forwarded) and, teacher-forced, pruning_decisive's counts."""
+    out = {}
+    for name, (configuration, epsilon, kw) in EXACT_CASES.items():
+        s = settings(**kw)
+        keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s)
+        o = sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+        out[name] = {"prior_guesses": o.prior_guesses, "forward_candidates": o.forward_candidates,
+                     **{f"{scorer}.{what}": getattr(r, what) for scorer, r in o.scorers.items()
+                        for what in ("guesses", "hits", "survived", "ranks")},
+                     "decisive": (sq.pruning_decisive(tiny.model, prompts, o, rows, sigmas, s)
+                                  if s.mode == "teacher_forced" else None)}
+    return out
 
 @pytest.mark.parametrize("configuration,epsilon", [("ep1", 3.0), ("epn", None)])
 def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
@@ -78,6 +115,75 @@ def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
                         sensitivity_rule="paper", table=engine.table) == ours
     if configuration == "epn":
         assert ours[0][("qkv", 0)] != ours[1][("qkv", 0)]
+
+
+def test_results_are_the_recorded_ones_of_the_code_before_issue_50(tiny, prompts):
+    """Candidates attending to the prefix and themselves alone (_candidate_attention) and one prefill per prompt
+    (Prefill) changed how the attacker computes, not what: every guess, hit, survival, rank, prior guess,
+    count of candidates forwarded and decisive miss of EXACT_CASES is the one the previous code recorded."""
+    recorded_outputs = json.loads((Path(__file__).parent / "data" / "sequential_exact_outputs.json").read_text())
+    got = json.loads(json.dumps(exact_outputs(tiny, prompts)))   # tuples to lists, as recorded
+    for case, want in got.items():
+        assert want == recorded_outputs[case], case
+
+
+def _op_inputs_by_full_forward(model, tokens: list[int], keys) -> dict:
+    """The input of each op in `keys` at the last position of `tokens`, by a plain forward of the whole sequence
+    (no cache, the model's own attention): what candidate_inputs computes for that last token as a candidate."""
+    from harness.splitee.architectures import OP_MEMBERS
+
+    got, handles = {}, []
+    for op, layer in keys:
+        module = model.model.layers[layer].get_submodule(OP_MEMBERS[op][0])
+        handles.append(module.register_forward_pre_hook(
+            lambda _m, args, key=(op, layer): got.__setitem__(key, args[0][0, -1].float())))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([tokens]))
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+# A tiny random Gemma 3 whose first layer attends through a window of 4 tokens: the attacked positions lie far
+# past it (tiny-llama and tiny-qwen3 are conf/model's)
+TINY_GEMMA3 = {"name": "tiny-gemma3", "kind": "random", "revision": None, "architecture": "gemma3_text", "seed": 0,
+               "hf_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 4,
+                             "layer_types": ["sliding_attention", "full_attention"]}}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompts, name):
+    """candidate_inputs (chunks of 2, so candidates share a forward and a chunk boundary falls between them) gives
+    each candidate's op inputs as a plain forward of prefix + that candidate does, from the true prefix of
+    one prefill (Prefill.at) and from a prefix extended token by token (Prefix, free-running's) alike, with
+    QK-norm (Qwen3) and a sliding window (Gemma 3); and Prefill's prior is the model's own next-token
+    distribution after the prefix."""
+    from harness.models import load_model
+
+    if name != "tiny-llama":
+        tiny = load_model(OmegaConf.create(TINY_GEMMA3) if name == "tiny-gemma3"
+                          else OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    model, prompt = tiny.model, prompts[0]
+    start = sq.public_prefix_length(tiny.tokenizer, prompt, True)
+    keys = [(op, layer) for layer in (0, 1) for op in OPS]
+    positions = [start, start + 1, start + 2]
+    prefill = sq.Prefill(model, prompt, positions)
+    cand = torch.tensor([prompt[start + 1], 7, 11, 4096, 49151])
+    for p in positions[1:]:
+        with torch.no_grad():
+            prior = torch.log_softmax(model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1].double(), -1)
+        assert torch.allclose(prefill.at(p).log_prior, prior, atol=1e-5)
+        for prefix in (prefill.at(p), sq.Prefix(model, prompt[:p])):
+            assert prefix.length == p
+            mus = sq.candidate_inputs(model, prefix, cand, 2, keys, chunk=2)
+            for i, v in enumerate(cand.tolist()):
+                want = _op_inputs_by_full_forward(model, prompt[:p] + [v], keys)
+                for key in keys:
+                    assert torch.allclose(mus[key][i], want[key], rtol=1e-4, atol=1e-5), (p, v, key)
+    assert model.config._attn_implementation != sq.CANDIDATE_ATTENTION   # the model is left as it was
 
 
 def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
@@ -566,3 +672,27 @@ def test_cost_benchmark_runs_with_the_attackers_current_settings(tmp_path, monke
     bench.main()
     row = [line for line in out.read_text().splitlines() if line.startswith("| `[[0,64],[1,8]]`")]
     assert len(row) == 1 and int(row[0].split("|")[4]) > 0   # candidates forwarded per position
+
+
+def test_cost_benchmark_compares_with_the_attacker_at_a_commit(tmp_path, monkeypatch):
+    """--baseline REV runs the attacker as committed at REV beside the current one, in rounds: here REV is HEAD,
+    whose attacker must decide exactly what the checkout's does, and the ratio comes with its interval; a
+    revision git cannot show ends with one line and exit code 2."""
+    import sys
+
+    from benchmarks import sequential_attack as bench
+
+    out = tmp_path / "cost.md"
+    argv = ["bench", "--model", "tiny-llama", "--prompts", "1", "--positions", "2", "--threads", "1", "--rounds", "2",
+            "--schedules", "[[0,64],[1,8]]", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "HEAD"])
+    bench.main()
+    row = [line for line in out.read_text().split("## Against the attacker at HEAD")[1].splitlines()
+           if line.startswith("| `[[0,64],[1,8]]`")]
+    cells = [c.strip() for c in row[0].split("|")]
+    ratio, lo, hi = (float(x) for x in cells[4].replace("[", "").replace("]", "").replace(",", "").split())
+    assert len(row) == 1 and cells[-2] == "yes" and lo <= ratio <= hi
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "no-such-revision"])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
