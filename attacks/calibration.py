@@ -11,6 +11,10 @@ returns the verdict (leak | at_chance | inconclusive) and the value of its stati
 - `false_leak_rate`: the share of null trials read as leak;
 - `certify_rate`: the share of null trials read at_chance (the verdict's power to certify);
 - `power`: per dose, the share of dosed trials read as leak;
+- `zero_spread_certifications`: at_chance calls, over null and dosed trials, whose verdict interval had zero
+  width (issue 51: a certification must read the bound the sample earned, so this is 0);
+- `extra_nulls`: further nulls read with the same verdict, each with its false-leak and certify rates
+  (collab: random ids with 2× the null's steps);
 - `null_sd`: the spread of the null trials' statistic, and `certifiable_margin_pp`: the margin the
   entry's sample size can certify with 80 % probability at that spread (metrics/equivalence.py);
 - `sizing` (`sizing`): why the entry's n is what it is. "at chance" is an equivalence test, so the margin m
@@ -92,6 +96,13 @@ class Entry:
     planning: dict[str, float] | None = None
     # per attacker, what its verdict reads against, where the entry has several (SpliTEE: map, likelihood)
     references: dict[str, str] | None = None
+    # further nulls, each read with the entry's verdict (collab: random ids with 2× the null's steps)
+    extra_nulls: dict[str, Callable[[np.random.Generator], Trial]] | None = None
+
+
+def zero_width(t: Trial) -> bool:
+    """The trial's verdict interval (its own, or the t interval around its statistic) had zero width."""
+    return t.interval is not None and t.interval[1] <= t.interval[0]
 
 
 def proportion(k: int, n: int) -> dict[str, Any]:
@@ -114,9 +125,10 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     for rng in null_rngs:
         nulls.append(entry.null_trial(rng))
         bar.update(1)
-    power, dosed_stats, gate_runs = {}, {}, []
+    power, dosed_stats, gate_runs, dosed_runs = {}, {}, [], []
     for dose, ss in zip(entry.doses_pp, seeds[1:]):
         runs = []
+        dosed_runs.append(runs)
         for s in ss.spawn(dosed_trials):
             runs.append(entry.dosed_trial(float(dose), np.random.default_rng(s)))
             bar.update(1)
@@ -124,8 +136,17 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
             gate_runs = runs
         power[f"{float(dose):g}"] = proportion(sum(t.verdict == controls.LEAK for t in runs), dosed_trials)
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
+    extra = {}
+    for name, make in (entry.extra_nulls or {}).items():
+        runs = [make(np.random.default_rng(s)) for s in np.random.SeedSequence([seed, len(name)]).spawn(trials)]
+        extra[name] = {"false_leak_rate": proportion(sum(t.verdict == controls.LEAK for t in runs), trials),
+                       "certify_rate": proportion(sum(t.verdict == controls.AT_CHANCE for t in runs), trials),
+                       "null_statistic_mean_pp": statistics.fmean(t.statistic for t in runs),
+                       "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t)
+                                                         for t in runs)}
     bar.close()
     values = [t.statistic for t in nulls]
+    every = nulls + [t for runs in dosed_runs for t in runs]
     by_attacker = sorted({a for t in nulls if t.parts for a in t.parts})
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     out = {
@@ -139,7 +160,12 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         "power": power, "dosed_statistic_mean_pp": dosed_stats,
         "gate_dose_pp": entry.gate_dose_pp,
         "power_at_gate_dose": power.get(f"{float(entry.gate_dose_pp):g}"),
+        # at_chance calls, over null and dosed trials, whose verdict interval had zero width (issue 51: the
+        # earned bound makes this 0)
+        "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in every),
     }
+    if extra:
+        out["extra_nulls"] = extra
     if entry.references:
         out["references"] = dict(entry.references)
     if by_attacker:   # each attacker's own verdict on the same null trials (the entry's is their worst)
@@ -440,7 +466,8 @@ def collab_data(model: Any, n_examples: int, steps: int, top: int) -> CollabData
 
 def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, margin_pp: float,
                  positive_margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float,
-                 planning: dict[str, float] | None = None) -> Entry:
+                 planning: dict[str, float] | None = None, per_item_bound_pp: float = 100.0,
+                 step_matching: str = "matched") -> Entry:
     """Paper 003: the collab verdict (attacks/collab/decodeleak.verdict on the informed attacker's Token-ER
     against its null signal) over `units` examples: the built-in examples in turn (unit i is example
     i mod 12, with its evidence and its cloud's no-signal sets), each unit with its own random signal. The
@@ -453,7 +480,11 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
     negative control (harsher than the runner, whose null shares the run's seed). Dose d: each evidence
     token that neither the signal nor the floor already covers joins the signal with probability
     p = d·E/(100·U) (E evidence tokens, U uncovered; capped at 1), so the informed attacker's Token-ER rises
-    by d pp in expectation. Positive control: the whole evidence injected."""
+    by d pp in expectation. Positive control: the whole evidence injected. Every pair (signal and null,
+    positive control, negative control) has its steps paired by `step_matching` and the verdict's at_chance
+    reads the earned interval at `per_item_bound_pp`, as the runner's (decodeleak.verdict). A second null,
+    `long_random_ids`, gives the signal 2× the null's steps of random ids (issue 51 item 3): a signal with no
+    content and more steps must read at chance."""
     from attacks.collab import decodeleak as leak
 
     n_ex = len(data.evidence)
@@ -461,20 +492,20 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
     floor = [data.floor[i % n_ex] for i in range(units)]
     drawn = min(ids_per_step, k)
 
-    def draw(rng) -> list[list[list[int]]]:
-        return [[rng.choice(data.vocab_size, drawn, replace=False).tolist() for _ in range(data.steps)]
+    def draw(rng, steps: int = data.steps) -> list[list[list[int]]]:
+        return [[rng.choice(data.vocab_size, drawn, replace=False).tolist() for _ in range(steps)]
                 for _ in evidence]
 
-    def score(sets):
+    def pair(signal, null):
         # the verdict's statistic is Token-ER@k; the other curves (ROUGE1-ER decodes every id) are not scored
-        return leak.score_sets(sets, evidence, data.vocab, [k], prior=floor, metrics=("token_er",))
+        return leak.paired_scores(signal, null, evidence, data.vocab, [k], prior=floor, step_matching=step_matching,
+                                  metrics=("token_er",))
 
     def trial(signal, rng) -> Trial:
         null_sets, again = draw(rng), draw(rng)
         full = [[sorted(ev.token_ids)] + s for ev, s in zip(evidence, null_sets)]
-        null_scores = score(null_sets)
-        v = leak.verdict(score(signal), null_scores, (score(full), null_scores), (score(again), null_scores), k,
-                         margin_pp, positive_margin_pp)
+        v = leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets), k,
+                         margin_pp, positive_margin_pp, per_item_bound_pp)
         return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]))
 
     def null(rng):
@@ -496,7 +527,8 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
                  "excess over the floor did: +4.3 pp on random ids, issue 31)",
                  "pp of Token-ER@K the signal gains from injected evidence tokens the signal and floor do not cover",
                  null, dosed, doses_pp, gate_dose_pp, margin_pp, units,
-                 f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning)
+                 f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning,
+                 extra_nulls={"long_random_ids": lambda rng: trial(draw(rng, 2 * data.steps), rng)})
 
 
 @dataclass
@@ -687,7 +719,9 @@ def _collab(cfg: Any, model: Any) -> Entry:
     return collab_entry(data, units=int(c.units), ids_per_step=int(c.ids_per_step), k=int(c.k),
                         margin_pp=float(cfg.collab.controls.gate_margin_pp),
                         positive_margin_pp=float(cfg.collab.controls.positive_margin_pp),
-                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c))
+                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c),
+                        per_item_bound_pp=float(cfg.collab.controls.per_item_bound_pp),
+                        step_matching=str(cfg.collab.controls.step_matching))
 
 
 def _truth_rows(cfg: Any, model: Any, name: str) -> tuple[list[list[int]], list[int]]:

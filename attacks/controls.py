@@ -15,7 +15,8 @@ An attack measurement means something only if it can fail and can succeed:
   attack's token F1 interval [lo, hi] and its reference r (the chance floor for the learned attacker):
 
       leak          lo > r + m and the negative control passed
-      at_chance     r − m ≤ lo and hi ≤ r + m, and both controls passed
+      at_chance     r − m ≤ lo and hi ≤ r + m for the interval the sample earned (never zero-width: a sample
+                    without spread earns ± B·CP_U(0, n), metrics/equivalence.py), and both controls passed
       inconclusive  everything else: lo < r − m (below chance: the attacker failed, which says nothing
                     about the masks), an interval reaching past r ± m so that neither holds, or a failed
                     (or missing) control.
@@ -131,13 +132,18 @@ def gate(f1: Estimate, floor_f1: float, margin_pp: float) -> bool:
 
 
 def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positive_passed: bool,
-             negative_passed: bool) -> str:
+             negative_passed: bool, certify: tuple[float, float] | None = None) -> str:
     """The three-way verdict of a token-F1 interval [lo, hi] against `reference` (module docstring):
-    leak if lo > reference + margin and the negative control passed; at_chance if reference − margin ≤ lo
-    and hi ≤ reference + margin and both controls passed; otherwise inconclusive."""
+    leak if lo > reference + margin and the negative control passed; at_chance if the interval the sample
+    earned, `certify` (metrics.equivalence.earned_interval; [lo, hi] where not given), lies within
+    reference ± margin and both controls passed; otherwise inconclusive. A zero-width interval never
+    certifies: a sample without spread earns its bound from its size only (issue 51), which a caller that
+    has it passes as `certify`."""
     if lo > reference + margin_pp:
         return LEAK if negative_passed else INCONCLUSIVE
-    if positive_passed and negative_passed and reference - margin_pp <= lo and hi <= reference + margin_pp:
+    c_lo, c_hi = (lo, hi) if certify is None else certify
+    if (positive_passed and negative_passed and c_hi > c_lo
+            and reference - margin_pp <= c_lo and c_hi <= reference + margin_pp):
         return AT_CHANCE
     return INCONCLUSIVE
 
@@ -274,6 +280,9 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
                        f"+{margin_pp:g} pp: a leak, of a size the interval cannot place against the margin")
     elif not (-margin_pp <= lo_pp and hi_pp <= margin_pp):
         reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} is wider than ±{margin_pp:g} pp")
+    elif hi_pp <= lo_pp:     # a zero-width interval (results from before newcombe_paired earned its bound)
+        reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} has zero width: no spread "
+                       "to certify from")
     if not teacher_forced:
         reasons.append("free-running mode cannot certify at_chance (teacher-forced is the family's upper bound)")
     if decisive_misses is not None:

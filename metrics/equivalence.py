@@ -156,7 +156,14 @@ def _newcombe_vec(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) ->
     theta = (b - c) / n
     lo = theta - np.sqrt(np.maximum(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     hi = theta + np.sqrt(np.maximum(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
-    return np.maximum(-1.0, lo), np.minimum(1.0, hi)
+    # newcombe_paired's earned widening (module comment, "the bound a sample earned"), vectorised
+    k = b + c
+    share = np.where(k >= n, 1.0, stats.beta.ppf(0.975, k + 1, np.maximum(n - k, 1)))
+    var = np.maximum(0.0, k / n - theta * theta) * n / np.maximum(n - 1, 1)
+    var_u = np.maximum(var, share * 1.0 - theta * theta)      # Σd²/k = 1 for d ∈ {−1, 1}
+    h0 = 1.0 - 0.025 ** (1.0 / n)
+    half = np.where(k == 0, h0, np.maximum(z * np.sqrt(var_u / n), h0))
+    return np.maximum(-1.0, np.minimum(lo, theta - half)), np.minimum(1.0, np.maximum(hi, theta + half))
 
 
 def paired_plan(n: int, base: float, discordance: float, margin_pp: float, dose_pp: float, *,
@@ -184,6 +191,82 @@ def paired_plan(n: int, base: float, discordance: float, margin_pp: float, dose_
     se0 = paired_sd_pp(discordance) / math.sqrt(n)
     se1 = 100.0 * math.sqrt(discordance + dose - dose * dose) / math.sqrt(n)
     return Plan(n, margin_pp, dose_pp, se0, se1, certify, power)
+
+
+# --- the bound a sample earned: no certification from a sample without spread (issue 51) ---------------------
+#
+# An interval of a mean of per-item differences d_i says nothing about items the sample did not draw. Every d_i
+# lies in [−B, B], B the per-item bound fixed before the run (100 pp by default: a rate cannot move an item by
+# more; or the positive control's largest per-item effect). Write π for the share of items whose difference is
+# not 0 and ν for their mean difference, so the mean is μ = π·ν and |μ| ≤ π·B.
+#
+# - No spread (all d_i = 0): the only evidence is that 0 of n items differ. With probability ≥ 1 − a,
+#   π ≤ π₀ = CP_U(0, n) = 1 − a^(1/n) (Clopper–Pearson, one-sided, a = 2.5 %), so |μ| ≤ h₀ = π₀·B exactly.
+#   30 items: h₀ = 11.6 pp at B = 100; 400 items: 0.92 pp. No sample of n items can rule out a share π₀ of
+#   items that all differ by B, spread or not: h₀ is a floor on every half-width at n.
+# - Some spread (k ≥ 1 items differ): the t interval's half-width c·s/√n rests on the sample's s, which
+#   underestimates the spread when the few differing items are large (most items 0): its coverage at n = 400
+#   with 2 % of items at 100 pp is 90 %, not 97.5 % a side. The variance is σ² = π·E[d² | d ≠ 0] − μ²; the
+#   part that does differ estimates E[d² | d ≠ 0] by r² = Σd_i²/k, and the share by π ≤ CP_U(k, n). So
+#   σ_U² = max(s², CP_U(k, n)·r² − μ̂²), and the half-width is max(c·σ_U/√n, h₀). Where many items differ,
+#   CP_U(k, n) ≈ k/n and σ_U ≈ s: the rule is the t interval's; where few do, it is the count's.
+#
+# The earned interval is the data's interval widened to μ̂ ± that half-width (`earned_interval`); a verdict's
+# at_chance reads it (attacks/controls.classify, `certify`), its leak the data's own interval (a leak is what
+# the data show; a certification must also hold for what they could have missed). Monotone in what the rule
+# can promise: (i) no sample of n earns less than ±h₀, so no differing item ever makes the bound tighter than
+# the all-zero sample's; (ii) along a sweep of k = 0..n items that differ by the same x (either sign), neither
+# the reach max(|lo|, |hi|) nor the end on x's side ever falls (the t interval alone falls at the corner, from
+# a positive width at k = 1 to 0 at k = 0, and again at k = n); (iii) Newcombe's paired interval
+# (metrics.proportions.newcombe_paired) gets the same rule with d_i ∈ {−1, 0, 1} (B = 100 pp, which no paired
+# proportion can exceed): its upper end never falls as b grows, its lower end never rises as c grows. A
+# general sample can narrow when an added item lands near its mean (s falls): that is the t interval's own
+# behaviour, not a corner effect. tests/test_metrics.py sweeps all three.
+
+
+def zero_spread_bound(n: int, per_item_bound: float, confidence: float = 0.95) -> float:
+    """h₀ = CP_U(0, n)·B: the largest mean shift n items that all agree cannot rule out (one-sided
+    Clopper–Pearson at (1 + confidence)/2; 0 of 400 gives 0.92 %)."""
+    if n < 1 or per_item_bound < 0 or not 0 < confidence < 1:
+        raise ValueError(f"need n >= 1, a bound >= 0 and confidence in (0, 1), got {n}, {per_item_bound}, {confidence}")
+    return per_item_bound * (1.0 - ((1.0 - confidence) / 2.0) ** (1.0 / n))
+
+
+def _share_upper(k: int, n: int, a: float) -> float:
+    return 1.0 if k >= n else float(stats.beta.ppf(1.0 - a, k + 1, n - k))
+
+
+def earned_half_width(n: int, k: int, mean: float, sd: float, sum_sq: float, per_item_bound: float, *,
+                      critical: float | None = None, confidence: float = 0.95) -> float:
+    """The half-width a sample of n differences earned (module comment above): max(c·σ_U/√n, h₀), k the items
+    that differ from 0, `sum_sq` Σd², `sd` the sample's (ddof 1), c the interval's critical value (Student t by
+    default)."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    h0 = zero_spread_bound(n, per_item_bound, confidence)
+    if k == 0 or n < 2:
+        return h0 if k == 0 else per_item_bound
+    a = (1.0 - confidence) / 2.0
+    c = float(stats.t.ppf(1.0 - a, n - 1)) if critical is None else critical
+    var_u = max(sd * sd, _share_upper(k, n, a) * sum_sq / k - mean * mean)
+    return max(c * math.sqrt(var_u) / math.sqrt(n), h0)
+
+
+def earned_interval(differences, lo: float, hi: float, per_item_bound: float, *,
+                    confidence: float = 0.95) -> tuple[float, float]:
+    """The interval an at_chance call may read: the data's [lo, hi] (a t interval of the mean of
+    `differences`) widened to mean ± `earned_half_width`, inside ±per_item_bound. Zero width is impossible:
+    n differences all 0 earn ±h₀."""
+    d = np.asarray(differences, dtype=float).ravel()
+    if d.size == 0:
+        raise ValueError("earned_interval needs at least one difference")
+    if per_item_bound <= 0:
+        raise ValueError(f"the per-item bound must be > 0, got {per_item_bound}")
+    n, m = int(d.size), float(d.mean())
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    half = earned_half_width(n, int(np.count_nonzero(d)), m, sd, float(np.dot(d, d)), per_item_bound,
+                             confidence=confidence)
+    return max(-per_item_bound, min(lo, m - half)), min(per_item_bound, max(hi, m + half))
 
 
 def units_needed(plan: Callable[[int], Plan], target: float = 0.8, start: int = 2, limit: int = 1_000_000) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from metrics.equivalence import earned_half_width
 from metrics.intervals import Estimate, mean_ci
 
 
@@ -50,6 +51,11 @@ def newcombe_paired(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tupl
         L = θ̂ − √((p₁−l₁)² − 2φ(p₁−l₁)(u₂−p₂) + (u₂−p₂)²),
         U = θ̂ + √((p₂−l₂)² − 2φ(p₂−l₂)(u₁−p₁) + (u₁−p₁)²).
 
+    With b = c = 0 and a, d > 0, φ = 1 and the two Wilson margins cancel: (a, 0, 0, a) gives [0, 0], and one
+    discordant pair in either direction then *raises* U (issue 51). So the interval is widened to the bound
+    the sample earned (metrics.equivalence.earned_half_width with differences in {−1, 0, 1}, B = 1): never
+    narrower than θ̂ ± CP_U(0, n), 0.92 % at n = 400, and monotone in the discordant counts.
+
     Returns (θ̂, L, U) as fractions."""
     n = a + b + c + d
     if min(a, b, c, d) < 0 or n < 1:
@@ -62,7 +68,11 @@ def newcombe_paired(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tupl
     theta = (b - c) / n
     lo = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     hi = theta + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
-    return theta, max(-1.0, lo), min(1.0, hi)
+    k = b + c
+    sd = math.sqrt(max(0.0, k / n - theta * theta) * n / (n - 1)) if n > 1 else 0.0
+    half = earned_half_width(n, k, theta, sd, float(k), 1.0, critical=float(stats.norm.ppf(1 - alpha / 2)),
+                             confidence=1 - alpha)
+    return theta, max(-1.0, min(lo, theta - half)), min(1.0, max(hi, theta + half))
 
 
 def mcnemar_exact(b: int, c: int) -> float:
