@@ -98,6 +98,8 @@ class Entry:
     references: dict[str, str] | None = None
     # further nulls, each read with the entry's verdict (collab: random ids with 2× the null's steps)
     extra_nulls: dict[str, Callable[[np.random.Generator], Trial]] | None = None
+    # B of the earned interval the verdict's at_chance reads (metrics/equivalence.py), where it reads one
+    per_item_bound_pp: float | None = None
 
 
 def zero_width(t: Trial) -> bool:
@@ -183,8 +185,11 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
         out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
     elif entry.n_examples >= 2:
-        out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples)
-        out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
+        out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples,
+                                                          per_item_bound=entry.per_item_bound_pp)
+        out["certifiable_margin_method"] = ("metrics/equivalence.certifiable_margin at the null statistic's spread"
+                                            + ("" if entry.per_item_bound_pp is None else
+                                               f", earned bound at B = {entry.per_item_bound_pp:g} pp"))
     out["sizing"] = sizing(entry, nulls, gate_runs, target)
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
@@ -221,7 +226,8 @@ def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], tar
             return lambda k: equivalence.mean_plan(values["sd_null_pp"], values["sd_dosed_pp"], k, m, d,
                                                    interval=entry.interval, shift_pp=values["gate_shift_pp"],
                                                    spread_null_pp=values["spread_null_pp"],
-                                                   spread_dosed_pp=values["spread_dosed_pp"])
+                                                   spread_dosed_pp=values["spread_dosed_pp"],
+                                                   per_item_bound_pp=entry.per_item_bound_pp)
         crit = float(stats.t.ppf(0.975, n - 1) if entry.interval == "t" else stats.norm.ppf(0.975))
 
         def spread(trials: Sequence[Trial]) -> float | None:
@@ -501,9 +507,17 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
         return leak.paired_scores(signal, null, evidence, data.vocab, [k], prior=floor, step_matching=step_matching,
                                   metrics=("token_er",))
 
+    def inject(sets: list[list[int]], tokens: Sequence[int]) -> list[list[int]]:
+        """`tokens` written at the head of the first step (displacing its last random ids), not as a step of
+        their own: an injection is content, and with matched steps an extra step would cost the signal its
+        last one."""
+        keep = set(tokens)
+        first = (list(tokens) + [t for t in sets[0] if t not in keep])[:max(len(sets[0]), len(tokens))]
+        return [first] + sets[1:]
+
     def trial(signal, rng) -> Trial:
         null_sets, again = draw(rng), draw(rng)
-        full = [[sorted(ev.token_ids)] + s for ev, s in zip(evidence, null_sets)]
+        full = [inject(s, sorted(ev.token_ids)) for ev, s in zip(evidence, null_sets)]
         v = leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets), k,
                          margin_pp, positive_margin_pp, per_item_bound_pp)
         return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]))
@@ -518,7 +532,7 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
             covered = {t for st in (*sets, *fl) for t in st[:k]}
             open_ = [t for t in sorted(ev.token_ids) if t not in covered]
             p = min(1.0, dose / 100.0 * len(ev.token_ids) / len(open_)) if open_ else 0.0
-            injected.append([[t for t in open_ if rng.random() < p]] + sets)
+            injected.append(inject(sets, [t for t in open_ if rng.random() < p]))
         return trial(injected, rng)
 
     return Entry("collab", f"random ids ({ids_per_step} uniform token ids a step, signal and null drawn "
@@ -528,7 +542,8 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
                  "pp of Token-ER@K the signal gains from injected evidence tokens the signal and floor do not cover",
                  null, dosed, doses_pp, gate_dose_pp, margin_pp, units,
                  f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning,
-                 extra_nulls={"long_random_ids": lambda rng: trial(draw(rng, 2 * data.steps), rng)})
+                 extra_nulls={"long_random_ids": lambda rng: trial(draw(rng, 2 * data.steps), rng)},
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 @dataclass

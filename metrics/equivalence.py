@@ -22,33 +22,41 @@ import numpy as np
 from scipy import stats
 
 
-def certifiable_margin(sd: float, n: int, power: float = 0.8, confidence: float = 0.95) -> float:
+def certifiable_margin(sd: float, n: int, power: float = 0.8, confidence: float = 0.95,
+                       per_item_bound: float | None = None) -> float:
     """The smallest margin m that n examples of per-example spread `sd` certify (at_chance) with probability
-    ≥ `power` when the true mean sits at the reference."""
+    ≥ `power` when the true mean sits at the reference. With `per_item_bound` B the verdict reads the earned
+    interval, whose half-width is at least h₀ = B·CP_U(0, n) (`zero_spread_bound`): m = max(t·se, h₀) + z·se."""
     if n < 2:
         raise ValueError(f"need n >= 2 examples, got {n}")
     if sd < 0 or not 0 < power < 1 or not 0 < confidence < 1:
         raise ValueError(f"need sd >= 0 and power, confidence in (0, 1), got {sd}, {power}, {confidence}")
     t = float(stats.t.ppf((1 + confidence) / 2, n - 1))
     z = float(stats.norm.ppf((1 + power) / 2))
-    return sd / math.sqrt(n) * (t + z)
+    se = sd / math.sqrt(n)
+    h0 = 0.0 if per_item_bound is None else zero_spread_bound(n, per_item_bound, confidence)
+    return max(t * se, h0) + z * se
 
 
 def examples_needed(sd: float, margin: float, power: float = 0.8, confidence: float = 0.95,
-                    limit: int = 10_000_000) -> int:
+                    limit: int = 10_000_000, per_item_bound: float | None = None) -> int:
     """The smallest n ≥ 2 whose `certifiable_margin` is at most `margin` (ValueError past `limit`)."""
     if margin <= 0:
         raise ValueError(f"need a margin > 0, got {margin}")
-    if certifiable_margin(sd, 2, power, confidence) <= margin:
+
+    def cm(k: int) -> float:
+        return certifiable_margin(sd, k, power, confidence, per_item_bound)
+
+    if cm(2) <= margin:
         return 2
     lo, hi = 2, 4
-    while certifiable_margin(sd, hi, power, confidence) > margin:
+    while cm(hi) > margin:
         lo, hi = hi, hi * 2
         if hi > limit:
             raise ValueError(f"more than {limit} examples needed for margin {margin} at sd {sd}")
     while hi - lo > 1:       # the margin falls with n: bisect for the first n that meets it
         mid = (lo + hi) // 2
-        if certifiable_margin(sd, mid, power, confidence) <= margin:
+        if cm(mid) <= margin:
             hi = mid
         else:
             lo = mid
@@ -108,13 +116,15 @@ def unpaired_sd_pp(p1: float, p2: float) -> float:
 def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, dose_pp: float, *,
               interval: str = "t", bias_pp: float = 0.0, shift_pp: float | None = None,
               spread_null_pp: float | None = None, spread_dosed_pp: float | None = None,
-              confidence: float = 0.95) -> Plan:
+              confidence: float = 0.95, per_item_bound_pp: float | None = None) -> Plan:
     """The verdict's predicted certification probability (null at `bias_pp`) and power (true difference
     `shift_pp`, the statistic's shift at the dose: `dose_pp` unless the attacker reads only part of it) for
     n units of per-unit spreads sd_null (the null) and sd_dosed (at the dose), with a Student-t
     (`interval="t"`) or Wald (`"z"`) 95% interval (module comment above). The interval's width is
     c·sd/√n; the estimate itself varies by spread/√n, which is sd unless given: a statistic against a
-    reference computed on the same units (the exposure-free F1) varies less than its interval assumes."""
+    reference computed on the same units (the exposure-free F1) varies less than its interval assumes.
+    With `per_item_bound_pp` the certification reads the earned interval, never narrower than ±h₀
+    (`zero_spread_bound`)."""
     if n < 2 or min(sd_null_pp, sd_dosed_pp) < 0 or margin_pp <= 0:
         raise ValueError(f"need n >= 2, spreads >= 0 and a margin > 0, got {n}, {sd_null_pp}, {sd_dosed_pp}, {margin_pp}")
     if interval not in ("t", "z"):
@@ -124,7 +134,8 @@ def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, d
     se0, se1 = sd_null_pp / math.sqrt(n), sd_dosed_pp / math.sqrt(n)
     sp0 = se0 if spread_null_pp is None else spread_null_pp / math.sqrt(n)
     sp1 = se1 if spread_dosed_pp is None else spread_dosed_pp / math.sqrt(n)
-    room = margin_pp - c * se0          # |estimate| up to this certifies
+    h0 = 0.0 if per_item_bound_pp is None else zero_spread_bound(n, per_item_bound_pp, confidence)
+    room = margin_pp - max(c * se0, h0)     # |estimate| up to this certifies
     if room <= 0:
         certify = 0.0
     elif sp0 == 0:

@@ -182,6 +182,8 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     assert set(r["systems"]) == {"collab", "sanitize", "splitft", "grad_audit", "splitee"}
     for name, s in r["systems"].items():
         fl, cert, gate = s["false_leak_rate"], s["certify_rate"], s["power_at_gate_dose"]
+        # issue 51: no at_chance from a zero-width interval, in any system
+        assert s["zero_spread_certifications"] == 0 == r["metrics"][f"{name}_zero_spread_certifications"]
         assert fl["n"] == 36 and fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 36)))
         assert fl["ci"][1] <= 0.10, (name, fl)
         assert gate == s["power"]["2"] and gate["n"] == 20 and gate["rate"] >= 0.80, (name, gate)
@@ -205,6 +207,10 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
         assert part["false_leak_rate"]["ci"][1] <= 0.10 and part["certify_rate"]["rate"] >= 0.80
     assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
     assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
+    # issue 51 item 3: random ids with 2x the null's steps, read over matched steps, never read leak
+    long = r["systems"]["collab"]["extra_nulls"]["long_random_ids"]
+    assert long["false_leak_rate"]["n"] == 36 and long["false_leak_rate"]["ci"][1] <= 0.10, long
+    assert r["metrics"]["collab_long_random_ids_false_leak_rate"] == long["false_leak_rate"]["rate"]
     # the report section: one row per system with its null, counts and acceptance marks
     from runners.report.document import build
 
@@ -212,7 +218,7 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert "| collab | 420 | planned 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 450 | planned 447 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
     assert "; measured " in text   # the n the rule asks at the run's own measured rates, beside the planned n
 
 

@@ -226,3 +226,4 @@ def verdict(run: Curves, null: Curves, positive: tuple[Curves, Curves] | None, n
             "negative_control_excess_token_er": neg.mean,
             "negative_control_excess_token_er_ci": [neg.lo, neg.hi],
             "negative_control_pass": bool(neg_ok)}
+
