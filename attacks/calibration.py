@@ -420,7 +420,7 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
         reference = min(0.0, neg.effect_pp)
         lo, hi = cell.ci_pp
         v = controls.classify(lo, hi, reference, margin_pp, positive_passed=True,
-                              negative_passed=neg.ci_pp[1] <= margin_pp)
+                              negative_passed=neg.ci_pp[1] <= margin_pp, certify=cell.earned_ci_pp)
         return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference))
 
     def null(rng):
