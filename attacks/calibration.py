@@ -73,6 +73,8 @@ class Trial:
     table: tuple[int, int, int, int] | None = None
     # per part, its own statistic (pp), where the entry reads several (SpliTEE: MAP against each reference)
     part_statistics: dict[str, float] | None = None
+    # the interval the verdict's at_chance read (pp), where it is not `interval` (the earned one, issue 51)
+    certified_by: tuple[float, float] | None = None
 
 
 @dataclass
@@ -102,9 +104,11 @@ class Entry:
     per_item_bound_pp: float | None = None
 
 
-def zero_width(t: Trial) -> bool:
-    """The trial's verdict interval (its own, or the t interval around its statistic) had zero width."""
-    return t.interval is not None and t.interval[1] <= t.interval[0]
+def zero_width(t: Trial, certification: bool = True) -> bool:
+    """The interval the trial's at_chance reads (`certified_by`, else `interval`) had zero width; with
+    `certification` false, its data interval did."""
+    iv = t.certified_by if certification and t.certified_by is not None else t.interval
+    return iv is not None and iv[1] <= iv[0]
 
 
 def proportion(k: int, n: int) -> dict[str, Any]:
@@ -165,6 +169,8 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         # at_chance calls, over null and dosed trials, whose verdict interval had zero width (issue 51: the
         # earned bound makes this 0)
         "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in every),
+        # trials whose data interval had zero width (the corner the earned bound exists for), any verdict
+        "zero_width_intervals": sum(zero_width(t, certification=False) for t in every),
     }
     if extra:
         out["extra_nulls"] = extra
@@ -181,7 +187,7 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     if entry.interval == "newcombe":
         # The verdict's interval is not a t interval (SpliTEE: Newcombe's, on proportions near 0), so the
         # t-based helper does not apply: the margin the null trials' own intervals lie within 80 % of the time.
-        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.interval for t in nulls))
+        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.certified_by or t.interval for t in nulls))
         out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
         out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
     elif entry.n_examples >= 2:
@@ -421,7 +427,9 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
         lo, hi = cell.ci_pp
         v = controls.classify(lo, hi, reference, margin_pp, positive_passed=True,
                               negative_passed=neg.ci_pp[1] <= margin_pp, certify=cell.earned_ci_pp)
-        return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference))
+        e_lo, e_hi = cell.earned_ci_pp
+        return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference),
+                     certified_by=(e_lo - reference, e_hi - reference))
 
     def null(rng):
         seed = int(rng.integers(1 << 30))
@@ -520,7 +528,8 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
         full = [inject(s, sorted(ev.token_ids)) for ev, s in zip(evidence, null_sets)]
         v = leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets), k,
                          margin_pp, positive_margin_pp, per_item_bound_pp)
-        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]))
+        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]),
+                     certified_by=tuple(v["null_excess_token_er_earned_ci"]))
 
     def null(rng):
         return trial(draw(rng), rng)
@@ -617,7 +626,7 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     import torch
 
     from attacks.splitee.sequential import MAP_REFERENCES, MAP_VERDICT
-    from metrics.proportions import newcombe_paired, paired_table
+    from metrics.proportions import newcombe_earned, newcombe_paired, paired_table
 
     if map_reference not in MAP_REFERENCES:
         raise ValueError(f"map_reference must be one of {MAP_REFERENCES}, got {map_reference!r}")
@@ -669,9 +678,11 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     def verdict(first, second, reference: str):
         table = paired_table(first.tolist(), second.tolist())
         theta, lo, hi = newcombe_paired(*table)
+        e_lo, e_hi = newcombe_earned(*table)
         v, _why = controls.sequential_verdict(100 * lo, 100 * hi, margin_pp, teacher_forced=True,
-                                              pruning_recall=None, min_recall=min_recall, reference=reference)
-        return v, 100 * theta, (100 * lo, 100 * hi), table
+                                              pruning_recall=None, min_recall=min_recall, reference=reference,
+                                              certify=(100 * e_lo, 100 * e_hi))
+        return v, 100 * theta, (100 * lo, 100 * hi), table, (100 * e_lo, 100 * e_hi)
 
     def trial(dose: float, rng) -> Trial:
         idx = rng.choice(n_pool, positions, replace=False)
@@ -688,12 +699,12 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         # MAP against both references on the same trial: the configured one decides, the other is reported
         against = {"prior": prior_hits, "null_view": ref_map == truth}
         read = {r: verdict(map1 == truth, against[r], MAP_VERDICT[r][1]) for r in MAP_REFERENCES}
-        v_map, diff, interval, table = read[map_reference]
-        v_lik, lik_diff, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
+        v_map, diff, interval, table, earned = read[map_reference]
+        v_lik, lik_diff, _, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
         parts, stats = {"map": v_map, "likelihood": v_lik}, {"map": diff, "likelihood": lik_diff}
         for r in others:
             parts[f"map_against_{r}"], stats[f"map_against_{r}"] = read[r][0], read[r][1]
-        return Trial(controls.worst([v_map, v_lik]), diff, parts, interval, table, stats)
+        return Trial(controls.worst([v_map, v_lik]), diff, parts, interval, table, stats, earned)
 
     reads = "MAP − prior" if map_reference == "prior" else "MAP − MAP on the null view"
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "

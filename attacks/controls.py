@@ -247,7 +247,8 @@ def repeat_leak_k(m: dict[str, Any]) -> int | None:
 
 def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_forced: bool,
                        pruning_recall: Sequence[float] | None, min_recall: float, reference: str,
-                       decisive_misses: int | None = None) -> tuple[str, str]:
+                       decisive_misses: int | None = None, certify: tuple[float, float] | None = None
+                       ) -> tuple[str, str]:
     """The verdict of a sequential attacker (attacks/splitee/sequential.py) and why, from the 95% interval
     [lo, hi] (percentage points) of its paired top-1 difference against its `reference` on the same
     positions (MAP: the prior alone; likelihood: the same attacker on a null view), with m = margin_pp:
@@ -267,10 +268,14 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
     pruned one does, position by position, so the pruned hits bound the unpruned ones from above: the side an
     at_chance claim needs (docs/sequential_attack.md, "Pruning at small ε").
 
-    A leak needs neither teacher forcing nor full recall: what was recovered was recovered."""
+    A leak needs neither teacher forcing nor full recall: what was recovered was recovered. The at_chance
+    condition on the interval reads `certify` where given (the interval the table earned,
+    metrics.proportions.newcombe_earned, issue 51), [lo, hi] otherwise; a zero-width one never certifies."""
     if lo_pp > margin_pp:
         return LEAK, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies above +{margin_pp:g} pp"
     reasons = []
+    if certify is not None:      # the certification's interval, not the data's (issue 51)
+        lo_pp, hi_pp = certify
     case = interval_case(lo_pp, hi_pp, 0.0, margin_pp)
     if case == "below":
         reasons.append(f"below {reference}: [{lo_pp:.2f}, {hi_pp:.2f}] pp (the attacker failed, which says "

@@ -148,8 +148,10 @@ def mean_plan(sd_null_pp: float, sd_dosed_pp: float, n: int, margin_pp: float, d
     return Plan(n, margin_pp, dose_pp, se0, se1, certify, power)
 
 
-def _newcombe_vec(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """metrics.proportions.newcombe_paired (lo, hi) for arrays of tables, as fractions."""
+def _newcombe_vec(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, earned: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """metrics.proportions.newcombe_paired (lo, hi) for arrays of tables, as fractions; with `earned`,
+    newcombe_earned's."""
     z = float(stats.norm.ppf(0.975))
     n = a + b + c + d
 
@@ -167,13 +169,16 @@ def _newcombe_vec(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) ->
     theta = (b - c) / n
     lo = theta - np.sqrt(np.maximum(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     hi = theta + np.sqrt(np.maximum(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
-    # newcombe_paired's earned widening (module comment, "the bound a sample earned"), vectorised
-    k = b + c
-    share = np.where(k >= n, 1.0, stats.beta.ppf(0.975, k + 1, np.maximum(n - k, 1)))
-    var = np.maximum(0.0, k / n - theta * theta) * n / np.maximum(n - 1, 1)
-    var_u = np.maximum(var, share * 1.0 - theta * theta)      # Σd²/k = 1 for d ∈ {−1, 1}
+    # newcombe_paired's floor ±h₀, and newcombe_earned's half-width (module comment, "the bound a sample
+    # earned"), vectorised
     h0 = 1.0 - 0.025 ** (1.0 / n)
-    half = np.where(k == 0, h0, np.maximum(z * np.sqrt(var_u / n), h0))
+    half = h0
+    if earned:
+        k = b + c
+        share = np.where(k >= n, 1.0, stats.beta.ppf(0.975, k + 1, np.maximum(n - k, 1)))
+        var = np.maximum(0.0, k / n - theta * theta) * n / np.maximum(n - 1, 1)
+        var_u = np.maximum(var, share * 1.0 - theta * theta)      # Σd²/k = 1 for d ∈ {−1, 1}
+        half = np.where(k == 0, h0, np.maximum(z * np.sqrt(var_u / n), h0))
     return np.maximum(-1.0, np.minimum(lo, theta - half)), np.minimum(1.0, np.maximum(hi, theta + half))
 
 
@@ -193,9 +198,9 @@ def paired_plan(n: int, base: float, discordance: float, margin_pp: float, dose_
         raise ValueError(f"a dose of {dose_pp} pp exceeds the units where both are wrong ({100 * null[3]:.1f} %)")
     rng = np.random.default_rng(seed)
     out = []
-    for probs in (null, dosed):
+    for probs, earned in ((null, True), (dosed, False)):   # at_chance reads the earned interval, leak Newcombe's
         t = rng.multinomial(n, np.clip(probs, 0, None) / sum(np.clip(probs, 0, None)), size=draws)
-        out.append(_newcombe_vec(*t.T))
+        out.append(_newcombe_vec(*t.T, earned=earned))
     (lo0, hi0), (lo1, _) = out
     certify = float(np.mean((lo0 >= -m) & (hi0 <= m)))
     power = float(np.mean(lo1 > m))
@@ -228,10 +233,10 @@ def paired_plan(n: int, base: float, discordance: float, margin_pp: float, dose_
 # can promise: (i) no sample of n earns less than ±h₀, so no differing item ever makes the bound tighter than
 # the all-zero sample's; (ii) along a sweep of k = 0..n items that differ by the same x (either sign), neither
 # the reach max(|lo|, |hi|) nor the end on x's side ever falls (the t interval alone falls at the corner, from
-# a positive width at k = 1 to 0 at k = 0, and again at k = n); (iii) Newcombe's paired interval
-# (metrics.proportions.newcombe_paired) gets the same rule with d_i ∈ {−1, 0, 1} (B = 100 pp, which no paired
-# proportion can exceed): its upper end never falls as b grows, its lower end never rises as c grows. A
-# general sample can narrow when an added item lands near its mean (s falls): that is the t interval's own
+# a positive width at k = 1 to 0 at k = 0, and again at k = n); (iii) Newcombe's paired interval gets the floor
+# (metrics.proportions.newcombe_paired) and the whole rule (newcombe_earned) with d_i ∈ {−1, 0, 1} (B = 100 pp,
+# which no paired proportion can exceed): their upper ends never fall as b grows, their lower never rise as c
+# grows. A general sample can narrow when an added item lands near its mean (s falls): that is the t interval's own
 # behaviour, not a corner effect. tests/test_metrics.py sweeps all three.
 
 

@@ -66,6 +66,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
         metrics[f"{name}_zero_spread_certifications"] = r["zero_spread_certifications"]
+        metrics[f"{name}_zero_width_intervals"] = r["zero_width_intervals"]
         for null, x in r.get("extra_nulls", {}).items():     # collab: random ids with 2× the null's steps
             metrics[f"{name}_{null}_false_leak_rate"] = x["false_leak_rate"]["rate"]
             metrics[f"{name}_{null}_certify_rate"] = x["certify_rate"]["rate"]
@@ -93,6 +94,8 @@ DEFINITIONS = {
     "systems.<system>.zero_spread_certifications": "at_chance calls (null and dosed trials) whose verdict "
                                                    "interval had zero width; 0 since at_chance reads the bound "
                                                    "the sample earned (metrics/equivalence.py, issue 51)",
+    "systems.<system>.zero_width_intervals": "trials (null and dosed) whose data interval had zero width, whatever "
+                                             "their verdict: the corner the earned bound exists for",
     "systems.<system>.extra_nulls": "further nulls read with the same verdict, each with false_leak_rate and "
                                     "certify_rate (collab: long_random_ids, random ids with 2x the null's steps)",
     "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
@@ -125,7 +128,7 @@ def summary(results: dict[str, Any]) -> str:
                      f"{cert['n']}, power {power}; certifiable margin "
                      f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']} "
                      f"(sized for {planned.get('n_needed', '?')}); zero-spread certifications "
-                     f"{r['zero_spread_certifications']}")
+                     f"{r['zero_spread_certifications']} (zero-width intervals {r['zero_width_intervals']})")
         for null, x in r.get("extra_nulls", {}).items():
             lines.append(f"    {null}: false leak {x['false_leak_rate']['k']}/{x['false_leak_rate']['n']}, "
                          f"at chance {x['certify_rate']['k']}/{x['certify_rate']['n']}")

@@ -402,27 +402,44 @@ def test_earned_bound_never_tightens_as_more_items_differ(n, x):
         prev = now
 
 
-def test_newcombe_paired_is_never_zero_width_and_is_monotone():
+@pytest.mark.parametrize("which", ["newcombe_paired", "newcombe_earned"])
+def test_newcombe_paired_is_never_zero_width_and_is_monotone(which):
     """(a, 0, 0, a) gave [0, 0] (φ = 1 cancels the Wilson margins) and one discordant pair against the direction
-    raised the upper end; now the corner earns ±CP_U(0, n) and the upper end never falls as b grows (the lower
-    never rises as c grows), nor the reach as either does."""
+    raised the upper end (0 → 2.79 % at (14, 0, 1, 15)); now the corner reaches ±CP_U(0, n), and the upper end
+    never falls as b grows (the lower never rises as c grows), nor the reach as either does: Newcombe's interval
+    (the floor) and the earned one alike."""
     from metrics.equivalence import _newcombe_vec
-    from metrics.proportions import newcombe_paired
+    from metrics.proportions import newcombe_earned, newcombe_paired
 
-    theta, lo, hi = newcombe_paired(15, 0, 0, 15)
-    assert theta == 0 and hi == pytest.approx(1 - 0.025 ** (1 / 30)) and lo == -hi
-    assert newcombe_paired(200, 0, 0, 200)[2] == pytest.approx(0.00918, abs=1e-5)
+    def interval(a, b, c, d):
+        return newcombe_paired(a, b, c, d)[1:] if which == "newcombe_paired" else newcombe_earned(a, b, c, d)
+
+    lo, hi = interval(15, 0, 0, 15)
+    assert hi == pytest.approx(1 - 0.025 ** (1 / 30)) and lo == -hi
+    assert interval(200, 0, 0, 200)[1] == pytest.approx(0.00918, abs=1e-5)
     for a, d in ((15, 15), (20, 10), (200, 200), (300, 100), (29, 1), (0, 60)):
-        ups = [newcombe_paired(a, b, 0, d - b)[2] for b in range(min(d, 12) + 1)]
+        ups = [interval(a, b, 0, d - b)[1] for b in range(min(d, 12) + 1)]
         assert all(v >= u - 1e-12 for u, v in zip(ups, ups[1:])), (a, d, ups)
-        lows = [newcombe_paired(a - c, 0, c, d)[1] for c in range(min(a, 12) + 1)]
+        lows = [interval(a - c, 0, c, d)[0] for c in range(min(a, 12) + 1)]
         assert all(v <= u + 1e-12 for u, v in zip(lows, lows[1:])), (a, d, lows)
-        reach = [max(-lo, hi) for _, lo, hi in (newcombe_paired(a, b, 0, d - b) for b in range(min(d, 12) + 1))]
+        reach = [max(-lo, hi) for lo, hi in (interval(a, b, 0, d - b) for b in range(min(d, 12) + 1))]
         assert all(v >= u - 1e-12 for u, v in zip(reach, reach[1:])), (a, d, reach)
     # the vectorised form the sizing rule simulates with is the same interval
-    t = np.array([[15, 0, 0, 15], [200, 3, 1, 196], [10, 5, 0, 85]])
-    lo, hi = _newcombe_vec(*t.T)
-    assert np.allclose(np.c_[lo, hi], [newcombe_paired(*r)[1:] for r in t.tolist()])
+    t = np.array([[15, 0, 0, 15], [200, 3, 1, 196], [10, 5, 0, 85], [200, 1, 0, 199]])
+    lo, hi = _newcombe_vec(*t.T, earned=which == "newcombe_earned")
+    assert np.allclose(np.c_[lo, hi], [interval(*r) for r in t.tolist()])
+
+
+def test_newcombe_earned_reaches_the_exact_bound_with_one_discordant_pair():
+    """(200, 1, 0, 199): Newcombe's upper end (with its floor) is 1.17 %; the exact bound on θ ≤ p_b is
+    CP_U(1, 400) = 1.39 %, and the earned interval reaches 1.40 %. Far from the corner the earned interval
+    contains Newcombe's and costs about a tenth of its width (20 % discordance of 400: the share's upper bound,
+    24 %, sets the variance)."""
+    from metrics.proportions import clopper_pearson, newcombe_earned, newcombe_paired
+
+    assert newcombe_paired(200, 1, 0, 199)[2] < 0.012 < clopper_pearson(1, 400)[1] <= newcombe_earned(200, 1, 0, 199)[1]
+    (e_lo, e_hi), (_, lo, hi) = newcombe_earned(60, 60, 20, 260), newcombe_paired(60, 60, 20, 260)
+    assert e_lo <= lo and hi <= e_hi and (e_hi - e_lo) <= 1.15 * (hi - lo)
 
 
 def test_earned_bound_covers_few_large_differences_where_t_does_not():

@@ -812,7 +812,8 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: 
         v, why = controls.sequential_verdict(m[f"{key}_ci_lo"], m[f"{key}_ci_hi"], margin_pp,
                                              teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
                                              min_recall=settings.min_pruning_recall, reference=reference,
-                                             decisive_misses=decisive_misses(MAP))
+                                             decisive_misses=decisive_misses(MAP),
+                                             certify=(m[f"{key}_earned_ci_lo"], m[f"{key}_earned_ci_hi"]))
         m["map_reference"], m["verdict_map_reads"] = settings.map_reference, key
         m["verdict_map"], m["verdict_map_reason"] = v, why
         judged.append((v, f"MAP: {why}"))
@@ -824,7 +825,9 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: 
                                              pruning_recall=outcome.recall(LIKELIHOOD),
                                              min_recall=settings.min_pruning_recall,
                                              reference="the same attacker on a null view",
-                                             decisive_misses=decisive_misses(LIKELIHOOD))
+                                             decisive_misses=decisive_misses(LIKELIHOOD),
+                                             certify=(m["likelihood_minus_null_earned_ci_lo"],
+                                                      m["likelihood_minus_null_earned_ci_hi"]))
         m["verdict_likelihood"], m["verdict_likelihood_reason"] = v, why
         judged.append((v, f"likelihood: {why}"))
     if judged:
