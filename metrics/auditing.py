@@ -138,12 +138,13 @@ class Audit:
     n_trials: int
     points: list[OperatingPoint]
     mu_lower: float                   # the headline: max over targets at 1 − α jointly, clamped at 0
+    mu_cap: float                     # the largest headline these trial counts can give (a perfect test)
     separation: tuple[float, float, float]
     roc: tuple[list[float], list[float]]
 
     def record(self) -> dict:
         d, lo, hi = self.separation
-        return {"n_trials": self.n_trials, "empirical_mu_lower": self.mu_lower,
+        return {"n_trials": self.n_trials, "empirical_mu_lower": self.mu_lower, "mu_cap": self.mu_cap,
                 "mu_estimate": d, "mu_estimate_ci": [lo, hi],
                 "tpr_at_fpr": [p.record() for p in self.points],
                 "roc": {"fpr_pct": [100.0 * v for v in self.roc[0]], "tpr_pct": [100.0 * v for v in self.roc[1]]}}
@@ -170,4 +171,7 @@ def audit(scores: Sequence[float], labels: Sequence[int], *, targets: Sequence[f
         joint = _mu_lower(tp, pos.size, fp, neg.size, alpha / len(targets))[2]
         points.append(OperatingPoint(float(target), t, tp, pos.size, fp, neg.size, tpr_ci, fpr_ci, mu, joint))
     lower = max([p.mu_lower_joint for p in points if p.mu_lower_joint is not None], default=0.0)
-    return Audit(int(s.size), points, max(0.0, lower), separation(s, y, alpha), thin(*roc_curve(s, y)))
+    # a test that separates the evaluation half perfectly: every positive above, no negative
+    cap = _mu_lower(pos.size, pos.size, 0, neg.size, alpha / len(targets))[2]
+    return Audit(int(s.size), points, max(0.0, lower), float(cap), separation(s, y, alpha),
+                 thin(*roc_curve(s, y)))

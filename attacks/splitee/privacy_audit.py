@@ -252,7 +252,8 @@ def _flat(audit: dict) -> dict:
     """One scope's flat metrics: the bound, the fit with its interval, the pair's and the accountant's μ, and TPR
     at each target FPR (%, keyed by the target in %) with its Clopper–Pearson interval."""
     lo, hi = audit["mu_estimate_ci"]
-    return {"empirical_mu_lower": audit["empirical_mu_lower"], "mu_estimate": audit["mu_estimate"],
+    return {"empirical_mu_lower": audit["empirical_mu_lower"], "mu_cap": audit["mu_cap"],
+            "mu_estimate": audit["mu_estimate"],
             "mu_estimate_ci_lo": lo, "mu_estimate_ci_hi": hi, "pair_mu": audit["pair_mu"],
             "accountant_mu": audit["accountant_mu"],
             "tpr_at_fpr": {f"{p['fpr_target_pct']:g}": p["tpr_pct"] for p in audit["tpr_at_fpr"]},
