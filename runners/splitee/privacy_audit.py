@@ -58,7 +58,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     prompt = inputs.prompts[s.prompt]
     start = sq.public_prefix_length(tokenizer, prompt, inputs.workload.chat_template)
     a, i = pa.submission(prompt, start, s)
-    eps_length = len(a) - start if cfg.epn_n == "text" else len(a)   # EPN's n of the submission as sent
+    # EPN's n of the submission as sent: its text tokens (after the header, if a template put one there) or all
+    header = start if inputs.workload.chat_template else 0
+    eps_length = len(a) - header if cfg.epn_n == "text" else len(a)
     sigmas = sq.op_sigmas(model, configuration, epsilon, [eps_length], keys, **engine_kw)[0]
     exposure_epsilon = configurations.exposure_epsilons(configuration, epsilon, [eps_length],
                                                         engine_kw["sigma_scale"])[0]
