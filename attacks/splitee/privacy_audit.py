@@ -226,9 +226,10 @@ def summarise(games: dict[str, tuple[Pair, dict[str, np.ndarray]]], acc: dict, s
                "exposure": pair_mu({first_key: pair.means_a[first_key][:1]}, {first_key: pair.means_b[first_key][:1]},
                                    sigmas)}
         accounted = {"submission": acc["mu"], "exposure": acc["exposure_epsilon"]}
-        entry = {"pair": pair.kind, "position": pair.position, "n_tokens": pair.n,
-                 "token_a": pair.a[pair.position], "token_b": pair.b[pair.position],
-                 "text_a": decode([pair.a[pair.position]]), "text_b": decode([pair.b[pair.position]]),
+        b = pair.a if game == NULL else pair.b     # the null game submits A under both labels
+        entry = {"pair": game, "position": pair.position, "n_tokens": pair.n,
+                 "token_a": pair.a[pair.position], "token_b": b[pair.position],
+                 "text_a": decode([pair.a[pair.position]]), "text_b": decode([b[pair.position]]),
                  "n_trials": int(scores["labels"].size), "n_a": int(scores["labels"].sum())}
         for scope in SCOPES:
             audit = auditing.audit(scores[scope], scores["labels"], targets=settings.fpr, seed=seed).record()

@@ -87,7 +87,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "roc": roc,
     }
     # one line per game: every trial's label (1 = A) and LLRs, so the audit can be recomputed; output_ids is B
-    samples = [{"id": inputs.workload.prompts[s.prompt].id, "game": g, "output_ids": pair.b,
+    samples = [{"id": inputs.workload.prompts[s.prompt].id, "game": g, "output_ids": pair.a if g == pa.NULL else pair.b,
                 "labels": scores["labels"].tolist(), "submission_llr": scores["submission"].tolist(),
                 "exposure_llr": scores["exposure"].tolist()} for g, (pair, scores) in games.items()]
     return common.finish(cfg, ctx, results, samples, summary=summary,

@@ -176,6 +176,13 @@ def test_privacy_audit_smoke_through_the_cli_and_its_report(tmp_path):
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [s["game"] for s in samples] == ["worst_case", "typical", "null"]
     assert len(samples[0]["labels"]) == len(samples[0]["submission_llr"]) == 200
+    # the export: TPR at each target FPR a row with its Clopper–Pearson interval, the bounds beside them
+    from runners.export import table
+
+    rows = {r["metric"]: r for r in table(out)[0]}
+    assert rows["tpr_at_fpr[10]"]["value"] == m["tpr_at_fpr"]["10"]
+    assert [rows["tpr_at_fpr[10]"]["ci_lo"], rows["tpr_at_fpr[10]"]["ci_hi"]] == m["tpr_at_fpr_ci"]["10"]
+    assert rows["empirical_mu_lower"]["value"] == m["empirical_mu_lower"] and "typical_exposure_accountant_mu" in rows
     from runners.report.cli import main as report_main
 
     assert report_main([str(out), "--include-tagged", "smoke"]) == 0

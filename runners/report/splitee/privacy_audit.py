@@ -91,7 +91,7 @@ def table_md(group: AuditGroup) -> str:
                 lo, hi = e["mu_estimate_ci"]
                 rows.append([f"{eps:g}" if eps is not None else "—", game,
                              f"`{entry['text_a']!r}` → `{entry['text_b']!r}`", label, _fmt(e["empirical_mu_lower"]),
-                             _fmt(e["mu_cap"], 2),
+                             _fmt(e.get("mu_cap"), 2),
                              f"{e['mu_estimate']:.3f} [{lo:.3f}, {hi:.3f}]", _fmt(e["pair_mu"]),
                              _fmt(e["accountant_mu"]), *[_tpr(p) for p in e["tpr_at_fpr"]]])
     return md_table(headers, rows)
@@ -99,24 +99,29 @@ def table_md(group: AuditGroup) -> str:
 
 def plot_mu(group: AuditGroup, path: Path) -> None:
     """μ against ε, log axes, one panel per scope: the accountant's μ, each game's pair μ, Gaussian fit (95%
-    interval) and empirical lower bound (a bound of 0 cannot be drawn on a log axis and is left out)."""
+    interval) and empirical lower bound (a bound of 0 cannot be drawn on a log axis and is left out; an interval
+    reaching 0 is cut at the panel's floor)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.0), sharey=True)
+    values = [v for r in group.runs for entry in _games(r).values() for scope, _ in SCOPES
+              for v in (entry[scope]["pair_mu"], entry[scope]["mu_estimate"], entry[scope]["empirical_mu_lower"],
+                        entry[scope]["accountant_mu"]) if v and v > 0]
+    floor = min(values, default=1.0) / 3
     for ax, (scope, label) in zip(axes, SCOPES):
         eps = [_eps(r) for r in group.runs]
         acc = [next(iter(_games(r).values()))[scope]["accountant_mu"] for r in group.runs]
-        ax.plot(eps, acc, "-", color="black", label="accountant μ")
+        ax.plot(eps, acc, "s-", color="black", markersize=4, label="accountant μ")
         for game, colour in GAME_COLOURS.items():
             rows = [(_eps(r), _games(r)[game][scope]) for r in group.runs if game in _games(r)]
             if not rows:
                 continue
             if game != "null":
-                ax.plot([x for x, _ in rows], [e["pair_mu"] for _, e in rows], "--", color=colour,
+                ax.plot([x for x, _ in rows], [e["pair_mu"] for _, e in rows], "x--", color=colour,
                         label=f"{game}: pair μ")
             fit = [(x, e["mu_estimate"], *e["mu_estimate_ci"]) for x, e in rows if e["mu_estimate"] > 0]
             if fit:
                 ax.errorbar([f[0] for f in fit], [f[1] for f in fit],
-                            yerr=[[f[1] - max(f[2], f[1] * 1e-3) for f in fit], [f[3] - f[1] for f in fit]],
+                            yerr=[[f[1] - max(f[2], floor) for f in fit], [f[3] - f[1] for f in fit]],
                             fmt="o", color=colour, capsize=3, markersize=4, label=f"{game}: μ fit (95% CI)")
             low = [(x, e["empirical_mu_lower"]) for x, e in rows if e["empirical_mu_lower"] > 0]
             if low:
@@ -124,6 +129,7 @@ def plot_mu(group: AuditGroup, path: Path) -> None:
                         markerfacecolor="none", label=f"{game}: μ lower bound (95%)")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_ylim(bottom=floor)
         ax.set_xlabel("ε (per exposure)")
         ax.set_title(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
@@ -135,8 +141,9 @@ def plot_mu(group: AuditGroup, path: Path) -> None:
 
 
 def plot_roc(group: AuditGroup, path: Path) -> None:
-    """The first pair's ROC curves of the whole submission at each ε (log axes), each beside the trade-off the
-    accountant's μ allows, TPR = Φ(Φ⁻¹(FPR) + μ) (dotted), and chance."""
+    """The first pair's ROC curves of the whole submission at each ε (log axes), each beside the trade-offs
+    TPR = Φ(Φ⁻¹(FPR) + μ) of the pair's own μ (dashed: what the mechanism gives this pair) and of the
+    accountant's μ (dotted: what the label allows), and chance."""
     from scipy import stats
 
     plt = pyplot()
@@ -152,9 +159,10 @@ def plot_roc(group: AuditGroup, path: Path) -> None:
         pts = [(f / 100, t / 100) for f, t in zip(curve["fpr_pct"], curve["tpr_pct"]) if f > 0 and t > 0]
         ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color=colour,
                 label=f"ε={_eps(run):g}: {game}")
-        mu = games[game]["submission"]["accountant_mu"]
-        ax.plot(grid, [max(1e-4, float(stats.norm.cdf(stats.norm.ppf(f) + mu))) for f in grid], ":", color=colour,
-                label=f"ε={_eps(run):g}: accountant (μ={mu:.3g})")
+        for key, style, name in (("pair_mu", "--", "the pair"), ("accountant_mu", ":", "accountant")):
+            mu = games[game]["submission"][key]
+            ax.plot(grid, [max(1e-4, float(stats.norm.cdf(stats.norm.ppf(f) + mu))) for f in grid], style,
+                    color=colour, lw=0.9, label=f"ε={_eps(run):g}: {name}'s μ = {mu:.3g}")
     ax.plot(grid, grid, "-", color="gray", lw=0.8, label="chance")
     ax.set_xscale("log")
     ax.set_yscale("log")
