@@ -16,7 +16,7 @@ from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "privacy_audit"
 SCOPES = (("submission", "whole submission"), ("exposure", "one exposure"))
-GAME_COLOURS = {"worst_case": "C3", "typical": "C0", "null": "C7"}
+GAME_COLOURS = {"worst_case": "C3", "typical": "C0"}   # the pairs the μ figure draws (not the null)
 INTRO = ("Two prompts that differ in one token (A, and B: its worst-case neighbour, whose exposures differ most, or "
          "its typical one, the model's likeliest other token there) are submitted through the split engine, a fair "
          "coin choosing for each trial, and the auditor scores every view by the log-likelihood ratio of A against B "
@@ -89,8 +89,9 @@ def table_md(group: AuditGroup) -> str:
             for scope, label in SCOPES:
                 e = entry[scope]
                 lo, hi = e["mu_estimate_ci"]
-                rows.append([f"{eps:g}" if eps is not None else "—", game,
-                             f"`{entry['text_a']!r}` → `{entry['text_b']!r}`", label, _fmt(e["empirical_mu_lower"]),
+                # the null game submits A under both labels (runs before the fix recorded the first pair's B)
+                swap = "itself" if game == "null" else f"`{entry['text_b']!r}`"
+                rows.append([f"{eps:g}" if eps is not None else "—", game, f"`{entry['text_a']!r}` → {swap}", label, _fmt(e["empirical_mu_lower"]),
                              _fmt(e.get("mu_cap"), 2),
                              f"{e['mu_estimate']:.3f} [{lo:.3f}, {hi:.3f}]", _fmt(e["pair_mu"]),
                              _fmt(e["accountant_mu"]), *[_tpr(p) for p in e["tpr_at_fpr"]]])
@@ -98,12 +99,12 @@ def table_md(group: AuditGroup) -> str:
 
 
 def plot_mu(group: AuditGroup, path: Path) -> None:
-    """μ against ε, log axes, one panel per scope: the accountant's μ, each game's pair μ, Gaussian fit (95%
+    """μ against ε, log axes, one panel per scope: the accountant's μ, each pair's own μ, Gaussian fit (95%
     interval) and empirical lower bound (a bound of 0 cannot be drawn on a log axis and is left out; an interval
-    reaching 0 is cut at the panel's floor)."""
+    reaching 0 is cut at the panel's floor). The null game's μ is 0: the table shows it."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.0), sharey=True)
-    values = [v for r in group.runs for entry in _games(r).values() for scope, _ in SCOPES
+    values = [v for r in group.runs for game, entry in _games(r).items() if game != "null" for scope, _ in SCOPES
               for v in (entry[scope]["pair_mu"], entry[scope]["mu_estimate"], entry[scope]["empirical_mu_lower"],
                         entry[scope]["accountant_mu"]) if v and v > 0]
     floor = min(values, default=1.0) / 3
@@ -115,9 +116,8 @@ def plot_mu(group: AuditGroup, path: Path) -> None:
             rows = [(_eps(r), _games(r)[game][scope]) for r in group.runs if game in _games(r)]
             if not rows:
                 continue
-            if game != "null":
-                ax.plot([x for x, _ in rows], [e["pair_mu"] for _, e in rows], "x--", color=colour,
-                        label=f"{game}: pair μ")
+            ax.plot([x for x, _ in rows], [e["pair_mu"] for _, e in rows], "x--", color=colour,
+                    label=f"{game}: pair μ")
             fit = [(x, e["mu_estimate"], *e["mu_estimate_ci"]) for x, e in rows if e["mu_estimate"] > 0]
             if fit:
                 ax.errorbar([f[0] for f in fit], [f[1] for f in fit],
@@ -134,7 +134,10 @@ def plot_mu(group: AuditGroup, path: Path) -> None:
         ax.set_title(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("μ (Gaussian DP)")
-    legend_outside(axes[1])
+    # one legend for both panels: a series missing from one (a fit ≤ 0) is still named
+    named = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    axes[1].legend(named.values(), named.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                   borderaxespad=0.0, frameon=False)
     fig.suptitle(group.title, fontsize=8)
     fig.tight_layout()
     save(fig, path)
