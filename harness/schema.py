@@ -232,6 +232,21 @@ class AttackConfig:
 
 
 @dataclass
+class PrivacyAuditConfig:
+    """The empirical privacy audit (runner privacy_audit; attacks/splitee/privacy_audit.py Settings)."""
+
+    pairs: List[str] = MISSING            # of worst_case | typical: the neighbours B of the prompt A
+    trials: int = MISSING                 # engine submissions per pair, a fair coin choosing A or B
+    prompt: int = MISSING                 # which of the workload's prompts gives A
+    position: int = MISSING               # the differing token: this many text tokens after the public header
+    suffix: int = MISSING                 # prompt tokens kept after it
+    candidates: int = MISSING             # worst case: the farthest tokens at layer 0 ranked by the whole submission
+    null_game: bool = MISSING             # also the null game (A against A)
+    fpr: List[float] = MISSING            # target false-positive rates of the audit's thresholds
+    batch_size: int = MISSING             # trials per engine submission batch
+
+
+@dataclass
 class RestoreConfig:
     """Restoring attack reconstructions with an instruct model (runner restore, paper §7.4.4 Table 7)."""
 
@@ -285,6 +300,7 @@ class _SharedConfig:
     fp_error: FpErrorConfig = MISSING
     controlled_error: ControlledErrorConfig = MISSING
     attack: AttackConfig = MISSING
+    privacy_audit: PrivacyAuditConfig = MISSING
     restore: RestoreConfig = MISSING
     # The systems' own sections come here, from the systems registry (SYSTEM_SECTIONS below).
     semantic_model: Optional[str] = MISSING
@@ -366,6 +382,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     _check_attack(cfg.attack)
     if cfg.runner == "sequential_attack":   # the one runner that reads the null view
         _check_sequential_reference(cfg.attack.sequential)
+    _check_privacy_audit(cfg.privacy_audit)
     _check_restore(cfg)
     for section, module in SYSTEM_SECTIONS.items():
         module.check(cfg[section], cfg)
@@ -603,6 +620,25 @@ def _check_sequential_reference(seq: DictConfig) -> None:
     if seq.pruning_rule == "no_decisive_miss" and seq.mode != "teacher_forced":
         raise UserError("attack.sequential.pruning_rule=no_decisive_miss scores the truth after the true prefix, "
                         "which needs attack.sequential.mode=teacher_forced")
+
+
+AUDIT_PAIRS = ("worst_case", "typical")   # attacks/splitee/privacy_audit.py PAIRS
+
+
+def _check_privacy_audit(audit: DictConfig) -> None:
+    """What no audit can run with; the prompt's length is checked at run time (attacks/splitee/privacy_audit.py)."""
+    pairs = list(audit.pairs)
+    if not pairs or any(p not in AUDIT_PAIRS for p in pairs) or len(set(pairs)) != len(pairs):
+        raise UserError(f"privacy_audit.pairs must be distinct values from {', '.join(AUDIT_PAIRS)}, got {pairs}")
+    # each half of the audit (calibration, evaluation) needs trials of both labels
+    check_at_least("privacy_audit.trials", audit.trials, 16)
+    for key in ("prompt", "position", "suffix"):
+        check_at_least(f"privacy_audit.{key}", audit[key], 0)
+    for key in ("candidates", "batch_size"):
+        check_at_least(f"privacy_audit.{key}", audit[key], 1)
+    fpr = list(audit.fpr)
+    if not fpr or any(not 0 < f < 1 for f in fpr) or len(set(fpr)) != len(fpr):
+        raise UserError(f"privacy_audit.fpr must be distinct false-positive rates in (0, 1), got {fpr}")
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")
