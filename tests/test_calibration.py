@@ -17,7 +17,7 @@ from metrics.intervals import mean_t_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import CONF, compose_config, model_cfg, run_cli_in_process
+from .conftest import CONF, _share_tokenizer_cache, compose_config, model_cfg, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -243,6 +243,7 @@ def test_splitee_pool_is_cut_in_order_from_a_text_file(tmp_path):
     from harness.errors import UserError
     from harness.models import load_model
 
+    _share_tokenizer_cache(tmp_path)     # the tokenizer parsed once per machine, not once per run of this test
     tok = load_model(model_cfg("tiny-llama"), cache_dir=tmp_path).tokenizer
     path = tmp_path / "pool.txt"
     path.write_text(" = A heading = \nThe cat sat on the mat.\n\nA second paragraph, longer than the first one is.\n")
