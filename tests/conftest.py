@@ -3,6 +3,9 @@
 
 Every CLI run gets WANDB_MODE=disabled, its own output dir and cache dir under tmp_path, and the
 repository root as working directory, so tests never touch ~/.cache or ./outputs and never reach W&B.
+
+A test that runs a Flower simulation asks for `flower_ray`: Ray started once per session (per xdist worker),
+and the test rerun once, reported as a rerun, when a Ray worker died under it.
 """
 from __future__ import annotations
 
