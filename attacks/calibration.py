@@ -596,8 +596,8 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
 
 def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
                   doses_pp: Sequence[float], gate_dose_pp: float, map_reference: str,
-                  planning: dict[str, float] | None = None, chunk: int = 128, pool: str = "the built-in corpus"
-                  ) -> Entry:
+                  planning: dict[str, float] | None = None, chunk: int = 128, block: int = 4096,
+                  pool: str = "the built-in corpus") -> Entry:
     """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
     worst of MAP against its reference and the likelihood attacker against itself on a null view), on
     the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
@@ -620,9 +620,9 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     pool's prompts, priors and codebook (computed once); each trial draws its positions, other prompts and
     masks afresh.
 
-    Scores are computed `chunk` positions at a time: the Gaussian log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of
-    every token v (sequential.gaussian_scores up to the shared constant), its argmax (the likelihood
-    attacker), then plus the prior, its argmax (MAP)."""
+    Scores are computed `chunk` positions × `block` tokens at a time (`splitee_guesses`): the Gaussian
+    log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of every token v (sequential.gaussian_scores up to the shared
+    constant), its argmax (the likelihood attacker), then plus the prior, its argmax (MAP)."""
     import torch
 
     from attacks.splitee.sequential import MAP_REFERENCES, MAP_VERDICT
@@ -664,17 +664,6 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         noise = torch.as_tensor(rng.standard_normal(clear.shape), dtype=clear.dtype)
         return clear + torch.as_tensor(sigma, dtype=clear.dtype)[:, None] * noise
 
-    def guesses(y: torch.Tensor, sigma: np.ndarray, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """argmax of the likelihood and (with `idx`, the pool rows of the prior) of likelihood + prior."""
-        inv = torch.as_tensor(1.0 / (sigma * sigma), dtype=y.dtype)[:, None]
-        lik, post = [], []
-        for s in range(0, len(y), chunk):
-            scores = torch.addmm(half_sq, y[s:s + chunk], book_t).mul_(inv[s:s + chunk])
-            lik.append(scores.argmax(-1))
-            if idx is not None:
-                post.append(scores.add_(data.log_prior[torch.as_tensor(idx[s:s + chunk])]).argmax(-1))
-        return torch.cat(lik).numpy(), (torch.cat(post).numpy() if idx is not None else None)
-
     def verdict(first, second, reference: str):
         table = paired_table(first.tolist(), second.tolist())
         theta, lo, hi = newcombe_paired(*table)
@@ -693,9 +682,10 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         first = np.where(own, rows, other(rows, rng))
         second = other(rows, rng, avoid=first)
         sigma1 = np.where(own, data.dose_sigma, data.sigma)
-        lik1, map1 = guesses(view(first, pos, sigma1, rng), sigma1, idx)
+        lik1, map1 = splitee_guesses(data, book_t, half_sq, view(first, pos, sigma1, rng), sigma1, idx, chunk, block)
         sigma2 = np.full(positions, data.sigma)
-        ref, ref_map = guesses(view(second, pos, sigma2, rng), sigma2, idx)
+        ref, ref_map = splitee_guesses(data, book_t, half_sq, view(second, pos, sigma2, rng), sigma2, idx, chunk,
+                                      block)
         # MAP against both references on the same trial: the configured one decides, the other is reported
         against = {"prior": prior_hits, "null_view": ref_map == truth}
         read = {r: verdict(map1 == truth, against[r], MAP_VERDICT[r][1]) for r in MAP_REFERENCES}
@@ -718,6 +708,45 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
                  "positions", "newcombe", planning,
                  {"map": map_against, "likelihood": "the same attacker on a null view",
                   **{f"map_against_{r}": f"{MAP_VERDICT[r][1]} (reported, not part of the verdict)" for r in others}})
+
+
+class RunningArgmax:
+    """The argmax of each row of a matrix seen one block of rows × columns at a time: a later block's maximum
+    replaces the best so far only when strictly greater, so ties keep the first maximal column, as argmax does
+    over the whole row (torch's and numpy's alike)."""
+
+    def __init__(self, rows: int) -> None:
+        self.value = np.full(rows, -np.inf, np.float32)
+        self.index = np.zeros(rows, np.int64)
+
+    def update(self, block: np.ndarray, row: int, col: int) -> None:
+        # numpy's argmax: torch's CPU argmax over a row is ~20× slower, a third of the SpliTEE entry's time
+        at = block.argmax(-1)
+        best = block[np.arange(len(block)), at]
+        value, index = self.value[row:row + len(block)], self.index[row:row + len(block)]
+        better = best > value
+        value[better], index[better] = best[better], at[better] + col
+
+
+def splitee_guesses(data: SpliteeData, book_t: Any, half_sq: Any, y: Any, sigma: np.ndarray, idx: np.ndarray,
+                    chunk: int = 128, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Per exposure row of `y`: the argmax over tokens v of the Gaussian log-likelihood
+    (y·μ(v) − ‖μ(v)‖²/2)/σ² (`book_t` = μᵀ, `half_sq` = −‖μ(v)‖²/2), and of it plus the prior of pool row
+    `idx`. The scores are computed a tile of `chunk` rows × `block` tokens at a time (a tile stays in the
+    cache; the whole [rows, V] matrix never exists), each entry with the same arithmetic as the full matrix
+    (addmm, then × 1/σ², then + the prior), so the argmaxes are the full matrix's exactly."""
+    import torch
+
+    inv = torch.as_tensor(1.0 / (sigma * sigma), dtype=y.dtype)[:, None]
+    rows = torch.as_tensor(idx)
+    lik, post = RunningArgmax(len(y)), RunningArgmax(len(y))
+    for c in range(0, book_t.shape[1], block):
+        book_c, half_c, prior_c = book_t[:, c:c + block], half_sq[c:c + block], data.log_prior[:, c:c + block]
+        for s in range(0, len(y), chunk):
+            scores = torch.addmm(half_c, y[s:s + chunk], book_c).mul_(inv[s:s + chunk])
+            lik.update(scores.numpy(), s, c)
+            post.update(scores.add_(prior_c.index_select(0, rows[s:s + chunk])).numpy(), s, c)
+    return lik.index, post.index
 
 
 # system → factory(cfg, model) -> Entry. `cfg` is the whole composed config (each entry reads its own system's

@@ -47,6 +47,7 @@ reconstruction as hypothesis.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,25 @@ _DROP = ("mean_first_divergence", "n_diverging", "token_match_rate", "token_matc
 
 def floor(prompts: Sequence[Sequence[int]]) -> float:
     """Chance floor (token F1, %) over all pairs of distinct evaluation prompts."""
+    return _floor(_rows(prompts))
+
+
+# The floors are cached by content (the last few inputs, every token in the key): a calibration scores the same
+# truths against themselves in every one of its trials (attacks/calibration.py, splitft's positive-control arm).
+def _rows(rows: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(map(int, row)) for row in rows)
+
+
+@functools.lru_cache(maxsize=4)
+def _floor(prompts: tuple[tuple[int, ...], ...]) -> float:
     return chance_floor(prompts, mode=PRF_MODE)
+
+
+@functools.lru_cache(maxsize=4)
+def _exposure_free_f1(prompts: tuple[tuple[int, ...], ...], guesses: tuple[tuple[int, ...], ...]) -> float:
+    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
+    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
+    return sum(f1s) / len(f1s)
 
 
 @dataclass
@@ -196,9 +215,7 @@ def exposure_free_f1(prompts: Sequence[Sequence[int]], guesses: Sequence[Sequenc
     floor."""
     if len(prompts) != len(guesses) or len(prompts) < 2:
         raise ValueError(f"need at least 2 prompts and one guess each, got {len(prompts)} and {len(guesses)}")
-    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
-    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
-    return sum(f1s) / len(f1s)
+    return _exposure_free_f1(_rows(prompts), _rows(guesses))
 
 
 def recompute(m: dict[str, Any]) -> str | None:

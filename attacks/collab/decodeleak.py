@@ -97,15 +97,9 @@ def score_sets(all_sets: Sequence[Sequence[Sequence[int]]], evidence: Sequence[E
     """Recall curves (`metrics`, all by default; the verdict reads token_er) of each example's exposure sets;
     with `prior` (the floor's sets), of the *informed* attacker that adds its own no-signal guesses:
     E^K = E^K_signal ∪ E^K_floor (merged best ranks)."""
-    rows = []
-    for i, (sets, ev) in enumerate(zip(all_sets, evidence)):
-        ranks = first_rank(sets)
-        if prior is not None:
-            for token, r in first_rank(prior[i]).items():
-                if r < ranks.get(token, r + 1):
-                    ranks[token] = r
-        rows.append(recall_curves(ranks, ev, vocab, ks, metrics))
-    return Curves(rows)
+    # the informed attacker's best rank of an id: its best over the signal's steps and the floor's together
+    return Curves([recall_curves(first_rank(sets if prior is None else [*sets, *prior[i]]), ev, vocab, ks, metrics)
+                   for i, (sets, ev) in enumerate(zip(all_sets, evidence))])
 
 
 @torch.no_grad()
