@@ -112,7 +112,7 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = None, env: dict | None = None,
+def run_cli(args: list[str], out: Path | str, cache: Path, *, script: Path | None = None, env: dict | None = None,
             timeout: float = 300) -> CliResult:
     """`python -m runners.run ARGS paths.output_dir=OUT paths.cache_dir=CACHE` (or `python SCRIPT ...`)."""
     full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -125,7 +125,7 @@ def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = No
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
-def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | None = None) -> CliResult:
+def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: dict | None = None) -> CliResult:
     """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
     `splitbench = runners.run:main`) called in this process with the same argv, environment and working
     directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter
