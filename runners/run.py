@@ -22,8 +22,13 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
 - UserError inside a single run: the job itself prints the line and raises SystemExit(2), because Hydra
   would otherwise print "Error executing job with overrides: [...]" first; in a sweep it re-raises so
   the other jobs still run, and the sweep ends with exit 2 once they have;
+- in a sweep, an exception from Hydra's launcher before any job ran (its own settings: joblib's
+  n_jobs=0) → one line, exit 2;
 - anything else → the traceback, exit 1. If the user set HYDRA_FULL_ERROR=1 themselves, user errors also
   show their traceback before the one line.
+A sweep that ends in one of these before any job wrote a file leaves its folder as it was, multirun.yaml
+included (SweepGuard). An empty paths.output_dir and a key given twice on the command line are refused
+while Hydra resolves the sweep folder, before it writes anything (runners/identity.py sweep_dirname).
 """
 from __future__ import annotations
 

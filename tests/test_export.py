@@ -106,9 +106,14 @@ def test_a_corrupt_run_and_a_metric_of_the_wrong_type_are_reported_and_exit_2(tm
     (torn / "results.json").write_text((torn / "results.json").read_text()[:200])
     wrong["metrics"]["bleu"] = "99.0"
     write_run(tmp_path, "fidelity/smollm2-135m/ep1/eps=15/default", wrong)
+    marker_only = tmp_path / "fidelity/smollm2-135m/cpu/eps=na/default"
+    marker_only.mkdir(parents=True)
+    (marker_only / ".done").write_bytes(b"")
     code, out, err = _export([str(tmp_path)], capsys)
     assert code == 2 and "from 6 finished run(s)" in out and "failed/unfinished" not in out
-    corrupt, wrong_type = err.splitlines()
+    missing, corrupt, wrong_type = err.splitlines()
+    assert missing == ("splitbench-export: error: fidelity/smollm2-135m/cpu/eps=na/default: results.json is missing "
+                       "beside .done: a corrupt run, left out (recompute it with rerun=true)")
     assert corrupt.startswith("splitbench-export: error: fidelity/smollm2-135m/t3/eps=na/default: results.json: "
                               "JSONDecodeError: ")
     assert corrupt.endswith(": a corrupt run, left out (recompute it with rerun=true)")
