@@ -52,24 +52,35 @@ def unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
         return f"{what} ({type(exc).__name__}: {exc})"
 
 
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def offline_reason() -> str | None:
-    """None when this process may download from the hub; else why it works from the local cache only (the
-    user's switch, or the hub unreachable, in which case this call switches the libraries offline). The
-    module docstring has the rule."""
-    if os.environ.get(PROBED):   # this process, or the sweep that started it, found the hub unreachable
-        return f"the Hugging Face hub is unreachable at {os.environ[PROBED]}"
+    """None when this process may download from the hub; else why it works from the local cache only: the
+    user's switch, or the hub unreachable (then this call switches the libraries offline, for this process
+    and the sweep jobs it starts). The module docstring has the rule."""
+    if os.environ.get(PROBED) and _true(os.environ.get("HF_HUB_OFFLINE")):   # switched by an earlier call
+        return unreachable_note()
     for name in OFFLINE_SWITCHES:
         value = os.environ.get(name, "").strip()
         if value:
-            return f"{name}={value} is set" if value.lower() in ("1", "true", "yes", "on") else None
+            return f"{name}={value} is set" if _true(value) else None
     why = unreachable()
     if why is None:
         return None
     os.environ.update({PROBED: why, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     # The libraries read these switches once, at import: set them where they were already imported.
-    if "huggingface_hub" in sys.modules:
-        sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
-    if "datasets" in sys.modules:
-        config = sys.modules["datasets"].config
-        config.HF_HUB_OFFLINE = config.HF_DATASETS_OFFLINE = True
-    return f"the Hugging Face hub is unreachable at {why}"
+    hub_constants = getattr(sys.modules.get("huggingface_hub"), "constants", None)
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = True
+    datasets_config = getattr(sys.modules.get("datasets"), "config", None)
+    if datasets_config is not None:
+        datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
+    return unreachable_note()
+
+
+def unreachable_note() -> str | None:
+    """Why this process works offline when it switched itself (the probe failed), else None."""
+    why = os.environ.get(PROBED)
+    return f"the Hugging Face hub is unreachable at {why}" if why and _true(os.environ.get("HF_HUB_OFFLINE")) else None

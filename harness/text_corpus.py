@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.hub import offline_reason
+from harness.hub import offline_reason, unreachable_note
 
 # The file stays under attacks/data/ (it installs as the attacks package's data), so every run's provenance
 # string "builtin:attacks/data/builtin_corpus.txt sha256=..." and its config hash are unchanged.
@@ -49,7 +49,7 @@ def load_hub(hub_id: str, hub_config: str | None, split: str, *, local_hint: str
     where = f"{hub_id} ({f'config {hub_config}, ' if hub_config else ''}split {split})"
     # Before `datasets` is imported (it reads HF_HUB_OFFLINE then): an unreachable hub means the local cache
     # only, and an error at once rather than after a minute of retries (harness/hub.py).
-    offline = offline_reason()
+    offline_reason()
     try:
         import datasets  # slow import, and optional for users who only read local files
     except ImportError:
@@ -61,8 +61,9 @@ def load_hub(hub_id: str, hub_config: str | None, split: str, *, local_hint: str
         ds = datasets.load_dataset(hub_id, hub_config, split=split, revision=pinned)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         # Offline: ConnectionError (an OSError) or DatasetNotFoundError; a bad split or config: ValueError.
+        switched = unreachable_note()   # the user's own HF_HUB_OFFLINE needs no saying
         raise UserError(f"cannot load {where} from the Hugging Face hub ({type(e).__name__}"
-                        f"{f'; {offline}' if offline else ''}); offline, {local_hint}") from e
+                        f"{f'; {switched}' if switched else ''}); offline, {local_hint}") from e
     provenance = f"hub:{hub_id}/{hub_config or '-'}/{split}@{revision or 'unknown'}"
     fingerprint = getattr(ds, "_fingerprint", None)
     return ds, provenance + (f" fingerprint={fingerprint}" if fingerprint else "")

@@ -20,6 +20,11 @@ from hydra.core.global_hydra import GlobalHydra
 import harness.schema  # noqa: F401  (registers the schema and the sb.* resolvers)
 import runners.identity  # noqa: F401  (registers sb.run_overrides, which names run directories)
 
+# No test reaches the Hugging Face hub: library calls in the test process work from the local cache, as every CLI
+# run does (run_cli). Without it, the first hub load would probe the network (harness/hub.py) and switch this
+# process offline for every later test.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 MAX_WORKERS = 4     # pytest-xdist workers under `-n auto` (pyproject addopts): each holds models of its own
