@@ -71,10 +71,10 @@ def offline_reason() -> str | None:
         return None
     os.environ.update({PROBED: why, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     # The libraries read these switches once, at import: set them where they were already imported.
-    hub_constants = getattr(sys.modules.get("huggingface_hub"), "constants", None)
+    hub_constants = sys.modules.get("huggingface_hub.constants")
     if hub_constants is not None:
         hub_constants.HF_HUB_OFFLINE = True
-    datasets_config = getattr(sys.modules.get("datasets"), "config", None)
+    datasets_config = sys.modules.get("datasets.config")
     if datasets_config is not None:
         datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
     return unreachable_note()
