@@ -2,7 +2,10 @@
 
 - `scan(root)` finds every results.json under a directory and classifies the run: finished ("ok":
   status ok *and* `.done`, harness/results.py), "failed", "unfinished" (results.json without `.done`, or
-  a `.lock` without results.json: interrupted or still running) or "unreadable".
+  a `.lock` without results.json: interrupted or still running) or "unreadable" (results.json torn or not a
+  JSON object, its metrics not one, or a `.done` without results.json: a corrupt run).
+- `data_problems(runs)`: one line per corrupt run and per metric of the wrong type, which splitbench-report
+  and splitbench-export print as errors (exit code 2) rather than drop without a word.
 - `select(runs, include_tags)` drops runs carrying a tag that is not included (by default every run
   tagged `smoke`): a smoke run on a random tiny model must never sit in a table beside real results.
   The tag set is also part of every table's group key, so even included tagged runs never share a
