@@ -23,6 +23,11 @@ from hydra.core.global_hydra import GlobalHydra
 import harness.schema  # noqa: F401  (registers the schema and the sb.* resolvers)
 import runners.identity  # noqa: F401  (registers sb.run_overrides, which names run directories)
 
+# No test reaches the Hugging Face hub: library calls in the test process work from the local cache, as every CLI
+# run does (run_cli). Without it, the first hub load would probe the network (harness/hub.py) and switch this
+# process offline for every later test.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 MAX_WORKERS = 4     # pytest-xdist workers under `-n auto` (pyproject addopts): each holds models of its own
@@ -181,7 +186,7 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = None, env: dict | None = None,
+def run_cli(args: list[str], out: Path | str, cache: Path, *, script: Path | None = None, env: dict | None = None,
             timeout: float = 300) -> CliResult:
     """`python -m runners.run ARGS paths.output_dir=OUT paths.cache_dir=CACHE` (or `python SCRIPT ...`)."""
     full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -194,7 +199,7 @@ def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = No
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
-def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | None = None) -> CliResult:
+def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: dict | None = None) -> CliResult:
     """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
     `splitbench = runners.run:main`) called in this process with the same argv, environment and working
     directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter

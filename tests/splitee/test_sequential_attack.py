@@ -589,6 +589,26 @@ def test_smoke_experiment_results(tmp_path):
     assert "smoke" in results["tags"]
 
 
+@pytest.mark.parametrize("reference", ["prior", "null_view"])
+def test_one_prompt_runs_without_the_null_view_and_says_so(tmp_path, reference):
+    """Issue 54: a one-prompt run has no other prompt's view for the null view. It runs without it (MAP judged
+    against the prior alone), and results.json's notes and one stderr note say so; before, it was refused with
+    advice about prompt lengths."""
+    res = run_cli_in_process(["experiment=sequential_attack_smoke", "workload.n_prompts=1", "generation.batch_size=1",
+                              f"attack.sequential.map_reference={reference}"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = (tmp_path / "out").rglob("results.json")
+    results = json.loads(path.read_text())
+    m = results["metrics"]
+    assert results["n_prompts"] == 1 and set(results["pruning_recall"]) == {"likelihood", "map"}
+    assert m["map_reference"] == "prior" and m["verdict_map_reads"] == "map_minus_prior" and "map_minus_null" not in m
+    (note,) = results["notes"]
+    assert note.startswith("one prompt, so no other prompt's view to serve as the null view: ran without it")
+    assert ("map_reference=prior" in note) == (reference == "null_view")
+    assert [line for line in res.stderr_lines if line.startswith("splitbench: note: one prompt")] == \
+        [f"splitbench: note: {note}"]
+
+
 @pytest.mark.parametrize("args,attacker,floor", [
     (["attack.sequential.null_view=false"], "MAP", "prior_token_f1"),   # the cross-system chart's runs
     (["attack.sequential.map_reference=null_view"], "MAP", "sequential_map_null_token_f1"),
