@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEDULES = {
-    "default": {},
+    "default": {},   # the YAML's: issue 32's until issue 52 (rows record their stages)
+    "issue32": {"prune": [[0, 2048], [1, 256], [4, 32]]},
     "union2048": {"prune_union_prior": 2048},
     "wide0_8192": {"prune": [[0, 8192], [1, 256], [4, 32]]},
     "union2048_wide": {"prune": [[0, 2048], [1, 1024], [4, 128]], "prune_union_prior": 2048},
