@@ -15,6 +15,13 @@
 #   bash scripts/sequential_curves.sh [OUT] [DEST]   # defaults: outputs/sequential_curves, docs/results/sequential/dolly10x32
 #   SHARDS="eps15 eps15_free" bash scripts/sequential_curves.sh   # only these shards
 #
+# Duration, estimated from the measured cost of the default schedule on an idle core, one torch thread per shard
+# (docs/sequential_attack.md, "Pruning that keeps the answer"):
+#   - a teacher-forced ε shard: about 30 min (320 positions × 5.1 CPU s, plus capture and model load);
+#   - a free-running ε shard: about 55 min (10.1 CPU s per position: each scorer forwards its own candidates);
+#   - the layer curve: about 45 min in all.
+# So the teacher-forced stream takes about 3.8 h and the free-running one about 5.5 h, side by side: about 5.5 h
+# wall on an idle 2-core machine. A shared, loaded machine takes 2-4x as long.
 # Needs the local Dolly copy (DATA, default ../shared/data: DATA/dolly/dolly_prompts.jsonl) and the model in
 # the cache (HF_HUB_OFFLINE=1 is set).
 set -euo pipefail
