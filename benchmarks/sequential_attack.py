@@ -40,7 +40,9 @@ import torch
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEDULES = ("[[0,512],[1,64],[4,16]]", "[[0,2048],[1,256],[4,32]]", "[[0,8192],[1,1024],[4,128]]")
+# issue 32's default, two widths around it, and issue 52's default (a stage's third element: the prior's best)
+SCHEDULES = ("[[0,512],[1,64],[4,16]]", "[[0,2048],[1,256],[4,32]]", "[[0,8192],[1,1024],[4,128]]",
+             "[[0,4096,8192],[1,1024,2048],[4,128,1536]]")
 NOW = "now"
 
 
@@ -178,7 +180,7 @@ def main() -> None:
              f"attention over the prefix); GFLOP/s is that over the wall seconds; the float32 matmul peak "
              + (f"is {peak:.1f} GFLOP/s (benchmarks/ceiling.py)." if peak is not None else
                 "is not in this checkout (benchmarks/ceiling.py), so no fraction of it is given."), "",
-             "| schedule [layers_upto, keep] | s / position | CPU s / position | candidates forwarded / position | "
+             "| schedule [layers_upto, keep(, prior_keep)] | s / position | CPU s / position | candidates forwarded / position | "
              "fraction of vocabulary | likelihood top-1 % | MAP top-1 % | prior top-1 % | MAP min. pruning recall | "
              "GFLOP / position | GFLOP/s | of matmul peak |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -203,7 +203,7 @@ class SequentialAttackConfig:
     prior: str = MISSING                  # none (likelihood only) | model (also MAP with the model's prior)
     layers: Optional[List[int]] = MISSING   # whose exposures are used; null = every layer
     ops: List[str] = MISSING              # of qkv, o, gate_up
-    prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep] per stage; 0 = the layer-0 codebook; null = none
+    prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep(, prior_keep)] per stage; 0 = codebook; null = none
     prune_prior: Optional[int] = MISSING  # a first stage keeping the prior's K best tokens; null = none
     prune_union_prior: Optional[int] = MISSING   # the first exposure stage also keeps the prior's K best; null = no
     positions: str = MISSING              # text (after the public chat-template header) | all (from position 1)
@@ -596,11 +596,12 @@ def _check_sequential(seq: DictConfig) -> None:
     if layers is not None and (not layers or min(layers) < 0 or len(set(layers)) != len(layers)):
         raise UserError(f"attack.sequential.layers must be null (all) or distinct layers >= 0, got {layers}")
     for stage in seq.prune or ():
-        if len(stage) != 2:
-            raise UserError(f"attack.sequential.prune: each stage is [layers_upto, keep], got {list(stage)}")
-        if stage[1] < 1:
-            raise UserError(f"attack.sequential.prune: a stage keeps {stage[1]} candidates; a pruning width must "
-                            "be >= 1")
+        if len(stage) not in (2, 3):
+            raise UserError("attack.sequential.prune: each stage is [layers_upto, keep] or [layers_upto, keep, "
+                            f"prior_keep], got {list(stage)}")
+        if min(stage[1:]) < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {list(stage)[1:]} candidates; a pruning width "
+                            "must be >= 1")
         if stage[0] < 0:
             raise UserError(f"attack.sequential.prune: stage depth {stage[0]} must be >= 0")
     check_at_least("attack.sequential.prune_prior", seq.prune_prior, 1, nullable=True)

@@ -33,7 +33,9 @@ that keeps the K tokens the model's next-token prior ranks highest, before any e
 scorers prune by it): the only pruning a single deep layer alone allows without a forward of the whole
 vocabulary through every layer above it. `prune_union_prior` K makes the first exposure stage keep its own
 `keep` best ∪ the prior's K best, for each scorer: the exposure score and the prior each rescue the truth the
-other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
+other ranks low, where a stage by either alone loses it. A stage's optional third element, `[layers_upto, keep,
+prior_keep]`, does the same at that stage (issue 52: at small ε MAP ranks the truth where the prior does, so
+each stage must hold about the prior's 95th-percentile rank of the truth; the default schedule's). The pruning recall of a stage is the
 fraction of positions whose true token survived it: with the truth's rank per stage and `pruning_decisive`
 (diagnostics of the same kind) the only use of the truth besides scoring, so that a verdict can tell a
 pruning failure from a mask that held. `pruning_rule` picks which the verdict reads: every stage's recall
@@ -88,7 +90,8 @@ class Settings:
     prior: str                                   # none: the likelihood attacker; model: also MAP
     layers: tuple[int, ...] | None               # None: every layer
     ops: tuple[str, ...]
-    prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
+    # (layers_upto, keep) or (layers_upto, keep, prior_keep) per stage; None: no pruning
+    prune: tuple[tuple[int, ...], ...] | None
     prune_prior: int | None                      # keep the prior's K best first; None: no such stage
     prune_union_prior: int | None                # the first exposure stage also keeps the prior's K best
     positions: str
@@ -106,7 +109,7 @@ class Settings:
         return cls(mode=str(node["mode"]), prior=str(node["prior"]),
                    layers=None if layers is None else tuple(int(x) for x in layers),
                    ops=tuple(str(o) for o in node["ops"]),
-                   prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
+                   prune=None if prune is None else tuple(tuple(int(x) for x in stage) for stage in prune),
                    prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
                    prune_union_prior=(None if node.get("prune_union_prior") is None
                                       else int(node["prune_union_prior"])),
@@ -144,9 +147,14 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     if not layers or bad or len(set(layers)) != len(layers):
         raise UserError(f"attack.sequential.layers={list(layers)} must be distinct layers in 0..{n_layers - 1} "
                         "(null: all)")
-    for upto, keep in settings.prune or ():
-        if keep < 1:
-            raise UserError(f"attack.sequential.prune: a stage keeps {keep} candidates; a pruning width must be >= 1")
+    for stage in settings.prune or ():
+        if len(stage) not in (2, 3):
+            raise UserError(f"attack.sequential.prune: each stage is [layers_upto, keep] or [layers_upto, keep, "
+                            f"prior_keep], got {list(stage)}")
+        upto, keep = stage[:2]
+        if keep < 1 or min(stage[2:], default=1) < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {list(stage[1:])} candidates; a pruning width "
+                            "must be >= 1")
         if not 0 <= upto <= n_layers:
             raise UserError(f"attack.sequential.prune: stage depth {upto} is outside 0..{n_layers} (the model has "
                             f"{n_layers} layers)")
@@ -172,18 +180,39 @@ def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[in
     """The effective pruning stages (depth, keep), each depth clamped to the deepest used layer + 1; a stage
     that adds no used exposure to the one before (or has none) is dropped; the final full scoring is not a
     stage. prune_prior's stage comes first, with depth PRIOR_STAGE."""
+    return [(upto, keep) for upto, keep, _ in _plan(settings, keys, vocab)]
+
+
+def stage_priors(settings: Settings, keys: Sequence[Key], vocab: int) -> list[int | None]:
+    """Per stage of `stages`, how many of the prior's best it keeps besides its own `keep` best (a stage's
+    third element, and prune_union_prior on the first exposure stage: the larger of the two), or None."""
+    plan = _plan(settings, keys, vocab)
+    out = [prior for _, _, prior in plan]
+    widened = union_stage([(upto, keep) for upto, keep, _ in plan], settings)
+    if widened is not None:
+        assert settings.prune_union_prior is not None
+        out[widened] = max(out[widened] or 0, min(settings.prune_union_prior, vocab))
+    return out
+
+
+def _plan(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[int, int, int | None]]:
+    """stages() with each stage's own prior width (its third element, or None). Two stages that read the same
+    exposures merge into one keeping the narrower of each width (None: none of the prior's)."""
     depth = max(layer for _, layer in keys) + 1
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, int | None]] = []
     if settings.prune_prior is not None:
-        out.append((PRIOR_STAGE, min(settings.prune_prior, vocab)))
-    for upto, keep in settings.prune or ():
-        upto = min(upto, depth)
+        out.append((PRIOR_STAGE, min(settings.prune_prior, vocab), None))
+    for stage in settings.prune or ():
+        upto, keep = min(stage[0], depth), min(stage[1], vocab)
+        prior = min(stage[2], vocab) if len(stage) > 2 else None
         if not _covered(keys, upto):
             continue
         if out and out[-1][0] != PRIOR_STAGE and _covered(keys, out[-1][0]) == _covered(keys, upto):
-            out[-1] = (out[-1][0], min(out[-1][1], keep))
+            before = out[-1][2]
+            out[-1] = (out[-1][0], min(out[-1][1], keep), None if before is None or prior is None
+                       else min(before, prior))
             continue
-        out.append((upto, min(keep, vocab)))
+        out.append((upto, keep, prior))
     return out
 
 
@@ -617,7 +646,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     everything = torch.arange(vocab)   # one per position, shared: alive's tensors are replaced, never written
     alive: dict[str, torch.Tensor] = {s.name: everything for s in group}
     depth = max(layer for _, layer in keys) + 1
-    widened = union_stage(plan, settings)
+    priors = stage_priors(settings, keys, vocab)
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
         final = i == len(plan)
         if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
@@ -661,9 +690,8 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             else:
                 _rank(results[s.name], i, sc, cand, true_token)
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
-                if i == widened:   # the prior's best join, after the stage's own (alive stays best first)
-                    assert settings.prune_union_prior is not None
-                    extra = log_prior.topk(min(settings.prune_union_prior, vocab)).indices
+                if priors[i] is not None:   # the prior's best join, after the stage's own (alive stays best first)
+                    extra = log_prior.topk(priors[i]).indices
                     # among this stage's candidates only: a token an earlier stage (prune_prior) dropped
                     # has no score here
                     extra = extra[torch.isin(extra, cand) & ~torch.isin(extra, alive[s.name])]
@@ -857,10 +885,9 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "positions": settings.positions,
         "max_positions": settings.max_positions,
         "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else
-                   {"layers_upto": upto, "keep": keep,
-                    **({"union_prior": settings.prune_union_prior} if i == union_stage(outcome.stages, settings)
-                       else {})}
-                   for i, (upto, keep) in enumerate(outcome.stages)],
+                   {"layers_upto": upto, "keep": keep, **({"union_prior": prior} if prior is not None else {})}
+                   for (upto, keep), prior in zip(outcome.stages,
+                                                  stage_priors(settings, outcome.keys, outcome.vocab))],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
         "pruning_rule": settings.pruning_rule,
         "null_view_of": outcome.null_of,

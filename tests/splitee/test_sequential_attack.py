@@ -281,6 +281,77 @@ def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
     assert "union_prior" not in sq.record(ref, plain, (0, 1))["stages"][0]
 
 
+def _prior_ranks(tiny, prompts, positions: int) -> list[int]:
+    """The truth's rank (0 = best) by the model's own next-token prior at each attacked position."""
+    out = []
+    for prompt, start in zip(prompts, [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]):
+        for p in range(start, start + positions):
+            with torch.no_grad():
+                logits = tiny.model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1]
+            out.append(int((logits > logits[prompt[p]]).sum()))
+    return out
+
+
+def test_prior_at_every_stage_keeps_the_truths_the_old_schedule_lost(tiny, prompts):
+    """A stage's third element (issue 52): every stage keeps its own best ∪ the prior's best. At ε = 1 the
+    exposures say nothing (σ ≫ signal), so a schedule of narrow stages ((0, 8), (1, 2), the old rule's shape)
+    keeps the truth almost nowhere, for both scorers; the same stages with the prior's half of the vocabulary
+    at each keep every truth the prior ranks in that half, at every stage, and each stage forwards at most the
+    two scorers' own best plus the prior's."""
+    vocab = tiny.model.get_input_embeddings().weight.shape[0]
+    half = vocab // 2
+    old = settings(prune=((0, 8), (1, 2)), max_positions=2, null_view=False)
+    new = settings(prune=((0, 8, half), (1, 2, half)), max_positions=2, null_view=False)
+    keys, rows, sigmas, starts = recorded(tiny, prompts, "ep1", 1.0, new)
+    out_old = sq.run(tiny.model, prompts, rows, sigmas, old, keys, starts)
+    out_new = sq.run(tiny.model, prompts, rows, sigmas, new, keys, starts)
+    in_half = [r < half for r in _prior_ranks(tiny, prompts, 2)]
+    floor = sum(in_half) / len(in_half)
+    assert 0 < floor < 1
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        assert all(r < floor for r in out_old.recall(name))       # the old shape lost the truths
+        assert all(r >= floor for r in out_new.recall(name))      # the prior's half kept each it ranks there
+        # the truth's stage rank is recorded wherever it survived to the stage, as before
+        assert sum(r is not None for r in out_new.scorers[name].ranks[1]) == out_new.scorers[name].survived[0]
+    # stage 1 (layer 0) forwards the union of both scorers' survivors: own 8 each ∪ the prior's half (shared)
+    assert out_new.forward_candidates <= out_new.n_positions * ((2 * 8 + half) + (2 * 2 + half))
+    assert sq.record(out_new, new, (0, 1))["stages"] == [{"layers_upto": 0, "keep": 8, "union_prior": half},
+                                                         {"layers_upto": 1, "keep": 2, "union_prior": half}]
+
+
+def test_stage_priors_merge_and_union_with_prune_union_prior():
+    """stage_priors: a stage's own prior width; prune_union_prior widens the first exposure stage to the larger
+    of the two; two stages reading the same exposures merge to the narrower widths (None: none of the prior)."""
+    keys = [("qkv", 0), ("o", 0), ("gate_up", 0), ("qkv", 1)]
+    s = settings(prune=((0, 64, 128), (1, 16, 32), (2, 4)), prune_union_prior=256)
+    assert sq.stages(s, keys, 1000) == [(0, 64), (1, 16), (2, 4)]
+    assert sq.stage_priors(s, keys, 1000) == [256, 32, None]
+    assert sq.stage_priors(settings(prune=((0, 64, 512),), prune_union_prior=256), keys, 1000) == [512]
+    assert sq.stage_priors(settings(prune=((0, 64, 2048),)), keys, 1000) == [1000]   # clamped to the vocabulary
+    # layers=[0]: stages 1 and 2 read the same exposures (layer 0's three) and merge
+    only0 = [k for k in keys if k[1] == 0]
+    assert sq.stages(s, only0, 1000) == [(0, 64), (1, 4)]
+    assert sq.stage_priors(settings(prune=((1, 16, 64), (2, 8, 32))), only0, 1000) == [32]
+    assert sq.stage_priors(settings(prune=((1, 16, 64), (2, 8))), only0, 1000) == [None]
+
+
+def test_pruning_decisive_counts_the_hits_a_prior_union_schedule_cost(tiny, prompts):
+    """The decisive-miss check on a schedule with the prior at its stage (issue 52 keeps it): at ε = 12 a stage of
+    width 2 ∪ the prior's 2 still drops truths the full score picks, and every hit it lost is counted, no more
+    than its misses."""
+    full = settings(prune=None, max_positions=4, null_view=False)
+    narrow = settings(prune=((0, 2, 2),), max_positions=4, null_view=False)
+    keys, rows, sigmas, starts = recorded(tiny, prompts, "ep1", 12.0, full)
+    out_full = sq.run(tiny.model, prompts, rows, sigmas, full, keys, starts)
+    out_narrow = sq.run(tiny.model, prompts, rows, sigmas, narrow, keys, starts)
+    assert sq.pruning_decisive(tiny.model, prompts, out_full, rows, sigmas, full) == {sq.LIKELIHOOD: 0, sq.MAP: 0}
+    decisive = sq.pruning_decisive(tiny.model, prompts, out_narrow, rows, sigmas, narrow)
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        lost = sum(sq._flat(out_full.scorers[name].hits)) - sum(sq._flat(out_narrow.scorers[name].hits))
+        assert lost > 0 and decisive[name] >= lost
+        assert decisive[name] <= out_narrow.n_positions - sum(sq._flat(out_narrow.scorers[name].hits))
+
+
 def test_pruning_decisive_counts_the_hits_pruning_cost(tiny, prompts):
     """pruning_decisive: with no pruning no miss is decisive (the guess is the full argmax; ε = 12 on the tiny
     model misses some of the 12 positions unpruned); with a stage 0 so narrow (2) that it drops truths the
@@ -665,6 +736,8 @@ def test_smoke_experiment_no_decisive_miss(tmp_path):
     (["attack.sequential.layers=[5]"], "attack.sequential.layers=[5] must be distinct layers in 0..1"),
     (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
     (["attack.sequential.prune=[[9,4]]"], "stage depth 9 is outside 0..2"),
+    (["attack.sequential.prune=[[0,4,0]]"], "a pruning width must be >= 1"),
+    (["attack.sequential.prune=[[0,4,8,1]]"], "each stage is [layers_upto, keep] or [layers_upto, keep, prior_keep]"),
     (["attack.sequential.prune_prior=0"], "attack.sequential.prune_prior must be >= 1"),
     (["attack.sequential.prune_union_prior=0"], "attack.sequential.prune_union_prior must be >= 1"),
     (["engine.offload=[qkv,gate_up,lm_head]"], "attack.sequential.ops needs ['o'] offloaded"),
