@@ -11,6 +11,10 @@ returns the verdict (leak | at_chance | inconclusive) and the value of its stati
 - `false_leak_rate`: the share of null trials read as leak;
 - `certify_rate`: the share of null trials read at_chance (the verdict's power to certify);
 - `power`: per dose, the share of dosed trials read as leak;
+- `zero_spread_certifications`: at_chance calls, over null and dosed trials, whose verdict interval had zero
+  width (issue 51: a certification must read the bound the sample earned, so this is 0);
+- `extra_nulls`: further nulls read with the same verdict, each with its false-leak and certify rates
+  (collab: random ids with 2× the null's steps);
 - `null_sd`: the spread of the null trials' statistic, and `certifiable_margin_pp`: the margin the
   entry's sample size can certify with 80 % probability at that spread (metrics/equivalence.py);
 - `sizing` (`sizing`): why the entry's n is what it is. "at chance" is an equivalence test, so the margin m
@@ -69,6 +73,8 @@ class Trial:
     table: tuple[int, int, int, int] | None = None
     # per part, its own statistic (pp), where the entry reads several (SpliTEE: MAP against each reference)
     part_statistics: dict[str, float] | None = None
+    # the interval the verdict's at_chance read (pp), where it is not `interval` (the earned one, issue 51)
+    certified_by: tuple[float, float] | None = None
 
 
 @dataclass
@@ -92,6 +98,17 @@ class Entry:
     planning: dict[str, float] | None = None
     # per attacker, what its verdict reads against, where the entry has several (SpliTEE: map, likelihood)
     references: dict[str, str] | None = None
+    # further nulls, each read with the entry's verdict (collab: random ids with 2× the null's steps)
+    extra_nulls: dict[str, Callable[[np.random.Generator], Trial]] | None = None
+    # B of the earned interval the verdict's at_chance reads (metrics/equivalence.py), where it reads one
+    per_item_bound_pp: float | None = None
+
+
+def zero_width(t: Trial, certification: bool = True) -> bool:
+    """The interval the trial's at_chance reads (`certified_by`, else `interval`) had zero width; with
+    `certification` false, its data interval did."""
+    iv = t.certified_by if certification and t.certified_by is not None else t.interval
+    return iv is not None and iv[1] <= iv[0]
 
 
 def proportion(k: int, n: int) -> dict[str, Any]:
@@ -114,9 +131,10 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     for rng in null_rngs:
         nulls.append(entry.null_trial(rng))
         bar.update(1)
-    power, dosed_stats, gate_runs = {}, {}, []
+    power, dosed_stats, gate_runs, dosed_runs = {}, {}, [], []
     for dose, ss in zip(entry.doses_pp, seeds[1:]):
         runs = []
+        dosed_runs.append(runs)
         for s in ss.spawn(dosed_trials):
             runs.append(entry.dosed_trial(float(dose), np.random.default_rng(s)))
             bar.update(1)
@@ -124,8 +142,17 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
             gate_runs = runs
         power[f"{float(dose):g}"] = proportion(sum(t.verdict == controls.LEAK for t in runs), dosed_trials)
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
+    extra = {}
+    for name, make in (entry.extra_nulls or {}).items():
+        runs = [make(np.random.default_rng(s)) for s in np.random.SeedSequence([seed, len(name)]).spawn(trials)]
+        extra[name] = {"false_leak_rate": proportion(sum(t.verdict == controls.LEAK for t in runs), trials),
+                       "certify_rate": proportion(sum(t.verdict == controls.AT_CHANCE for t in runs), trials),
+                       "null_statistic_mean_pp": statistics.fmean(t.statistic for t in runs),
+                       "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t)
+                                                         for t in runs)}
     bar.close()
     values = [t.statistic for t in nulls]
+    every = nulls + [t for runs in dosed_runs for t in runs]
     by_attacker = sorted({a for t in nulls if t.parts for a in t.parts})
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     out = {
@@ -139,7 +166,14 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         "power": power, "dosed_statistic_mean_pp": dosed_stats,
         "gate_dose_pp": entry.gate_dose_pp,
         "power_at_gate_dose": power.get(f"{float(entry.gate_dose_pp):g}"),
+        # at_chance calls, over null and dosed trials, whose verdict interval had zero width (issue 51: the
+        # earned bound makes this 0)
+        "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in every),
+        # trials whose data interval had zero width (the corner the earned bound exists for), any verdict
+        "zero_width_intervals": sum(zero_width(t, certification=False) for t in every),
     }
+    if extra:
+        out["extra_nulls"] = extra
     if entry.references:
         out["references"] = dict(entry.references)
     if by_attacker:   # each attacker's own verdict on the same null trials (the entry's is their worst)
@@ -153,12 +187,15 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
     if entry.interval == "newcombe":
         # The verdict's interval is not a t interval (SpliTEE: Newcombe's, on proportions near 0), so the
         # t-based helper does not apply: the margin the null trials' own intervals lie within 80 % of the time.
-        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.interval for t in nulls))
+        reach = sorted(max(abs(lo), abs(hi)) for lo, hi in (t.certified_by or t.interval for t in nulls))
         out["certifiable_margin_pp"] = float(np.quantile(reach, 0.8))
         out["certifiable_margin_method"] = "80th percentile over null trials of the verdict interval's reach max(|lo|, |hi|)"
     elif entry.n_examples >= 2:
-        out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples)
-        out["certifiable_margin_method"] = "metrics/equivalence.certifiable_margin at the null statistic's spread"
+        out["certifiable_margin_pp"] = certifiable_margin(sd * math.sqrt(entry.n_examples), entry.n_examples,
+                                                          per_item_bound=entry.per_item_bound_pp)
+        out["certifiable_margin_method"] = ("metrics/equivalence.certifiable_margin at the null statistic's spread"
+                                            + ("" if entry.per_item_bound_pp is None else
+                                               f", earned bound at B = {entry.per_item_bound_pp:g} pp"))
     out["sizing"] = sizing(entry, nulls, gate_runs, target)
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
@@ -195,7 +232,8 @@ def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], tar
             return lambda k: equivalence.mean_plan(values["sd_null_pp"], values["sd_dosed_pp"], k, m, d,
                                                    interval=entry.interval, shift_pp=values["gate_shift_pp"],
                                                    spread_null_pp=values["spread_null_pp"],
-                                                   spread_dosed_pp=values["spread_dosed_pp"])
+                                                   spread_dosed_pp=values["spread_dosed_pp"],
+                                                   per_item_bound_pp=entry.per_item_bound_pp)
         crit = float(stats.t.ppf(0.975, n - 1) if entry.interval == "t" else stats.norm.ppf(0.975))
 
         def spread(trials: Sequence[Trial]) -> float | None:
@@ -388,8 +426,10 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
         reference = min(0.0, neg.effect_pp)
         lo, hi = cell.ci_pp
         v = controls.classify(lo, hi, reference, margin_pp, positive_passed=True,
-                              negative_passed=neg.ci_pp[1] <= margin_pp)
-        return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference))
+                              negative_passed=neg.ci_pp[1] <= margin_pp, certify=cell.earned_ci_pp)
+        e_lo, e_hi = cell.earned_ci_pp
+        return Trial(v, cell.effect_pp - reference, interval=(lo - reference, hi - reference),
+                     certified_by=(e_lo - reference, e_hi - reference))
 
     def null(rng):
         seed = int(rng.integers(1 << 30))
@@ -440,7 +480,8 @@ def collab_data(model: Any, n_examples: int, steps: int, top: int) -> CollabData
 
 def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, margin_pp: float,
                  positive_margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float,
-                 planning: dict[str, float] | None = None) -> Entry:
+                 planning: dict[str, float] | None = None, per_item_bound_pp: float = 100.0,
+                 step_matching: str = "matched") -> Entry:
     """Paper 003: the collab verdict (attacks/collab/decodeleak.verdict on the informed attacker's Token-ER
     against its null signal) over `units` examples: the built-in examples in turn (unit i is example
     i mod 12, with its evidence and its cloud's no-signal sets), each unit with its own random signal. The
@@ -453,7 +494,11 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
     negative control (harsher than the runner, whose null shares the run's seed). Dose d: each evidence
     token that neither the signal nor the floor already covers joins the signal with probability
     p = d·E/(100·U) (E evidence tokens, U uncovered; capped at 1), so the informed attacker's Token-ER rises
-    by d pp in expectation. Positive control: the whole evidence injected."""
+    by d pp in expectation. Positive control: the whole evidence injected. Every pair (signal and null,
+    positive control, negative control) has its steps paired by `step_matching` and the verdict's at_chance
+    reads the earned interval at `per_item_bound_pp`, as the runner's (decodeleak.verdict). A second null,
+    `long_random_ids`, gives the signal 2× the null's steps of random ids (issue 51 item 3): a signal with no
+    content and more steps must read at chance."""
     from attacks.collab import decodeleak as leak
 
     n_ex = len(data.evidence)
@@ -461,21 +506,30 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
     floor = [data.floor[i % n_ex] for i in range(units)]
     drawn = min(ids_per_step, k)
 
-    def draw(rng) -> list[list[list[int]]]:
-        return [[rng.choice(data.vocab_size, drawn, replace=False).tolist() for _ in range(data.steps)]
+    def draw(rng, steps: int = data.steps) -> list[list[list[int]]]:
+        return [[rng.choice(data.vocab_size, drawn, replace=False).tolist() for _ in range(steps)]
                 for _ in evidence]
 
-    def score(sets):
+    def pair(signal, null):
         # the verdict's statistic is Token-ER@k; the other curves (ROUGE1-ER decodes every id) are not scored
-        return leak.score_sets(sets, evidence, data.vocab, [k], prior=floor, metrics=("token_er",))
+        return leak.paired_scores(signal, null, evidence, data.vocab, [k], prior=floor, step_matching=step_matching,
+                                  metrics=("token_er",))
+
+    def inject(sets: list[list[int]], tokens: Sequence[int]) -> list[list[int]]:
+        """`tokens` written at the head of the first step (displacing its last random ids), not as a step of
+        their own: an injection is content, and with matched steps an extra step would cost the signal its
+        last one."""
+        keep = set(tokens)
+        first = (list(tokens) + [t for t in sets[0] if t not in keep])[:max(len(sets[0]), len(tokens))]
+        return [first] + sets[1:]
 
     def trial(signal, rng) -> Trial:
         null_sets, again = draw(rng), draw(rng)
-        full = [[sorted(ev.token_ids)] + s for ev, s in zip(evidence, null_sets)]
-        null_scores = score(null_sets)
-        v = leak.verdict(score(signal), null_scores, (score(full), null_scores), (score(again), null_scores), k,
-                         margin_pp, positive_margin_pp)
-        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]))
+        full = [inject(s, sorted(ev.token_ids)) for ev, s in zip(evidence, null_sets)]
+        v = leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets), k,
+                         margin_pp, positive_margin_pp, per_item_bound_pp)
+        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]),
+                     certified_by=tuple(v["null_excess_token_er_earned_ci"]))
 
     def null(rng):
         return trial(draw(rng), rng)
@@ -487,7 +541,7 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
             covered = {t for st in (*sets, *fl) for t in st[:k]}
             open_ = [t for t in sorted(ev.token_ids) if t not in covered]
             p = min(1.0, dose / 100.0 * len(ev.token_ids) / len(open_)) if open_ else 0.0
-            injected.append([[t for t in open_ if rng.random() < p]] + sets)
+            injected.append(inject(sets, [t for t in open_ if rng.random() < p]))
         return trial(injected, rng)
 
     return Entry("collab", f"random ids ({ids_per_step} uniform token ids a step, signal and null drawn "
@@ -496,7 +550,9 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
                  "excess over the floor did: +4.3 pp on random ids, issue 31)",
                  "pp of Token-ER@K the signal gains from injected evidence tokens the signal and floor do not cover",
                  null, dosed, doses_pp, gate_dose_pp, margin_pp, units,
-                 f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning)
+                 f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning,
+                 extra_nulls={"long_random_ids": lambda rng: trial(draw(rng, 2 * data.steps), rng)},
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 @dataclass
@@ -540,8 +596,8 @@ def splitee_data(model: Any, tokens: list[list[int]], *, epsilon: float, dose_ep
 
 def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_recall: float,
                   doses_pp: Sequence[float], gate_dose_pp: float, map_reference: str,
-                  planning: dict[str, float] | None = None, chunk: int = 128, pool: str = "the built-in corpus"
-                  ) -> Entry:
+                  planning: dict[str, float] | None = None, chunk: int = 128, block: int = 4096,
+                  pool: str = "the built-in corpus") -> Entry:
     """SpliTEE (issue 36 item 3): the sequential attacker's verdict (attacks/controls.sequential_verdict,
     worst of MAP against its reference and the likelihood attacker against itself on a null view), on
     the layer-0 QKV exposure under ep1, the whole vocabulary scored (no pruning), teacher-forced: the
@@ -564,13 +620,13 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
     pool's prompts, priors and codebook (computed once); each trial draws its positions, other prompts and
     masks afresh.
 
-    Scores are computed `chunk` positions at a time: the Gaussian log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of
-    every token v (sequential.gaussian_scores up to the shared constant), its argmax (the likelihood
-    attacker), then plus the prior, its argmax (MAP)."""
+    Scores are computed `chunk` positions × `block` tokens at a time (`splitee_guesses`): the Gaussian
+    log-likelihood (y·μ(v) − ‖μ(v)‖²/2)/σ² of every token v (sequential.gaussian_scores up to the shared
+    constant), its argmax (the likelihood attacker), then plus the prior, its argmax (MAP)."""
     import torch
 
     from attacks.splitee.sequential import MAP_REFERENCES, MAP_VERDICT
-    from metrics.proportions import newcombe_paired, paired_table
+    from metrics.proportions import newcombe_earned, newcombe_paired, paired_table
 
     if map_reference not in MAP_REFERENCES:
         raise ValueError(f"map_reference must be one of {MAP_REFERENCES}, got {map_reference!r}")
@@ -608,23 +664,14 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         noise = torch.as_tensor(rng.standard_normal(clear.shape), dtype=clear.dtype)
         return clear + torch.as_tensor(sigma, dtype=clear.dtype)[:, None] * noise
 
-    def guesses(y: torch.Tensor, sigma: np.ndarray, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """argmax of the likelihood and (with `idx`, the pool rows of the prior) of likelihood + prior."""
-        inv = torch.as_tensor(1.0 / (sigma * sigma), dtype=y.dtype)[:, None]
-        lik, post = [], []
-        for s in range(0, len(y), chunk):
-            scores = torch.addmm(half_sq, y[s:s + chunk], book_t).mul_(inv[s:s + chunk])
-            lik.append(scores.argmax(-1))
-            if idx is not None:
-                post.append(scores.add_(data.log_prior[torch.as_tensor(idx[s:s + chunk])]).argmax(-1))
-        return torch.cat(lik).numpy(), (torch.cat(post).numpy() if idx is not None else None)
-
     def verdict(first, second, reference: str):
         table = paired_table(first.tolist(), second.tolist())
         theta, lo, hi = newcombe_paired(*table)
+        e_lo, e_hi = newcombe_earned(*table)
         v, _why = controls.sequential_verdict(100 * lo, 100 * hi, margin_pp, teacher_forced=True,
-                                              pruning_recall=None, min_recall=min_recall, reference=reference)
-        return v, 100 * theta, (100 * lo, 100 * hi), table
+                                              pruning_recall=None, min_recall=min_recall, reference=reference,
+                                              certify=(100 * e_lo, 100 * e_hi))
+        return v, 100 * theta, (100 * lo, 100 * hi), table, (100 * e_lo, 100 * e_hi)
 
     def trial(dose: float, rng) -> Trial:
         idx = rng.choice(n_pool, positions, replace=False)
@@ -635,18 +682,19 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
         first = np.where(own, rows, other(rows, rng))
         second = other(rows, rng, avoid=first)
         sigma1 = np.where(own, data.dose_sigma, data.sigma)
-        lik1, map1 = guesses(view(first, pos, sigma1, rng), sigma1, idx)
+        lik1, map1 = splitee_guesses(data, book_t, half_sq, view(first, pos, sigma1, rng), sigma1, idx, chunk, block)
         sigma2 = np.full(positions, data.sigma)
-        ref, ref_map = guesses(view(second, pos, sigma2, rng), sigma2, idx)
+        ref, ref_map = splitee_guesses(data, book_t, half_sq, view(second, pos, sigma2, rng), sigma2, idx, chunk,
+                                      block)
         # MAP against both references on the same trial: the configured one decides, the other is reported
         against = {"prior": prior_hits, "null_view": ref_map == truth}
         read = {r: verdict(map1 == truth, against[r], MAP_VERDICT[r][1]) for r in MAP_REFERENCES}
-        v_map, diff, interval, table = read[map_reference]
-        v_lik, lik_diff, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
+        v_map, diff, interval, table, earned = read[map_reference]
+        v_lik, lik_diff, _, _, _ = verdict(lik1 == truth, ref == truth, "the same attacker on a null view")
         parts, stats = {"map": v_map, "likelihood": v_lik}, {"map": diff, "likelihood": lik_diff}
         for r in others:
             parts[f"map_against_{r}"], stats[f"map_against_{r}"] = read[r][0], read[r][1]
-        return Trial(controls.worst([v_map, v_lik]), diff, parts, interval, table, stats)
+        return Trial(controls.worst([v_map, v_lik]), diff, parts, interval, table, stats, earned)
 
     reads = "MAP − prior" if map_reference == "prior" else "MAP − MAP on the null view"
     return Entry("splitee", "masks of a different prompt (each position reads another pool prompt's layer-0 QKV "
@@ -660,6 +708,45 @@ def splitee_entry(data: SpliteeData, *, positions: int, margin_pp: float, min_re
                  "positions", "newcombe", planning,
                  {"map": map_against, "likelihood": "the same attacker on a null view",
                   **{f"map_against_{r}": f"{MAP_VERDICT[r][1]} (reported, not part of the verdict)" for r in others}})
+
+
+class RunningArgmax:
+    """The argmax of each row of a matrix seen one block of rows × columns at a time: a later block's maximum
+    replaces the best so far only when strictly greater, so ties keep the first maximal column, as argmax does
+    over the whole row (torch's and numpy's alike)."""
+
+    def __init__(self, rows: int) -> None:
+        self.value = np.full(rows, -np.inf, np.float32)
+        self.index = np.zeros(rows, np.int64)
+
+    def update(self, block: np.ndarray, row: int, col: int) -> None:
+        # numpy's argmax: torch's CPU argmax over a row is ~20× slower, a third of the SpliTEE entry's time
+        at = block.argmax(-1)
+        best = block[np.arange(len(block)), at]
+        value, index = self.value[row:row + len(block)], self.index[row:row + len(block)]
+        better = best > value
+        value[better], index[better] = best[better], at[better] + col
+
+
+def splitee_guesses(data: SpliteeData, book_t: Any, half_sq: Any, y: Any, sigma: np.ndarray, idx: np.ndarray,
+                    chunk: int = 128, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Per exposure row of `y`: the argmax over tokens v of the Gaussian log-likelihood
+    (y·μ(v) − ‖μ(v)‖²/2)/σ² (`book_t` = μᵀ, `half_sq` = −‖μ(v)‖²/2), and of it plus the prior of pool row
+    `idx`. The scores are computed a tile of `chunk` rows × `block` tokens at a time (a tile stays in the
+    cache; the whole [rows, V] matrix never exists), each entry with the same arithmetic as the full matrix
+    (addmm, then × 1/σ², then + the prior), so the argmaxes are the full matrix's exactly."""
+    import torch
+
+    inv = torch.as_tensor(1.0 / (sigma * sigma), dtype=y.dtype)[:, None]
+    rows = torch.as_tensor(idx)
+    lik, post = RunningArgmax(len(y)), RunningArgmax(len(y))
+    for c in range(0, book_t.shape[1], block):
+        book_c, half_c, prior_c = book_t[:, c:c + block], half_sq[c:c + block], data.log_prior[:, c:c + block]
+        for s in range(0, len(y), chunk):
+            scores = torch.addmm(half_c, y[s:s + chunk], book_c).mul_(inv[s:s + chunk])
+            lik.update(scores.numpy(), s, c)
+            post.update(scores.add_(prior_c.index_select(0, rows[s:s + chunk])).numpy(), s, c)
+    return lik.index, post.index
 
 
 # system → factory(cfg, model) -> Entry. `cfg` is the whole composed config (each entry reads its own system's
@@ -687,7 +774,9 @@ def _collab(cfg: Any, model: Any) -> Entry:
     return collab_entry(data, units=int(c.units), ids_per_step=int(c.ids_per_step), k=int(c.k),
                         margin_pp=float(cfg.collab.controls.gate_margin_pp),
                         positive_margin_pp=float(cfg.collab.controls.positive_margin_pp),
-                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c))
+                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c),
+                        per_item_bound_pp=float(cfg.collab.controls.per_item_bound_pp),
+                        step_matching=str(cfg.collab.controls.step_matching))
 
 
 def _truth_rows(cfg: Any, model: Any, name: str) -> tuple[list[list[int]], list[int]]:

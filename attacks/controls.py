@@ -15,7 +15,8 @@ An attack measurement means something only if it can fail and can succeed:
   attack's token F1 interval [lo, hi] and its reference r (the chance floor for the learned attacker):
 
       leak          lo > r + m and the negative control passed
-      at_chance     r − m ≤ lo and hi ≤ r + m, and both controls passed
+      at_chance     r − m ≤ lo and hi ≤ r + m for the interval the sample earned (never zero-width: a sample
+                    without spread earns ± B·CP_U(0, n), metrics/equivalence.py), and both controls passed
       inconclusive  everything else: lo < r − m (below chance: the attacker failed, which says nothing
                     about the masks), an interval reaching past r ± m so that neither holds, or a failed
                     (or missing) control.
@@ -46,6 +47,7 @@ reconstruction as hypothesis.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +63,25 @@ _DROP = ("mean_first_divergence", "n_diverging", "token_match_rate", "token_matc
 
 def floor(prompts: Sequence[Sequence[int]]) -> float:
     """Chance floor (token F1, %) over all pairs of distinct evaluation prompts."""
+    return _floor(_rows(prompts))
+
+
+# The floors are cached by content (the last few inputs, every token in the key): a calibration scores the same
+# truths against themselves in every one of its trials (attacks/calibration.py, splitft's positive-control arm).
+def _rows(rows: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(map(int, row)) for row in rows)
+
+
+@functools.lru_cache(maxsize=4)
+def _floor(prompts: tuple[tuple[int, ...], ...]) -> float:
     return chance_floor(prompts, mode=PRF_MODE)
+
+
+@functools.lru_cache(maxsize=4)
+def _exposure_free_f1(prompts: tuple[tuple[int, ...], ...], guesses: tuple[tuple[int, ...], ...]) -> float:
+    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
+    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
+    return sum(f1s) / len(f1s)
 
 
 @dataclass
@@ -131,13 +151,18 @@ def gate(f1: Estimate, floor_f1: float, margin_pp: float) -> bool:
 
 
 def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positive_passed: bool,
-             negative_passed: bool) -> str:
+             negative_passed: bool, certify: tuple[float, float] | None = None) -> str:
     """The three-way verdict of a token-F1 interval [lo, hi] against `reference` (module docstring):
-    leak if lo > reference + margin and the negative control passed; at_chance if reference − margin ≤ lo
-    and hi ≤ reference + margin and both controls passed; otherwise inconclusive."""
+    leak if lo > reference + margin and the negative control passed; at_chance if the interval the sample
+    earned, `certify` (metrics.equivalence.earned_interval; [lo, hi] where not given), lies within
+    reference ± margin and both controls passed; otherwise inconclusive. A zero-width interval never
+    certifies: a sample without spread earns its bound from its size only (issue 51), which a caller that
+    has it passes as `certify`."""
     if lo > reference + margin_pp:
         return LEAK if negative_passed else INCONCLUSIVE
-    if positive_passed and negative_passed and reference - margin_pp <= lo and hi <= reference + margin_pp:
+    c_lo, c_hi = (lo, hi) if certify is None else certify
+    if (positive_passed and negative_passed and c_hi > c_lo
+            and reference - margin_pp <= c_lo and c_hi <= reference + margin_pp):
         return AT_CHANCE
     return INCONCLUSIVE
 
@@ -190,9 +215,7 @@ def exposure_free_f1(prompts: Sequence[Sequence[int]], guesses: Sequence[Sequenc
     floor."""
     if len(prompts) != len(guesses) or len(prompts) < 2:
         raise ValueError(f"need at least 2 prompts and one guess each, got {len(prompts)} and {len(guesses)}")
-    f1 = pairwise_f1(prompts, guesses, PRF_MODE)
-    f1s = f1[~np.eye(len(prompts), dtype=bool)].tolist()
-    return sum(f1s) / len(f1s)
+    return _exposure_free_f1(_rows(prompts), _rows(guesses))
 
 
 def recompute(m: dict[str, Any]) -> str | None:
@@ -241,7 +264,8 @@ def repeat_leak_k(m: dict[str, Any]) -> int | None:
 
 def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_forced: bool,
                        pruning_recall: Sequence[float] | None, min_recall: float, reference: str,
-                       decisive_misses: int | None = None) -> tuple[str, str]:
+                       decisive_misses: int | None = None, certify: tuple[float, float] | None = None
+                       ) -> tuple[str, str]:
     """The verdict of a sequential attacker (attacks/splitee/sequential.py) and why, from the 95% interval
     [lo, hi] (percentage points) of its paired top-1 difference against its `reference` on the same
     positions (MAP: the prior alone; likelihood: the same attacker on a null view), with m = margin_pp:
@@ -261,10 +285,14 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
     pruned one does, position by position, so the pruned hits bound the unpruned ones from above: the side an
     at_chance claim needs (docs/sequential_attack.md, "Pruning at small ε").
 
-    A leak needs neither teacher forcing nor full recall: what was recovered was recovered."""
+    A leak needs neither teacher forcing nor full recall: what was recovered was recovered. The at_chance
+    condition on the interval reads `certify` where given (the interval the table earned,
+    metrics.proportions.newcombe_earned, issue 51), [lo, hi] otherwise; a zero-width one never certifies."""
     if lo_pp > margin_pp:
         return LEAK, f"paired difference against {reference} [{lo_pp:.2f}, {hi_pp:.2f}] pp lies above +{margin_pp:g} pp"
     reasons = []
+    if certify is not None:      # the certification's interval, not the data's (issue 51)
+        lo_pp, hi_pp = certify
     case = interval_case(lo_pp, hi_pp, 0.0, margin_pp)
     if case == "below":
         reasons.append(f"below {reference}: [{lo_pp:.2f}, {hi_pp:.2f}] pp (the attacker failed, which says "
@@ -274,6 +302,9 @@ def sequential_verdict(lo_pp: float, hi_pp: float, margin_pp: float, *, teacher_
                        f"+{margin_pp:g} pp: a leak, of a size the interval cannot place against the margin")
     elif not (-margin_pp <= lo_pp and hi_pp <= margin_pp):
         reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} is wider than ±{margin_pp:g} pp")
+    elif hi_pp <= lo_pp:     # a zero-width interval (results from before newcombe_paired earned its bound)
+        reasons.append(f"interval [{lo_pp:.2f}, {hi_pp:.2f}] pp against {reference} has zero width: no spread "
+                       "to certify from")
     if not teacher_forced:
         reasons.append("free-running mode cannot certify at_chance (teacher-forced is the family's upper bound)")
     if decisive_misses is not None:

@@ -14,11 +14,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import lm_eval.evaluator
 from lm_eval.api.model import LM
 
 from harness.errors import UserError
+from harness.provenance import git_state
 
 NAME = "splitbench"
+
+
+def _splitbench_commit() -> str | None:
+    return git_state()["commit"]   # git run with its output captured
+
+
+# lm-eval records results' `git_hash` by running `git describe` in the working directory with its stderr on the
+# terminal: "fatal: not a git repository" once per evaluation outside a checkout (five times per sanitize smoke
+# run), and inside one the hash of whatever repository the user stands in. The code that scored the requests
+# is splitbench's: record its commit, quietly.
+lm_eval.evaluator.get_git_commit_hash = _splitbench_commit
 
 
 class EngineLM(LM):
@@ -34,6 +47,19 @@ class EngineLM(LM):
         self.batch_size = int(batch_size)
         limit = getattr(engine.model.config, "max_position_embeddings", None)
         self.max_length = int(max_length or limit or 2048)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What lm-eval's results record under `config` (evaluator.simple_evaluate): the engine, the device it
+        really ran on (lm-eval's own `device` is its --device default, cuda:0 on any machine), the batch size
+        and splitbench's code version."""
+        from harness.devices import describe_device
+        from harness.provenance import code_version
+
+        engine = self.engine
+        device = (engine.accelerator.description if engine.accelerator is not None
+                  else describe_device(engine.run_device))
+        return {"splitbench": {**getattr(self, "run_info", {}), "device": device, "batch_size": self.batch_size,
+                               "engine": engine.describe(), "code": code_version()}}
 
     # ---------------------------------------------------------------- tokens
     @property

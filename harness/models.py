@@ -21,7 +21,8 @@ Kinds (the YAML field `kind`):
   what it was made from; a different package version, transformers or gguf version rebuilds it.
   `revision`, if set, must equal the installed package version.
 - `hub`: `from_pretrained(hub_id, revision=revision)` for users with network or a local Hugging Face cache.
-  With `HF_HUB_OFFLINE=1` (or `TRANSFORMERS_OFFLINE=1`) only the local cache is tried.
+  With `HF_HUB_OFFLINE=1` (or `TRANSFORMERS_OFFLINE=1`) only the local cache is tried, and so it is when
+  the hub cannot be reached (harness/hub.py: one quick probe instead of the library's minute of retries).
 
 Supported architectures (`model_type`): llama, qwen2, qwen3, gemma3_text, mistral, and gemma3 (the
 multimodal checkpoint; its text model is loaded as `Gemma3ForCausalLM`). The split engine knows these
@@ -51,6 +52,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from harness.errors import UserError
+from harness.hub import offline_reason
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +192,15 @@ def load_tokenizer(cfg: Mapping[str, Any], *, cache_dir: str | Path | None = Non
     if kind == "hub":
         hub_id = _field(cfg, "hub_id", name)
         kwargs: dict[str, Any] = {"revision": _field(cfg, "revision", name, default=None)}
-        if _offline():
+        offline = offline_reason()
+        if offline:
             kwargs["local_files_only"] = True
         try:
             return AutoTokenizer.from_pretrained(hub_id, **kwargs)
         except OSError as e:
             raise UserError(f"model {name}: cannot load the tokenizer of hub model {hub_id}: it needs network access "
-                            "to the Hugging Face hub or a local cache") from e
+                            "to the Hugging Face hub or a local cache"
+                            + (f" ({offline} and it is not in the local cache)" if offline else "")) from e
     raise UserError(f"model {name}: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
 
 
@@ -268,7 +272,7 @@ def _load_hub(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any
     # Hub models live in the Hugging Face cache (HF_HOME), not under splitbench's cache root.
     hub_id = _field(cfg, "hub_id", name)
     revision = _field(cfg, "revision", name, default=None)
-    offline = _offline()
+    offline = offline_reason()   # unreachable hub: cache only, so the error comes at once (harness/hub.py)
     kwargs: dict[str, Any] = {"revision": revision}
     if offline:
         # huggingface_hub reads HF_HUB_OFFLINE once at import; pass it explicitly so it always applies.
@@ -290,7 +294,7 @@ def _load_hub(cfg: Mapping[str, Any], name: str, root: Path, load: dict[str, Any
             model = AutoModelForCausalLM.from_pretrained(hub_id, config=config, **load, **kwargs)
     except OSError as e:
         if offline:
-            why = "HF_HUB_OFFLINE=1 is set and it is not in the local Hugging Face cache"
+            why = f"{offline} and it is not in the local Hugging Face cache"
         else:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             why = f"the hub gave: {first}"
@@ -486,7 +490,3 @@ def _check_model_type(model_type: str, name: str, exclude: tuple[str, ...] = ())
             f"model {name}: unsupported architecture {model_type!r} (supported: {', '.join(allowed)})"
         )
 
-
-def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))

@@ -1,8 +1,10 @@
 """Progress bars for every loop a person waits on (generation, training, capture, federated rounds).
 
 One place decides how they look and when they stay quiet: they draw on stderr only when stderr is a
-terminal (tqdm's disable=None), so CI logs, pipes and sweep-job logs get no bar noise, and they disappear
-when done (leave=False) so the terminal keeps the results table.
+terminal, so CI logs, pipes and sweep-job logs get no bar noise, unless asked with SPLITBENCH_PROGRESS=1 (a
+log one follows with `tail -f`); SPLITBENCH_PROGRESS=0 silences them on a terminal too. They disappear when
+done (leave=False) so the terminal keeps the results table. The same switch decides for the libraries' bars
+(transformers, the hub, datasets, lm-eval's tqdm): quiet_bars_in_environment, quiet_library_bars.
 """
 from __future__ import annotations
 
@@ -14,6 +16,17 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+ASK = "SPLITBENCH_PROGRESS"
+
+
+def bars_wanted() -> bool:
+    """SPLITBENCH_PROGRESS=1 or 0 when the user set it, else whether stderr is a terminal."""
+    asked = os.environ.get(ASK, "").strip().lower()
+    if asked in ("1", "true", "yes", "on"):
+        return True
+    if asked in ("0", "false", "no", "off"):
+        return False
+    return sys.stderr.isatty()
 
 
 def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "step",
@@ -22,7 +35,7 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
     The rate and ETA are tqdm's own, in `unit`s per second (e.g. unit="token" for generation)."""
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=None,
+    return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=not bars_wanted(),
                 dynamic_ncols=True, **kwargs)
 
 
@@ -42,23 +55,24 @@ def progress_with_logs(*, desc: str, total: int, unit: str, loggers: Iterable[st
 
 
 # Read by tqdm when it is first imported (its defaults: TQDM_<ARG>, so lm-eval's and transformers' GGUF bars),
-# by datasets and by the Hugging Face hub. Our own bars pass disable=None explicitly, which wins over TQDM_DISABLE.
+# by datasets and by the Hugging Face hub. Our own bars pass `disable` explicitly, which wins over TQDM_DISABLE.
 LIBRARY_BAR_SWITCHES = ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
 
 
 def quiet_bars_in_environment() -> None:
-    """When stderr is not a terminal, switch off third-party progress bars through the environment, before
-    any of them is imported (runners/run.py main()); sweep workers inherit it. A value the user set stays."""
-    if sys.stderr.isatty():
+    """When bars are not wanted (bars_wanted), switch off third-party progress bars through the environment,
+    before any of them is imported (runners/run.py main(), runners/lm_eval_model.py); sweep workers inherit
+    it. A value the user set stays."""
+    if bars_wanted():
         return
     for name in LIBRARY_BAR_SWITCHES:
         os.environ.setdefault(name, "1")
 
 
 def quiet_library_bars() -> None:
-    """Silence transformers' and the Hugging Face hub's own bars (weight loading) when stderr is not a
-    terminal: unlike ours they draw into pipes and logs too. Called once per job (runners/run.py)."""
-    if sys.stderr.isatty():
+    """Silence transformers' and the Hugging Face hub's own bars (weight loading) when bars are not wanted
+    (bars_wanted): unlike ours they draw into pipes and logs too. Called once per job (runners/run.py)."""
+    if bars_wanted():
         return
     from transformers.utils import logging as hf_logging
 

@@ -12,6 +12,9 @@ see `config_hash`). On a rerun, `RunDir.state(hash)` says:
   (a default changed, or a key outside the directory name changed). The runner refuses (UserError)
   unless rerun=true, in which case it recomputes in place. Silently keeping or overwriting it would
   report one config's answers under another's name.
+- "corrupt": `.done` beside a results.json that cannot be read as a finished run's (missing, torn, not a
+  JSON object, no config_hash; `RunDir.unreadable()` says which): written by something other than this
+  module, or damaged since. Refused like "stale" (rerun=true recomputes it), but named for what it is.
 - "todo": no `.done` (never ran, failed, interrupted): run.
 
 Two jobs that map to one directory (an ε sweep over a configuration that ignores ε, run in parallel)
@@ -27,9 +30,10 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,10 +175,28 @@ class RunDir:
         except (OSError, ValueError, AttributeError):
             return None
 
+    def unreadable(self) -> str | None:
+        """Why results.json is not a finished run's record (one phrase), or None when it is one."""
+        try:
+            data = read_json(self.results_path)
+        except FileNotFoundError:
+            return "is missing"
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror or exc})"
+        except ValueError as exc:
+            return f"is not valid JSON ({exc}: truncated or damaged)"
+        if not isinstance(data, dict):
+            return "is not a JSON object"
+        if not isinstance(data.get("config_hash"), str):
+            return "has no config_hash"
+        return None
+
     def state(self, semantic_hash: str) -> str:
-        """"complete", "stale" or "todo" (see the module docstring)."""
+        """"complete", "stale", "corrupt" or "todo" (see the module docstring)."""
         if not is_complete(self.path):
             return "todo"
+        if self.unreadable() is not None:
+            return "corrupt"
         return "complete" if self.stored_hash() == semantic_hash else "stale"
 
     def write_results(self, results: Mapping[str, Any], samples: Iterable[Mapping[str, Any]],
@@ -307,9 +329,12 @@ class GenerationCache:
 
 @dataclass
 class RunContext:
-    """One job: its directory, its name relative to the experiment's output dir, its config hash."""
+    """One job: its directory, its name relative to the experiment's output dir, its config hash, and when it
+    started (time.time(), for the wall time results.json records: `splitbench --dry-run` estimates a sweep's
+    cost from it)."""
 
     run_dir: RunDir
     name: str
     config_hash: str
     semantic: dict
+    started: float = field(default_factory=time.time)

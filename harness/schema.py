@@ -203,7 +203,7 @@ class SequentialAttackConfig:
     prior: str = MISSING                  # none (likelihood only) | model (also MAP with the model's prior)
     layers: Optional[List[int]] = MISSING   # whose exposures are used; null = every layer
     ops: List[str] = MISSING              # of qkv, o, gate_up
-    prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep] per stage; 0 = the layer-0 codebook; null = none
+    prune: Optional[List[List[int]]] = MISSING   # [layers_upto, keep(, prior_keep)] per stage; 0 = codebook; null = none
     prune_prior: Optional[int] = MISSING  # a first stage keeping the prior's K best tokens; null = none
     prune_union_prior: Optional[int] = MISSING   # the first exposure stage also keeps the prior's K best; null = no
     positions: str = MISSING              # text (after the public chat-template header) | all (from position 1)
@@ -229,6 +229,21 @@ class AttackConfig:
     bayes: AttackBayesConfig = MISSING
     controls: AttackControlsConfig = MISSING
     sequential: SequentialAttackConfig = MISSING
+
+
+@dataclass
+class PrivacyAuditConfig:
+    """The empirical privacy audit (runner privacy_audit; attacks/splitee/privacy_audit.py Settings)."""
+
+    pairs: List[str] = MISSING            # of worst_case | typical: the neighbours B of the prompt A
+    trials: int = MISSING                 # engine submissions per pair, a fair coin choosing A or B
+    prompt: int = MISSING                 # which of the workload's prompts gives A
+    position: int = MISSING               # the differing token: this many text tokens after the public header
+    suffix: int = MISSING                 # prompt tokens kept after it
+    candidates: int = MISSING             # worst case: the farthest tokens at layer 0 ranked by the whole submission
+    null_game: bool = MISSING             # also the null game (A against A)
+    fpr: List[float] = MISSING            # target false-positive rates of the audit's thresholds
+    batch_size: int = MISSING             # trials per engine submission batch
 
 
 @dataclass
@@ -285,6 +300,7 @@ class _SharedConfig:
     fp_error: FpErrorConfig = MISSING
     controlled_error: ControlledErrorConfig = MISSING
     attack: AttackConfig = MISSING
+    privacy_audit: PrivacyAuditConfig = MISSING
     restore: RestoreConfig = MISSING
     # The systems' own sections come here, from the systems registry (SYSTEM_SECTIONS below).
     semantic_model: Optional[str] = MISSING
@@ -366,6 +382,7 @@ def validate(cfg: DictConfig, runners: dict[str, tuple[str, ...]]) -> None:
     _check_attack(cfg.attack)
     if cfg.runner == "sequential_attack":   # the one runner that reads the null view
         _check_sequential_reference(cfg.attack.sequential)
+    _check_privacy_audit(cfg.privacy_audit)
     _check_restore(cfg)
     for section, module in SYSTEM_SECTIONS.items():
         module.check(cfg[section], cfg)
@@ -579,11 +596,12 @@ def _check_sequential(seq: DictConfig) -> None:
     if layers is not None and (not layers or min(layers) < 0 or len(set(layers)) != len(layers)):
         raise UserError(f"attack.sequential.layers must be null (all) or distinct layers >= 0, got {layers}")
     for stage in seq.prune or ():
-        if len(stage) != 2:
-            raise UserError(f"attack.sequential.prune: each stage is [layers_upto, keep], got {list(stage)}")
-        if stage[1] < 1:
-            raise UserError(f"attack.sequential.prune: a stage keeps {stage[1]} candidates; a pruning width must "
-                            "be >= 1")
+        if len(stage) not in (2, 3):
+            raise UserError("attack.sequential.prune: each stage is [layers_upto, keep] or [layers_upto, keep, "
+                            f"prior_keep], got {list(stage)}")
+        if min(stage[1:]) < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {list(stage)[1:]} candidates; a pruning width "
+                            "must be >= 1")
         if stage[0] < 0:
             raise UserError(f"attack.sequential.prune: stage depth {stage[0]} must be >= 0")
     check_at_least("attack.sequential.prune_prior", seq.prune_prior, 1, nullable=True)
@@ -603,6 +621,25 @@ def _check_sequential_reference(seq: DictConfig) -> None:
     if seq.pruning_rule == "no_decisive_miss" and seq.mode != "teacher_forced":
         raise UserError("attack.sequential.pruning_rule=no_decisive_miss scores the truth after the true prefix, "
                         "which needs attack.sequential.mode=teacher_forced")
+
+
+AUDIT_PAIRS = ("worst_case", "typical")   # attacks/splitee/privacy_audit.py PAIRS
+
+
+def _check_privacy_audit(audit: DictConfig) -> None:
+    """What no audit can run with; the prompt's length is checked at run time (attacks/splitee/privacy_audit.py)."""
+    pairs = list(audit.pairs)
+    if not pairs or any(p not in AUDIT_PAIRS for p in pairs) or len(set(pairs)) != len(pairs):
+        raise UserError(f"privacy_audit.pairs must be distinct values from {', '.join(AUDIT_PAIRS)}, got {pairs}")
+    # each half of the audit (calibration, evaluation) needs trials of both labels
+    check_at_least("privacy_audit.trials", audit.trials, 16)
+    for key in ("prompt", "position", "suffix"):
+        check_at_least(f"privacy_audit.{key}", audit[key], 0)
+    for key in ("candidates", "batch_size"):
+        check_at_least(f"privacy_audit.{key}", audit[key], 1)
+    fpr = list(audit.fpr)
+    if not fpr or any(not 0 < f < 1 for f in fpr) or len(set(fpr)) != len(fpr):
+        raise UserError(f"privacy_audit.fpr must be distinct false-positive rates in (0, 1), got {fpr}")
 
 
 RESTORE_ATTACKERS = ("learned", "bayes")

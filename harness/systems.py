@@ -147,15 +147,19 @@ SYSTEMS: tuple[System, ...] = (
                    unhashed=(("attack.sequential.map_reference", "prior"),
                              ("attack.sequential.prune_union_prior", None),
                              ("attack.sequential.pruning_rule", "recall"))),
+            # the privacy audit generates nothing: of the shared keys, the prompt, the engine's σ and ε's reading
+            Runner("privacy_audit", "runners.splitee.privacy_audit",
+                   ("runner", "seed", "model", "configuration", "epsilon", "workload", "engine", "epn_n",
+                    "privacy_audit", "dp_delta")),
             # restore: the source attack run fixed the configuration, workload and generation
             Runner("restore", "runners.splitee.restore", ("runner", "seed", "model", "semantic_model", "restore")),
         ),
         report_sections=("runners.report.splitee.fidelity", "runners.report.splitee.timing",
                          "runners.report.splitee.fp_error", "runners.report.splitee.controlled_error",
                          "runners.report.splitee.attack", "runners.report.splitee.sequential_attack",
-                         "runners.report.splitee.restore"),
+                         "runners.report.splitee.privacy_audit", "runners.report.splitee.restore"),
         smoke=("smoke", "timing_smoke", "fp_error_smoke", "controlled_error_smoke", "attack_smoke",
-               "sequential_attack_smoke", "restore_smoke"),
+               "sequential_attack_smoke", "privacy_audit_smoke", "restore_smoke"),
         docs="docs/splitee.md",
     ),
     # Token-level prompt sanitisers (paper 001; harness/sanitize/). The prompt is sanitised on the client/TEE

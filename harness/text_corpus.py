@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.hub import offline_reason, unreachable_note
 
 # The file stays under attacks/data/ (it installs as the attacks package's data), so every run's provenance
 # string "builtin:attacks/data/builtin_corpus.txt sha256=..." and its config hash are unchanged.
@@ -46,6 +47,9 @@ def load_hub(hub_id: str, hub_config: str | None, split: str, *, local_hint: str
     it, so a commit landing between the two calls cannot make the record lie; `fingerprint` is datasets' hash
     of the loaded table. A builder hash that is not a commit (a local folder) is recorded but not pinned."""
     where = f"{hub_id} ({f'config {hub_config}, ' if hub_config else ''}split {split})"
+    # Before `datasets` is imported (it reads HF_HUB_OFFLINE then): an unreachable hub means the local cache
+    # only, and an error at once rather than after a minute of retries (harness/hub.py).
+    offline_reason()
     try:
         import datasets  # slow import, and optional for users who only read local files
     except ImportError:
@@ -57,8 +61,9 @@ def load_hub(hub_id: str, hub_config: str | None, split: str, *, local_hint: str
         ds = datasets.load_dataset(hub_id, hub_config, split=split, revision=pinned)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         # Offline: ConnectionError (an OSError) or DatasetNotFoundError; a bad split or config: ValueError.
-        raise UserError(f"cannot load {where} from the Hugging Face hub ({type(e).__name__}); offline, "
-                        f"{local_hint}") from e
+        switched = unreachable_note()   # the user's own HF_HUB_OFFLINE needs no saying
+        raise UserError(f"cannot load {where} from the Hugging Face hub ({type(e).__name__}"
+                        f"{f'; {switched}' if switched else ''}); offline, {local_hint}") from e
     provenance = f"hub:{hub_id}/{hub_config or '-'}/{split}@{revision or 'unknown'}"
     fingerprint = getattr(ds, "_fingerprint", None)
     return ds, provenance + (f" fingerprint={fingerprint}" if fingerprint else "")

@@ -14,7 +14,9 @@ Metrics, states the rule):
   verdicts, their controls and the gains they classify (attacks/controls.classify; metrics/equivalence.py
   sizes n and the margin from the t critical value and attacks/calibration.py reads the per-unit spread
   back from t half-widths), and the timing benchmarks' met / not met over a few rounds.
-  `paired_difference_t_ci` is its paired form.
+  `paired_difference_t_ci` is its paired form. A leak reads it as it is; an at_chance reads it widened to
+  the bound the sample earned (metrics/equivalence.earned_interval, issue 51), never its zero width when
+  every value is equal.
 - `bootstrap_ci` — percentile bootstrap of any statistic. Used for corpus-level statistics that are
   ratios of sums and not means of per-prompt values: corpus BLEU (metrics/text.py) and micro-averaged
   token precision/recall/F1 (metrics/privacy.py).

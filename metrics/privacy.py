@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal
 
 import numpy as np
@@ -49,7 +50,7 @@ def _bag(tokens: Sequence[Hashable], mode: Mode) -> Counter:
 
 def _overlap_stats(ref: Counter, hyp: Counter) -> tuple[int, int, int]:
     """(overlap, hypothesis size, reference size) of two bags."""
-    overlap = sum((ref & hyp).values())
+    overlap = sum(min(c, hyp[t]) for t, c in ref.items() if t in hyp)   # Σ min: (ref & hyp) without its Counter
     return overlap, sum(hyp.values()), sum(ref.values())
 
 
@@ -149,29 +150,39 @@ def chance_floor(prompts_tokens: Sequence[Sequence[Hashable]], mode: Mode = "mul
 def pairwise_f1(refs: Sequence[Sequence[Hashable]], hyps: Sequence[Sequence[Hashable]],
                 mode: Mode = "multiset") -> np.ndarray:
     """F1 (%) of every (reference i, hypothesis j) pair, [len(refs), len(hyps)], exactly as `token_prf`
-    computes it (the same counts and arithmetic, from token-count matrices: the all-pairs floors score n²
-    pairs, thousands in the calibration's trials)."""
-    ids: dict[Hashable, int] = {}
-    for row in [*refs, *hyps]:
-        for t in row:
-            ids.setdefault(t, len(ids))
+    computes it (the same counts and arithmetic, from sparse token-count matrices: the all-pairs floors score
+    n² pairs, thousands in the calibration's trials, over a vocabulary far larger than any row)."""
+    from scipy import sparse
 
-    def counts(rows: Sequence[Sequence[Hashable]]) -> np.ndarray:
-        mat = np.zeros((len(rows), max(1, len(ids))), np.int64)
-        for i, row in enumerate(rows):
-            for t, c in _bag(row, mode).items():
-                mat[i, ids[t]] = c
-        return mat
+    if mode not in ("multiset", "set"):
+        raise ValueError(f"mode must be 'multiset' or 'set', got {mode!r}")
+    ids = {t: k for k, t in enumerate(dict.fromkeys(chain.from_iterable([*refs, *hyps])))}
+    width = max(1, len(ids))
 
-    r, h = counts(refs), counts(hyps)
-    # Σ_v min(r_v, h_v) = Σ_{t ≥ 1} Σ_v [r_v ≥ t]·[h_v ≥ t]: one matrix product per count level, over the
-    # tokens some row holds t times (few beyond t = 1); float32 sums of 0/1 products are exact below 2²⁴.
-    overlap = np.zeros((len(refs), len(hyps)))
-    top_r, top_h = r.max(0, initial=0), h.max(0, initial=0)
-    for t in range(1, int(min(top_r.max(initial=0), top_h.max(initial=0))) + 1):
-        cols = np.flatnonzero((top_r >= t) & (top_h >= t))
-        overlap += (r[:, cols] >= t).astype(np.float32) @ (h[:, cols] >= t).astype(np.float32).T
-    ref_size, hyp_size = r.sum(1)[:, None].astype(float), h.sum(1)[None, :].astype(float)
+    def counts(rows: Sequence[Sequence[Hashable]]) -> tuple[sparse.csr_array, np.ndarray, np.ndarray]:
+        """[row, token] → its count in the row (1 in set mode), each row's size and each token's largest count."""
+        lengths = [len(row) for row in rows]
+        col = np.fromiter(map(ids.__getitem__, chain.from_iterable(rows)), np.int64, sum(lengths))
+        row = np.repeat(np.arange(len(rows)), lengths)
+        m = sparse.coo_array((np.ones(len(col), np.int64), (row, col)), shape=(len(rows), width)).tocsr()
+        m.sum_duplicates()
+        if mode == "set":
+            m.data[:] = 1
+        top = np.zeros(width, np.int64)
+        np.maximum.at(top, m.indices, m.data)
+        return m, m.sum(axis=1).astype(float), top
+
+    (r, ref_size, r_top), (h, hyp_size, h_top) = counts(refs), counts(hyps)
+    # Σ_v min(r_v, h_v) = Σ_{t ≥ 1} Σ_v [r_v ≥ t]·[h_v ≥ t]. Level 1 is one sparse integer product over every
+    # token; the levels above it only over the few tokens both sides hold twice somewhere, as small dense
+    # float32 products of 0/1 (exact below 2²⁴).
+    overlap = ((r > 0).astype(np.int64) @ (h > 0).astype(np.int64).T).toarray().astype(float)
+    cols = np.flatnonzero((r_top >= 2) & (h_top >= 2))
+    if len(cols):
+        r2, h2 = r[:, cols].toarray(), h[:, cols].toarray()
+        for t in range(2, int(min(r_top[cols].max(), h_top[cols].max())) + 1):
+            overlap += (r2 >= t).astype(np.float32) @ (h2 >= t).astype(np.float32).T
+    ref_size, hyp_size = ref_size[:, None], hyp_size[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         p = overlap / hyp_size
         rec = overlap / ref_size

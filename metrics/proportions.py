@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from metrics.equivalence import earned_half_width, zero_spread_bound
 from metrics.intervals import Estimate, mean_ci
 
 
@@ -50,6 +51,12 @@ def newcombe_paired(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tupl
         L = θ̂ − √((p₁−l₁)² − 2φ(p₁−l₁)(u₂−p₂) + (u₂−p₂)²),
         U = θ̂ + √((p₂−l₂)² − 2φ(p₂−l₂)(u₁−p₁) + (u₁−p₁)²).
 
+    With b = c = 0 and a, d > 0, φ = 1 and the two Wilson margins cancel: (a, 0, 0, a) gave [0, 0], and one
+    discordant pair against the direction then *raised* U (issue 51). So the interval is never narrower than
+    θ̂ ± CP_U(0, n) (metrics.equivalence.zero_spread_bound at B = 1: 0.92 % at n = 400), the most n units
+    that all agree can rule out; that makes its ends monotone in the discordant counts. What a certification
+    reads is wider still near the corner: `newcombe_earned`.
+
     Returns (θ̂, L, U) as fractions."""
     n = a + b + c + d
     if min(a, b, c, d) < 0 or n < 1:
@@ -62,7 +69,22 @@ def newcombe_paired(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tupl
     theta = (b - c) / n
     lo = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     hi = theta + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
-    return theta, max(-1.0, lo), min(1.0, hi)
+    h0 = zero_spread_bound(n, 1.0, 1 - alpha)
+    return theta, max(-1.0, min(lo, theta - h0)), min(1.0, max(hi, theta + h0))
+
+
+def newcombe_earned(a: int, b: int, c: int, d: int, alpha: float = 0.05) -> tuple[float, float]:
+    """The interval of θ = p₁ − p₂ that the paired table earned (metrics/equivalence.py, issue 51), what an
+    at_chance reads: `newcombe_paired`'s widened to θ̂ ± earned_half_width with per-unit differences in
+    {−1, 0, 1} (B = 1) and the normal critical value. With few discordant pairs the count sets the width:
+    (a, 1, 0, d) of 400 reaches 1.40 %, the exact bound CP_U(1, 400) being 1.39 %, where Newcombe's own
+    interval stops at 0.74 % for a = d."""
+    theta, lo, hi = newcombe_paired(a, b, c, d, alpha)
+    n, k = a + b + c + d, b + c
+    sd = math.sqrt(max(0.0, k / n - theta * theta) * n / (n - 1)) if n > 1 else 0.0
+    half = earned_half_width(n, k, theta, sd, float(k), 1.0, critical=float(stats.norm.ppf(1 - alpha / 2)),
+                             confidence=1 - alpha)
+    return max(-1.0, min(lo, theta - half)), min(1.0, max(hi, theta + half))
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -94,10 +116,13 @@ def rate_record(hits: Sequence[bool], name: str) -> dict[str, float]:
 
 def paired_difference_record(first: Sequence[bool], second: Sequence[bool], name: str) -> dict[str, float]:
     """results.json keys of first − second (pp) on the same positions: Newcombe's paired 95% interval, the
-    exact McNemar p and the discordant counts."""
+    interval the table earned (`_earned_ci_lo/_hi`, what an at_chance reads), the exact McNemar p and the
+    discordant counts."""
     a, b, c, d = paired_table(list(first), list(second))
     theta, lo, hi = newcombe_paired(a, b, c, d)
+    e_lo, e_hi = newcombe_earned(a, b, c, d)
     return {name: 100.0 * theta, f"{name}_ci_lo": 100.0 * lo, f"{name}_ci_hi": 100.0 * hi,
+            f"{name}_earned_ci_lo": 100.0 * e_lo, f"{name}_earned_ci_hi": 100.0 * e_hi,
             f"{name}_mcnemar_p": mcnemar_exact(b, c), f"{name}_first_only": b, f"{name}_second_only": c}
 
 

@@ -65,6 +65,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         metrics[f"{name}_certify_rate"] = r["certify_rate"]["rate"]
         gate = r["power_at_gate_dose"]
         metrics[f"{name}_power_at_gate_dose"] = None if gate is None else gate["rate"]
+        metrics[f"{name}_zero_spread_certifications"] = r["zero_spread_certifications"]
+        metrics[f"{name}_zero_width_intervals"] = r["zero_width_intervals"]
+        for null, x in r.get("extra_nulls", {}).items():     # collab: random ids with 2× the null's steps
+            metrics[f"{name}_{null}_false_leak_rate"] = x["false_leak_rate"]["rate"]
+            metrics[f"{name}_{null}_certify_rate"] = x["certify_rate"]["rate"]
         for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own (and against the other reference)
             metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
             metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
@@ -86,6 +91,13 @@ DEFINITIONS = {
     "systems.<system>.false_leak_rate": "share of null trials the system's verdict read as leak, {k, n, rate, "
                                         "ci: Clopper-Pearson 95%}",
     "systems.<system>.certify_rate": "share of null trials read at_chance (the verdict's power to certify)",
+    "systems.<system>.zero_spread_certifications": "at_chance calls (null and dosed trials) whose verdict "
+                                                   "interval had zero width; 0 since at_chance reads the bound "
+                                                   "the sample earned (metrics/equivalence.py, issue 51)",
+    "systems.<system>.zero_width_intervals": "trials (null and dosed) whose data interval had zero width, whatever "
+                                             "their verdict: the corner the earned bound exists for",
+    "systems.<system>.extra_nulls": "further nulls read with the same verdict, each with false_leak_rate and "
+                                    "certify_rate (collab: long_random_ids, random ids with 2x the null's steps)",
     "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
     "systems.<system>.certifiable_margin_pp": "the margin the entry's sample size certifies with 80% probability "
                                               "at the null trials' spread (metrics/equivalence.py), or, where the "
@@ -115,5 +127,9 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(f"  {name:<11} false leak {fl['k']}/{fl['n']} (≤ {fl['ci'][1]:.1%}), at chance {cert['k']}/"
                      f"{cert['n']}, power {power}; certifiable margin "
                      f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']} "
-                     f"(sized for {planned.get('n_needed', '?')})")
+                     f"(sized for {planned.get('n_needed', '?')}); zero-spread certifications "
+                     f"{r['zero_spread_certifications']} (zero-width intervals {r['zero_width_intervals']})")
+        for null, x in r.get("extra_nulls", {}).items():
+            lines.append(f"    {null}: false leak {x['false_leak_rate']['k']}/{x['false_leak_rate']['n']}, "
+                         f"at chance {x['certify_rate']['k']}/{x['certify_rate']['n']}")
     return "\n".join(lines)

@@ -159,9 +159,15 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                       "sets credits extra coverage, so random ids read above it",
         "null_excess_token_er_at_k": "the verdict's statistic: the informed attacker's Token-ER on the signal minus "
                                      "on the null signal (the same defence, parameter and seed, the edge without "
-                                     "x_priv), per example, mean with a paired Student-t 95% interval",
+                                     "x_priv), per example over steps paired by collab.controls.step_matching "
+                                     f"({c.controls.step_matching}), mean with a paired Student-t 95% interval",
+        "controls.null_excess_token_er_earned_ci": "the interval the sample earned (metrics/equivalence.py, issue 51) "
+                                                   "at per_item_bound_pp = "
+                                                   f"{c.controls.per_item_bound_pp} pp: what at_chance reads; never "
+                                                   "narrower than ±B·CP_U(0, n)",
         "verdict": f"attacks/controls.classify on null_excess_token_er_at_{c.metrics.report_k} against 0 with m = "
-                   f"{c.controls.gate_margin_pp} pp; positive control: the undefended run against the undefended "
+                   f"{c.controls.gate_margin_pp} pp (leak: its t interval; at_chance: its earned interval); "
+                   "positive control: the undefended run against the undefended "
                    f"edge without x_priv, lower bound >= {c.controls.positive_margin_pp} pp; negative control: a second "
                    "null signal (seed + 1) against the null does not read leak (lower bound <= m)",
     }
@@ -185,7 +191,9 @@ def summary(results: dict[str, Any]) -> str:
                  + (f"; constant-answer floor {floor:.1f}" if floor is not None else "") + ")")
     c = results["controls"]
     lines.append(f"  excess over the null signal (verdict) {c['null_excess_token_er']:+.2f} "
-                 f"[{c['null_excess_token_er_ci'][0]:.2f}, {c['null_excess_token_er_ci'][1]:.2f}]")
+                 f"[{c['null_excess_token_er_ci'][0]:.2f}, {c['null_excess_token_er_ci'][1]:.2f}]"
+                 + (f", earned [{c['null_excess_token_er_earned_ci'][0]:.2f}, {c['null_excess_token_er_earned_ci'][1]:.2f}]"
+                    if "null_excess_token_er_earned_ci" in c else ""))
     lines.append(f"  verdict: {results['verdict']} (positive control {'pass' if m['positive_control_pass'] else 'fail'}, "
                  f"negative control {'pass' if m['negative_control_pass'] else 'fail'})")
     return "\n".join(lines)

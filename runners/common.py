@@ -6,6 +6,7 @@ Runners compose; this module holds their shared plumbing so each runner file kee
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +102,9 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
     from harness import provenance
     from harness.wandb_mirror import mirror
 
+    # the job's wall time, model loading included (runners/plan.py estimates a sweep's cost from it)
+    started = getattr(ctx, "started", None)
+    wall = {} if started is None else {"wall_s": round(time.time() - started, 3)}
     results = {
         **results,
         "privacy_parameter": results.get("privacy_parameter") or configurations.privacy_parameter(
@@ -109,7 +113,8 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
         "config_hash": ctx.config_hash,
         "run_dir": ctx.name,
         "provenance": provenance.collect(OmegaConf.to_container(cfg, resolve=True), cfg.seed, engines=engines,
-                                         extra={"placement": placement or _splitee_placement(), **(provenance_extra or {})}),
+                                         extra={"placement": placement or _splitee_placement(), **wall,
+                                                **(provenance_extra or {})}),
     }
     ctx.run_dir.write_results(results, samples, side_files=side_files, before_done=before_done)
     print(summary(results), flush=True)

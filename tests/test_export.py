@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from runners import export
-from tests.test_report import FAILED, fidelity, sweep, write_run
+from tests.test_report import FAILED, FIDELITY, fidelity, sweep, write_run
 
 
 def _export(args: list[str], capsys) -> tuple[int, str, str]:
@@ -45,7 +45,11 @@ def test_one_row_per_run_and_metric_with_config_columns(tmp_path: Path, capsys) 
     assert "bleu_signature" not in ep1.index and "exact_match_ci_lo" not in ep1.index   # text, and interval keys
     row = ep1.iloc[0]
     assert (row.system, row.experiment, row.parameter, row.variant, row.model, row.workload, row.seed) == \
-        ("splitee", "fidelity", "epsilon", "default", "smollm2-135m", "dolly", "0")
+        ("splitee", "fidelity", "epsilon", "default", "smollm2-135m", "dolly", 0)
+    # issue 54: the seed is an integer; where a number came from: its config hash, commit and date
+    assert df.seed.dtype == "int64"
+    assert (row.config_hash, row.commit) == (FIDELITY["config_hash"], "ab3ac9898ad5829bce035763c3aa88eb82af7689-dirty")
+    assert row.date == pd.Timestamp("2026-11-29T13:44:33Z")
     epn = df[df.configuration == "epn"]
     assert epn.parameter.isna().all() and epn.parameter_value.isna().all()
     c = df[df.configuration == "coveil"].set_index("metric")
@@ -62,6 +66,61 @@ def test_out_names_the_table(tmp_path: Path, capsys) -> None:
     code, _, _ = _export([str(tmp_path / "runs"), "--out", str(tmp_path / "t" / "sweep")], capsys)
     assert code == 0
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["sweep.csv", "sweep.parquet"]
+
+
+@pytest.mark.parametrize("name", ["sweep.csv", "sweep.parquet"])
+def test_out_with_an_extension_names_both_files(tmp_path: Path, capsys, name) -> None:
+    """Issue 54: `--out X.csv` wrote X.csv.csv and X.csv.parquet."""
+    sweep(tmp_path / "runs")
+    code, _, _ = _export([str(tmp_path / "runs"), "--out", str(tmp_path / "t" / name)], capsys)
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["sweep.csv", "sweep.parquet"]
+
+
+def test_tag_keeps_the_runs_carrying_it(tmp_path: Path, capsys) -> None:
+    sweep(tmp_path)
+    write_run(tmp_path, "fidelity/smollm2-135m/t3/eps=na/default", fidelity("t3", None, 50.0, 40.0, 60.0, tags=["paper"]))
+    write_run(tmp_path, "fidelity/smollm2-135m/cpu/eps=na/default",
+              fidelity("cpu", None, 50.0, 40.0, 60.0, tags=["paper", "smoke"]))
+    code, out, _ = _export([str(tmp_path), "--tag", "paper"], capsys)
+    assert code == 0 and "from 2 finished run(s)" in out
+    df = pd.read_parquet(tmp_path / "splitbench_export.parquet")
+    assert set(df.configuration) == {"t3", "cpu"}
+    code, _, _ = _export([str(tmp_path), "--tag", "paper", "--tag", "smoke"], capsys)
+    assert code == 0 and set(pd.read_parquet(tmp_path / "splitbench_export.parquet").configuration) == {"cpu"}
+    code, out, err = _export([str(tmp_path), "--tag", "nope"], capsys)
+    assert code == 2 and out == "" and err.strip() == (
+        f"splitbench-export: error: no finished run tagged nope (results.json with status ok and .done) under {tmp_path}")
+
+
+def test_a_corrupt_run_and_a_metric_of_the_wrong_type_are_reported_and_exit_2(tmp_path: Path, capsys) -> None:
+    """Issue 54: a truncated results.json beside .done was counted as failed/unfinished, and a metric stored as
+    text where a number belongs was dropped (45 -> 44 rows), both with exit 0. Now one line each, exit 2, and the
+    table of everything else written."""
+    sweep(tmp_path)
+    wrong = fidelity("ep1", 15.0, 99.0, 98.0, 100.0)
+    write_run(tmp_path, "fidelity/smollm2-135m/ep1/eps=15/default", wrong)
+    code, _, _ = _export([str(tmp_path)], capsys)
+    rows = len(pd.read_parquet(tmp_path / "splitbench_export.parquet"))
+    torn = write_run(tmp_path, "fidelity/smollm2-135m/t3/eps=na/default", fidelity("t3", None, 50.0, 40.0, 60.0))
+    (torn / "results.json").write_text((torn / "results.json").read_text()[:200])
+    wrong["metrics"]["bleu"] = "99.0"
+    write_run(tmp_path, "fidelity/smollm2-135m/ep1/eps=15/default", wrong)
+    marker_only = tmp_path / "fidelity/smollm2-135m/cpu/eps=na/default"
+    marker_only.mkdir(parents=True)
+    (marker_only / ".done").write_bytes(b"")
+    code, out, err = _export([str(tmp_path)], capsys)
+    assert code == 2 and "from 6 finished run(s)" in out and "failed/unfinished" not in out
+    missing, corrupt, wrong_type = err.splitlines()
+    assert missing == ("splitbench-export: error: fidelity/smollm2-135m/cpu/eps=na/default: results.json is missing "
+                       "beside .done: a corrupt run, left out (recompute it with rerun=true)")
+    assert corrupt.startswith("splitbench-export: error: fidelity/smollm2-135m/t3/eps=na/default: results.json: "
+                              "JSONDecodeError: ")
+    assert corrupt.endswith(": a corrupt run, left out (recompute it with rerun=true)")
+    assert wrong_type == ("splitbench-export: error: fidelity/smollm2-135m/ep1/eps=15/default: metrics.bleu is text "
+                          "(\"99.0\"), not a number: left out")
+    df = pd.read_parquet(tmp_path / "splitbench_export.parquet")
+    assert len(df) == rows - 1 and "bleu" not in set(df[df.parameter_value == 15].metric)
 
 
 @pytest.mark.parametrize("make, expected", [

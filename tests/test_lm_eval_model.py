@@ -139,10 +139,15 @@ def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Pat
 
     (tmp_path / "task.yaml").write_text(json.dumps(_tasks(tmp_path)[0]))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    for args, message in ((f"{MODEL},configuration=nope", "nope"),
-                          (f"{MODEL},configuration=custext_plus", "needs its privacy parameter")):
-        proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "--model", "splitbench", "--model_args",
-                               args, "--include_path", str(tmp_path), "--tasks", "sb_choice",
+    for args, message, model, task in (
+            (f"{MODEL},configuration=nope", "nope", "splitbench", "sb_choice"),
+            (f"{MODEL},configuration=custext_plus", "needs its privacy parameter", "splitbench", "sb_choice"),
+            # issue 54: lm-eval's own refusals were its 17-line tracebacks
+            (f"{MODEL},configuration=cpu", "Tasks not found: nope_task", "splitbench", "nope_task"),
+            (MODEL, "plain `lm_eval --model splitbench` cannot find it: lm-eval does not load plug-in entry points",
+             "splitbnech", "sb_choice")):
+        proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "--model", model, "--model_args",
+                               args, "--include_path", str(tmp_path), "--tasks", task,
                                "--output_path", str(tmp_path / "out")],
                               capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env,
                               timeout=300)
@@ -150,3 +155,73 @@ def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Pat
         errors = [line for line in proc.stderr.splitlines() if line.startswith("splitbench: error:")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_batch_size_in_model_args_is_the_batch_size() -> None:
+    """Issue 54: lm-eval passes its --batch_size (1 by default) beside model_args, and `batch_size=2` in model_args
+    was a TypeError (multiple values for batch_size). model_args says what the user meant."""
+    lm = lm_eval_model.SplitbenchLM.create_from_arg_string(f"{MODEL},configuration=cpu,batch_size=2",
+                                                           {"batch_size": 1, "max_batch_size": None, "device": "cuda:0"})
+    assert lm.batch_size == 2
+    lm = lm_eval_model.SplitbenchLM.create_from_arg_obj({"model": "tiny-llama", "configuration": "cpu"},
+                                                        {"batch_size": 3})
+    assert lm.batch_size == 3
+
+
+def test_help_says_plain_lm_eval_cannot_find_the_model(monkeypatch, capsys) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["splitbench-lm-eval", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        lm_eval_model.main()
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Plain `lm_eval --model splitbench` cannot find it: lm-eval 0.4 looks models up in its own registry only " \
+           "and does not load plug-in entry points" in text
+
+
+def test_run_folders_are_named_by_configuration_and_epsilon() -> None:
+    folder = lm_eval_model._run_folder
+    assert folder("out", {"model": "tiny-llama", "configuration": "ep1", "epsilon": 5}) == \
+        "out/tiny-llama/ep1/eps=5/results.json"
+    assert folder("out", {"model": "tiny-llama", "configuration": "ep1", "epsilon": 0.5}) == \
+        "out/tiny-llama/ep1/eps=0.5/results.json"
+    assert folder("out", {"model": "tiny-llama", "configuration": "cpu", "epsilon": 5}) == \
+        "out/tiny-llama/cpu/eps=na/results.json"
+    assert folder("out", {}) == "out/smollm2-135m/ep1/eps=na/results.json"
+
+
+def test_a_run_records_its_real_device_commit_and_folder_quietly(tmp_path: Path) -> None:
+    """Issue 54: results recorded lm-eval's --device default (cuda:0 on a CPU machine) and git_hash null, every
+    configuration of a model shared one folder, epsilon=5 under cpu passed without the main CLI's note,
+    `fatal: not a git repository` printed outside a checkout, and bars drew into a pipe. Run from a folder that
+    is no git checkout, stderr a pipe."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from harness.devices import describe_device
+    from harness.provenance import git_state
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "task.yaml").write_text(json.dumps(_tasks(tmp_path)[0]))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    env.pop("TQDM_DISABLE", None)
+    env.pop("SPLITBENCH_PROGRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "run", "--model", "splitbench",
+                           "--model_args", f"{MODEL},configuration=cpu,epsilon=5,batch_size=2",
+                           "--include_path", str(tmp_path), "--tasks", "sb_choice", "--output_path",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "splitbench: note: configuration cpu ignores epsilon, so epsilon=5 is the same run" in proc.stderr
+    assert "fatal:" not in proc.stderr and not re.search(r"\d+%\||\d+/\d+ \[", proc.stderr), proc.stderr
+    (results,) = (tmp_path / "out" / "tiny-llama" / "cpu" / "eps=na").glob("results_*.json")
+    record = json.loads(results.read_text())
+    import torch
+
+    assert record["config"]["device"] == describe_device(torch.device("cpu"))
+    assert record["config"]["batch_size"] == 2 == record["config"]["splitbench"]["batch_size"]
+    assert record["git_hash"] == git_state()["commit"] is not None
+    assert record["config"]["splitbench"]["configuration"] == "cpu"
+    assert record["config"]["splitbench"]["epsilon"] is None   # cpu ignores it

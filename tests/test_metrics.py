@@ -343,3 +343,116 @@ def test_proportion_ci_wilson_at_the_edges():
         proportion_ci([101.0])
     with pytest.raises(ValueError, match="at least one"):
         proportion_ci([])
+
+
+# --- issue 51: the bound a sample earned (metrics/equivalence.py) ------------------------------------------
+
+
+def _certify(diffs, margin, bound=100.0):
+    """controls.classify's verdict on paired differences with passing controls, as a verdict reads them."""
+    from attacks import controls
+    from metrics.equivalence import earned_interval
+    from metrics.intervals import paired_difference_t_ci
+
+    e = paired_difference_t_ci(list(diffs), [0.0] * len(diffs))
+    earned = earned_interval(diffs, e.lo, e.hi, bound)
+    return controls.classify(e.lo, e.hi, 0.0, margin, positive_passed=True, negative_passed=True,
+                             certify=earned), e, earned
+
+
+def test_thirty_zero_differences_certify_nothing_at_one_point():
+    """30 examples that agree exactly: the t interval is [0, 0], but 0 differing of 30 allows 11.6 % of
+    examples to differ (Clopper–Pearson, one-sided 97.5 %): at B = 100 pp the mean could be 11.6 pp."""
+    verdict, e, (lo, hi) = _certify([0.0] * 30, 1.0)
+    assert (e.lo, e.hi) == (0.0, 0.0) and verdict == "inconclusive"
+    assert hi == pytest.approx(100 * (1 - 0.025 ** (1 / 30))) == pytest.approx(11.57, abs=0.01) and lo == -hi
+    # the zero-width interval alone never certifies either, whoever forgets the earned one
+    from attacks import controls
+
+    assert controls.classify(0.0, 0.0, 0.0, 1.0, positive_passed=True, negative_passed=True) == "inconclusive"
+
+
+def test_four_hundred_zero_differences_certify_one_point():
+    """0 of 400: the one-sided 97.5 % Clopper–Pearson bound is 0.92 %, times B = 100 pp: 0.92 pp ≤ 1 pp."""
+    from metrics.proportions import clopper_pearson
+
+    verdict, _, (lo, hi) = _certify([0.0] * 400, 1.0)
+    assert hi == pytest.approx(100 * clopper_pearson(0, 400)[1]) == pytest.approx(0.918, abs=1e-3)
+    assert verdict == "at_chance" and lo == -hi
+    # a smaller per-item bound fixed in advance (the positive control's largest effect) earns less width
+    assert _certify([0.0] * 30, 1.0, bound=5.0)[0] == "at_chance"
+
+
+@pytest.mark.parametrize("n", [10, 30, 400])
+@pytest.mark.parametrize("x", [0.5, 1.0, 5.0, 60.0, 100.0, -1.0, -60.0])
+def test_earned_bound_never_tightens_as_more_items_differ(n, x):
+    """k = 0..n items that differ by x: the reach max(|lo|, |hi|) and the end on x's side never fall (the t
+    interval alone goes from a positive width at k = 1 to [0, 0] at k = 0, and falls again at k = n)."""
+    from metrics.equivalence import earned_interval, zero_spread_bound
+
+    prev = None
+    for k in range(n + 1):
+        d = [x] * k + [0.0] * (n - k)
+        e = mean_t_ci(d)
+        lo, hi = earned_interval(d, e.lo, e.hi, 100.0)
+        assert hi - lo >= 2 * zero_spread_bound(n, 100.0) - 1e-9 or max(-lo, hi) == 100.0
+        now = (max(-lo, hi), hi if x > 0 else -lo)
+        if prev is not None:
+            assert now[0] >= prev[0] - 1e-9 and now[1] >= prev[1] - 1e-9, (k, prev, now)
+        prev = now
+
+
+@pytest.mark.parametrize("which", ["newcombe_paired", "newcombe_earned"])
+def test_newcombe_paired_is_never_zero_width_and_is_monotone(which):
+    """(a, 0, 0, a) gave [0, 0] (φ = 1 cancels the Wilson margins) and one discordant pair against the direction
+    raised the upper end (0 → 2.79 % at (14, 0, 1, 15)); now the corner reaches ±CP_U(0, n), and the upper end
+    never falls as b grows (the lower never rises as c grows), nor the reach as either does: Newcombe's interval
+    (the floor) and the earned one alike."""
+    from metrics.equivalence import _newcombe_vec
+    from metrics.proportions import newcombe_earned, newcombe_paired
+
+    def interval(a, b, c, d):
+        return newcombe_paired(a, b, c, d)[1:] if which == "newcombe_paired" else newcombe_earned(a, b, c, d)
+
+    lo, hi = interval(15, 0, 0, 15)
+    assert hi == pytest.approx(1 - 0.025 ** (1 / 30)) and lo == -hi
+    assert interval(200, 0, 0, 200)[1] == pytest.approx(0.00918, abs=1e-5)
+    for a, d in ((15, 15), (20, 10), (200, 200), (300, 100), (29, 1), (0, 60)):
+        ups = [interval(a, b, 0, d - b)[1] for b in range(min(d, 12) + 1)]
+        assert all(v >= u - 1e-12 for u, v in zip(ups, ups[1:])), (a, d, ups)
+        lows = [interval(a - c, 0, c, d)[0] for c in range(min(a, 12) + 1)]
+        assert all(v <= u + 1e-12 for u, v in zip(lows, lows[1:])), (a, d, lows)
+        reach = [max(-lo, hi) for lo, hi in (interval(a, b, 0, d - b) for b in range(min(d, 12) + 1))]
+        assert all(v >= u - 1e-12 for u, v in zip(reach, reach[1:])), (a, d, reach)
+    # the vectorised form the sizing rule simulates with is the same interval
+    t = np.array([[15, 0, 0, 15], [200, 3, 1, 196], [10, 5, 0, 85], [200, 1, 0, 199]])
+    lo, hi = _newcombe_vec(*t.T, earned=which == "newcombe_earned")
+    assert np.allclose(np.c_[lo, hi], [interval(*r) for r in t.tolist()])
+
+
+def test_newcombe_earned_reaches_the_exact_bound_with_one_discordant_pair():
+    """(200, 1, 0, 199): Newcombe's upper end (with its floor) is 1.17 %; the exact bound on θ ≤ p_b is
+    CP_U(1, 400) = 1.39 %, and the earned interval reaches 1.40 %. Far from the corner the earned interval
+    contains Newcombe's and costs about a tenth of its width (20 % discordance of 400: the share's upper bound,
+    24 %, sets the variance)."""
+    from metrics.proportions import clopper_pearson, newcombe_earned, newcombe_paired
+
+    assert newcombe_paired(200, 1, 0, 199)[2] < 0.012 < clopper_pearson(1, 400)[1] <= newcombe_earned(200, 1, 0, 199)[1]
+    (e_lo, e_hi), (_, lo, hi) = newcombe_earned(60, 60, 20, 260), newcombe_paired(60, 60, 20, 260)
+    assert e_lo <= lo and hi <= e_hi and (e_hi - e_lo) <= 1.15 * (hi - lo)
+
+
+def test_earned_bound_covers_few_large_differences_where_t_does_not():
+    """Valid beyond the corner: 400 items of which 2 % differ by 100 pp (mean 2 pp). The t interval's upper
+    end misses the mean in about 10 % of samples (few, large differences: s runs low); the earned one in at
+    most its nominal 2.5 % (2000 samples: ≤ 3.5 %)."""
+    from metrics.equivalence import earned_interval
+
+    rng = np.random.default_rng(0)
+    t_miss = miss = 0
+    for _ in range(2000):
+        d = 100.0 * (rng.random(400) < 0.02)
+        e = mean_t_ci(d)
+        t_miss += e.hi < 2.0
+        miss += earned_interval(d, e.lo, e.hi, 100.0)[1] < 2.0
+    assert t_miss / 2000 > 0.06 and miss / 2000 <= 0.035, (t_miss, miss)

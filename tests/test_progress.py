@@ -47,6 +47,14 @@ def test_generation_is_silent_when_stderr_is_not_a_terminal(tiny, monkeypatch):
     assert _generate(tiny, io.StringIO(), monkeypatch) == ""
 
 
+@pytest.mark.parametrize("asked, terminal, drawn", [("1", False, True), ("0", True, False), ("", True, True)])
+def test_splitbench_progress_asks_for_bars_or_silences_them(tiny, monkeypatch, asked, terminal, drawn):
+    """SPLITBENCH_PROGRESS=1 draws the bars into a pipe or a log one follows; =0 silences them on a terminal."""
+    monkeypatch.setenv("SPLITBENCH_PROGRESS", asked)
+    out = _generate(tiny, _Terminal() if terminal else io.StringIO(), monkeypatch)
+    assert ("ep1: generate" in out) == drawn
+
+
 def test_a_cli_run_into_a_pipe_prints_no_bar(tmp_path):
     res = run_cli(["experiment=smoke", "workload.n_prompts=2", "generation.max_new_tokens=3",
                    "generation.batch_size=1"], tmp_path / "out", tmp_path / "cache")

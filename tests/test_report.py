@@ -383,6 +383,24 @@ def test_failed_and_unfinished_runs_are_listed(tmp_path: Path, capsys) -> None:
     assert "3 failed/unfinished" in out
 
 
+def test_a_corrupt_run_and_a_metric_of_the_wrong_type_end_in_exit_2(tmp_path: Path, capsys) -> None:
+    """Issue 54: a truncated results.json beside .done was counted as "failed/unfinished" and a metric stored as
+    text was shown as "—", with exit 0. Now one stderr line each and exit 2, after the report is written."""
+    sweep(tmp_path)
+    torn = write_run(tmp_path, "fidelity/smollm2-135m/t3/eps=na/default", fidelity("t3", None, 50.0, 40.0, 60.0))
+    (torn / "results.json").write_text((torn / "results.json").read_text()[:200])
+    wrong = fidelity("ep1", 15.0, 99.0, 98.0, 100.0)
+    wrong["metrics"]["exact_match"] = "99"
+    write_run(tmp_path, "fidelity/smollm2-135m/ep1/eps=15/default", wrong)
+    code, out, err = run_report([str(tmp_path)], capsys)
+    assert code == 2 and (tmp_path / "report.md").exists() and "from 6 finished run(s)" in out
+    corrupt, wrong_type = err.splitlines()
+    assert corrupt.startswith("splitbench-report: error: fidelity/smollm2-135m/t3/eps=na/default: results.json: ")
+    assert corrupt.endswith("a corrupt run, left out (recompute it with rerun=true)")
+    assert wrong_type == ("splitbench-report: error: fidelity/smollm2-135m/ep1/eps=15/default: metrics.exact_match is "
+                          "text (\"99\"), not a number: left out")
+
+
 def test_pngs_written_linked_and_nonempty(tmp_path: Path, capsys) -> None:
     runs, out_dir = tmp_path / "runs", tmp_path / "report"
     sweep(runs)

@@ -24,6 +24,12 @@ from .conftest import REPO, run_cli, run_cli_in_process
 TINY = ["experiment=smoke", "workload.n_prompts=2", "generation.max_new_tokens=4", "generation.batch_size=2",
         "semantic_model=null"]
 
+
+def tiny(*overrides: str) -> list[str]:
+    """TINY with `overrides` in place of its values of the same keys: a key given twice is refused (issue 54)."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [a for a in TINY if a.split("=", 1)[0] not in keys] + list(overrides)
+
 CONTRACT = ("experiment", "configuration", "epsilon", "model", "workload", "n_prompts", "status", "metrics",
             "provenance")
 
@@ -117,7 +123,7 @@ def test_user_errors_found_at_run_time_one_line_exit_2_no_files(tmp_path, overri
     if override == ["configuration=gpu"] and torch.cuda.is_available():
         pytest.skip("checks the no-CUDA path")
     out = tmp_path / "out"
-    res = run_cli_in_process(TINY + override, out, tmp_path / "cache")
+    res = run_cli_in_process(tiny(*override), out, tmp_path / "cache")
     assert res.returncode == 2, res.stderr
     assert len(res.stderr_lines) == 1, res.stderr
     assert res.stderr_lines[0].startswith("splitbench: error: ") and expected in res.stderr_lines[0], res.stderr
@@ -405,7 +411,7 @@ def test_fidelity_run_mirrors_tokens_per_second_per_batch(tmp_path, monkeypatch)
 
     mirrored = _Run()
     monkeypatch.setattr(wandb, "init", lambda **kw: mirrored)
-    done = run_cli_in_process([*TINY, "workload.n_prompts=3", "logger=wandb"], tmp_path / "out", tmp_path / "cache")
+    done = run_cli_in_process(tiny("workload.n_prompts=3", "logger=wandb"), tmp_path / "out", tmp_path / "cache")
     assert done.returncode == 0, done.stderr
     (results,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("results.json")]
     history = [(step, data) for step, data in mirrored.logged if step is not None]

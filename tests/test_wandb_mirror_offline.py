@@ -136,6 +136,7 @@ def test_splitft_history_is_the_rounds_then_the_inverters_losses_after_them():
 
 
 @pytest.mark.slow   # a Flower simulation (~40 s); the grad audit test below covers the history path by default
+@pytest.mark.usefixtures("flower_ray")
 def test_splitft_run_mirrors_one_step_per_round(tmp_path, init_calls):
     """The split fine-tuning runner hands its per-round records to the mirror (logger=wandb, fake init)."""
     import json

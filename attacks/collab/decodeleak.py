@@ -32,6 +32,18 @@ plus what it owns: its model and x_pub (itself in the view, `public_query`).
   call on it, while what this control must catch is a statistic that reads a leak without information.
   (Evidence rotated between examples was tried and dropped: the built-in contexts share clinical words, so
   a real leak of one context covers its neighbour's evidence, and the control failed on the injected leak.)
+- Earned bound (issue 51): at_chance reads the interval the sample earned (metrics/equivalence.earned_interval,
+  B = collab.controls.per_item_bound_pp), never the t interval alone: 30 examples whose signal and null agree
+  exactly have a t interval [0, 0] but bound the mean only by B·CP_U(0, 30) = 11.6 pp at B = 100. The null
+  shares the signal's seed (common random numbers), so a mechanism that ignores x_priv reproduces its null
+  bit for bit; the earned bound is what keeps such a zero from certifying. A leak reads the t interval.
+- Steps (issue 51): Token-ER is a coverage over the union of the steps' sets, so a signal that decodes more
+  steps than its null covers more with no content at all (random ids gain about 0.14 pp a step). With
+  collab.controls.step_matching=matched (the default) each example's signal and null are cut to the shorter's
+  step count before scoring (`match_steps`): like is compared with like, in the paper's own unit. per_step
+  rescales each side's scores to the null's step count instead: it keeps every step, but coverage saturates
+  (concave in the steps), so dividing by steps penalises the longer side and is neutral only where coverage
+  grows linearly. none keeps every step as decoded (the statistic before issue 51).
 - The headline stays the paper's metric minus the floor (`excess_*`).
 """
 from __future__ import annotations
@@ -45,6 +57,7 @@ from attacks import controls
 from attacks.collab.evidence_recall import Evidence, Vocabulary, first_rank, recall_curves
 from harness.adversary_view import AdversaryView
 from harness.collab import engine
+from metrics.equivalence import earned_interval
 from metrics.intervals import Estimate, mean_ci, paired_difference_ci, paired_difference_t_ci
 
 METRICS = ("token_er", "rouge1_er", "span_er", "auc")
@@ -91,15 +104,9 @@ def score_sets(all_sets: Sequence[Sequence[Sequence[int]]], evidence: Sequence[E
     """Recall curves (`metrics`, all by default; the verdict reads token_er) of each example's exposure sets;
     with `prior` (the floor's sets), of the *informed* attacker that adds its own no-signal guesses:
     E^K = E^K_signal ∪ E^K_floor (merged best ranks)."""
-    rows = []
-    for i, (sets, ev) in enumerate(zip(all_sets, evidence)):
-        ranks = first_rank(sets)
-        if prior is not None:
-            for token, r in first_rank(prior[i]).items():
-                if r < ranks.get(token, r + 1):
-                    ranks[token] = r
-        rows.append(recall_curves(ranks, ev, vocab, ks, metrics))
-    return Curves(rows)
+    # the informed attacker's best rank of an id: its best over the signal's steps and the floor's together
+    return Curves([recall_curves(first_rank(sets if prior is None else [*sets, *prior[i]]), ev, vocab, ks, metrics)
+                   for i, (sets, ev) in enumerate(zip(all_sets, evidence))])
 
 
 def invert(cloud: Any, tokenizer: Any, prompt_ids: list[int], max_new_tokens: int) -> str:
@@ -162,6 +169,39 @@ def summarise(run: Curves, floor: Curves, ks: Sequence[int]) -> dict[str, Any]:
     return out
 
 
+STEP_MATCHING = ("matched", "per_step", "none")
+
+
+def match_steps(signal: Sequence[Sequence[Sequence[int]]], null: Sequence[Sequence[Sequence[int]]]
+                ) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
+    """Each example's signal and null sets cut to the shorter's step count (module docstring, "Steps")."""
+    if len(signal) != len(null):
+        raise ValueError(f"signal and null need the same examples: {len(signal)} vs {len(null)}")
+    cut = [min(len(a), len(b)) for a, b in zip(signal, null)]
+    return ([list(a[:c]) for a, c in zip(signal, cut)], [list(b[:c]) for b, c in zip(null, cut)])
+
+
+def paired_scores(signal: Sequence[Sequence[Sequence[int]]], null: Sequence[Sequence[Sequence[int]]],
+                  evidence: Sequence[Evidence], vocab: Vocabulary, ks: Sequence[int], *,
+                  prior: Sequence[Sequence[Sequence[int]]] | None, step_matching: str = "matched",
+                  metrics: Sequence[str] = METRICS) -> tuple[Curves, Curves]:
+    """The informed attacker's curves on a signal and on the null it is read against, with their steps paired
+    by `step_matching` (module docstring, "Steps")."""
+    if step_matching not in STEP_MATCHING:
+        raise ValueError(f"step_matching must be one of {STEP_MATCHING}, got {step_matching!r}")
+    if step_matching == "matched":
+        signal, null = match_steps(signal, null)
+    a = score_sets(signal, evidence, vocab, ks, prior=prior, metrics=metrics)
+    b = score_sets(null, evidence, vocab, ks, prior=prior, metrics=metrics)
+    if step_matching == "per_step":
+        for row, s, t in zip(a.rows, signal, null):
+            scale = len(t) / len(s) if len(s) else 0.0
+            for curve in row.values():
+                for kk in curve:
+                    curve[kk] *= scale
+    return a, b
+
+
 def null_excess(run: Curves, null: Curves, k: int) -> Estimate:
     """The verdict's statistic: per example Token-ER@k of the signal minus that of the null signal, mean with
     its paired Student-t 95% interval (module docstring)."""
@@ -170,21 +210,31 @@ def null_excess(run: Curves, null: Curves, k: int) -> Estimate:
 
 
 def verdict(run: Curves, null: Curves, positive: tuple[Curves, Curves] | None, negative: tuple[Curves, Curves],
-            k: int, margin_pp: float, positive_margin_pp: float) -> dict[str, Any]:
+            k: int, margin_pp: float, positive_margin_pp: float, per_item_bound_pp: float = 100.0
+            ) -> dict[str, Any]:
     """The three-way verdict on the signal's excess Token-ER@k over its null signal (module docstring) and the
     controls' numbers. `positive`: (undefended, undefended without x_priv), None when the run is itself the
-    undefended collaboration (its own positive control); `negative`: (a second null signal, the null)."""
+    undefended collaboration (its own positive control); `negative`: (a second null signal, the null).
+    at_chance reads the interval the sample earned with per-example bound `per_item_bound_pp`
+    (`null_excess_token_er_earned_ci`), a leak the t interval."""
     exc = null_excess(run, null, k)
     pos = exc if positive is None else null_excess(*positive, k)
     pos_ok = pos.lo >= positive_margin_pp
     neg = null_excess(*negative, k)
     neg_ok = neg.lo <= margin_pp
-    v = controls.classify(exc.lo, exc.hi, 0.0, margin_pp, positive_passed=pos_ok, negative_passed=neg_ok)
+    diffs = [a - b for a, b in zip(run.values("token_er", k), null.values("token_er", k))]
+    earned = earned_interval(diffs, exc.lo, exc.hi, per_item_bound_pp)
+    v = controls.classify(exc.lo, exc.hi, 0.0, margin_pp, positive_passed=pos_ok, negative_passed=neg_ok,
+                          certify=earned)
     return {"verdict": v, "verdict_k": k, "verdict_statistic": "null_excess_token_er",
             "gate_margin_pp": margin_pp, "positive_margin_pp": positive_margin_pp,
+            "per_item_bound_pp": per_item_bound_pp,
             "null_excess_token_er": exc.mean, "null_excess_token_er_ci": [exc.lo, exc.hi],
+            "null_excess_token_er_earned_ci": list(earned),
+            "zero_spread": bool(exc.hi <= exc.lo),
             "positive_control_excess_token_er": pos.mean, "positive_control_excess_token_er_ci": [pos.lo, pos.hi],
             "positive_control_pass": bool(pos_ok),
             "negative_control_excess_token_er": neg.mean,
             "negative_control_excess_token_er_ci": [neg.lo, neg.hi],
             "negative_control_pass": bool(neg_ok)}
+

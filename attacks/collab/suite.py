@@ -45,13 +45,18 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
     floor_curves = leak.score_sets(runs.floor.sets, evidence, vocab_info, ks)
     # The verdict: the informed attacker (signal ∪ its own no-signal guesses) on the signal against the same
     # attacker on the null signal; the controls likewise (attacks/collab/decodeleak.py).
+    # Each pair's steps matched as collab.controls.step_matching says (decodeleak.py, "Steps").
+    matching = str(c.controls.step_matching)
     null_sets = sets_of(runs.null)
-    informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=runs.floor.sets)
-    informed_null = leak.score_sets(null_sets, evidence, vocab_info, ks, prior=runs.floor.sets)
-    pos = None if runs.undefended is None else (
-        leak.score_sets(sets_of(runs.undefended), evidence, vocab_info, ks, prior=runs.floor.sets),
-        leak.score_sets(sets_of(runs.no_context), evidence, vocab_info, ks, prior=runs.floor.sets))
-    neg = (leak.score_sets(sets_of(runs.null_again), evidence, vocab_info, ks, prior=runs.floor.sets), informed_null)
+
+    def pair(signal: list[list[list[int]]], null: list[list[list[int]]]) -> tuple[leak.Curves, leak.Curves]:
+        return leak.paired_scores(signal, null, evidence, vocab_info, ks, prior=runs.floor.sets,
+                                  step_matching=matching)
+
+    informed = leak.score_sets(run_sets, evidence, vocab_info, ks, prior=runs.floor.sets)   # reported, all steps
+    verdict_run, informed_null = pair(run_sets, null_sets)
+    pos = None if runs.undefended is None else pair(sets_of(runs.undefended), sets_of(runs.no_context))
+    neg = pair(sets_of(runs.null_again), null_sets)
     inv = c.inversion
     if inv.enabled:
         def inversions(all_sets: list[list[list[int]]]) -> list[str]:
@@ -69,8 +74,9 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
             curves_.inversion = [leak.rouge1(e.context, g) for e, g in zip(examples, texts)]
             curves_.inversion_text = list(texts)
     curves_out = leak.summarise(curves, floor_curves, ks)
-    v = leak.verdict(informed, informed_null, pos, neg, k_rep, float(c.controls.gate_margin_pp),
-                     float(c.controls.positive_margin_pp))
+    v = leak.verdict(verdict_run, informed_null, pos, neg, k_rep, float(c.controls.gate_margin_pp),
+                     float(c.controls.positive_margin_pp), float(c.controls.per_item_bound_pp))
+    v["step_matching"] = matching
     informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
                     if not k.startswith("floor_") and "inversion" not in k}
     return Audit(curves, floor_curves, curves_out, informed_out, v)

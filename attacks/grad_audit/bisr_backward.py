@@ -241,7 +241,9 @@ def summarise(seeds: list[SeedBisr], margin_pp: float, positive_margin_pp: float
     m["bisr_b_negative_pass"] = m["bisr_b_null_minus_floor_pp_ci_hi"] <= margin_pp
     m["bisr_b_verdict"] = controls.classify(m["bisr_b_minus_floor_pp_ci_lo"], m["bisr_b_minus_floor_pp_ci_hi"], 0.0,
                                             margin_pp, positive_passed=m["bisr_b_positive_pass"],
-                                            negative_passed=m["bisr_b_negative_pass"])
+                                            negative_passed=m["bisr_b_negative_pass"],
+                                            certify=(m["bisr_b_minus_floor_pp_earned_ci_lo"],
+                                                     m["bisr_b_minus_floor_pp_earned_ci_hi"]))
     m["bisr_b_margin_pp"] = margin_pp
     return m
 

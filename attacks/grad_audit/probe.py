@@ -29,6 +29,7 @@ import torch
 
 from harness.adversary_view import AdversaryView
 from harness.grad_audit.trainer import FORWARD_PAYLOAD, RETURNED_GRADIENT, FrameTruth
+from metrics.equivalence import earned_half_width
 from metrics.proportions import wilson
 
 Z95 = 1.959963984540054
@@ -67,11 +68,19 @@ class CellScore:
     const_correct: int
     effect_pp: float
     variance_pp2: float       # sampling variance of effect_pp
+    discordant: int = 0       # rows where the probe and the constant guess disagree (one right, one wrong)
 
     @property
     def ci_pp(self) -> tuple[float, float]:
         half = Z95 * math.sqrt(self.variance_pp2)
         return self.effect_pp - half, self.effect_pp + half
+
+    @property
+    def earned_ci_pp(self) -> tuple[float, float]:
+        """The interval the rows earned (metrics/equivalence.py, issue 51), what an at_chance reads: a probe that
+        predicts the constant guess on every row has ci_pp [0, 0], but n rows bound the effect by ±100·CP_U(0, n)
+        only. Each row's difference lies in {−100, 0, 100} pp."""
+        return earned_pp(self.n, self.discordant, self.effect_pp, self.variance_pp2, *self.ci_pp)
 
     def upper_bound_pp(self, alpha: float, m: int) -> float:
         """Bonferroni–Wilson upper bound of the probe's accuracy minus the constant guess's, in pp."""
@@ -85,7 +94,17 @@ def score(probe_right: torch.Tensor, const_right: torch.Tensor) -> CellScore:
     d = probe_right.double() - const_right.double()
     n = int(d.numel())
     var = float(d.var(unbiased=True)) / n if n > 1 else 0.0
-    return CellScore(n, int(probe_right.sum()), int(const_right.sum()), 100 * float(d.mean()), 1e4 * var)
+    return CellScore(n, int(probe_right.sum()), int(const_right.sum()), 100 * float(d.mean()), 1e4 * var,
+                     int(d.count_nonzero()))
+
+
+def earned_pp(n: int, discordant: int, effect_pp: float, variance_pp2: float, lo: float, hi: float
+              ) -> tuple[float, float]:
+    """[lo, hi] widened to effect ± the earned half-width of n rows of which `discordant` differ by ±100 pp and
+    whose mean has sampling variance `variance_pp2` (metrics.equivalence.earned_half_width, Wald)."""
+    sd = math.sqrt(variance_pp2 * n)
+    half = earned_half_width(n, discordant, effect_pp, sd, 1e4 * discordant, 100.0, critical=Z95)
+    return max(-100.0, min(lo, effect_pp - half)), min(100.0, max(hi, effect_pp + half))
 
 
 class FrequentTokenProbe:

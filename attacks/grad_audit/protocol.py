@@ -34,6 +34,7 @@ from attacks.grad_audit.partition import partition_attack, returned_gradients
 from attacks.grad_audit.probe import (
     arm_tensors,
     dosed_control,
+    earned_pp,
     probe_rows,
     run_probe,
 )
@@ -206,9 +207,16 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     m["positive_control_pass"] = bool(ctrl) and all(c["positive_pass"] for c in ctrl)
     reference = statistics.fmean(s["cells"][head]["offset_pp"] for s in scored)
     m["probe_verdict_reference_pp"] = reference
+    # at_chance reads the interval the rows earned (issue 51): the pooled interval widened to at least what every
+    # scored row of the headline arm earns as one sample (a probe at the constant guess everywhere pools to [0, 0])
+    n_rows, k_rows = sum(c.n for c in cells), sum(c.discordant for c in cells)
+    mean_row = sum(c.effect_pp * c.n for c in cells) / n_rows
+    var_row = max(0.0, (1e4 * k_rows - n_rows * mean_row ** 2) / max(1, n_rows - 1)) / n_rows
+    earned = earned_pp(n_rows, k_rows, pooled[head].mean, var_row, pooled[head].lo, pooled[head].hi)
+    m["probe_effect_pp_earned_ci"] = list(earned)
     m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, reference, margin,
                                            positive_passed=m["positive_control_pass"],
-                                           negative_passed=m["negative_control_pass"])
+                                           negative_passed=m["negative_control_pass"], certify=earned)
     m["verdict"] = controls.worst([m["probe_verdict"], m["partition_verdict"]])
     diffs = [d for s in scored for d in s["ce_increase"]]
     ce = mean_ci(diffs)

@@ -16,9 +16,11 @@ maximum-likelihood token and the MAP's the Bayes-optimal guess under the model's
 in the clear: σ_e = 1 there, so the score is −½ Σ‖y − μ‖²: exact matching, the nearest candidate.
 
 Prefix (`mode`): `teacher_forced` gives the true prefix (an upper bound for every attacker of this family);
-`free_running` uses the attacker's own recovery so far. The prefix's keys and values are computed once per
-position (a KV cache extended by one token a step) and shared by every candidate, so the cost of a
-position does not grow with the number of positions already attacked, beyond attention over the prefix.
+`free_running` uses the attacker's own recovery so far. The true prefix of every position comes from one
+prefill of the prompt (`Prefill`: its per-layer keys and values, sliced per position, and the prior after
+each); a free-running recovery extends its own KV cache a token a step. Every candidate attends to the
+prefix's keys and values, shared and never copied, and to its own alone (`_candidate_attention`), so the cost
+of a position does not grow with the number of positions already attacked, beyond attention over the prefix.
 
 Staged pruning (`prune`: (layers_upto, keep) pairs). Stage `0` scores the whole vocabulary with the
 layer-0 QKV exposure alone, which needs no forward pass: its input is RMSNorm(E[v]), a codebook (as in
@@ -31,7 +33,9 @@ that keeps the K tokens the model's next-token prior ranks highest, before any e
 scorers prune by it): the only pruning a single deep layer alone allows without a forward of the whole
 vocabulary through every layer above it. `prune_union_prior` K makes the first exposure stage keep its own
 `keep` best ∪ the prior's K best, for each scorer: the exposure score and the prior each rescue the truth the
-other ranks low, where a stage by either alone loses it. The pruning recall of a stage is the
+other ranks low, where a stage by either alone loses it. A stage's optional third element, `[layers_upto, keep,
+prior_keep]`, does the same at that stage (issue 52: at small ε MAP ranks the truth where the prior does, so
+each stage must hold about the prior's 95th-percentile rank of the truth; the default schedule's). The pruning recall of a stage is the
 fraction of positions whose true token survived it: with the truth's rank per stage and `pruning_decisive`
 (diagnostics of the same kind) the only use of the truth besides scoring, so that a verdict can tell a
 pruning failure from a mask that held. `pruning_rule` picks which the verdict reads: every stage's recall
@@ -86,7 +90,8 @@ class Settings:
     prior: str                                   # none: the likelihood attacker; model: also MAP
     layers: tuple[int, ...] | None               # None: every layer
     ops: tuple[str, ...]
-    prune: tuple[tuple[int, int], ...] | None    # (layers_upto, keep) per stage; None: no pruning
+    # (layers_upto, keep) or (layers_upto, keep, prior_keep) per stage; None: no pruning
+    prune: tuple[tuple[int, ...], ...] | None
     prune_prior: int | None                      # keep the prior's K best first; None: no such stage
     prune_union_prior: int | None                # the first exposure stage also keeps the prior's K best
     positions: str
@@ -104,7 +109,7 @@ class Settings:
         return cls(mode=str(node["mode"]), prior=str(node["prior"]),
                    layers=None if layers is None else tuple(int(x) for x in layers),
                    ops=tuple(str(o) for o in node["ops"]),
-                   prune=None if prune is None else tuple((int(a), int(b)) for a, b in prune),
+                   prune=None if prune is None else tuple(tuple(int(x) for x in stage) for stage in prune),
                    prune_prior=None if node.get("prune_prior") is None else int(node["prune_prior"]),
                    prune_union_prior=(None if node.get("prune_union_prior") is None
                                       else int(node["prune_union_prior"])),
@@ -142,9 +147,14 @@ def check(settings: Settings, n_layers: int, offload: Sequence[str]) -> tuple[in
     if not layers or bad or len(set(layers)) != len(layers):
         raise UserError(f"attack.sequential.layers={list(layers)} must be distinct layers in 0..{n_layers - 1} "
                         "(null: all)")
-    for upto, keep in settings.prune or ():
-        if keep < 1:
-            raise UserError(f"attack.sequential.prune: a stage keeps {keep} candidates; a pruning width must be >= 1")
+    for stage in settings.prune or ():
+        if len(stage) not in (2, 3):
+            raise UserError(f"attack.sequential.prune: each stage is [layers_upto, keep] or [layers_upto, keep, "
+                            f"prior_keep], got {list(stage)}")
+        upto, keep = stage[:2]
+        if keep < 1 or min(stage[2:], default=1) < 1:
+            raise UserError(f"attack.sequential.prune: a stage keeps {list(stage[1:])} candidates; a pruning width "
+                            "must be >= 1")
         if not 0 <= upto <= n_layers:
             raise UserError(f"attack.sequential.prune: stage depth {upto} is outside 0..{n_layers} (the model has "
                             f"{n_layers} layers)")
@@ -170,18 +180,39 @@ def stages(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[in
     """The effective pruning stages (depth, keep), each depth clamped to the deepest used layer + 1; a stage
     that adds no used exposure to the one before (or has none) is dropped; the final full scoring is not a
     stage. prune_prior's stage comes first, with depth PRIOR_STAGE."""
+    return [(upto, keep) for upto, keep, _ in _plan(settings, keys, vocab)]
+
+
+def stage_priors(settings: Settings, keys: Sequence[Key], vocab: int) -> list[int | None]:
+    """Per stage of `stages`, how many of the prior's best it keeps besides its own `keep` best (a stage's
+    third element, and prune_union_prior on the first exposure stage: the larger of the two), or None."""
+    plan = _plan(settings, keys, vocab)
+    out = [prior for _, _, prior in plan]
+    widened = union_stage([(upto, keep) for upto, keep, _ in plan], settings)
+    if widened is not None:
+        assert settings.prune_union_prior is not None
+        out[widened] = max(out[widened] or 0, min(settings.prune_union_prior, vocab))
+    return out
+
+
+def _plan(settings: Settings, keys: Sequence[Key], vocab: int) -> list[tuple[int, int, int | None]]:
+    """stages() with each stage's own prior width (its third element, or None). Two stages that read the same
+    exposures merge into one keeping the narrower of each width (None: none of the prior's)."""
     depth = max(layer for _, layer in keys) + 1
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, int | None]] = []
     if settings.prune_prior is not None:
-        out.append((PRIOR_STAGE, min(settings.prune_prior, vocab)))
-    for upto, keep in settings.prune or ():
-        upto = min(upto, depth)
+        out.append((PRIOR_STAGE, min(settings.prune_prior, vocab), None))
+    for stage in settings.prune or ():
+        upto, keep = min(stage[0], depth), min(stage[1], vocab)
+        prior = min(stage[2], vocab) if len(stage) > 2 else None
         if not _covered(keys, upto):
             continue
         if out and out[-1][0] != PRIOR_STAGE and _covered(keys, out[-1][0]) == _covered(keys, upto):
-            out[-1] = (out[-1][0], min(out[-1][1], keep))
+            before = out[-1][2]
+            out[-1] = (out[-1][0], min(out[-1][1], keep), None if before is None or prior is None
+                       else min(before, prior))
             continue
-        out.append((upto, min(keep, vocab)))
+        out.append((upto, keep, prior))
     return out
 
 
@@ -296,7 +327,8 @@ def layer0_codebook(model: nn.Module, chunk: int = 8192) -> torch.Tensor:
 
 
 class Prefix:
-    """The prefix's keys and values (batch 1) and the model's next-token log-probabilities after it."""
+    """A prefix the attacker extends token by token (free-running: its own recovery): its keys and values (batch
+    1) and the model's next-token log-probabilities after it."""
 
     def __init__(self, model: nn.Module, tokens: Sequence[int]) -> None:
         from transformers import DynamicCache
@@ -306,6 +338,10 @@ class Prefix:
         self.cache = DynamicCache(config=model.config)
         self.log_prior: torch.Tensor | None = None
         self.extend(tokens)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
     @torch.no_grad()
     def extend(self, tokens: Sequence[int]) -> None:
@@ -322,19 +358,87 @@ class Prefix:
         return [(layer.keys, layer.values) for layer in self.cache.layers[:n_layers]]
 
 
+@dataclass(frozen=True)
+class TruePrefix:
+    """The true prefix of one position: its `length` tokens' keys and values per layer ([1, H_kv, length, d],
+    views into a Prefill's) and the model's next-token log-probabilities after it."""
+
+    length: int
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+    log_prior: torch.Tensor
+
+    def kv(self, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.keys_values[:n_layers]
+
+
+class Prefill:
+    """One forward pass over a prompt's true tokens up to its last attacked position: every layer's keys and
+    values, and the model's next-token logits after each prefix a position asks for. `at(p)` is position p's
+    true prefix, read from it and never computed again (causal attention: the keys and values of tokens 0..p−1
+    do not depend on what follows them)."""
+
+    @torch.no_grad()
+    def __init__(self, model: nn.Module, tokens: Sequence[int], positions: Sequence[int]) -> None:
+        from transformers import DynamicCache
+
+        # No config: every layer keeps every key (a sliding-window layer's cache would keep only its last
+        # window − 1, and at(p) slices the first p); the model's own mask still applies its window here.
+        cache = DynamicCache()
+        ids = torch.as_tensor([[int(t) for t in tokens[:max(positions)]]], dtype=torch.long)
+        self.rows = {p: i for i, p in enumerate(positions)}
+        keep = torch.as_tensor([p - 1 for p in positions], dtype=torch.long)   # position p's prior: logits at p − 1
+        self.logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits[0]
+        self.keys_values = [(layer.keys, layer.values) for layer in cache.layers]
+
+    def at(self, p: int) -> TruePrefix:
+        return TruePrefix(p, [(k[:, :, :p], v[:, :, :p]) for k, v in self.keys_values],
+                          torch.log_softmax(self.logits[self.rows[p]].double(), -1))
+
+
 class _Enough(Exception):
     """Raised by the hook of the last op input a stage needs, to end the forward there."""
 
 
+CANDIDATE_ATTENTION = "splitbench_candidates"   # the attention implementation candidate_inputs runs the model with
+
+
+def _candidate_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask, scaling: float, dropout: float = 0.0, *, prefix_kv, **kwargs):
+    """Attention of n candidates for one position, each as if it alone followed the prefix: query [1, H, n, d],
+    key and value the candidates' own [1, H_kv, n, d]; candidate i attends to the prefix's keys and values
+    (`prefix_kv`, per layer, [1, H_kv, p, d]) and to its own key and value alone, never to another candidate's.
+    Eager attention's arithmetic (scores · scaling, float32 softmax), with a query head g·j+i reading KV head j
+    (transformers' repeat_kv). The mask is not read: which keys a candidate sees is the whole point. A
+    sliding-window layer (Gemma 3's local ones) sees the prefix's last window − 1 keys besides its own."""
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("candidate attention has no attention logit soft-capping")
+    prefix_k, prefix_v = prefix_kv[module.layer_idx]
+    window = kwargs.get("sliding_window")
+    if window is not None:   # the last ones of whatever the cache holds (a sliding layer's holds no more)
+        first = max(0, prefix_k.shape[2] - (window - 1))
+        prefix_k, prefix_v = prefix_k[:, :, first:], prefix_v[:, :, first:]
+    _, heads, n, d = query.shape
+    kv_heads, p = key.shape[1], prefix_k.shape[2]
+    q = query.reshape(kv_heads, heads // kv_heads, n, d)
+    own = (q * key.reshape(kv_heads, 1, n, d)).sum(-1, keepdim=True)                       # [H_kv, g, n, 1]
+    on_prefix = torch.matmul(q.reshape(kv_heads, -1, d), prefix_k[0].transpose(1, 2))     # [H_kv, g·n, p]
+    scores = torch.cat([on_prefix.view(kv_heads, -1, n, p), own], -1) * scaling
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights[..., :p].reshape(kv_heads, -1, p), prefix_v[0]).view(kv_heads, -1, n, d)
+    out = out + weights[..., p:] * value.reshape(kv_heads, 1, n, d)
+    return out.reshape(1, heads, n, d).transpose(1, 2).contiguous(), None
+
+
 @torch.no_grad()
-def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor, upto: int, keys: Sequence[Key],
-                     chunk: int) -> dict[Key, torch.Tensor]:
+def candidate_inputs(model: nn.Module, prefix: Prefix | TruePrefix, candidates: torch.Tensor, upto: int,
+                     keys: Sequence[Key], chunk: int) -> dict[Key, torch.Tensor]:
     """The input of every op in `keys` (layer < upto) at the next position for each candidate token, [K, d],
     through layers 0..upto−1 of the model (forward pre-hooks on the first linear of each op: q_proj, o_proj,
-    gate_proj). The candidates of a chunk go in as one sequence after the shared prefix, all at the same
-    position, under a 4D mask that lets each see the prefix and itself only: the prefix's keys and values
-    are read once, not copied per candidate."""
-    from transformers import DynamicCache
+    gate_proj). The candidates of a chunk go in as one sequence, all at the prefix's next position, through
+    the model's own layers with `_candidate_attention`: each attends to the prefix's keys and values, read
+    where they are (neither copied nor recomputed per chunk), and to itself, and nothing is spent on pairs of
+    candidates."""
+    from transformers import AttentionInterface
 
     from attacks.splitee.capture import truncated
 
@@ -355,24 +459,25 @@ def candidate_inputs(model: nn.Module, prefix: Prefix, candidates: torch.Tensor,
                 raise _Enough
         return read
 
+    AttentionInterface.register(CANDIDATE_ATTENTION, _candidate_attention)
     handles = [layers[key[1]].get_submodule(OP_MEMBERS[key[0]][0]).register_forward_pre_hook(hook(key))
                for key in wanted]
     kv = prefix.kv(last[1] + 1)
-    p = len(prefix.tokens)
-    dtype = model.get_input_embeddings().weight.dtype
+    p = prefix.length
+    # The model's layers read their attention implementation from the (shared) config at every call; with an
+    # implementation the mask functions do not know, the model builds no mask either.
+    config, before = model.config, model.config._attn_implementation
+    config._attn_implementation = CANDIDATE_ATTENTION
     try:
         for start in range(0, candidates.numel(), chunk):
             ids = candidates[start:start + chunk]
-            n = ids.numel()
-            allowed = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.eye(n, dtype=torch.bool)], dim=1)
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-            cache = DynamicCache(ddp_cache_data=list(kv))   # a fresh cache object: the prefix's stays as it is
             try:
-                inner(input_ids=ids[None], position_ids=torch.full((1, n), p, dtype=torch.long),
-                      attention_mask=mask[None, None], cache=cache, use_cache=True)
+                inner(input_ids=ids[None], position_ids=torch.full((1, ids.numel()), p, dtype=torch.long),
+                      use_cache=False, prefix_kv=kv)
             except _Enough:
                 pass
     finally:
+        config._attn_implementation = before
         for h in handles:
             h.remove()
     return {k: torch.cat(v) for k, v in store.items()}
@@ -498,26 +603,25 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
         views = {"own": (rows[r], sigmas[r])}
         if settings.null_view:
             views["null"] = (rows[partners[r]], sigmas[partners[r]])
-        # The prior-only floor always reads the true prefix; teacher-forced scorers share it, free-running
-        # ones each follow their own recovery.
-        truth_prefix = Prefix(model, tokens[:pos[0]])
+        # The prior-only floor always reads the true prefix, from one forward pass over the prompt (Prefill);
+        # teacher-forced scorers share it, free-running ones each extend their own recovery a token at a time.
+        prefill = Prefill(model, tokens, pos)
         if settings.mode == "teacher_forced":
-            groups, chains = [scorers], [truth_prefix]
+            groups, chains = [scorers], [None]
         else:
             groups = [[s] for s in scorers]
             chains = [Prefix(model, tokens[:pos[0]]) for _ in groups]
         guesses_p, hits_p = [], []
         for p in pos:
-            assert truth_prefix.log_prior is not None
-            g = int(truth_prefix.log_prior.argmax())
+            true_prefix = prefill.at(p)
+            g = int(true_prefix.log_prior.argmax())
             guesses_p.append(g)
             hits_p.append(g == tokens[p])
             for group, chain in zip(groups, chains):
-                best = _position(model, chain, group, views, p, keys, plan, book, book_sq, settings, tokens[p],
-                                 results, counter)
-                if chain is not truth_prefix:
+                best = _position(model, true_prefix if chain is None else chain, group, views, p, keys, plan, book,
+                                 book_sq, settings, tokens[p], results, counter)
+                if chain is not None:
                     chain.extend([best[group[0].name]])
-            truth_prefix.extend([tokens[p]])
         prior_guesses.append(guesses_p)
         prior_hits.append(hits_p)
         if log is not None:
@@ -542,7 +646,7 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     everything = torch.arange(vocab)   # one per position, shared: alive's tensors are replaced, never written
     alive: dict[str, torch.Tensor] = {s.name: everything for s in group}
     depth = max(layer for _, layer in keys) + 1
-    widened = union_stage(plan, settings)
+    priors = stage_priors(settings, keys, vocab)
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
         final = i == len(plan)
         if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
@@ -586,9 +690,8 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             else:
                 _rank(results[s.name], i, sc, cand, true_token)
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
-                if i == widened:   # the prior's best join, after the stage's own (alive stays best first)
-                    assert settings.prune_union_prior is not None
-                    extra = log_prior.topk(min(settings.prune_union_prior, vocab)).indices
+                if priors[i] is not None:   # the prior's best join, after the stage's own (alive stays best first)
+                    extra = log_prior.topk(priors[i]).indices
                     # among this stage's candidates only: a token an earlier stage (prune_prior) dropped
                     # has no score here
                     extra = extra[torch.isin(extra, cand) & ~torch.isin(extra, alive[s.name])]
@@ -622,8 +725,8 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     MAP), scores at least as high as the scorer's guess. Only there can the pruning have cost a hit: at any
     other miss the unpruned argmax is not the truth either (it scores at least the guess's score, which
     beats the truth's). A truth that survived every stage and lost scores below the guess here too (up to
-    rounding between the two computations). One forward of the
-    truth and the guesses per missed position; teacher-forced only (the prefix is the truth's)."""
+    rounding between the two computations). One forward of the prompt (Prefill) and of the truth and the
+    guesses per missed position; teacher-forced only (the prefix is the truth's)."""
     if settings.mode != "teacher_forced":
         raise ValueError("pruning_decisive reads the true prefix: teacher_forced outcomes only")
     keys = outcome.keys
@@ -631,13 +734,16 @@ def pruning_decisive(model: nn.Module, prompts: Sequence[Sequence[int]], outcome
     count = {name: 0 for name in outcome.scorers}
     weight = {s.name: s.prior_weight for s in scorers_for(settings)}
     for r, prompt in enumerate(prompts):
+        checked = [p for j, p in enumerate(outcome.positions[r])
+                   if not all(res.hits[r][j] for res in outcome.scorers.values())]
+        prefill = Prefill(model, prompt, checked) if checked else None
         for j, p in enumerate(outcome.positions[r]):
             truth = outcome.truth[r][j]
             missed = {name: res.guesses[r][j] for name, res in outcome.scorers.items() if not res.hits[r][j]}
             if not missed:
                 continue
-            prefix = Prefix(model, [int(t) for t in prompt[:p]])
-            assert prefix.log_prior is not None
+            assert prefill is not None
+            prefix = prefill.at(p)
             cand = torch.tensor(sorted({truth, *missed.values()}), dtype=torch.long)
             mus = candidate_inputs(model, prefix, cand, depth, keys, settings.chunk)
             at = {int(t): i for i, t in enumerate(cand)}
@@ -734,7 +840,8 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: 
         v, why = controls.sequential_verdict(m[f"{key}_ci_lo"], m[f"{key}_ci_hi"], margin_pp,
                                              teacher_forced=teacher, pruning_recall=outcome.recall(MAP),
                                              min_recall=settings.min_pruning_recall, reference=reference,
-                                             decisive_misses=decisive_misses(MAP))
+                                             decisive_misses=decisive_misses(MAP),
+                                             certify=(m[f"{key}_earned_ci_lo"], m[f"{key}_earned_ci_hi"]))
         m["map_reference"], m["verdict_map_reads"] = settings.map_reference, key
         m["verdict_map"], m["verdict_map_reason"] = v, why
         judged.append((v, f"MAP: {why}"))
@@ -746,7 +853,9 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: 
                                              pruning_recall=outcome.recall(LIKELIHOOD),
                                              min_recall=settings.min_pruning_recall,
                                              reference="the same attacker on a null view",
-                                             decisive_misses=decisive_misses(LIKELIHOOD))
+                                             decisive_misses=decisive_misses(LIKELIHOOD),
+                                             certify=(m["likelihood_minus_null_earned_ci_lo"],
+                                                      m["likelihood_minus_null_earned_ci_hi"]))
         m["verdict_likelihood"], m["verdict_likelihood_reason"] = v, why
         judged.append((v, f"likelihood: {why}"))
     if judged:
@@ -776,10 +885,9 @@ def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> 
         "positions": settings.positions,
         "max_positions": settings.max_positions,
         "stages": [{"by": "prior", "keep": keep} if upto == PRIOR_STAGE else
-                   {"layers_upto": upto, "keep": keep,
-                    **({"union_prior": settings.prune_union_prior} if i == union_stage(outcome.stages, settings)
-                       else {})}
-                   for i, (upto, keep) in enumerate(outcome.stages)],
+                   {"layers_upto": upto, "keep": keep, **({"union_prior": prior} if prior is not None else {})}
+                   for (upto, keep), prior in zip(outcome.stages,
+                                                  stage_priors(settings, outcome.keys, outcome.vocab))],
         "pruning_recall": {name: outcome.recall(name) for name in outcome.scorers},
         "pruning_rule": settings.pruning_rule,
         "null_view_of": outcome.null_of,

@@ -31,6 +31,7 @@ OPTION_SCORING = ("stated", "likelihood")
 RNG_MODES = ("per_example", "shared")     # harness/collab/protocol.py (torch-free here)
 INVISIBLEINK_ACCOUNTING = ("sequence", "token")
 CUSTEXT_SELECT_FROM = ("fused", "private")
+STEP_MATCHING = ("matched", "per_step", "none")   # attacks/collab/decodeleak.py, "Steps"
 # The defences whose swept parameter may be 0 (the appendix grids: CoVeil λ = 0, DP-Fusion ε = 0) are
 # reached with collab.parameter_zero=true, since the global `epsilon` knob must be > 0.
 ZERO_ALLOWED = ("coveil", "collab_dp_fusion")
@@ -90,6 +91,8 @@ class CollabInvisibleInkConfig:
 class CollabControlsConfig:
     gate_margin_pp: float = MISSING
     positive_margin_pp: float = MISSING
+    per_item_bound_pp: float = MISSING  # B of the earned interval at_chance reads (metrics/equivalence.py)
+    step_matching: str = MISSING        # matched | per_step | none: how the verdict pairs signal and null steps
 
 
 @dataclass
@@ -168,6 +171,10 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
                         "collab.benchmark.path=null loads the benchmark through datasets (docs/collab.md)")
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"collab.controls.{key}", c.controls[key], 0)
+    if not 0 < float(c.controls.per_item_bound_pp) <= 100:
+        raise UserError(f"collab.controls.per_item_bound_pp={c.controls.per_item_bound_pp}: a Token-ER difference "
+                        "per example lies in (0, 100] pp")
+    check_choice("collab.controls.step_matching", c.controls.step_matching, STEP_MATCHING)
     if cfg.runner != "collab":
         return
     name = cfg.configuration.name

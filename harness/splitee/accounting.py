@@ -95,6 +95,10 @@ def dp_epsilon(mu: float, delta: float) -> float:
         return 0.0
     if math.isinf(mu):
         return math.inf
+    # δ(0) = Φ(μ/2) − Φ(−μ/2) = erf(μ/(2√2)): where that is already ≤ δ, ε = 0, the answer dp_accounting reaches
+    # too, but through log1p(−1) and a RuntimeWarning for a μ this small (ε = 1e-20 per exposure).
+    if math.erf(mu / (2 * math.sqrt(2))) <= delta:
+        return 0.0
     return float(dp_accounting.get_epsilon_gaussian(1.0 / mu, delta))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -205,6 +205,37 @@ class SplitEngine:
             self._build_ops()
 
     # ---------------------------------------------------------------- setup
+    def _check_noise_scale(self, factors: Sequence[float]) -> None:
+        """Refuse (UserError) a σ = Δ·factor that float32, the masks' and the device products' dtype, cannot
+        hold. ε = 1e-300 gives σ ≈ Δ·1e300, inf in float32: every masked input, device product and correction
+        turns to inf or NaN, and the run would end as a finished one with garbage answers (exact match 0)."""
+        deltas = [op.delta for op in self.ops if op.delta]
+        if not deltas or not factors:
+            return
+        sigma = max(deltas) * max(factors)          # Python floats: float64, so the product itself is exact enough
+        limit = float(torch.finfo(torch.float32).max)
+        if not sigma <= limit:
+            eps, scale = self.settings.epsilon, self.settings.sigma_scale
+            knobs = (f"epsilon={eps:g}" if self.conf.uses_epsilon else f"configuration={self.conf.name}") + (
+                f" with engine.sigma_scale={scale:g}" if scale != 1 else "")
+            hint = (f"; choose epsilon >= {max(deltas) * scale / limit:.3g}" if self.conf.uses_epsilon else "")
+            raise UserError(f"{knobs} makes the masks' noise scale sigma = {sigma:.3g}, past float32's largest "
+                            f"number ({limit:.3g}): no float32 computation can carry it{hint}")
+
+    def _check_finite(self, finite: bool) -> None:
+        """Refuse logits that are not finite. Under Gaussian masks that is float32 overflow: ε = 1e-30 passes
+        _check_noise_scale (σ ≈ 1e31), but what the TEE's subtraction leaves of it (σ·2⁻²⁴ ≈ 1e24) overflows
+        the next RMSNorm's squares, and the run would end as a finished one with answers of argmax(NaN). A
+        smaller σ leaves large but finite rounding errors: the scheme's real floating-point cost, recorded as
+        measured (docs/fp_bound.md). Without masks, non-finite logits are a bug and keep their traceback."""
+        if finite:
+            return
+        if self.conf.gaussian and self.settings.sigma_scale > 0:
+            knobs = f"epsilon={self.settings.epsilon:g}" if self.conf.uses_epsilon else f"configuration={self.conf.name}"
+            raise UserError(f"{knobs}: the masked computation overflowed float32 (its logits are not finite): a noise "
+                            "scale this large leaves rounding errors past float32's range; choose a larger epsilon")
+        raise FloatingPointError(f"configuration {self.conf.name}: the model's logits are not finite")
+
     def _build_ops(self) -> None:
         deltas = {(row.op, row.layer): row.delta for row in self.table}
         mechanism = self.mechanism
@@ -334,6 +365,8 @@ class SplitEngine:
             next_ids = logits[:, -1].argmax(-1)
             sync()
             prefill_s = timer() - start
+            self._check_finite(bool(torch.isfinite(logits[:, -1]).all()))
+            finite = torch.ones((), dtype=torch.bool, device=device)   # every decode step's, read once at the end
             prefill_parts = {name: self.clock.totals.get(name, 0.0) for name in TIMING_COMPONENTS}
             passed: dict[int, tuple] = {}
             for step in range(1, max_new_tokens + 1):
@@ -356,8 +389,10 @@ class SplitEngine:
                 logits = self.model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
                                     cache=cache, use_cache=True, logits_to_keep=1).logits
                 next_ids = logits[:, -1].argmax(-1)
+                finite &= torch.isfinite(logits[:, -1]).all()
             sync()
             total_s = timer() - start
+            self._check_finite(bool(finite))
         finally:
             bar.close()
             inputs.restore()
@@ -414,7 +449,9 @@ class SplitEngine:
         finally:
             inputs.restore()
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        return [logp[row, longest - len(s):] for row, s in enumerate(sequences)]
+        rows = [logp[row, longest - len(s):] for row, s in enumerate(sequences)]
+        self._check_finite(all(bool(torch.isfinite(r).all()) for r in rows))   # padding's positions aside
+        return rows
 
     def _setup(self, sequences: list[list[int]], pad_token_id: int, epsilon_lengths: list[int] | None,
                bank_rows: tuple[int, int]) -> _Batch:
@@ -430,6 +467,7 @@ class SplitEngine:
         # σ = Δ·factor per prompt row (harness/configurations.py noise_factors).
         factors = configurations.noise_factors(self.settings.configuration, self.settings.epsilon, lengths,
                                                self.settings.sigma_scale)
+        self._check_noise_scale(factors)
         self.ctx.sigma_factor = torch.tensor(factors, dtype=torch.float32)
         bank_precompute = self._prepare_banks(*bank_rows)
         self._reset_slalom()

@@ -78,6 +78,7 @@ class Sink:
     rounds: dict[int, dict[str, float]] = field(default_factory=dict)
     evaluations: dict[int, dict[str, float]] = field(default_factory=dict)
     replies: dict[int, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)      # the failed replies' reasons (a client's error, a dead Ray actor)
     final: dict[str, torch.Tensor] | None = None
 
 
@@ -89,6 +90,7 @@ def _recording_fedavg(sink: Sink, n_clients: int) -> Any:
             replies = list(replies)
             ok = [m for m in replies if not m.has_error()]
             sink.replies[server_round] = len(ok)
+            sink.errors += [m.error.reason for m in replies if m.has_error()]
             for msg in ok:
                 content = msg.content
                 if VIEW in content:
@@ -204,7 +206,7 @@ def simulate(recipe: Recipe, initial: dict[str, torch.Tensor], evaluate: Any = N
     missing = [r for r in range(1, rounds + 1) if sink.replies.get(r, 0) < recipe.n_clients]
     if sink.final is None or missing:
         raise RuntimeError(f"Flower simulation did not complete: rounds {missing or 'all'} lack client replies "
-                           "(see the client errors logged above)")
+                           f"(errors {sink.errors}; see the client errors logged above)")
     return sink
 
 

@@ -585,6 +585,7 @@ def split_server_app(recipe: Recipe | None, sink: Sink, initial: dict[str, torch
                         for n, c in contents.items()]
             replies = list(grid.send_and_receive(messages, timeout=REPLY_TIMEOUT_S))
             errors = [m.error.reason for m in replies if m.has_error()]
+            sink.errors += errors
             if errors or len(replies) != len(messages):
                 raise RuntimeError(f"split deployment: {action} in round {rnd}: {len(replies)} of {len(messages)} "
                                    f"replies, errors {errors}")
@@ -712,7 +713,7 @@ def simulate_split(recipe: Recipe, initial: dict[str, torch.Tensor] | None = Non
     missing = [r for r in range(1, rounds + 1) if sink.replies.get(r, 0) < recipe.n_clients]
     if sink.final is None or missing:
         raise RuntimeError(f"Flower simulation of the split deployment did not complete: rounds {missing or 'all'} "
-                           "lack client replies (see the client errors logged above)")
+                           f"lack client replies (errors {sink.errors}; see the client errors logged above)")
     return sink
 
 

@@ -18,7 +18,10 @@ INTRO = ("Each system's verdict run as its runner runs it, on null trials (a sig
          "configured target at the configured planning values (*planned*) and at the values the run measured "
          "(*measured*), each with its predicted certification and power at the run's n. Issue 31's acceptance: "
          "false-leak bound ≤ 10 %, power at the gate's dose "
-         "≥ 80 %, nulls at chance ≥ 80 % (✓/✗ per check, measured, not enforced).")
+         "≥ 80 %, nulls at chance ≥ 80 % (✓/✗ per check, measured, not enforced). *Zero-width*: at_chance calls "
+         "read on a zero-width interval (issue 51: 0, every at_chance reads the bound its sample earned), and in "
+         "brackets the trials whose data interval had zero width. *Further nulls*: other signals without "
+         "information read with the same verdict (collab: random ids with 2× the null's steps).")
 
 
 def groups(runs: Sequence[Run]) -> list[Run]:
@@ -48,15 +51,20 @@ def run_md(run: Run) -> str:
         sized = "; ".join(f"{label} {_sized(sizing.get(key))}" for label, key in (("planned", "planned"),
                                                                                ("measured", "measured"))
                           if _sized(sizing.get(key)) is not None) or "—"
+        zero = ("—" if "zero_spread_certifications" not in s else
+                f"{s['zero_spread_certifications']} ({s.get('zero_width_intervals', '—')})")
+        extra = "; ".join(f"{k}: false leaks {_pct(x['false_leak_rate'])}, at chance {_pct(x['certify_rate'])}"
+                          for k, x in (s.get("extra_nulls") or {}).items()) or "—"
         rows.append([name, str(s["n_examples"]), sized, s["null"], f"{_pct(fl)} ≤ {100 * fl['ci'][1]:.1f} %",
                      _pct(s["certify_rate"]), power, f"{s['gate_dose_pp']:g}",
                      "—" if margin is None else f"{margin:.2f} (m = {s['margin_pp']:g})",
                      " ".join("✓" if acc.get(k) else "✗" for k in ("false_leak_upper_le_10pct",
                                                                   "power_at_gate_dose_ge_80pct",
-                                                                  "certify_rate_ge_80pct"))])
+                                                                  "certify_rate_ge_80pct")), zero, extra])
     return md_table(["system", "n", "n the rule asks (predicted at n)", "null", "false leaks", "at chance",
-                     "power per dose", "gate dose pp", "certifiable margin pp", "acceptance (fl / power / certify)"],
-                    rows, align="lrlllllrrc")
+                     "power per dose", "gate dose pp", "certifiable margin pp", "acceptance (fl / power / certify)",
+                     "zero-width at_chance (intervals)", "further nulls"],
+                    rows, align="lrlllllrrcrl")
 
 
 def markdown(items: Sequence[Run], figure: Any) -> list[str]:

@@ -1,4 +1,9 @@
-"""The `splitbench-report` command line: arguments, one-line errors with exit code 2, the terminal summary."""
+"""The `splitbench-report` command line: arguments, one-line errors with exit code 2, the terminal summary.
+
+A corrupt run (results.json unreadable) and a metric that should be a number and is not
+(runs.data_problems) each get one `error:` line on stderr and make the exit code 2, after the report of
+everything else is written: the report lists the corrupt run among the failed ones and shows such a metric
+as "—", and a script must not take that for a clean report."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +14,7 @@ from typing import Any, NoReturn
 
 from runners.report import wandb_report
 from runners.report.document import ReportError, build
-from runners.report.runs import Selection, scan
+from runners.report.runs import Selection, data_problems, scan
 from runners.report.sections import SECTIONS
 
 PROG = "splitbench-report"
@@ -111,10 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(summary_text(result), flush=True)
+    lost = data_problems([*result["selection"].finished, *result["selection"].problems])
+    for line in lost:
+        print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
     if args.wandb:
         try:
             print(_wandb(args, result, args.out or args.dir), flush=True)
         except wandb_report.WandbReportError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
-    return 0
+    return 2 if lost else 0

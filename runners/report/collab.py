@@ -19,8 +19,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from attacks.controls import AT_CHANCE, INCONCLUSIVE
+from metrics import names
+from metrics.equivalence import zero_spread_bound
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
-from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
@@ -42,8 +45,28 @@ INTRO = ("An edge model holding the private context x_priv and a cloud model hol
          "effect on the undefended protocol, lower bound >= the positive margin; it would catch an attacker or "
          "models that cannot see x_priv at all; negative control: a second null signal (seed + 1) against the "
          "null, dose 0, must not read leak; it would catch a statistic that rewards a signal without "
-         "information, such as random ids against the floor). Results from before issue 31 have no excess "
+         "information, such as random ids against the floor). at_chance reads the interval the sample earned "
+         "(docs/design.md, issue 51): n examples that all agree bound the mean by ±B·CP_U(0, n), 11.6 pp at n = 30 "
+         "and B = 100 pp, so a stored at_chance whose interval cannot reach that reads inconclusive here. Results "
+         "from before issue 31 have no excess "
          "over the null (—): their verdicts were read on the informed excess over the floor and are not evidence.")
+
+
+def reread(stored: dict[str, Any], verdict: str | None, n: int) -> str | None:
+    """A stored verdict read under the earned rule (attacks/collab/decodeleak.py, issue 51): results written before
+    it hold no earned interval, and their at_chance stands only if the earned interval's floor ±B·CP_U(0, n)
+    around the mean (B = the stored per_item_bound_pp, else 100 pp) also lies within ±m. The floor is
+    necessary, not sufficient (the sparse-spread part needs the per-example values), so this never makes a
+    verdict at_chance."""
+    if verdict != AT_CHANCE or "null_excess_token_er_earned_ci" in stored:
+        return verdict
+    if n < 1 or "null_excess_token_er" not in stored:
+        return INCONCLUSIVE
+    m, mean = float(stored["gate_margin_pp"]), float(stored["null_excess_token_er"])
+    lo, hi = stored["null_excess_token_er_ci"]
+    h0 = zero_spread_bound(n, float(stored.get("per_item_bound_pp", 100.0)))
+    ok = hi > lo and -m <= min(lo, mean - h0) and max(hi, mean + h0) <= m
+    return AT_CHANCE if ok else INCONCLUSIVE
 
 
 @dataclass
@@ -126,6 +149,8 @@ def groups(runs: Sequence[Run]) -> list[CollabGroup]:
 
 def _cell(d: dict[str, Any], name: str, k: str) -> str:
     lo, hi = (d.get(f"{name}_ci") or {}).get(k, [None, None]) if isinstance(d.get(f"{name}_ci"), dict) else (None, None)
+    # DecodeLeak's rates (and AUC, a mean of Token-ER) are percentages, their excesses differences of two
+    lo, hi = names.clip("excess_pp" if "excess" in name else "token_er_at_1", num(lo), num(hi))
     return fmt_ci((d.get(name) or {}).get(k), lo, hi, 1)
 
 
@@ -140,7 +165,7 @@ def table_md(group: CollabGroup) -> list[str]:
     for run in group.runs:
         d = run.data
         u = d["utility"]
-        row = [_label(run, group.setting), fmt_ci(u["value"], *u["ci"], 1)]
+        row = [_label(run, group.setting), fmt_ci(u["value"], *names.clip(str(u["metric"]), *u["ci"]), 1)]
         for m, _ in METRICS:
             row += [_cell(d, f"{m}_at_k", k), f"{num(d[f'floor_{m}_at_k'][k]):.1f}", _cell(d, f"excess_{m}_at_k", k)]
         inv = d.get("inversion_rouge1_recall")
@@ -149,7 +174,8 @@ def table_md(group: CollabGroup) -> list[str]:
         c = d.get("controls") or {}
         row.append(fmt_ci(c["null_excess_token_er"], *c["null_excess_token_er_ci"], 1)
                    if "null_excess_token_er" in c else "—")
-        row.append(d.get("verdict"))
+        # re-read under the earned rule (issue 51): a stored at_chance from a zero-width or too-small sample is not one
+        row.append(reread(c, d.get("verdict"), int(d.get("n_prompts") or 0)) if c else d.get("verdict"))
         rows.append(row)
     u = group.runs[0].data["utility"]
     note = f"The cloud alone: {u['metric']} {u['cloud_only']:.1f}"
@@ -185,17 +211,20 @@ def plot_curves(group: CollabGroup, png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     floor_done = False
+    drawn: list[tuple[float, float]] = []
     for i, run in enumerate(group.runs):
         d = run.data
         ks = [int(x) for x in d["token_er_at_k"]]
         ax.plot(ks, [d["token_er_at_k"][str(x)] for x in ks], ms=4, **series_style(i), label=_label(run, group.setting))
+        drawn += [(float(x), float(d["token_er_at_k"][str(x)])) for x in ks]
         if not floor_done:
             ax.plot(ks, [d["floor_token_er_at_k"][str(x)] for x in ks], "k--", label="floor (cloud alone)")
             floor_done = True
     ax.set_xscale("log")
     ax.set_xlabel("K (top-K exposure per step)")
-    ax.set_ylabel("Token-ER@K (%)")
-    save_axes(fig, ax, png, group.title)
+    metric_axis(ax, "y", "token_er_at_1", label="Token-ER@K (%)")
+    counts = mark_coincident(ax, drawn)
+    save_axes(fig, ax, png, group.title, labels=counts)
 
 
 def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> None:
@@ -222,9 +251,10 @@ def plot_tradeoff(group: CollabGroup, png: Path, inversion: bool = False) -> Non
     constant = d0["utility"].get("constant_answer_floor")
     if constant is not None:
         ax.axhline(constant, color="grey", ls=":", label="constant-answer floor")
-    ax.set_xlabel("inversion ROUGE-1 recall (%)" if inversion else f"Token-ER@{k} (%)")
-    ax.set_ylabel(d0["utility"]["metric"])
-    save_axes(fig, ax, png, group.title)
+    metric_axis(ax, "x", "inversion_rouge1_recall" if inversion else f"token_er_at_{k}")
+    metric_axis(ax, "y", str(d0["utility"]["metric"]))
+    counts = mark_coincident(ax, [(float(leak(r.data)), float(r.data["utility"]["value"])) for r in points])
+    save_axes(fig, ax, png, group.title, labels=counts)
 
 
 def plot_inversion_tradeoff(group: CollabGroup, png: Path) -> None:

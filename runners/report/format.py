@@ -15,6 +15,7 @@ from typing import Any
 
 from harness import configurations
 from harness.configurations import Configuration
+from metrics import names
 
 
 def num(value: Any) -> float | None:
@@ -29,8 +30,9 @@ def num(value: Any) -> float | None:
 
 
 def ci(values: Mapping[str, Any], key: str) -> tuple[float | None, float | None, float | None]:
-    """(mean, lo, hi) of a metric stored as `key`, `key_ci_lo`, `key_ci_hi` (harness/stats)."""
-    return num(values.get(key)), num(values.get(f"{key}_ci_lo")), num(values.get(f"{key}_ci_hi"))
+    """(mean, lo, hi) of a metric stored as `key`, `key_ci_lo`, `key_ci_hi` (harness/stats), the interval's
+    ends clipped to the metric's range (metrics/names.py: a t interval near 100 % reaches past it)."""
+    return (num(values.get(key)), *names.clip(key, num(values.get(f"{key}_ci_lo")), num(values.get(f"{key}_ci_hi"))))
 
 
 def fmt_ci(mean: Any, lo: Any = None, hi: Any = None, digits: int = 2) -> str:

@@ -5,12 +5,14 @@ matplotlib is imported on first use, never at import time: the tables need no pl
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.results import atomic_path
+from metrics import names
 
 PNG_PREFIX = "report_"  # PNGs this command owns in the output dir (stale ones are removed on rewrite)
 DASHES = ("--", ":", "-.", (0, (6, 2, 1, 2)), (0, (1, 3)))  # distinct reference-line styles
@@ -30,17 +32,102 @@ def series_style(i: int) -> dict[str, Any]:
 
 def legend_outside(ax: Any, *, size: int = 8) -> None:
     """The legend to the right of the axes, so it never covers a curve (save's bbox_inches keeps it in)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=size, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    handles, labels = legend_entries(ax)
+    if handles:
+        ax.legend(handles, labels, fontsize=size, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  frameon=False)
 
 
 def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    # No offset notation on any axis: a flat 100 % otherwise reads "1e-6 + 9.999999e1" with ticks 4…10,
+    # which looks like variation where there is none.
+    matplotlib.rcParams["axes.formatter.useoffset"] = False
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def metric_axis(ax: Any, which: str, key: str, label: str | None = None) -> None:
+    """Label the x or y axis (`which`) of `ax` after the metric `key` (metrics/names.py) and, for a proportion,
+    fix it to 0–100 whatever the data: the same value then sits at the same height on every chart, and a flat
+    100 % is drawn at 100. Call it after drawing: points on the edges (0 and 100 %) are left unclipped, so a
+    marker at 100 % shows whole. A metric that can dip below 0 (semantic similarity) extends the axis to its
+    lower bound where the data does. `label` replaces the table's label (a chart that says more)."""
+    metric = names.lookup(key)
+    (ax.set_xlabel if which == "x" else ax.set_ylabel)(metric.label if label is None else label)
+    if metric.axis is None:
+        return
+    lo, hi = metric.axis
+    data_lo = (ax.dataLim.x0 if which == "x" else ax.dataLim.y0) if ax.has_data() else lo
+    if data_lo < lo and metric.bounds[0] is not None:
+        lo = metric.bounds[0]
+    (ax.set_xlim if which == "x" else ax.set_ylim)(lo, hi)
+    for artist in [*ax.lines, *ax.collections]:
+        artist.set_clip_on(False)
+
+
+def coincident(points: Sequence[tuple[float, float]], tol: float = 0.05) -> list[list[int]]:
+    """The indices of `points` grouped greedily, in first-seen order, with the first point of a group whose x and
+    y both lie within `tol` of theirs: points of one group are drawn on top of each other."""
+    groups: list[list[int]] = []
+    for i, (x, y) in enumerate(points):
+        for group in groups:
+            x0, y0 = points[group[0]]
+            if abs(x - x0) <= tol and abs(y - y0) <= tol:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+COUNT_LEGEND = "×n: n points drawn at one place"
+
+
+def mark_coincident(ax: Any, points: Sequence[tuple[float, float]], *, legend: bool = True,
+                    pixels: float = 3.0) -> list[PointLabel]:
+    """The labels "×n" for each place where the markers of n > 1 of `points` lie on one another (centres within
+    `pixels` on screen: 0.14 and 0.21 % on a 0–100 axis are one place), so that no point hides another unseen,
+    to be placed with the figure's other point labels (save_axes / place_labels: clear of the markers and of each
+    other, inside the axes); says so in the legend (`legend`). Call it once the axes' scales and limits are set."""
+    ax.get_xlim(), ax.get_ylim()   # settle autoscaling before measuring on screen
+    screen = [tuple(ax.transData.transform(p)) for p in points]
+    shared = [g for g in coincident(screen, tol=pixels * ax.figure.dpi / 72.0) if len(g) > 1]
+    if shared and legend:
+        ax.plot([], [], " ", label=COUNT_LEGEND)
+    return [PointLabel(*points[g[0]], f"×{len(g)}", "black") for g in shared]
+
+
+def legend_entries(ax: Any) -> tuple[list[Any], list[str]]:
+    """The legend's handles and labels, the "×n" note last (matplotlib lists plain lines before error bars)."""
+    pairs = list(zip(*ax.get_legend_handles_labels()))
+    pairs.sort(key=lambda hl: hl[1] == COUNT_LEGEND)
+    return [h for h, _ in pairs], [lab for _, lab in pairs]
+
+
+def crowded_ticklabels(ax: Any, *, gap: float = 4.0) -> None:
+    """Blank the x tick labels that would overlap the one before them (ε = 100 and 150 on a log axis), keeping
+    the first of each crowd; the ticks stay. Call it once the layout is final: it measures in display space,
+    with the same width estimate as place_labels."""
+    px = ax.figure.dpi / 72.0
+    size = ax.xaxis.get_ticklabels()[0].get_fontsize() if ax.xaxis.get_ticklabels() else 10.0
+    texts = [t.get_text() for t in ax.xaxis.get_ticklabels()]
+    ticks = ax.get_xticks()
+    kept_right = -float("inf")
+    out = []
+    for tick, text in zip(ticks, texts):
+        x = ax.transData.transform((tick, 0.0))[0]
+        half = 0.3 * size * px * len(text)
+        if text and x - half < kept_right + gap * px:
+            out.append("")
+            continue
+        out.append(text)
+        if text:
+            kept_right = x + half
+    ax.set_xticks(ticks, out)
 
 
 def save(fig: Any, path: Path) -> None:
@@ -59,21 +146,29 @@ class PointLabel:
 
 
 def label_offsets(anchors: Sequence[tuple[float, float]], sizes: Sequence[tuple[float, float]],
-                  gap: float = 1.0) -> list[float]:
+                  gap: float = 1.0, obstacles: Sequence[tuple[float, float, float, float]] = (),
+                  bounds: tuple[float, float] = (-math.inf, math.inf)) -> list[float]:
     """Greedy vertical offsets (display units, y up) for labels whose boxes (width, height) start just right of
-    and above each anchor, so that no two boxes overlap: labels are placed top to bottom, and one that would
-    overlap a box already placed moves down below it. Two labels of points drawn close together (ep1 at
-    ε = 100 and 1000, one point apart) otherwise print over each other."""
+    and above each anchor, so that no two boxes overlap, nor a box one of the `obstacles` (x0, x1, y0, y1: the
+    markers), and each stays between `bounds` (the axes' bottom and top): labels are placed top to bottom, each
+    at the free height nearest its own (just below or just above a box in the way). Two labels of points drawn
+    close together (ep1 at ε = 100 and 1000, one point apart) otherwise print over each other."""
     order = sorted(range(len(anchors)), key=lambda i: -anchors[i][1])
-    placed: list[tuple[float, float, float, float]] = []   # (x0, x1, y0, y1)
+    placed: list[tuple[float, float, float, float]] = list(obstacles)   # (x0, x1, y0, y1)
     offsets = [0.0] * len(anchors)
     for i in order:
         (x, y), (w, h) = anchors[i], sizes[i]
-        top = y + h
-        for x0, x1, y0, y1 in sorted(placed, key=lambda b: -b[3]):
-            if x < x1 and x0 < x + w and top - h < y1 and y0 < top:
-                top = y0 - gap
-        offsets[i] = top - (y + h)
+        beside = [b for b in placed if x < b[1] + gap and b[0] < x + w + gap]   # boxes this one could touch
+
+        def free(top: float) -> bool:
+            return bounds[0] <= top - h and top <= bounds[1] and all(not (top - h < y1 and y0 < top)
+                                                                      for _, _, y0, y1 in beside)
+
+        wanted = y + h
+        tops = [wanted, *(y0 - gap for _, _, y0, _ in beside), *(y1 + gap + h for _, _, _, y1 in beside)]
+        fitting = [t for t in tops if free(t)]
+        top = min(fitting, key=lambda t: (abs(t - wanted), -t)) if fitting else wanted
+        offsets[i] = top - wanted
         placed.append((x, x + w, top - h, top))
     return offsets
 
@@ -91,11 +186,19 @@ def place_labels(ax: Any, labels: Sequence[PointLabel], *, size: int = 6) -> Non
     points = [ax.transData.transform((lab.x, lab.y)) for lab in labels]
     # right of the point, or left of it where the label would cross the axes' right edge (into the legend)
     dx = [4.0 if x + 4 * px + w <= right else -4.0 - w / px for (x, _), (w, _) in zip(points, sizes)]
-    anchors = [(x + d * px, y + 3 * px) for (x, y), d in zip(points, dx)]
-    for lab, d, dy in zip(labels, dx, label_offsets(anchors, sizes)):
-        moved = dy < -0.5
-        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=(d, 3 + dy / px), fontsize=size,
-                    color=lab.color,
+    top = ax.get_window_extent().y1
+    # above the point, but never above the axes (into the title): a point at 100 % gets its label below the top
+    anchors = [(x + d * px, min(y + 3 * px, top - h)) for (x, y), d, (_, h) in zip(points, dx, sizes)]
+    marker = 3.5 * px   # half a marker (6-7 points across): no label lands on another point
+    markers = [(x - marker, x + marker, y - marker, y + marker) for x, y in points]
+    box = ax.get_window_extent()
+    offsets = label_offsets(anchors, sizes, obstacles=markers, bounds=(box.y0, box.y1))
+    for lab, d, dy, (_, y0), (_, y) in zip(labels, dx, offsets, points, anchors):
+        moved = abs(dy) > 0.5
+        # on a white ground above the error bars, which a label cannot always avoid
+        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=(d, (y - y0 + dy) / px), fontsize=size,
+                    color=lab.color, zorder=5, annotation_clip=False,
+                    bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.85),
                     arrowprops=dict(arrowstyle="-", lw=0.4, color=lab.color, shrinkA=0, shrinkB=2) if moved else None)
 
 

@@ -2,7 +2,10 @@
 
 - `scan(root)` finds every results.json under a directory and classifies the run: finished ("ok":
   status ok *and* `.done`, harness/results.py), "failed", "unfinished" (results.json without `.done`, or
-  a `.lock` without results.json: interrupted or still running) or "unreadable".
+  a `.lock` without results.json: interrupted or still running) or "unreadable" (results.json torn or not a
+  JSON object, its metrics not one, or a `.done` without results.json: a corrupt run).
+- `data_problems(runs)`: one line per corrupt run and per metric of the wrong type, which splitbench-report
+  and splitbench-export print as errors (exit code 2) rather than drop without a word.
 - `select(runs, include_tags)` drops runs carrying a tag that is not included (by default every run
   tagged `smoke`): a smoke run on a random tiny model must never sit in a table beside real results.
   The tag set is also part of every table's group key, so even included tagged runs never share a
@@ -68,6 +71,8 @@ def scan(root: Path) -> list[Run]:
         rel = str(here.relative_to(root)) if here != root else "."
         if RESULTS in filenames:
             runs.append(_load(here, rel, done=DONE in filenames))
+        elif DONE in filenames:
+            runs.append(Run(here, rel, "unreadable", reason="results.json is missing beside .done"))
         elif LOCK in filenames:
             runs.append(Run(here, rel, "unfinished", reason="no results.json yet (running, or interrupted)"))
     return sorted(runs, key=lambda r: r.rel)
@@ -87,7 +92,44 @@ def _load(path: Path, rel: str, done: bool) -> Run:
         return Run(path, rel, "unfinished", data, reason=f"status {status!r}")
     if not done:
         return Run(path, rel, "unfinished", data, reason="status ok but no .done marker (interrupted while writing)")
+    if not isinstance(data.get("metrics", {}), dict):
+        return Run(path, rel, "unreadable", reason="results.json's metrics is not a JSON object")
     return Run(path, rel, "ok", data)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {str: "text", bool: "a flag", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def data_problems(runs: Iterable[Run]) -> list[str]:
+    """One line per run or value a report or an export cannot use and would otherwise drop without a word:
+    a run whose results.json cannot be read (state "unreadable": torn, not a JSON object, missing beside
+    .done) and a metric of a finished run that should be a number and is not. A metric should be a number
+    when it carries an interval (`<name>_ci_lo`/`_ci_hi`/`_ci`) or when another finished run of the same
+    experiment stores a number under its name (a number per k, `{"1": v, "5": w}`, is one too); text and
+    flags that are such in every run (verdicts, signatures, gates) are what they should be."""
+    runs = list(runs)
+    lines = [f"{r.rel}: {r.reason}: a corrupt run, left out (recompute it with rerun=true)"
+             for r in runs if r.state == "unreadable"]
+    finished = [r for r in runs if r.state == "ok"]
+    numeric: dict[str, set[str]] = {}
+    for r in finished:
+        numeric.setdefault(r.experiment, set()).update(k for k, v in r.metrics.items() if _number(v))
+    for r in finished:
+        m = r.metrics
+        for name, value in m.items():
+            if value is None or _number(value) or (
+                    isinstance(value, dict) and all(v is None or _number(v) for v in value.values())):
+                continue   # a number, or one per k (collab's curves: {"1": v, "5": w})
+            has_interval = any(f"{name}{suffix}" in m for suffix in ("_ci_lo", "_ci_hi", "_ci"))
+            if has_interval or name in numeric[r.experiment]:
+                lines.append(f"{r.rel}: metrics.{name} is {_kind(value)} ({json.dumps(value)[:40]}), not a number: "
+                             "left out")
+    return lines
 
 
 @dataclass

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from metrics import names
+from runners.report.format import ci, file_slug, fmt_ci, md_table, num, tagged
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sanitize"
@@ -83,7 +84,7 @@ def _parameter(run: Run) -> str:
 def _cell(m: dict[str, Any], key: str) -> str:
     if m.get(key) is None:
         return "—"
-    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits=1)
+    return fmt_ci(*ci(m, key), digits=1)
 
 
 def series_label(run: Run) -> str:
@@ -106,13 +107,13 @@ def table_md(table: SanitizeTable) -> str:
         m, mech = run.metrics, _mech(run)
         windowed = run.data.get("configuration") in WINDOWED
         tradeoff = (run.data.get("tradeoff") or {}).get("leakage") or {}
-        ci = tradeoff.get("ci") or [None, None]
+        lo, hi = names.clip(str(tradeoff.get("metric")), *(tradeoff.get("ci") or [None, None]))
         rows.append([run.data.get("configuration"), _parameter(run), mech.get("window") if windowed else "—",
                      mech.get("sigma") if windowed else "—", *[_cell(m, f"accuracy_{t}") for t in table.tasks],
                      _cell(m, "pr_at_5"), _cell(m, "bayes_top1"), _cell(m, "bayes_top5"), _cell(m, "window_top1"),
                      _cell(m, "learned_top1"), _cell(m, "decoder_top1"), _cell(m, "contextual_top1"),
                      _cell(m, "contextual_prior_top1"), _gain_cell(m),
-                     f"{fmt_ci(tradeoff.get('value'), ci[0], ci[1], digits=1)} ({tradeoff.get('attacker')})",
+                     f"{fmt_ci(tradeoff.get('value'), lo, hi, digits=1)} ({tradeoff.get('attacker')})",
                      _cell(m, "unchanged_rate"), m.get("verdict")])
     first = table.runs[0].metrics
     clean = [f"{t}: {_cell(first, f'accuracy_unsanitized_{t}')}" + _floor_note(first, t) for t in table.tasks]
@@ -129,7 +130,7 @@ def _gain_cell(m: dict[str, Any]) -> str:
     """The contextual attacker's paired gain over the prior alone, with its verdict ('—' where not run)."""
     if m.get("contextual_prior_gain") is None:
         return "—"
-    lo, hi = m.get("contextual_prior_gain_ci_lo"), m.get("contextual_prior_gain_ci_hi")
+    _, lo, hi = ci(m, "contextual_prior_gain")   # a difference of two percentages: within ±100 pp
     return f"{m['contextual_prior_gain']:+.1f} [{lo:+.1f}, {hi:+.1f}] ({m.get('contextual_verdict')})"
 
 
@@ -148,22 +149,26 @@ def _plot(task: str):
         series: dict[str, list[Run]] = {}
         for run in table.runs:
             series.setdefault(series_label(run), []).append(run)
+        drawn: list[tuple[float, float]] = []
         for label, runs in sorted(series.items()):
             runs = sorted(runs, key=lambda r: num(r.data.get("epsilon")) or 0.0)
             xs = [num(r.metrics.get("pr_at_5")) for r in runs]
             ys = [num(r.metrics.get(f"accuracy_{task}")) for r in runs]
-            yerr = [[y - (num(r.metrics.get(f"accuracy_{task}_ci_lo")) or y) for r, y in zip(runs, ys)],
-                    [(num(r.metrics.get(f"accuracy_{task}_ci_hi")) or y) - y for r, y in zip(runs, ys)]]
+            cis = [ci(r.metrics, f"accuracy_{task}") for r in runs]
+            yerr = [[y - (lo if lo is not None else y) for (_, lo, _), y in zip(cis, ys)],
+                    [(hi if hi is not None else y) - y for (_, _, hi), y in zip(cis, ys)]]
             ax.errorbar(xs, ys, yerr=yerr, marker="o", ms=4, capsize=2, lw=1, label=label)
+            drawn += [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
         clean = num(table.runs[0].metrics.get(f"accuracy_unsanitized_{task}"))
         if clean is not None:
             ax.axhline(clean, color="grey", ls="--", lw=1, label="unsanitised")
         floor = num(table.runs[0].metrics.get(f"accuracy_floor_{task}"))
         if floor is not None:
             ax.axhline(floor, color="grey", ls=":", lw=1, label="constant-answer floor")
-        ax.set_xlabel("Pr@5 (% of tokens whose original is among the 5 nearest neighbours)")
-        ax.set_ylabel(f"{task} accuracy (%)")
-        save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6)
+        metric_axis(ax, "x", "pr_at_5")
+        metric_axis(ax, "y", f"accuracy_{task}")
+        counts = mark_coincident(ax, drawn)
+        save_axes(fig, ax, path, f"{task}: accuracy vs Pr@5 · {table.title}", legend_size=6, labels=counts)
     return draw
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from harness.splitft.config import variant_label
 from metrics.intervals import paired_difference_ci
-from runners.report.format import configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.format import ci, configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "splitft"
@@ -96,7 +96,7 @@ def _g(value: Any) -> str:
 
 
 def _ci(m: dict[str, Any], key: str, digits: int = 2) -> str:
-    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"), digits)
+    return fmt_ci(*ci(m, key), digits)
 
 
 def utility_leakage_md(group: SplitFtGroup) -> str:
@@ -220,8 +220,9 @@ def plot_tradeoff(group: SplitFtGroup, path: Path) -> None:
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=conf)
     ax.set_xlabel("held-out cross-entropy of the final model (nats; lower = better)")
-    ax.set_ylabel("label inference token F1 (%)")
-    save_axes(fig, ax, path, group.title)
+    metric_axis(ax, "y", "label_token_f1", label="label inference token F1 (%)")
+    counts = mark_coincident(ax, [p for pts in by.values() for p in pts])
+    save_axes(fig, ax, path, group.title, labels=counts)
 
 
 def plot_h(group: SplitFtGroup, path: Path) -> None:

@@ -38,8 +38,9 @@ from harness import configurations
 from harness.collab import config as collab_config
 from harness.sanitize import config as sanitize_config
 from harness.splitft import config as splitft_config
+from metrics import names
 from runners.report.format import file_slug, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, PointLabel, pyplot, save_axes, series_style
+from runners.report.plotting import Figures, PointLabel, coincident, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run
 
 EXPERIMENT = "tradeoff"   # no runner writes it: the section reads every experiment's runs
@@ -197,11 +198,33 @@ def groups(runs: Sequence[Run]) -> list[Chart]:
     return [charts[k] for k in sorted(charts, key=lambda k: (k[0], k[1], order.get(k[2], 1), k[2]))]
 
 
+LABEL_LIMIT = 8   # past this many places on a chart, points are labelled by their row number in the table
+
+
 def _cell(part: dict[str, Any] | None) -> str:
     if not part:
         return "—"
-    ci = part.get("ci") or (None, None)
-    return fmt_ci(part.get("value"), ci[0], ci[1], digits=1)
+    lo, hi = _interval(part)
+    return fmt_ci(part.get("value"), lo, hi, digits=1)
+
+
+def _interval(part: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A half's interval, its ends clipped to its metric's range (metrics/names.py)."""
+    lo, hi = part.get("ci") or (None, None)
+    return names.clip(str(part.get("metric")), num(lo), num(hi))
+
+
+def _places(chart: Chart) -> list[list[Point]]:
+    """The drawn points grouped by where they land (coincident: the position the table prints, one decimal)."""
+    drawn = [p for p in chart.points if chart.complete(p)]
+    xy = [(excess(p.leakage), num(chart.utility(p)["value"])) for p in drawn]
+    # equal as the table prints them (one decimal): such points share one label
+    return [[drawn[i] for i in group] for group in coincident(xy, tol=0.05)]
+
+
+def numbered(chart: Chart) -> bool:
+    """Whether the chart labels its points by their # in the table: more places than names fit beside."""
+    return len(_places(chart)) > LABEL_LIMIT
 
 
 def table_md(chart: Chart) -> str:
@@ -212,37 +235,52 @@ def table_md(chart: Chart) -> str:
              _cell(chart.utility(p)),
              "—" if not chart.utility(p) else f"{chart.metric} vs {chart.utility(p).get('reference')}"]
             for p in chart.points]
-    return md_table(["system · setting", "configuration", "leakage %", "leakage metric · attacker", "floor %",
-                     "over floor (x) pp", "utility %", "utility metric"], rows)
+    headers = ["system · setting", "configuration", "leakage %", "leakage metric · attacker", "floor %",
+               "over floor (x) pp", "utility %", "utility metric"]
+    if numbered(chart):   # the chart's labels
+        return md_table(["#", *headers], [[i, *row] for i, row in enumerate(rows, 1)], align="rl" + "r" * (len(headers) - 1))
+    return md_table(headers, rows)
 
 
 def plot(chart: Chart, path: Path) -> None:
-    """Leakage (x: the strongest attacker's excess over its no-signal floor) against utility (y) with both
-    intervals, one colour and marker per system and setting (the legend names both), each point labelled with
-    its configuration; the floor is the vertical line at 0."""
+    """Leakage (x: the strongest attacker's excess over its no-signal floor) against utility (y, a proportion on
+    0–100) with both intervals, one colour and marker per system and setting (the legend names both), each point
+    labelled with its configuration (or, on a crowded chart, its # in the table); points that land on one place
+    share one label; the floor is the vertical line at 0."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
     series = list(dict.fromkeys(p.series for p in chart.points if chart.complete(p)))
-    labels: list[PointLabel] = []
     for i, name in enumerate(series):
         pts = [p for p in chart.points if chart.complete(p) and p.series == name]
         xs = [excess(p.leakage) for p in pts]
         ys = [num(chart.utility(p)["value"]) for p in pts]
         # The score's interval shifted by the floor (a fixed reference here, as the verdicts read it).
         scores = [num(p.leakage["value"]) for p in pts]
-        xerr = [[s - (p.leakage.get("ci") or [s, s])[0] for s, p in zip(scores, pts)],
-                [(p.leakage.get("ci") or [s, s])[1] - s for s, p in zip(scores, pts)]]
-        yerr = [[y - (chart.utility(p).get("ci") or [y, y])[0] for y, p in zip(ys, pts)],
-                [(chart.utility(p).get("ci") or [y, y])[1] - y for y, p in zip(ys, pts)]]
+        leak = [_interval(p.leakage) for p in pts]
+        util = [_interval(chart.utility(p)) for p in pts]
+        xerr = [[s - (lo if lo is not None else s) for s, (lo, _) in zip(scores, leak)],
+                [(hi if hi is not None else s) - s for s, (_, hi) in zip(scores, leak)]]
+        yerr = [[y - (lo if lo is not None else y) for y, (lo, _) in zip(ys, util)],
+                [(hi if hi is not None else y) - y for y, (_, hi) in zip(ys, util)]]
         style = series_style(i)
         ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=style["marker"], color=style["color"], capsize=2, label=name,
                     alpha=0.9)
-        labels += [PointLabel(x, y, p.label, style["color"]) for x, y, p in zip(xs, ys, pts)]
     if series:
         ax.axvline(0.0, ls=":", lw=1.0, color="grey", label="each attacker's no-signal floor")
     ax.set_xlabel("leakage: strongest attacker's score minus its no-signal floor (points)")
-    ax.set_ylabel(f"utility kept: {chart.metric} (%)")
-    save_axes(fig, ax, path, chart.title, labels=labels)
+    metric_axis(ax, "y", chart.metric, label=f"utility kept: {names.label(chart.metric)}")
+    by_number = numbered(chart)
+    row = {id(p): i for i, p in enumerate(chart.points, 1)}
+    colour = {name: series_style(i)["color"] for i, name in enumerate(series)}
+    labels = []
+    for place in _places(chart):
+        text = ", ".join(str(row[id(p)]) if by_number else p.label for p in place)
+        # one label per place: points drawn on one another are named together, in the colour of the first
+        labels.append(PointLabel(excess(place[0].leakage), num(chart.utility(place[0])["value"]), text,
+                                 colour[place[0].series]))
+    title = chart.title + ("\n(points labelled by their # in the table; several: drawn at one place)" if by_number
+                           else "")
+    save_axes(fig, ax, path, title, labels=labels)
 
 
 def markdown(items: Sequence[Chart], figure: Figures) -> list[str]:

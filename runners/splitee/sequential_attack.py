@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -52,6 +53,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                         f"configuration={configuration} (slalom: docs/sequential_attack.md, its one-time pad)")
     inputs = common.load_inputs(cfg)
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
+    notes = []
+    if s.null_view and len(inputs.prompts) < 2:
+        # The null view is another prompt's view; one prompt has none. Attack without it rather than refuse a
+        # run the user meant: MAP is then judged against the prior alone, and the results say so.
+        notes.append(f"one prompt, so no other prompt's view to serve as the null view: ran without it"
+                     f"{' (MAP judged against the prior alone, map_reference=prior)' if s.map_reference == 'null_view' else ''}"
+                     "; attack.sequential.null_view needs workload.n_prompts >= 2")
+        s = replace(s, null_view=False, map_reference="prior")
+        print(f"splitbench: note: {notes[-1]}", file=sys.stderr, flush=True)
     used = sq.check(s, len(model.model.layers), list(cfg.engine.offload))
     keys = [(op, layer) for layer in used for op in s.ops]
     if cfg.engine.tee_threads is not None:
@@ -89,6 +99,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                        "sigma_per_op_layer": {f"{op}[{layer}]": sigmas[0][(op, layer)] for op, layer in keys}
                        if sigmas else {}},
         "timings": {"capture_s": capture_s, "attack_s": outcome.seconds},
+        "notes": notes,
         "tradeoff": _tradeoff(metrics, s, used, len(model.model.layers)),
     }
     return common.finish(cfg, ctx, results, samples, summary=summary,

@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -540,8 +541,14 @@ def test_verdict_rule_on_constructed_curves():
     same = curves([10, 20, 30, 40])
     v = leak.verdict(high, null, None, (same, null), 10, 1.0, 5.0)
     assert v["verdict"] == "leak" and v["positive_control_pass"] and v["negative_control_pass"]
+    # Issue 51 changed this verdict from at_chance: 4 examples that agree exactly have a t interval [0, 0], but
+    # 0 differing of 4 bound the mean only by B·CP_U(0, 4) = 60 pp at B = 100 pp.
     v = leak.verdict(same, null, (high, null), (same, null), 10, 1.0, 5.0)
-    assert v["verdict"] == "at_chance" and v["null_excess_token_er_ci"] == [0.0, 0.0]
+    assert v["verdict"] == "inconclusive" and v["null_excess_token_er_ci"] == [0.0, 0.0] and v["zero_spread"]
+    assert v["null_excess_token_er_earned_ci"] == pytest.approx([-60.24, 60.24], abs=0.01)
+    # with a per-example bound fixed in advance small enough for 4 examples to earn ±1 pp, it certifies
+    v = leak.verdict(same, null, (high, null), (same, null), 10, 1.0, 5.0, per_item_bound_pp=1.6)
+    assert v["verdict"] == "at_chance" and v["null_excess_token_er_earned_ci"][1] <= 1.0
     v = leak.verdict(same, null, (same, null), (same, null), 10, 1.0, 5.0)      # a positive control that fails
     assert v["verdict"] == "inconclusive" and not v["positive_control_pass"]
     v = leak.verdict(high, null, None, (high, null), 10, 1.0, 5.0)       # a negative control that leaks
@@ -598,18 +605,25 @@ def null_runs(pair):
 
 
 def _read(runs, name, floor, ev, vi, k=100, margin=1.0):
+    """The verdict as the runner reads it (attacks/collab/suite.audit): each pair over matched steps."""
     run, null, null_again = runs[name]
     inj, inj_null, _ = runs["injected"]
-    score = lambda s: leak.score_sets(s, ev, vi, [k], prior=floor)     # noqa: E731
-    return leak.verdict(score(run), score(null), (score(inj), score(inj_null)), (score(null_again), score(null)),
-                        k, margin, 5.0)
+
+    def pair(a, b):
+        return leak.paired_scores(a, b, ev, vi, [k], prior=floor, step_matching="matched")
+
+    return leak.verdict(*pair(run, null), pair(inj, inj_null), pair(null_again, null), k, margin, 5.0)
 
 
 def test_random_ids_read_at_chance_against_their_null_but_above_the_floor(null_runs):
     runs, floor, ev, vi = null_runs
     v = _read(runs, "random", floor, ev, vi)
     assert v["positive_control_pass"] and v["negative_control_pass"]
-    assert v["verdict"] == "at_chance", v
+    # Issue 51 changed this verdict from at_chance: 6 examples earn at best ±B·CP_U(0, 6) = ±45.9 pp, so they
+    # certify nothing at 1 pp; what stays is that random ids never read leak. With a bound of 1.1 pp fixed in
+    # advance they would certify (the earned interval is then ±0.5 pp around a mean of 0).
+    assert v["verdict"] == "inconclusive" and v["null_excess_token_er"] == 0.0, v
+    assert v["null_excess_token_er_earned_ci"][1] >= 45.9
     # The statistic issue 31 replaced: the informed attacker's excess over the floor credits the random ids'
     # extra coverage (no example below 0); at 48 tokens on SmolLM2 it read +4.3 [1.5, 7.0] pp, a leak.
     run = leak.score_sets(runs["random"][0], ev, vi, [100], prior=floor).values("token_er", 100)
@@ -623,7 +637,10 @@ def test_random_ids_read_at_chance_against_their_null_but_above_the_floor(null_r
 def test_dp_fusion_at_epsilon_zero_reads_at_chance(null_runs):
     runs, floor, ev, vi = null_runs
     v = _read(runs, "dp_fusion_0", floor, ev, vi)
-    assert v["verdict"] == "at_chance", v
+    # Issue 51 changed this verdict from at_chance: the null shares the signal's seed, so at ε = 0 it reproduces
+    # the signal bit for bit and the t interval is [0, 0]; the test could not fail. 0 differing of 6 examples
+    # earn ±45.9 pp: inconclusive, never leak.
+    assert v["verdict"] == "inconclusive" and v["zero_spread"], v
     assert runs["dp_fusion_0"][0] == runs["dp_fusion_0"][1]    # ε = 0: the synced tokens ignore x_priv
 
 
@@ -631,6 +648,50 @@ def test_the_private_context_injected_reads_leak(null_runs):
     runs, floor, ev, vi = null_runs
     v = _read(runs, "injected", floor, ev, vi)
     assert v["verdict"] == "leak" and v["null_excess_token_er_ci"][0] > 5.0, str(v)
+
+
+# --- issue 51 item 3: a signal with no content and more steps reads at chance ------------------------------
+
+
+def _step_entry(step_matching, units=600, margin=3.0):
+    """The calibration's collab entry on constructed data: 12 examples of 20 evidence ids each in a vocabulary
+    of 2000, 4 steps, 100 random ids a step (each step covers 5 % of the vocabulary, so the step count matters
+    a lot: 4 steps cover 18.5 % of the evidence, 8 steps 33.7 %)."""
+    from attacks import calibration
+    from attacks.collab.evidence_recall import Evidence
+
+    rng = np.random.default_rng(7)
+    evidence = []
+    for _ in range(12):
+        ids = frozenset(int(i) for i in rng.choice(2000, 20, replace=False))
+        evidence.append(Evidence((ids,), ids, frozenset()))
+    data = calibration.CollabData(evidence, [[] for _ in evidence], None, 2000, 4)
+    return calibration.collab_entry(data, units=units, ids_per_step=100, k=100, margin_pp=margin,
+                                    positive_margin_pp=5.0, doses_pp=[6.0], gate_dose_pp=6.0,
+                                    step_matching=step_matching)
+
+
+def test_random_ids_with_twice_the_steps_read_at_chance_over_matched_steps():
+    """Random ids with 2x the steps of their null: over all steps (step_matching=none) the extra coverage reads
+    as a leak; over matched steps (the default) they read at_chance, and a real dose still reads leak."""
+    entry = _step_entry("matched")
+    long_null = entry.extra_nulls["long_random_ids"]
+    verdicts = [long_null(np.random.default_rng(s)) for s in range(3)]
+    assert [t.verdict for t in verdicts] == ["at_chance"] * 3, verdicts
+    assert entry.dosed_trial(6.0, np.random.default_rng(0)).verdict == "leak"
+    unmatched = _step_entry("none").extra_nulls["long_random_ids"](np.random.default_rng(0))
+    assert unmatched.verdict == "leak" and unmatched.statistic > 10.0, unmatched
+    # per_step, the alternative: coverage saturates, so dividing by steps reads the longer signal below its null
+    # (expected −1.7 pp: 33.7 / 2 against 18.5)
+    per_step = [_step_entry("per_step").extra_nulls["long_random_ids"](np.random.default_rng(s)) for s in range(3)]
+    assert all(t.verdict != "leak" for t in per_step) and sum(t.statistic for t in per_step) / 3 < -0.5, per_step
+
+
+def test_match_steps_cuts_each_example_to_the_shorter():
+    a, b = leak.match_steps([[[1], [2], [3]], [[4]]], [[[5]], [[6], [7]]])
+    assert a == [[[1]], [[4]]] and b == [[[5]], [[6]]]
+    with pytest.raises(ValueError):
+        leak.paired_scores([[[1]]], [[[2]]], [], None, [1], prior=None, step_matching="longest")
 
 
 # --- the command line ------------------------------------------------------------------------------------
@@ -1026,3 +1087,16 @@ def test_edge_side_exposure_sets_are_one_forward_per_synced_sequence(pair):
 
     again = AdversaryView(list(d.exposures))
     assert leak.exposure_sets(again, ex.id, cloud=no_forward, vocab=vocab, top=5, memo=memo) == first
+
+
+def test_report_rereads_stored_at_chance_under_the_earned_bound():
+    """Results from before issue 51 (no earned interval): the n30 report's at_chance on [0.0, 0.0] reads
+    inconclusive (30 agreeing examples bound the mean by ±11.6 pp); at 400 examples with a tight interval the
+    floor (0.92 pp) fits within ±1 pp and at_chance stands; a leak is never touched."""
+    from runners.report.collab import reread
+
+    old = {"gate_margin_pp": 1.0, "null_excess_token_er": 0.0, "null_excess_token_er_ci": [0.0, 0.0]}
+    assert reread(old, "at_chance", 30) == "inconclusive" and reread(old, "leak", 30) == "leak"
+    tight = {**old, "null_excess_token_er_ci": [-0.05, 0.05]}
+    assert reread(tight, "at_chance", 400) == "at_chance" and reread(tight, "at_chance", 300) == "inconclusive"
+    assert reread({**old, "null_excess_token_er_earned_ci": [-0.9, 0.9]}, "at_chance", 30) == "at_chance"

@@ -285,6 +285,25 @@ def test_bonferroni_wilson_statistic():
     assert cell.upper_bound_pp(0.05, 3) == pytest.approx(100 * (wilson(30, 100, 0.05 / 3)[1] - 0.2))
 
 
+def test_a_probe_at_the_constant_guess_everywhere_earns_its_bound_from_the_row_count():
+    """Issue 51: the probe right exactly where the constant guess is: ci_pp [0, 0], but n rows bound the effect
+    by ±100·CP_U(0, n) only: 30 rows certify nothing at 1 pp, 6000 rows (0.061 pp) do."""
+    from attacks import controls
+
+    for n, certified in ((30, False), (6000, True)):
+        right = torch.tensor([True, False] * (n // 2))
+        cell = probe.score(right, right)
+        assert cell.ci_pp == (0.0, 0.0) and cell.discordant == 0
+        lo, hi = cell.earned_ci_pp
+        assert hi == pytest.approx(100 * (1 - 0.025 ** (1 / n))) and lo == -hi
+        v = controls.classify(*cell.ci_pp, 0.0, 1.0, positive_passed=True, negative_passed=True,
+                              certify=cell.earned_ci_pp)
+        assert (v == "at_chance") == certified, (n, v)
+    # one discordant row of 6000: the count, not the sample's s, sets the width (CP_U(1, 6000) ≈ 0.093 %)
+    d = probe.score(torch.tensor([True] + [False] * 5999), torch.tensor([False] * 6000))
+    assert d.discordant == 1 and d.earned_ci_pp[1] > d.ci_pp[1] and d.earned_ci_pp[1] <= 0.15
+
+
 # --- configurations, validation, the CLI ---------------------------------------------------------------------
 
 def test_configurations_belong_to_the_audit():

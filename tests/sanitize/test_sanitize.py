@@ -570,6 +570,9 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path, monkeypatch):
     out = tmp_path / "out"
     res = run_cli_in_process(["experiment=sanitize_smoke", "logger=wandb"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
+    # lm-eval's chatter (its seeds, the contexts it builds, its templates' defaults) stays off stdout (issue 54)
+    assert not [line for line in res.stdout.splitlines() if "Setting random seed" in line or "[Task: " in line
+                or "Building contexts" in line], res.stdout
     runs = {p.parent.parent.parent.name: p.parent for p in out.rglob("results.json")}
     assert sorted(runs) == ["custext_plus", "dx_noise", "dx_stencil", "stencil"]
     labels = Counter(json.loads(line)["label"] for line in MINI_SST2.read_text().splitlines() if line.strip())

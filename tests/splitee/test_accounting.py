@@ -123,6 +123,16 @@ def test_dp_epsilon_matches_the_analytic_gaussian_mechanism(mu, delta):
     assert dp_epsilon(mu, delta) == pytest.approx(want, rel=1e-7, abs=1e-12), (mu, delta)
 
 
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("mu", [1e-20, 1e-9, 1e-6, 5e-6, 1e-4])
+def test_dp_epsilon_of_a_tiny_mu_needs_no_search_and_warns_nothing(mu):
+    """Issue 54: at ε = 1e-20 per exposure dp_accounting's search warned (log1p of -1). Where δ(0) = erf(μ/(2√2))
+    is already ≤ δ, ε is 0 without it; just past that point the search runs as before."""
+    want = _analytic_gaussian_epsilon(mu, 1e-5)
+    assert dp_epsilon(mu, 1e-5) == pytest.approx(want, rel=1e-7, abs=1e-12)
+    assert (want == 0.0) == (mu < 1e-4)
+
+
 def test_analytic_gaussian_epsilon_reproduces_published_values():
     """The independent solver itself, against numbers it did not produce: μ = 1e-6 is (0, 1e-5)-DP (δ(0) =
     2Φ(μ/2) − 1 ≈ 4·10⁻⁷), and 1-GDP at δ = 1e-5 is ε = 4.3772 (Balle & Wang 2018's calibration)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,7 +46,8 @@ def settings(**kw) -> sq.Settings:
     return sq.Settings(**{**base, **kw})
 
 
-def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+def recorded(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    """The attacker's inputs for `s`: (keys, rows, sigmas, starts) of the prompts submitted once."""
     model = tiny.model
     used = sq.check(s, len(model.model.layers), OPS)
     keys = [(op, layer) for layer in used for op in s.ops]
@@ -57,8 +59,43 @@ def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
     sigmas = sq.op_sigmas(model, configuration, epsilon, lengths, keys, sigma_scale=1.0, sensitivity_rule="paper",
                           table=table)
     starts = [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]
-    return sq.run(model, prompts, rows, sigmas, s, keys, starts)
+    return keys, rows, sigmas, starts
 
+
+def attack(tiny, prompts, configuration, epsilon, s: sq.Settings, seed=0):
+    keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s, seed)
+    return sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+
+
+# Cases whose every discrete output the attacker must keep exactly (issue 50 item 5 changed how candidates are
+# scored and how the true prefix is computed, not what): tests/splitee/data/sequential_exact_outputs.json holds
+# them as the code before that change (commit 35e157f) produced them.
+EXACT_CASES = {
+    "smoke_ep1_1": ("ep1", 1.0, {}),
+    "ep1_12": ("ep1", 12.0, {}),
+    "ep1_12_narrow": ("ep1", 12.0, {"prune": ((0, 2),), "null_view": False}),
+    "ep1_12_free_running": ("ep1", 12.0, {"mode": "free_running", "null_view": False}),
+    "ep1_12_prior_stage": ("ep1", 12.0, {"prune": ((1, 16),), "prune_prior": 256}),
+    "ep1_12_union_chunk7": ("ep1", 12.0, {"prune": ((0, 32), (1, 8)), "prune_union_prior": 16, "chunk": 7}),
+    "ep1_12_unpruned_layer1": ("ep1", 12.0, {"prune": None, "layers": (1,), "max_positions": 2, "null_view": False}),
+    "t3": ("t3", None, {}),
+}
+
+
+def exact_outputs(tiny, prompts) -> dict:
+    """Per EXACT_CASES case, every discrete output of sq.run (each scorer's guesses, hits, survivals and ranks,
+    the prior's guesses, the candidates forwarded) and, teacher-forced, pruning_decisive's counts."""
+    out = {}
+    for name, (configuration, epsilon, kw) in EXACT_CASES.items():
+        s = settings(**kw)
+        keys, rows, sigmas, starts = recorded(tiny, prompts, configuration, epsilon, s)
+        o = sq.run(tiny.model, prompts, rows, sigmas, s, keys, starts)
+        out[name] = {"prior_guesses": o.prior_guesses, "forward_candidates": o.forward_candidates,
+                     **{f"{scorer}.{what}": getattr(r, what) for scorer, r in o.scorers.items()
+                        for what in ("guesses", "hits", "survived", "ranks")},
+                     "decisive": (sq.pruning_decisive(tiny.model, prompts, o, rows, sigmas, s)
+                                  if s.mode == "teacher_forced" else None)}
+    return out
 
 @pytest.mark.parametrize("configuration,epsilon", [("ep1", 3.0), ("epn", None)])
 def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
@@ -78,6 +115,75 @@ def test_sigma_is_the_engines(tiny, prompts, configuration, epsilon):
                         sensitivity_rule="paper", table=engine.table) == ours
     if configuration == "epn":
         assert ours[0][("qkv", 0)] != ours[1][("qkv", 0)]
+
+
+def test_results_are_the_recorded_ones_of_the_code_before_issue_50(tiny, prompts):
+    """Candidates attending to the prefix and themselves alone (_candidate_attention) and one prefill per prompt
+    (Prefill) changed how the attacker computes, not what: every guess, hit, survival, rank, prior guess,
+    count of candidates forwarded and decisive miss of EXACT_CASES is the one the previous code recorded."""
+    recorded_outputs = json.loads((Path(__file__).parent / "data" / "sequential_exact_outputs.json").read_text())
+    got = json.loads(json.dumps(exact_outputs(tiny, prompts)))   # tuples to lists, as recorded
+    for case, want in got.items():
+        assert want == recorded_outputs[case], case
+
+
+def _op_inputs_by_full_forward(model, tokens: list[int], keys) -> dict:
+    """The input of each op in `keys` at the last position of `tokens`, by a plain forward of the whole sequence
+    (no cache, the model's own attention): what candidate_inputs computes for that last token as a candidate."""
+    from harness.splitee.architectures import OP_MEMBERS
+
+    got, handles = {}, []
+    for op, layer in keys:
+        module = model.model.layers[layer].get_submodule(OP_MEMBERS[op][0])
+        handles.append(module.register_forward_pre_hook(
+            lambda _m, args, key=(op, layer): got.__setitem__(key, args[0][0, -1].float())))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([tokens]))
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+# A tiny random Gemma 3 whose first layer attends through a window of 4 tokens: the attacked positions lie far
+# past it (tiny-llama and tiny-qwen3 are conf/model's)
+TINY_GEMMA3 = {"name": "tiny-gemma3", "kind": "random", "revision": None, "architecture": "gemma3_text", "seed": 0,
+               "hf_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 4,
+                             "layer_types": ["sliding_attention", "full_attention"]}}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+def test_candidate_inputs_are_each_candidate_after_the_prefix_alone(tiny, prompts, name):
+    """candidate_inputs (chunks of 2, so candidates share a forward and a chunk boundary falls between them) gives
+    each candidate's op inputs as a plain forward of prefix + that candidate does, from the true prefix of
+    one prefill (Prefill.at) and from a prefix extended token by token (Prefix, free-running's) alike, with
+    QK-norm (Qwen3) and a sliding window (Gemma 3); and Prefill's prior is the model's own next-token
+    distribution after the prefix."""
+    from harness.models import load_model
+
+    if name != "tiny-llama":
+        tiny = load_model(OmegaConf.create(TINY_GEMMA3) if name == "tiny-gemma3"
+                          else OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    model, prompt = tiny.model, prompts[0]
+    start = sq.public_prefix_length(tiny.tokenizer, prompt, True)
+    keys = [(op, layer) for layer in (0, 1) for op in OPS]
+    positions = [start, start + 1, start + 2]
+    prefill = sq.Prefill(model, prompt, positions)
+    cand = torch.tensor([prompt[start + 1], 7, 11, 4096, 49151])
+    for p in positions[1:]:
+        with torch.no_grad():
+            prior = torch.log_softmax(model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1].double(), -1)
+        assert torch.allclose(prefill.at(p).log_prior, prior, atol=1e-5)
+        for prefix in (prefill.at(p), sq.Prefix(model, prompt[:p])):
+            assert prefix.length == p
+            mus = sq.candidate_inputs(model, prefix, cand, 2, keys, chunk=2)
+            for i, v in enumerate(cand.tolist()):
+                want = _op_inputs_by_full_forward(model, prompt[:p] + [v], keys)
+                for key in keys:
+                    assert torch.allclose(mus[key][i], want[key], rtol=1e-4, atol=1e-5), (p, v, key)
+    assert model.config._attn_implementation != sq.CANDIDATE_ATTENTION   # the model is left as it was
 
 
 def test_t3_recovers_every_token_from_layer_one_alone(tiny, prompts):
@@ -173,6 +279,77 @@ def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
     assert ref.forward_candidates < out.forward_candidates <= out.n_positions * (2 * 32 + 2 * 4)
     assert sq.record(out, s, (0, 1))["stages"][0] == {"layers_upto": 0, "keep": 16, "union_prior": 16}
     assert "union_prior" not in sq.record(ref, plain, (0, 1))["stages"][0]
+
+
+def _prior_ranks(tiny, prompts, positions: int) -> list[int]:
+    """The truth's rank (0 = best) by the model's own next-token prior at each attacked position."""
+    out = []
+    for prompt, start in zip(prompts, [sq.public_prefix_length(tiny.tokenizer, p, True) for p in prompts]):
+        for p in range(start, start + positions):
+            with torch.no_grad():
+                logits = tiny.model(input_ids=torch.tensor([prompt[:p]])).logits[0, -1]
+            out.append(int((logits > logits[prompt[p]]).sum()))
+    return out
+
+
+def test_prior_at_every_stage_keeps_the_truths_the_old_schedule_lost(tiny, prompts):
+    """A stage's third element (issue 52): every stage keeps its own best ∪ the prior's best. At ε = 1 the
+    exposures say nothing (σ ≫ signal), so a schedule of narrow stages ((0, 8), (1, 2), the old rule's shape)
+    keeps the truth almost nowhere, for both scorers; the same stages with the prior's half of the vocabulary
+    at each keep every truth the prior ranks in that half, at every stage, and each stage forwards at most the
+    two scorers' own best plus the prior's."""
+    vocab = tiny.model.get_input_embeddings().weight.shape[0]
+    half = vocab // 2
+    old = settings(prune=((0, 8), (1, 2)), max_positions=2, null_view=False)
+    new = settings(prune=((0, 8, half), (1, 2, half)), max_positions=2, null_view=False)
+    keys, rows, sigmas, starts = recorded(tiny, prompts, "ep1", 1.0, new)
+    out_old = sq.run(tiny.model, prompts, rows, sigmas, old, keys, starts)
+    out_new = sq.run(tiny.model, prompts, rows, sigmas, new, keys, starts)
+    in_half = [r < half for r in _prior_ranks(tiny, prompts, 2)]
+    floor = sum(in_half) / len(in_half)
+    assert 0 < floor < 1
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        assert all(r < floor for r in out_old.recall(name))       # the old shape lost the truths
+        assert all(r >= floor for r in out_new.recall(name))      # the prior's half kept each it ranks there
+        # the truth's stage rank is recorded wherever it survived to the stage, as before
+        assert sum(r is not None for r in out_new.scorers[name].ranks[1]) == out_new.scorers[name].survived[0]
+    # stage 1 (layer 0) forwards the union of both scorers' survivors: own 8 each ∪ the prior's half (shared)
+    assert out_new.forward_candidates <= out_new.n_positions * ((2 * 8 + half) + (2 * 2 + half))
+    assert sq.record(out_new, new, (0, 1))["stages"] == [{"layers_upto": 0, "keep": 8, "union_prior": half},
+                                                         {"layers_upto": 1, "keep": 2, "union_prior": half}]
+
+
+def test_stage_priors_merge_and_union_with_prune_union_prior():
+    """stage_priors: a stage's own prior width; prune_union_prior widens the first exposure stage to the larger
+    of the two; two stages reading the same exposures merge to the narrower widths (None: none of the prior)."""
+    keys = [("qkv", 0), ("o", 0), ("gate_up", 0), ("qkv", 1)]
+    s = settings(prune=((0, 64, 128), (1, 16, 32), (2, 4)), prune_union_prior=256)
+    assert sq.stages(s, keys, 1000) == [(0, 64), (1, 16), (2, 4)]
+    assert sq.stage_priors(s, keys, 1000) == [256, 32, None]
+    assert sq.stage_priors(settings(prune=((0, 64, 512),), prune_union_prior=256), keys, 1000) == [512]
+    assert sq.stage_priors(settings(prune=((0, 64, 2048),)), keys, 1000) == [1000]   # clamped to the vocabulary
+    # layers=[0]: stages 1 and 2 read the same exposures (layer 0's three) and merge
+    only0 = [k for k in keys if k[1] == 0]
+    assert sq.stages(s, only0, 1000) == [(0, 64), (1, 4)]
+    assert sq.stage_priors(settings(prune=((1, 16, 64), (2, 8, 32))), only0, 1000) == [32]
+    assert sq.stage_priors(settings(prune=((1, 16, 64), (2, 8))), only0, 1000) == [None]
+
+
+def test_pruning_decisive_counts_the_hits_a_prior_union_schedule_cost(tiny, prompts):
+    """The decisive-miss check on a schedule with the prior at its stage (issue 52 keeps it): at ε = 12 a stage of
+    width 2 ∪ the prior's 2 still drops truths the full score picks, and every hit it lost is counted, no more
+    than its misses."""
+    full = settings(prune=None, max_positions=4, null_view=False)
+    narrow = settings(prune=((0, 2, 2),), max_positions=4, null_view=False)
+    keys, rows, sigmas, starts = recorded(tiny, prompts, "ep1", 12.0, full)
+    out_full = sq.run(tiny.model, prompts, rows, sigmas, full, keys, starts)
+    out_narrow = sq.run(tiny.model, prompts, rows, sigmas, narrow, keys, starts)
+    assert sq.pruning_decisive(tiny.model, prompts, out_full, rows, sigmas, full) == {sq.LIKELIHOOD: 0, sq.MAP: 0}
+    decisive = sq.pruning_decisive(tiny.model, prompts, out_narrow, rows, sigmas, narrow)
+    for name in (sq.LIKELIHOOD, sq.MAP):
+        lost = sum(sq._flat(out_full.scorers[name].hits)) - sum(sq._flat(out_narrow.scorers[name].hits))
+        assert lost > 0 and decisive[name] >= lost
+        assert decisive[name] <= out_narrow.n_positions - sum(sq._flat(out_narrow.scorers[name].hits))
 
 
 def test_pruning_decisive_counts_the_hits_pruning_cost(tiny, prompts):
@@ -483,6 +660,26 @@ def test_smoke_experiment_results(tmp_path):
     assert "smoke" in results["tags"]
 
 
+@pytest.mark.parametrize("reference", ["prior", "null_view"])
+def test_one_prompt_runs_without_the_null_view_and_says_so(tmp_path, reference):
+    """Issue 54: a one-prompt run has no other prompt's view for the null view. It runs without it (MAP judged
+    against the prior alone), and results.json's notes and one stderr note say so; before, it was refused with
+    advice about prompt lengths."""
+    res = run_cli_in_process(["experiment=sequential_attack_smoke", "workload.n_prompts=1", "generation.batch_size=1",
+                              f"attack.sequential.map_reference={reference}"], tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (path,) = (tmp_path / "out").rglob("results.json")
+    results = json.loads(path.read_text())
+    m = results["metrics"]
+    assert results["n_prompts"] == 1 and set(results["pruning_recall"]) == {"likelihood", "map"}
+    assert m["map_reference"] == "prior" and m["verdict_map_reads"] == "map_minus_prior" and "map_minus_null" not in m
+    (note,) = results["notes"]
+    assert note.startswith("one prompt, so no other prompt's view to serve as the null view: ran without it")
+    assert ("map_reference=prior" in note) == (reference == "null_view")
+    assert [line for line in res.stderr_lines if line.startswith("splitbench: note: one prompt")] == \
+        [f"splitbench: note: {note}"]
+
+
 @pytest.mark.parametrize("args,attacker,floor", [
     (["attack.sequential.null_view=false"], "MAP", "prior_token_f1"),   # the cross-system chart's runs
     (["attack.sequential.map_reference=null_view"], "MAP", "sequential_map_null_token_f1"),
@@ -539,6 +736,8 @@ def test_smoke_experiment_no_decisive_miss(tmp_path):
     (["attack.sequential.layers=[5]"], "attack.sequential.layers=[5] must be distinct layers in 0..1"),
     (["attack.sequential.prune=[[0,0]]"], "a pruning width must be >= 1"),
     (["attack.sequential.prune=[[9,4]]"], "stage depth 9 is outside 0..2"),
+    (["attack.sequential.prune=[[0,4,0]]"], "a pruning width must be >= 1"),
+    (["attack.sequential.prune=[[0,4,8,1]]"], "each stage is [layers_upto, keep] or [layers_upto, keep, prior_keep]"),
     (["attack.sequential.prune_prior=0"], "attack.sequential.prune_prior must be >= 1"),
     (["attack.sequential.prune_union_prior=0"], "attack.sequential.prune_union_prior must be >= 1"),
     (["engine.offload=[qkv,gate_up,lm_head]"], "attack.sequential.ops needs ['o'] offloaded"),
@@ -566,3 +765,27 @@ def test_cost_benchmark_runs_with_the_attackers_current_settings(tmp_path, monke
     bench.main()
     row = [line for line in out.read_text().splitlines() if line.startswith("| `[[0,64],[1,8]]`")]
     assert len(row) == 1 and int(row[0].split("|")[4]) > 0   # candidates forwarded per position
+
+
+def test_cost_benchmark_compares_with_the_attacker_at_a_commit(tmp_path, monkeypatch):
+    """--baseline REV runs the attacker as committed at REV beside the current one, in rounds: here REV is HEAD,
+    whose attacker must decide exactly what the checkout's does, and the ratio comes with its interval; a
+    revision git cannot show ends with one line and exit code 2."""
+    import sys
+
+    from benchmarks import sequential_attack as bench
+
+    out = tmp_path / "cost.md"
+    argv = ["bench", "--model", "tiny-llama", "--prompts", "1", "--positions", "2", "--threads", "1", "--rounds", "2",
+            "--schedules", "[[0,64],[1,8]]", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "HEAD"])
+    bench.main()
+    row = [line for line in out.read_text().split("## Against the attacker at HEAD")[1].splitlines()
+           if line.startswith("| `[[0,64],[1,8]]`")]
+    cells = [c.strip() for c in row[0].split("|")]
+    ratio, lo, hi = (float(x) for x in cells[4].replace("[", "").replace("]", "").replace(",", "").split())
+    assert len(row) == 1 and cells[-2] == "yes" and lo <= ratio <= hi
+    monkeypatch.setattr(sys, "argv", [*argv, "--baseline", "no-such-revision"])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2

@@ -460,6 +460,7 @@ def test_heldout_scores_are_per_block_ce_and_top1_of_the_next_token():
     assert got["ce"] == pytest.approx([(3 * hit + 10) / 3, hit + 10, hit], abs=1e-5)
 
 
+@pytest.mark.usefixtures("flower_ray")
 def test_smoke_experiment_through_flower(tmp_path):
     """experiment=splitft_smoke: 2 clients on Flower's simulation runtime, PrivPair, the attacks, verdict."""
     import faulthandler

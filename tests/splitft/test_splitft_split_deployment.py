@@ -121,6 +121,7 @@ ALIGN = {"align_up", "align_down"}
     pytest.param("privpair", 1.0, {}, marks=pytest.mark.slow)],
                          ids=["none", "nopeek", "a_frozen", "grad_up_guard", "dp_gaussian", "dp_laplace", "embedding_dx",
                               "dp_gaussian_a_frozen", "privpair"])
+@pytest.mark.usefixtures("flower_ray")
 def test_split_deployment_in_simulation_records_the_one_process_view(configuration, epsilon, extra, tmp_path):
     """Flower's simulation runtime, 2 clients, 2 steps: the server's record equals run_round's view (NoPeek:
     the client's last message replays A's forward from the saved stream state, regulariser draw included;
@@ -163,6 +164,7 @@ def test_split_deployment_in_simulation_records_the_one_process_view(configurati
     ("splitft_none", None, {}), pytest.param("smashed_dp_laplace", 50.0, {}, marks=pytest.mark.slow),
     pytest.param("privpair", 1.0, {"privpair": {"align_every": 1}}, marks=pytest.mark.slow)],
                          ids=["none", "dp_laplace", "privpair"])
+@pytest.mark.usefixtures("flower_ray")
 def test_split_deployment_equals_the_existing_simulation_over_two_rounds(configuration, epsilon, extra, tmp_path):
     """Two rounds of one recorded step each, against federation.simulate (the runner's path, B in the
     ClientApp) on the same recipe: the same view in both rounds (round 2's from FedAvg's average), the same
@@ -220,6 +222,7 @@ def test_split_deployment_refuses_what_it_cannot_split(configuration, reason, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("defence", [["configuration=splitft_none"], ["configuration=smashed_dp_gaussian", "epsilon=50"]],
                          ids=["none", "dp_gaussian"])
+@pytest.mark.usefixtures("flower_ray")
 def test_the_runner_trains_through_the_split_deployment(defence, tmp_path):
     """`splitft.runtime=split_deployment` (experiment=splitft_smoke, 1 round; no defence, and smashed DP, whose H
     and truth come through the measurement path): the runner's results name the runtime, and its rounds'

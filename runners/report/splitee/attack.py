@@ -34,7 +34,7 @@ from runners.report.format import (
     rank,
     tagged,
 )
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 from runners.report.splitee import sequential_attack
 
@@ -450,9 +450,11 @@ def plot(group: AttackGroup, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     colors = plt.get_cmap("tab10").colors
+    drawn: list[tuple[float, float]] = []
     for i, curve in enumerate(k_curves(group)):
         c = colors[i % len(colors)]
         pts = [(k, *v) for k, v in zip(curve.ks, curve.top1) if v[0] is not None]
+        drawn += [(float(p[0]), p[1]) for p in pts]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=curve.label)
         bars = [p for p in pts if p[2] is not None and p[3] is not None]
         ax.errorbar([p[0] for p in bars], [p[1] for p in bars], yerr=[[p[1] - p[2] for p in bars],
@@ -463,8 +465,9 @@ def plot(group: AttackGroup, path: Path) -> None:
     ax.plot([], [], "x--", color="gray", label="predicted for σ/√k")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("submissions of the same prompt, k (exposures averaged)")
-    ax.set_ylabel("Bayes top-1 token recovery (%)")
-    save_axes(fig, ax, path, f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker")
+    metric_axis(ax, "y", "bayes_top1")
+    counts = mark_coincident(ax, drawn)   # ε = 1 and epn both at 0 %: one curve hides the other
+    save_axes(fig, ax, path, f"{group.title}\nlayer-0 QKV, maximum-likelihood attacker", labels=counts)
 
 
 def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:

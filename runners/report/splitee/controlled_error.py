@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.report.format import ci, file_slug, fmt_auto, fmt_ci, md_table, num, tagged
-from runners.report.plotting import Figures, pyplot, save_axes
+from runners.report.plotting import Figures, metric_axis, pyplot, save_axes
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "controlled_error"
@@ -115,7 +115,7 @@ def plot(table: ControlledTable, path: Path) -> None:
             ax.axhline(r.ci(key)[0], color="gray", linestyle="--", label="T3 (zero error)")
     ax.set_xscale("log")
     ax.set_xlabel("mean absolute error of every offloaded op output")
-    ax.set_ylabel(ylabel)
+    metric_axis(ax, "y", key, label=ylabel)
     save_axes(fig, ax, path, table.title)
 
 

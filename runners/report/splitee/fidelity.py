@@ -14,8 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from harness import configurations
+from metrics import names as metric_names
 from runners.report.format import fmt_ci, md_table, num, rank, uses_epsilon
-from runners.report.plotting import DASHES, Figures, pyplot, save, series_style
+from runners.report.plotting import (
+    COUNT_LEGEND,
+    DASHES,
+    Figures,
+    crowded_ticklabels,
+    legend_entries,
+    mark_coincident,
+    metric_axis,
+    place_labels,
+    pyplot,
+    save,
+    series_style,
+)
 from runners.report.runs import Run, finished_runs
 from runners.report.splitee import example_responses
 from runners.report.splitee.fidelity_rows import FidelityGroup, FidelityRow
@@ -120,7 +133,8 @@ def plot(group: FidelityGroup, path: Path) -> None:
     metrics = [(k, h) for k, h in UTILITY_METRICS if any(r.ci(k)[0] is not None for r in group.rows)]
     if not metrics:
         metrics = list(UTILITY_METRICS)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.4), squeeze=False)
+    # constrained layout keeps the figure legend below the panels clear of their x labels
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.6), squeeze=False, layout="constrained")
     swept = [r for r in group.rows if r.epsilon is not None]
     refs = [r for r in group.rows if r.epsilon is None]
     eps_values = sorted({r.epsilon for r in swept})
@@ -134,8 +148,10 @@ def plot(group: FidelityGroup, path: Path) -> None:
                             ((configurations.REGISTRY[n].parameter_name if n in configurations.REGISTRY else None)
                              or "epsilon" for n in names))
     x_label = f"{' / '.join(symbols) or 'ε'} ({', '.join(names)})" if names else "ε"
+    counts: list[list] = []   # per panel, the "×n" labels of points drawn on one another
     for ax, (key, header) in zip(axes[0], metrics):
         color_i = 0
+        drawn: list[tuple[float, float]] = []
         for (conf, variant), rows in series.items():
             rows = sorted(rows, key=lambda r: r.epsilon)
             xs = [r.epsilon for r in rows]
@@ -148,6 +164,7 @@ def plot(group: FidelityGroup, path: Path) -> None:
             color_i += 1
             label = conf + (f" · {variant}" if variant else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", **style, label=label, zorder=3)
+            drawn += [(p[0], p[1]) for p in pts]
             bars = [p for p in pts if p[2] is not None and p[3] is not None]
             ax.errorbar([p[0] for p in bars], [p[1] for p in bars],
                         yerr=[[p[1] - p[2] for p in bars], [p[3] - p[1] for p in bars]], fmt="none", ecolor=c,
@@ -175,14 +192,22 @@ def plot(group: FidelityGroup, path: Path) -> None:
             ax.set_xticklabels([f"{e:g}" for e in eps_values])
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(x_label)
-        ax.set_title(header)
+        # the panel's title is the metric's name (metrics/names.py) and its axis fixed to 0–100
+        metric_axis(ax, "y", key, label="")
+        ax.set_title(metric_names.label(key))
         ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+        # two swept configurations at the same ε and value: one marker hides the other
+        counts.append(mark_coincident(ax, drawn, legend=False))
+    if any(counts):
+        axes[0][0].plot([], [], " ", label=COUNT_LEGEND)
+    handles, labels = legend_entries(axes[0][0])
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), bbox_to_anchor=(0.5, -0.08),
-                   frameon=False)
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), frameon=False)
     fig.suptitle(f"{group.title}\n(mean over prompts, shaded: 95% interval)", fontsize=10)
-    fig.tight_layout()
+    fig.draw_without_rendering()   # the final layout, which the tick labels' spacing is measured in
+    for ax, panel in zip(axes[0], counts):
+        crowded_ticklabels(ax)
+        place_labels(ax, panel)
     save(fig, path)
 
 

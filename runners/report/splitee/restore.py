@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.results import SAMPLES, read_jsonl
-from runners.report.format import configuration_label, fmt_ci, md_table, num, tagged
+from runners.report.format import ci, configuration_label, fmt_ci, md_table, num, tagged
 from runners.report.plotting import Figures
 from runners.report.runs import Run, finished_runs
 
@@ -49,7 +49,7 @@ def groups(runs: Sequence[Run]) -> list[RestoreTable]:
 
 
 def _cell(m: dict[str, Any], key: str) -> str:
-    return fmt_ci(m.get(key), m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi"))
+    return fmt_ci(*ci(m, key))
 
 
 def table_md(table: RestoreTable) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from attacks import controls
-from runners.report.format import md_table, tagged
-from runners.report.plotting import Figures, pyplot, save_axes, series_style
+from runners.report.format import ci, md_table, tagged
+from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sequential_attack"
@@ -157,18 +157,20 @@ def _full(group: SequentialGroup) -> list[Run]:
     return [r for r in pts if _positions(r) == longest[str(r.data.get("mode"))]]
 
 
-def _series(ax, runs: Sequence[Run], x, key: str, label: str, i: int, linestyle: str) -> None:
+def _series(ax, runs: Sequence[Run], x, key: str, label: str, i: int, linestyle: str) -> list[tuple[float, float]]:
+    """Draw one attacker's top-1 against x with its interval; returns the points drawn."""
     xs, ys, lo, hi = [], [], [], []
     for r in sorted(runs, key=x):
-        m = r.data["metrics"]
-        if m.get(key) is None:
+        mean, low, high = ci(r.data["metrics"], key)   # ends clipped to 0–100
+        if mean is None:
             continue
         xs.append(x(r))
-        ys.append(m[key])
-        lo.append(m[key] - m.get(f"{key}_ci_lo", m[key]))
-        hi.append(m.get(f"{key}_ci_hi", m[key]) - m[key])
+        ys.append(mean)
+        lo.append(mean - (low if low is not None else mean))
+        hi.append((high if high is not None else mean) - mean)
     if xs:
         ax.errorbar(xs, ys, yerr=[lo, hi], linestyle=linestyle, capsize=3, label=label, **series_style(i))
+    return list(zip(xs, ys))
 
 
 def plot(group: SequentialGroup, path: Path) -> None:
@@ -179,6 +181,7 @@ def plot(group: SequentialGroup, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     modes = sorted({str(r.data.get("mode")) for r in pts}, key=lambda m: m != "teacher_forced")
+    drawn: list[tuple[float, float]] = []
     for j, mode in enumerate(modes):
         runs = [r for r in pts if str(r.data.get("mode")) == mode]
         suffix = "" if len(modes) == 1 else f" ({mode.replace('_', '-')})"
@@ -186,12 +189,13 @@ def plot(group: SequentialGroup, path: Path) -> None:
                                           ("prior alone", "prior_top1"))):
             if label == "prior alone" and mode != "teacher_forced":
                 continue
-            _series(ax, runs, lambda r: float(r.data["epsilon"]), key, label + suffix, i, "-" if j == 0 else "--")
+            drawn += _series(ax, runs, lambda r: float(r.data["epsilon"]), key, label + suffix, i,
+                             "-" if j == 0 else "--")
     ax.set_xscale("log")
     ax.set_xlabel("ε per exposure")
-    ax.set_ylabel("top-1 recovery %")
-    ax.set_ylim(-2, 102)
-    save_axes(fig, ax, path, group.title)
+    metric_axis(ax, "y", "sequential_top1", label="top-1 recovery (%)")
+    counts = mark_coincident(ax, drawn)   # the free-running attackers reach 100 % where the teacher-forced ones do
+    save_axes(fig, ax, path, group.title, labels=counts)
 
 
 @dataclass
@@ -228,14 +232,15 @@ def plot_layers(curve: LayerCurve, path: Path) -> None:
     """Top-1 against the number of layers used (layers 0..n−1), likelihood, MAP and the prior alone."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    drawn: list[tuple[float, float]] = []
     for i, (label, key) in enumerate((("likelihood", "sequential_top1"), ("MAP", "sequential_map_top1"),
                                       ("prior alone", "prior_top1"))):
-        _series(ax, curve.rows, lambda r: float(_first_n(r)), key, label, i, "-")
+        drawn += _series(ax, curve.rows, lambda r: float(_first_n(r)), key, label, i, "-")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("layers used (0..n−1)")
-    ax.set_ylabel("top-1 recovery %")
-    ax.set_ylim(-2, 102)
-    save_axes(fig, ax, path, curve.title)
+    metric_axis(ax, "y", "sequential_top1", label="top-1 recovery (%)")
+    counts = mark_coincident(ax, drawn)
+    save_axes(fig, ax, path, curve.title, labels=counts)
 
 
 def markdown(items: Sequence[SequentialGroup], figure: Figures) -> list[str]:
