@@ -16,10 +16,11 @@ Every experiment's benchmark reports its own speed as a fraction of these (bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,26 @@ from benchmarks.rounds import commit_label, emit  # noqa: E402
 BATCHES = (1, 8, 16, 32)
 
 
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of a (size × size) @ (size × size) float32 matmul at torch's current thread count, best of
-    `repeats` (after one warm-up)."""
+@contextlib.contextmanager
+def _threads(threads: int | None) -> Iterator[None]:
+    """torch's thread count set to `threads` for the block (None: left as it is)."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5, threads: int | None = None) -> float:
+    """GFLOP/s of a (size × size) @ (size × size) float32 matmul at `threads` threads (None: torch's current
+    count), best of `repeats` (after one warm-up)."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
-    torch.mm(a, b)
-    best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats))
+    with _threads(threads):
+        torch.mm(a, b)
+        best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats))
     return 2.0 * size ** 3 / best / 1e9
 
 

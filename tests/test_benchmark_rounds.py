@@ -136,6 +136,8 @@ def test_paired_log_ratio_cancels_what_slows_both_arms():
 def test_ceiling_counts_a_prompts_matmul_flops_by_hand_and_runs_on_a_tiny_model():
     """benchmarks/ceiling.py (issue 50): the prefill FLOP count against the tiny Llama's layers written out, and
     each ceiling returns a rate (no timing is asserted)."""
+    import torch
+
     from benchmarks.ceiling import decode_tokens_per_second, matmul_gflops, prefill_flops, prefill_gflops
     from harness.models import load_model, model_entry
 
@@ -145,5 +147,7 @@ def test_ceiling_counts_a_prompts_matmul_flops_by_hand_and_runs_on_a_tiny_model(
     expected = 2 * 2 * per_layer * tokens + 2 * 49152 * 64 + 2 * 2 * tokens * tokens * 4 * 16
     assert prefill_flops(model, tokens) == expected
     assert matmul_gflops(size=64, repeats=1) > 0
+    before = torch.get_num_threads()
+    assert matmul_gflops(size=64, repeats=1, threads=1) > 0 and torch.get_num_threads() == before
     assert decode_tokens_per_second(model, 2, prompt_tokens=4, new_tokens=2, repeats=1) > 0
     assert prefill_gflops(model, tokens=8, repeats=1) > 0
