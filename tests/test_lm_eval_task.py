@@ -31,9 +31,9 @@ def test_the_shipped_folder_is_added_only_where_tasks_are_named_and_no_include_p
 
 def test_the_task_data_is_packaged_and_its_chance_floor_is_a_quarter():
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    patterns = data["harness.lm_eval_tasks"]
+    patterns = data["harness"]
     for name in ("splitbench_mc.yaml", "splitbench_mc.jsonl"):
-        assert (TASKS_DIR / name).is_file() and any(fnmatch(name, p) for p in patterns), name
+        assert (TASKS_DIR / name).is_file() and any(fnmatch(f"data/lm_eval_tasks/{name}", p) for p in patterns), name
     docs = load()["test"]
     assert len(docs) == 20 and all(len(d["choices"]) == 4 for d in docs)
     assert Counter(d["answer"] for d in docs) == {0: 5, 1: 5, 2: 5, 3: 5}   # one fixed position scores 25 %

@@ -331,8 +331,11 @@ def test_assess_verdicts():
     constant = [[7] * 12 for _ in refs]   # a guess that ignores the exposure scores exactly its reference
     blind = assess("a", refs, constant, refs, refs, 1.0, 5.0)
     assert blind["a_token_f1"] == pytest.approx(blind["a_reference_token_f1"])
-    assert blind["a_verdict"] == "at_chance"
-    assert assess("a", refs, constant, refs, constant, 1.0, 5.0)["a_verdict"] == "inconclusive"   # failed control
+    # Every paired difference is exactly 0: a zero-width interval over 10 rows earns no "at chance" (issue 51),
+    # so the blind attacker reads inconclusive, not at_chance.
+    assert blind["a_verdict"] == "inconclusive" and blind["a_positive_control_pass"]
+    failed = assess("a", refs, constant, refs, constant, 1.0, 5.0)
+    assert failed["a_verdict"] == "inconclusive" and not failed["a_positive_control_pass"]   # failed control
 
 
 def test_label_floor_is_the_constant_most_frequent_guess_and_the_verdict_must_beat_it():

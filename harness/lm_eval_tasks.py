@@ -1,6 +1,6 @@
 """lm-eval tasks shipped with splitbench, so that `splitbench-lm-eval` runs one with no download and no task file
 of the user's: `splitbench_mc`, 20 four-way general-knowledge questions written for this repository
-(splitbench_mc.jsonl; each answer position 0–3 five times, so always picking one position scores 25 %, the
+(data/lm_eval_tasks/splitbench_mc.jsonl; each answer position 0–3 five times, so always picking one position scores 25 %, the
 chance floor). The wrapper (runners/lm_eval_model.py) passes this folder to lm-eval as `--include_path` unless
 the command names one of its own.
 
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-TASKS_DIR = Path(__file__).resolve().parent
+TASKS_DIR = Path(__file__).resolve().parent / "data" / "lm_eval_tasks"   # data only: no code folder beside the systems'
 TASKS = ("splitbench_mc",)
 
 
