@@ -36,25 +36,16 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from prune_schedule import compose_dolly  # scripts/ is this script's own folder on sys.path
 
     import harness.schema  # noqa: F401  (the sb.* resolvers)
     from attacks.splitee import sequential as sq
     from harness.results import atomic_write_bytes
     from metrics.proportions import clopper_pearson
-    from runners.common import load_inputs
 
     torch.set_num_threads(1)
-    base = ["experiment=sequential_attack", "configuration=ep1", "workload=dolly",
-            f"workload.path={args.dolly.resolve()}", f"workload.n_prompts={args.prompts}",
-            f"generation.batch_size={args.prompts}", f"attack.sequential.max_positions={args.positions}"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=base)
-    inputs = load_inputs(cfg)
+    cfg, inputs, node, base = compose_dolly(args.dolly, args.prompts, args.positions)
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
-    node = OmegaConf.to_container(cfg.attack.sequential, resolve=True)
-    assert isinstance(node, dict)
     if args.prune is not None:
         node["prune"] = json.loads(args.prune)
     settings = sq.Settings.from_config(node)

@@ -47,6 +47,25 @@ SCHEDULES = {
 }
 
 
+def compose_dolly(dolly: Path, prompts: int, positions: int, extra: list[str] = ()) -> tuple:
+    """(cfg, inputs, attack.sequential as a dict, the overrides) of the sequential attack on the first `prompts` Dolly prompts,
+    `positions` attacked each, with `extra` overrides: the setting this script and prior_rank_floor.py read."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import harness.schema  # noqa: F401  (the sb.* resolvers)
+    from runners.common import load_inputs
+
+    base = ["experiment=sequential_attack", "configuration=ep1", "workload=dolly",
+            f"workload.path={dolly.resolve()}", f"workload.n_prompts={prompts}",
+            f"generation.batch_size={prompts}", f"attack.sequential.max_positions={positions}", *extra]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=base)
+    node = OmegaConf.to_container(cfg.attack.sequential, resolve=True)
+    assert isinstance(node, dict)
+    return cfg, load_inputs(cfg), node, base
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dolly", type=Path, required=True, help="dolly_prompts.jsonl")
@@ -61,29 +80,19 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     import harness.schema  # noqa: F401  (the sb.* resolvers)
     from attacks.splitee import sequential as sq
     from harness import configurations
     from harness.results import atomic_write_bytes
     from metrics.proportions import clopper_pearson, wilson
-    from runners.common import load_inputs
 
     torch.set_num_threads(args.threads)
     layers = "null" if args.layers == "all" else f"[{args.layers}]"
-    base = ["experiment=sequential_attack", "configuration=ep1", "workload=dolly",
-            f"workload.path={args.dolly.resolve()}", f"workload.n_prompts={args.prompts}",
-            f"generation.batch_size={args.prompts}", f"attack.sequential.max_positions={args.positions}",
-            "attack.sequential.null_view=false", f"attack.sequential.layers={layers}",
-            f"attack.sequential.mode={args.mode}"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=base)
-    inputs = load_inputs(cfg)
+    cfg, inputs, node, base = compose_dolly(args.dolly, args.prompts, args.positions,
+                                            ["attack.sequential.null_view=false", f"attack.sequential.layers={layers}",
+                                             f"attack.sequential.mode={args.mode}"])
     model, tokenizer = inputs.loaded.model, inputs.loaded.tokenizer
-    node = OmegaConf.to_container(cfg.attack.sequential, resolve=True)
-    assert isinstance(node, dict)
     used = sq.check(sq.Settings.from_config(node), len(model.model.layers), list(cfg.engine.offload))
     keys = [(op, layer) for layer in used for op in node["ops"]]
     lengths = [len(p) for p in inputs.prompts]
