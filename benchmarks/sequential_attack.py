@@ -44,6 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("[[0,512],[1,64],[4,16]]", "[[0,2048],[1,256],[4,32]]", "[[0,8192],[1,1024],[4,128]]",
              "[[0,4096,8192],[1,1024,2048],[4,128,1536]]")
 NOW = "now"
+# Modules moved to the shared floor since earlier revisions (issue 53's first moves): an older attacker's imports
+# of them resolve to where they live now, so --baseline keeps working across the move.
+MOVED = {"harness.splitee.architectures": "harness.architectures", "harness.splitft.partition": "harness.partition",
+         "harness.sanitize.embeddings": "harness.token_embeddings"}
 
 
 def attacker_at(rev: str):
@@ -58,6 +62,8 @@ def attacker_at(rev: str):
     name = f"_sequential_at_{rev.replace('-', '_').replace('.', '_').replace('/', '_')}"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     sys.modules[name] = module   # dataclasses resolve the module's annotations through sys.modules
+    for old, new in MOVED.items():
+        sys.modules.setdefault(old, importlib.import_module(new))
     exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
     return module
 

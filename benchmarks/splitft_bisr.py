@@ -27,8 +27,8 @@ from attacks.splitft.bisr import initial_embeddings, reconstruct
 from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.eia import invert
 from benchmarks.models import load_named_model
+from harness.partition import Partition
 from harness.splitft.defences import GradientGuard
-from harness.splitft.partition import Partition
 from harness.splitft.privpair import token_ce
 from metrics.privacy import token_prf
 

@@ -43,10 +43,10 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks.splitft.suite import run_attacks
     from harness.models import load_model
+    from harness.partition import Partition
     from harness.splitft import experiment
     from harness.splitft.client import Recipe
     from harness.splitft.data import load_split_data
-    from harness.splitft.partition import Partition
 
     s = cfg.splitft
     configuration = cfg.configuration.name

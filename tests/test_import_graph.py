@@ -136,3 +136,21 @@ def test_metrics_import_no_system_library():
     offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("metrics")
                        for t in targets if any(t == p or t.startswith(p + ".") for p in packages))
     assert not offenders, offenders
+
+
+def _system_of(module: str) -> str | None:
+    """The system a harness/ module belongs to (harness.collab.engine: collab), None for the shared floor."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "harness" and len(parts) > 1 and parts[1] in systems.NAMES else None
+
+
+def test_no_harness_system_imports_another_systems_library():
+    """A shared piece lives on the shared floor (harness/architectures.py, harness/partition.py,
+    harness/token_embeddings.py), so each system's library can be read, tested or removed alone: no module of
+    harness/<system>/ imports another system's. (attacks/grad_audit -> attacks/splitft's label matching and
+    runners/splitee/fidelity -> harness.sanitize.config are issue 53's, still to move.)"""
+    graph = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if _system_of(m)
+                       for t in targets if _system_of(t) not in (None, _system_of(m)))
+    assert not offenders, offenders
+    assert _system_of("harness.collab.engine") == "collab" and _system_of("harness.partition") is None

@@ -416,7 +416,7 @@ def test_io_hooks_keep_outputs_on_the_callers_device_and_change_nothing():
     """keep_io_on_caller on the CPU: the split's blocks called one by one give the whole forward's logits
     exactly, with gradients through the hooks (what split fine-tuning and the gradient audit rely on on a GPU)."""
     from harness.devices import keep_io_on_caller
-    from harness.splitft.partition import Partition
+    from harness.partition import Partition
 
     plain, hooked = load_model(_cfg("tiny-llama")).model, load_model(_cfg("tiny-llama")).model
     keep_io_on_caller(hooked, torch.device("cpu"))

@@ -66,7 +66,7 @@ from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.label import constant_guesses, top1_floor
 from harness.grad_audit.trainer import CLOUD_OUTPUT, RETURNED_GRADIENT, TopologySettings, block_ce
 from harness.grad_audit.transforms import carrying_norms, frame_clip, mitigate
-from harness.splitft.partition import Partition
+from harness.partition import Partition
 from metrics.proportions import paired_difference_record, rate_record
 
 

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from harness.sanitize import mechanisms
-from harness.sanitize.embeddings import COSINE, Table
 from harness.sanitize.mechanisms import Settings
+from harness.token_embeddings import COSINE, Table
 
 # Tags the attacker's random stream, so that it never coincides with the sanitiser's (seeded by `seed` itself).
 ATTACKER_STREAM = 0x5A_B4_7E

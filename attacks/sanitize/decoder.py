@@ -38,7 +38,7 @@ from attacks.inversion import (
 )
 from attacks.sanitize import learned
 from harness.sanitize import mechanisms
-from harness.sanitize.embeddings import Table
+from harness.token_embeddings import Table
 
 HALF_WINDOW = learned.HALF_WINDOW
 # The decoder's optimiser: fixed parts of the method, like the rest of train_settings (not options).

@@ -16,7 +16,7 @@ import torch
 
 from attacks.corpus import BUILTIN_CORPUS, paragraphs
 from harness.sanitize import mechanisms
-from harness.sanitize.embeddings import Table
+from harness.token_embeddings import Table
 
 # λ relative to the mean diagonal of XᵀX, so the shrinkage does not depend on the table's scale.
 HALF_WINDOW, RIDGE = 1, 1e-2

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.sanitize.embeddings import Table
+from harness.token_embeddings import Table
 
 
 def rank(observed: Sequence[Sequence[int]], table: Table, k: int, chunk: int = 256) -> list[torch.Tensor]:

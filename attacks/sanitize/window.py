@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from harness.sanitize import mechanisms
-from harness.sanitize.embeddings import Table
 from harness.sanitize.mechanisms import Settings
+from harness.token_embeddings import Table
 
 RIDGE = 0.1
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.splitee.architectures import architecture_of, decoder_layers
+from harness.architectures import architecture_of, decoder_layers
 from metrics.intervals import Estimate
 from metrics.proportions import proportion_ci
 

@@ -68,8 +68,8 @@ from torch import nn
 
 from harness import configurations
 from harness.adversary_view import MASKED_INPUT, AdversaryView
+from harness.architectures import OP_MEMBERS, decoder_layers
 from harness.errors import UserError
-from harness.splitee.architectures import OP_MEMBERS, decoder_layers
 from harness.splitee.sensitivity import OpSensitivity, sensitivity_table
 
 OPS = ("qkv", "o", "gate_up")

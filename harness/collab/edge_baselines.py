@@ -7,7 +7,7 @@ leaves open is taken from the original method and written in docs/collab.md, wit
 - CusText (Chen et al. 2023): the token the undefended edge would append (argmax p_fuse; option: argmax p_S)
   is replaced by one drawn from its customised output set, its k most similar tokens by embedding (itself
   included), with the exponential mechanism P(t'|t) ∝ exp(ε·u(t, t')/2), u the similarity min-max
-  normalised to [0, 1] over the set (Δu = 1). The sampler is harness/sanitize/mechanisms.custext_sets
+  normalised to [0, 1] over the set (Δu = 1). The sampler is harness/token_embeddings.custext_sets
   (the sanitisers' CusText+, here without the stop-word exemption: plain CusText sanitises every token).
 - LDP-Sampler (Ghoukasian et al. 2025, the locally minimax-optimal pure ε-LDP sampler around a public
   P0): p_S is the private distribution, P0 = p_L the public anchor. Q(x) = clip(p_S(x)/r, c·p_L(x),
@@ -70,7 +70,7 @@ class CusText(SampledDefence):
         return int(torch.argmax(fuse(p_L, p_S, self.alpha) if self.select_from == "fused" else p_S))
 
     def distribution(self, p_S, p_L, mode, rng):
-        from harness.sanitize.mechanisms import custext_sets
+        from harness.token_embeddings import custext_sets
 
         token = self.chosen(p_S, p_L)
         out = torch.zeros_like(p_S)
@@ -84,8 +84,8 @@ class CusText(SampledDefence):
 
 def custext_table(model: Any, tokenizer: Any, embeddings: str, distance: str) -> Any:
     """CusText's embedding table: the edge model's input embeddings (or a .pt/.npy file), every non-special
-    token a candidate (harness/sanitize/embeddings.py)."""
-    from harness.sanitize import embeddings as emb
+    token a candidate (harness/token_embeddings.py)."""
+    from harness import token_embeddings as emb
 
     vectors = emb.load_vectors(embeddings, model)
     size = emb.vocab_size(tokenizer, vectors)

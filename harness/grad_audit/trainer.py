@@ -1,4 +1,4 @@
-"""The audited two-node split-LLM trainer (paper 004) as a topology of Partition (harness/splitft/partition.py).
+"""The audited two-node split-LLM trainer (paper 004) as a topology of Partition (harness/partition.py).
 
 The local (trusted) node holds the data, blocks 1..a, blocks b+1..L, the LM head and the loss; the cloud
 (untrusted) holds blocks a+1..b and an up-projection D → d that reads the latent it receives. One training
@@ -34,7 +34,7 @@ from torch import nn
 
 from harness.adversary_view import AdversaryView, Exposure
 from harness.grad_audit.transforms import LocalObfuscation, assemble_frame, carrying_norms, frame_clip, mitigate
-from harness.splitft.partition import Context, Partition
+from harness.partition import Context, Partition
 
 FORWARD_PAYLOAD, RETURNED_GRADIENT, CLOUD_OUTPUT = "forward_payload", "returned_gradient", "cloud_output"
 

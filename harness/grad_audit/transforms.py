@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.splitft.defences import clip_and_noise, clip_rows
+from harness.partition import clip_and_noise, clip_rows
 
 
 def clip_positions(x: torch.Tensor, c: float) -> torch.Tensor:

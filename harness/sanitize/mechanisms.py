@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.sanitize.embeddings import COSINE, Table
+from harness.token_embeddings import COSINE, Table, custext_sets, similarity  # noqa: F401  (mechanisms' own API)
 
 IDENTITY, STENCIL, DX_NOISE, DX_STENCIL, CUSTEXT_PLUS = "identity", "stencil", "dx_noise", "dx_stencil", "custext_plus"
 MECHANISMS = (IDENTITY, STENCIL, DX_NOISE, DX_STENCIL, CUSTEXT_PLUS)
@@ -122,34 +122,6 @@ def dx_noise(n: int, dim: int, eta: float, generator: torch.Generator) -> torch.
     u = torch.randn(n, dim, generator=generator)
     u = u / u.norm(dim=1, keepdim=True)
     return r.unsqueeze(1) * u
-
-
-def custext_sets(table: Table, tokens: torch.Tensor, k: int, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each token: its output set (m, k') of the k' = min(k, |V|) most similar candidates, nearest first
-    (the token itself first when it is a candidate), and the exponential mechanism's probabilities (m, k')."""
-    k = min(k, int(table.candidates.numel()))
-    # Output sets depend on the table and k only: memoised on the table (the Bayes attacker asks for the
-    # sets of the same candidates again on the deranged view).
-    memo = table.memo.setdefault(("custext_sets", k), {})
-    missing = sorted({int(t) for t in tokens.tolist()} - memo.keys())
-    if missing:
-        new = torch.tensor(missing, dtype=torch.long)
-        found = table.nearest(table.vectors[new], k)
-        for t, row in zip(missing, found):
-            memo[t] = row
-    sets = torch.stack([memo[int(t)] for t in tokens.tolist()]) if tokens.numel() else torch.empty(0, k, dtype=torch.long)
-    sim = similarity(table, table.vectors[tokens].unsqueeze(1), table.vectors[sets])
-    lo, hi = sim.min(1, keepdim=True).values, sim.max(1, keepdim=True).values
-    u = torch.where(hi > lo, (sim - lo) / (hi - lo).clamp_min(1e-30), torch.ones_like(sim))
-    return sets, torch.softmax(epsilon * u / 2.0, dim=1)
-
-
-def similarity(table: Table, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """CusText's similarity of embeddings (broadcast over the last axis): cosine, or minus the Euclidean
-    distance."""
-    if table.distance == COSINE:
-        return torch.nn.functional.cosine_similarity(a, b, dim=-1)
-    return -(a - b).norm(dim=-1)
 
 
 def sanitize(sequences: Sequence[Sequence[int]], table: Table, settings: Settings, generator: torch.Generator,

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from harness import configurations
-from harness.sanitize import embeddings, mechanisms
-from harness.sanitize.embeddings import Table
+from harness import token_embeddings as embeddings
+from harness.sanitize import mechanisms
 from harness.sanitize.mechanisms import Settings
+from harness.token_embeddings import Table
 
 
 @dataclass

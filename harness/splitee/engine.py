@@ -18,10 +18,10 @@ from torch import nn
 
 from harness import configurations
 from harness.adversary_view import AdversaryView
+from harness.architectures import OFFLOADABLE, architecture_of
 from harness.devices import cpu_description, detect_tee_kind, resolve_accelerator, set_tee_threads
 from harness.errors import UserError
 from harness.progress import progress
-from harness.splitee.architectures import OFFLOADABLE, architecture_of
 from harness.splitee.boundary import Boundary, Stopwatch
 from harness.splitee.mechanisms import SLALOM_SCALINGS, make_mechanism, slalom_stats
 from harness.splitee.noise_bank import PIECE_ROWS, BankMemory, NoiseBank, row_bytes

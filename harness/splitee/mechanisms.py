@@ -321,7 +321,7 @@ def worst_case_products(model, op_name: str, layer: int | None, weights_q: list[
     (float64, rows concatenated), before the input's rounding; the derivation is in the module docstring.
     `value`, for O: (W̃_V, b), the V weights as Slalom quantised them (W_V,q/2^f) and the input bits of the
     layer's QKV, when Slalom computes V too; None: V is W_V itself."""
-    from harness.splitee.architectures import architecture_of, decoder_layers, effective_gain, final_norm
+    from harness.architectures import architecture_of, decoder_layers, effective_gain, final_norm
 
     arch = architecture_of(model)
     if op_name == "lm_head":
@@ -341,7 +341,7 @@ def _worst_case_o(model, layer, w_o: torch.Tensor, arch, value: tuple[torch.Tens
     """Σ_h (√d·‖c_h⊙α‖₂ + |W_q,r,h·b_V|) with c_h = W_q,r,h·W_V,g(h). When Slalom computes V, V is
     W̃_V·(x + e) with W̃_V its quantised weights and |e| ≤ 2^−(b+1) the rounding of its input x at b bits,
     so W̃_V replaces W_V and ‖c_h‖₁·2^−(b+1) joins each term."""
-    from harness.splitee.architectures import effective_gain
+    from harness.architectures import effective_gain
 
     attention = layer.self_attn
     gain = effective_gain(getattr(layer, arch.qkv_norm), arch)

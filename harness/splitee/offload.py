@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.splitee.architectures import OP_MEMBERS, decoder_layers, get_submodule, set_submodule
+from harness.architectures import OP_MEMBERS, decoder_layers, get_submodule, set_submodule
 
 CATEGORY = {"qkv": "attention_proj", "o": "attention_proj", "gate_up": "ffn_proj", "down": "down_proj", "lm_head": "lm_head"}
 

@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from harness.errors import UserError
-from harness.splitee.architectures import (
+from harness.architectures import (
     architecture_of,
     decoder_layers,
     effective_gain,
     final_norm,
 )
+from harness.errors import UserError
 
 ATTENTION_RULES = ("paper", "per_head")
 

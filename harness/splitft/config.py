@@ -197,7 +197,7 @@ DATA_FROM_HUB = {
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range. The cut against
-    the model's depth (m <= L) is checked by harness.splitft.partition.Partition once the model is loaded
+    the model's depth (m <= L) is checked by harness.partition.Partition once the model is loaded
     (any composed model may be paired with any cut, so composition alone cannot refuse it)."""
     s = section
     if not 1 <= s.k < s.m:

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from harness.partition import clip_and_noise, clip_rows  # noqa: F401  (also this module's API)
+
 
 class Defence:
     """No defence: the interface's identity."""
@@ -67,21 +69,6 @@ class Defence:
 
     def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
         pass
-
-
-def clip_rows(x: torch.Tensor, bound: float, p: int) -> torch.Tensor:
-    """Each last-axis vector scaled down to ℓp norm at most `bound`."""
-    norms = x.norm(p=p, dim=-1, keepdim=True)
-    return x * torch.clamp(bound / norms.clamp_min(1e-12), max=1.0)
-
-
-def clip_and_noise(x: torch.Tensor, clip: float, noise_multiplier: float,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Every last-axis vector clipped to ℓ2 norm `clip`, plus N(0, (noise_multiplier·clip)²) on every entry."""
-    out = clip_rows(x, clip, 2)
-    if noise_multiplier > 0:
-        out = out + noise_multiplier * clip * torch.randn(x.shape, generator=generator, dtype=x.dtype)
-    return out
 
 
 class GradientGuard:

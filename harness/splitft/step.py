@@ -46,7 +46,7 @@ class Recorder:
 
     def add(self, channel: str, op: str, layer: int | None, tensor: torch.Tensor) -> None:
         # What the server sees is recorded as it crosses: on the CPU, a floating tensor in float32 (the model's
-        # dtype stays inside its blocks: harness/splitft/partition.py).
+        # dtype stays inside its blocks: harness/partition.py).
         t = tensor.detach().to(device="cpu", dtype=torch.float32 if tensor.is_floating_point() else tensor.dtype,
                                copy=True)
         self.exposures.append({"channel": channel, "op": op, "layer": layer, "step": self.step, "tensor": t})

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.splitft.partition import Partition
+from harness.partition import Partition
 
 
 def make_trainable(model: nn.Module, k: int, m: int, lora: Any,

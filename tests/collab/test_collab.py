@@ -130,7 +130,7 @@ def test_dp_fusion_mixing_weight_is_the_largest_within_the_bound(eps):
 
 
 def _table(vectors: torch.Tensor, candidates: list[int]):
-    from harness.sanitize.embeddings import Table
+    from harness.token_embeddings import Table
 
     return Table(vectors, torch.tensor(candidates), "euclidean")
 

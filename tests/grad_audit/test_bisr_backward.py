@@ -61,7 +61,7 @@ def test_loss_gradient_is_the_gradient_the_local_node_returned(tiny):
     """The controls' gradients are built by the trainer's own loss: on the unmitigated arm it reproduces the
     returned gradient (and its zeros on the decoys)."""
     run, st = _run(tiny, frames=2)
-    from harness.splitft.partition import Partition
+    from harness.partition import Partition
 
     part = Partition(tiny, st.cut_after, st.resume_at)
     for out, g in zip(run.view.select(channel=CLOUD_OUTPUT), run.view.select(channel=RETURNED_GRADIENT)):
@@ -79,7 +79,7 @@ def test_the_controls_gradients_from_one_pass_equal_two_fresh_ones(tiny):
     """attack_seed takes the positive control's gradient (true labels) and the null's (shuffled) from one
     forward through the tail (loss_gradients): each must equal, bit for bit, the gradient of its own pass."""
     run, st = _run(tiny, mitigation=(None, 1.0), clip_quantile=0.5, frames=2)
-    from harness.splitft.partition import Partition
+    from harness.partition import Partition
 
     part = Partition(tiny, st.cut_after, st.resume_at)
     for out in run.view.select(channel=CLOUD_OUTPUT):

@@ -14,9 +14,9 @@ import torch
 from attacks.sanitize import bayes, neighbours, scoring, window
 from harness.errors import UserError
 from harness.sanitize import mechanisms as M
-from harness.sanitize.embeddings import Table
 from harness.sanitize.mechanisms import Settings
 from harness.sanitize.tasks import MINI_SST2, Scored
+from harness.token_embeddings import Table
 
 from ..conftest import compose_config, run_cli_in_process
 
@@ -90,7 +90,7 @@ def test_stencil_is_the_nearest_token_other_than_the_original(distance):
 def test_nearest_with_a_large_vocabulary_matches_brute_force(monkeypatch, bf16):
     """Above SHORTLIST_MIN_VOCAB the search shortlists in bf16 where the CPU multiplies bf16 natively and
     re-ranks in fp32, or scores in fp32 throughout: the same answers either way."""
-    from harness.sanitize import embeddings
+    from harness import token_embeddings as embeddings
 
     monkeypatch.setattr(embeddings, "native_bf16", lambda: bf16)
     g = torch.Generator().manual_seed(1)

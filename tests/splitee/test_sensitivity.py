@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from harness.architectures import architecture_of, decoder_layers, final_norm
 from harness.models import load_model
-from harness.splitee.architectures import architecture_of, decoder_layers, final_norm
 from harness.splitee.sensitivity import sensitivity_table
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"

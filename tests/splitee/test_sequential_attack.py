@@ -130,7 +130,7 @@ def test_results_are_the_recorded_ones_of_the_code_before_issue_50(tiny, prompts
 def _op_inputs_by_full_forward(model, tokens: list[int], keys) -> dict:
     """The input of each op in `keys` at the last position of `tokens`, by a plain forward of the whole sequence
     (no cache, the model's own attention): what candidate_inputs computes for that last token as a candidate."""
-    from harness.splitee.architectures import OP_MEMBERS
+    from harness.architectures import OP_MEMBERS
 
     got, handles = {}, []
     for op, layer in keys:

@@ -401,7 +401,7 @@ def test_a_cut_past_the_models_depth_is_a_user_error():
     """m > L is known once the model is loaded: the runner builds the Partition before reading any data, and
     a UserError there is one line and exit code 2 like every other (runners/run.py)."""
     from harness.errors import UserError
-    from harness.splitft.partition import Partition
+    from harness.partition import Partition
 
     with pytest.raises(UserError, match=r"^cut points must satisfy 0 < k < m <= 4 \(the model's layers\), got k=1, m=9$"):
         Partition(_model(), 1, 9)

@@ -1,4 +1,4 @@
-"""harness/splitft/partition.py: the A | B | C stages compose to the model's own forward, to the bit."""
+"""harness/partition.py: the A | B | C stages compose to the model's own forward, to the bit."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from harness.errors import UserError
 from harness.models import load_model, model_entry
-from harness.splitft.partition import Partition
+from harness.partition import Partition
 
 
 def _model(name: str):

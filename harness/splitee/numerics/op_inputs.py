@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from harness import provenance
+from harness.architectures import decoder_layers
 from harness.progress import progress as progress_bar
 from harness.results import atomic_torch_save, cache_key
-from harness.splitee.architectures import decoder_layers
 from harness.splitee.engine import EngineSettings, SplitEngine
 from harness.splitee.noise_bank import stream_seed
 

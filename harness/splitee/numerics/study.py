@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from harness import configurations
+from harness.architectures import OP_MEMBERS, decoder_layers
 from harness.progress import progress as progress_bar
-from harness.splitee.architectures import OP_MEMBERS, decoder_layers
 from harness.splitee.noise_bank import stream_seed
 from harness.splitee.numerics import kernels as kernel_grids
 from harness.splitee.numerics.bound import bound_from_sums, evaluation_factor, first_order_bound

@@ -156,3 +156,32 @@ def load_vectors(source: str, model: Any) -> torch.Tensor:
     if not isinstance(vectors, torch.Tensor) or vectors.ndim != 2:
         raise UserError(f"sanitize.embeddings={source} must hold one 2-D table (vocab x d)")
     return vectors.float()
+
+
+# CusText's output sets over a table: the sanitisers' CusText+ and collab's edge-side CusText both draw from them.
+def custext_sets(table: Table, tokens: torch.Tensor, k: int, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each token: its output set (m, k') of the k' = min(k, |V|) most similar candidates, nearest first
+    (the token itself first when it is a candidate), and the exponential mechanism's probabilities (m, k')."""
+    k = min(k, int(table.candidates.numel()))
+    # Output sets depend on the table and k only: memoised on the table (the Bayes attacker asks for the
+    # sets of the same candidates again on the deranged view).
+    memo = table.memo.setdefault(("custext_sets", k), {})
+    missing = sorted({int(t) for t in tokens.tolist()} - memo.keys())
+    if missing:
+        new = torch.tensor(missing, dtype=torch.long)
+        found = table.nearest(table.vectors[new], k)
+        for t, row in zip(missing, found):
+            memo[t] = row
+    sets = torch.stack([memo[int(t)] for t in tokens.tolist()]) if tokens.numel() else torch.empty(0, k, dtype=torch.long)
+    sim = similarity(table, table.vectors[tokens].unsqueeze(1), table.vectors[sets])
+    lo, hi = sim.min(1, keepdim=True).values, sim.max(1, keepdim=True).values
+    u = torch.where(hi > lo, (sim - lo) / (hi - lo).clamp_min(1e-30), torch.ones_like(sim))
+    return sets, torch.softmax(epsilon * u / 2.0, dim=1)
+
+
+def similarity(table: Table, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """CusText's similarity of embeddings (broadcast over the last axis): cosine, or minus the Euclidean
+    distance."""
+    if table.distance == COSINE:
+        return torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    return -(a - b).norm(dim=-1)

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.architectures import architecture_of, decoder_layers, final_norm
 from harness.errors import UserError
-from harness.splitee.architectures import architecture_of, decoder_layers, final_norm
 
 
 @dataclass
@@ -128,3 +128,19 @@ class Partition:
         """A, B and C with nothing in between: the model's own logits."""
         s_a, ctx = self.head(input_ids, attention_mask=attention_mask)
         return self.tail(self.body(s_a, ctx), ctx)
+
+
+# Row clipping: split fine-tuning's defences and the gradient audit's mitigation both bound each row's norm.
+def clip_rows(x: torch.Tensor, bound: float, p: int) -> torch.Tensor:
+    """Each last-axis vector scaled down to ℓp norm at most `bound`."""
+    norms = x.norm(p=p, dim=-1, keepdim=True)
+    return x * torch.clamp(bound / norms.clamp_min(1e-12), max=1.0)
+
+
+def clip_and_noise(x: torch.Tensor, clip: float, noise_multiplier: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Every last-axis vector clipped to ℓ2 norm `clip`, plus N(0, (noise_multiplier·clip)²) on every entry."""
+    out = clip_rows(x, clip, 2)
+    if noise_multiplier > 0:
+        out = out + noise_multiplier * clip * torch.randn(x.shape, generator=generator, dtype=x.dtype)
+    return out
