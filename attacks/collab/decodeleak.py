@@ -35,8 +35,9 @@ plus what it owns: its model and x_pub (itself in the view, `public_query`).
 - Earned bound (issue 51): at_chance reads the interval the sample earned (metrics/equivalence.earned_interval,
   B = collab.controls.per_item_bound_pp), never the t interval alone: 30 examples whose signal and null agree
   exactly have a t interval [0, 0] but bound the mean only by B·CP_U(0, 30) = 11.6 pp at B = 100. The null
-  shares the signal's seed (common random numbers), so a mechanism that ignores x_priv reproduces its null
-  bit for bit; the earned bound is what keeps such a zero from certifying. A leak reads the t interval.
+  draws at its own seed (harness/collab/experiment.NULL_SEED_OFFSET), so a drawing mechanism that ignores
+  x_priv shows its noise; a deterministic one still reproduces its null bit for bit, and the earned bound is
+  what keeps that zero from certifying. A leak reads the t interval.
 - Steps (issue 51): Token-ER is a coverage over the union of the steps' sets, so a signal that decodes more
   steps than its null covers more with no content at all (random ids gain about 0.14 pp a step). With
   collab.controls.step_matching=matched (the default) each example's signal and null are cut to the shorter's

@@ -23,6 +23,11 @@ from metrics.intervals import Estimate, mean_ci
 from metrics.proportions import proportion_ci
 from metrics.text import rouge_l
 
+# The nulls' own seeds, offsets from the run's: the verdict's null (issue 51 item 2: never the signal's seed)
+# and the negative control's second null.
+NULL_SEED_OFFSET = 2
+NEGATIVE_CONTROL_SEED_OFFSET = 1
+
 
 @dataclass
 class Parties:
@@ -42,7 +47,7 @@ class Decodings:
     floor: Any                       # the cloud alone from x_pub: its texts and its own top-K sets
     undefended: Any | None           # the positive control (None: the run is itself undefended)
     no_context: Any                  # the undefended edge without x_priv (the positive control's null)
-    null: Any                        # the verdict's null signal: this defence without x_priv
+    null: Any                        # the verdict's null signal: this defence without x_priv, seed + 2
     null_again: Any                  # the negative control: the null signal, seed + 1
     defence: Any
     key: dict[str, Any]              # the cache key of this run's examples and models
@@ -152,7 +157,7 @@ class Decodes:
 
 def decode(cfg: DictConfig, parties: Parties, bench: Any, name: str, lam: float | None, top: int) -> Decodings:
     """Every decoding of the run, the deterministic controls cached on disk (protocol.cached): the cloud alone,
-    the undefended run and its null; then the run under its defence, its null signal and the null at seed + 1,
+    the undefended run and its null; then the run under its defence, its null signal (seed + 2) and the null at seed + 1,
     each decode of the same computation done once (`Decodes`)."""
     c = cfg.collab
     edge, cloud, pair, examples = parties.edge, parties.cloud, parties.pair, bench.examples
@@ -187,11 +192,15 @@ def decode(cfg: DictConfig, parties: Parties, bench: Any, name: str, lam: float 
         signals.view.meta = meta
     no_context = runs.run("no_context", undefended_defence, private=False, seed=seed,
                           desc="null of the undefended run (edge without x_priv)", disk={**key, "run": "no_context"})
-    # The verdict's null signal: this defence, parameter and seed with an edge that does not hold x_priv.
-    null = runs.run("null", make_defence(name, lam, **settings), private=False, seed=seed,
-                    desc=f"null signal: {name} without x_priv")
+    # The verdict's null signal: this defence and parameter with an edge that does not hold x_priv, drawn at its
+    # own seed (seed + 2; seed + 1 is the negative control's). On the signal's seed a mechanism that ignores
+    # x_priv would reproduce the null bit for bit and read exactly 0 (issue 51 item 2); on its own seed it shows
+    # its own noise. A deterministic defence's key has no seed, so its null is one decode whatever the seed.
+    null = runs.run("null", make_defence(name, lam, **settings), private=False, seed=seed + NULL_SEED_OFFSET,
+                    desc=f"null signal: {name} without x_priv, seed + 2")
     # The negative control's second null: the same, another seed (for a deterministic defence, the null itself).
-    null_again = runs.run("null_again", make_defence(name, lam, **settings), private=False, seed=seed + 1,
+    null_again = runs.run("null_again", make_defence(name, lam, **settings), private=False,
+                          seed=seed + NEGATIVE_CONTROL_SEED_OFFSET,
                           desc="negative control: null signal, seed + 1")
     return Decodings(signals, floor, undefended, no_context, null, null_again, defence, key, runs)
 

@@ -572,10 +572,12 @@ class _RandomIds(Defence):
 
 @pytest.fixture(scope="module")
 def null_runs(pair):
-    """The tiny pair on 6 built-in examples, 4 tokens: each test signal, its null signal (the same mechanism
-    and seed, the edge without x_priv) and a second null (seed 1); the cloud alone's sets; the evidence."""
+    """The tiny pair on 6 built-in examples, 4 tokens: each test signal (seed 0), its null signal (the same
+    mechanism, the edge without x_priv, at the runner's null seed) and a second null (the runner's negative
+    control seed); the cloud alone's sets; the evidence."""
     from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
     from harness.collab import protocol
+    from harness.collab.experiment import NEGATIVE_CONTROL_SEED_OFFSET, NULL_SEED_OFFSET
 
     edge, cloud = pair
     vocab = engine.shared_vocab(edge.tokenizer, cloud.tokenizer)
@@ -593,7 +595,8 @@ def null_runs(pair):
     vi = Vocabulary(edge.tokenizer)
     ev = [tokenise_evidence(e.evidence, vi, True) for e in examples]
     floor = protocol.cloud_alone(p, examples, max_new_tokens=4, top=top).sets
-    runs = {name: tuple(sets(make(), mode, private, seed) for private, seed in ((True, 0), (False, 0), (False, 1)))
+    runs = {name: tuple(sets(make(), mode, private, seed) for private, seed in ((True, 0), (False, NULL_SEED_OFFSET),
+                                                                          (False, NEGATIVE_CONTROL_SEED_OFFSET)))
             for name, make, mode in (("random", lambda: _RandomIds(0.3), "cloud"),
                                      ("dp_fusion_0", lambda: DPFusion(0.3, 0.0, 2.0), "edge"))}
     # A known leak: the undefended edge without x_priv, with the private context's content ids uploaded at one
@@ -621,9 +624,11 @@ def test_random_ids_read_at_chance_against_their_null_but_above_the_floor(null_r
     assert v["positive_control_pass"] and v["negative_control_pass"]
     # Issue 51 changed this verdict from at_chance: 6 examples earn at best ±B·CP_U(0, 6) = ±45.9 pp, so they
     # certify nothing at 1 pp; what stays is that random ids never read leak. With a bound of 1.1 pp fixed in
-    # advance they would certify (the earned interval is then ±0.5 pp around a mean of 0).
-    assert v["verdict"] == "inconclusive" and v["null_excess_token_er"] == 0.0, v
-    assert v["null_excess_token_er_earned_ci"][1] >= 45.9
+    # advance they would have certified while the null shared the signal's seed (the excess was then exactly 0).
+    # The null now draws its own ids, so the excess is a real draw whose interval holds 0.
+    assert v["verdict"] == "inconclusive", v
+    lo, hi = v["null_excess_token_er_ci"]
+    assert lo <= 0.0 <= hi and hi > lo, v
     # The statistic issue 31 replaced: the informed attacker's excess over the floor credits the random ids'
     # extra coverage (no example below 0); at 48 tokens on SmolLM2 it read +4.3 [1.5, 7.0] pp, a leak.
     run = leak.score_sets(runs["random"][0], ev, vi, [100], prior=floor).values("token_er", 100)
@@ -637,11 +642,14 @@ def test_random_ids_read_at_chance_against_their_null_but_above_the_floor(null_r
 def test_dp_fusion_at_epsilon_zero_reads_at_chance(null_runs):
     runs, floor, ev, vi = null_runs
     v = _read(runs, "dp_fusion_0", floor, ev, vi)
-    # Issue 51 changed this verdict from at_chance: the null shares the signal's seed, so at ε = 0 it reproduces
-    # the signal bit for bit and the t interval is [0, 0]; the test could not fail. 0 differing of 6 examples
-    # earn ±45.9 pp: inconclusive, never leak.
-    assert v["verdict"] == "inconclusive" and v["zero_spread"], v
-    assert runs["dp_fusion_0"][0] == runs["dp_fusion_0"][1]    # ε = 0: the synced tokens ignore x_priv
+    # Issue 51 changed this verdict from at_chance: the null shared the signal's seed, so at ε = 0 it reproduced
+    # the signal bit for bit and the t interval was [0, 0]; the test could not fail. The null now draws at its
+    # own seed, so the mechanism shows its own noise against it; 6 examples certify nothing at 1 pp, and a
+    # mechanism that ignores x_priv never reads leak.
+    assert v["verdict"] == "inconclusive", v
+    assert runs["dp_fusion_0"][0] != runs["dp_fusion_0"][1]    # independent draws, not a copy of the signal
+    lo, hi = v["null_excess_token_er_earned_ci"]
+    assert lo < 0.0 < hi and hi - lo > 0.0
 
 
 def test_the_private_context_injected_reads_leak(null_runs):
