@@ -338,11 +338,12 @@ def _dose(truth: Sequence[int], other: Sequence[int], dose_pp: float, rng: np.ra
 
 
 def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, doses_pp: Sequence[float],
-                   gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
+                   gate_dose_pp: float, planning: dict[str, float] | None = None,
+                   per_item_bound_pp: float = 100.0) -> Entry:
     """Paper 001: the sanitisers' verdict (attacks/sanitize/scoring.score_attacker, the identity attacker that
-    reads the sanitised tokens as its guess). Null: every prompt sanitised independently of the truth (a
-    fresh row of the corpus's token frequencies, `stream`, per prompt and trial); dose d: that row carrying
-    d pp of the truth's token F1 (`_dose`)."""
+    reads the sanitised tokens as its guess; at_chance on the earned interval at `per_item_bound_pp`). Null:
+    every prompt sanitised independently of the truth (a fresh row of the corpus's token frequencies, `stream`,
+    per prompt and trial); dose d: that row carrying d pp of the truth's token F1 (`_dose`)."""
     import torch
 
     from attacks.sanitize import scoring
@@ -353,8 +354,10 @@ def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: floa
         return [torch.tensor(o, dtype=torch.long).view(-1, 1) for o in observed]
 
     def trial(observed: list[list[int]]) -> Trial:
-        s, _ = scoring.score_attacker("identity", identity, rows, observed, 1, margin_pp, True)
-        return Trial(s.verdict, s.f1.mean - s.reference, interval=(s.f1.lo - s.reference, s.f1.hi - s.reference))
+        s, _ = scoring.score_attacker("identity", identity, rows, observed, 1, margin_pp, True,
+                                      per_item_bound_pp=per_item_bound_pp)
+        return Trial(s.verdict, s.f1.mean - s.reference, interval=(s.f1.lo - s.reference, s.f1.hi - s.reference),
+                     certified_by=(s.earned[0] - s.reference, s.earned[1] - s.reference))
 
     def null(rng):
         return trial(unigram_rows(stream, len(rows), length, rng))
@@ -366,13 +369,16 @@ def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: floa
                  "fresh row drawn from the corpus's token frequencies)",
                  "a verdict that calls the sanitiser's output a leak from the text's shared vocabulary alone",
                  "pp of token F1 the sanitised prompt carries from its truth (a perfect reader's gain)", null, dosed,
-                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"prompts of {length} tokens", "t", planning)
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"prompts of {length} tokens", "t", planning,
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, positive_margin_pp: float,
-                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
+                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None,
+                  per_item_bound_pp: float = 100.0) -> Entry:
     """Paper 002: the label attack's verdict (attacks/splitft/cell.assess, reference = the larger of the
-    exposure-free reference and the constant most-frequent-label guess). Null: shuffled labels (the guesses
+    exposure-free reference and the constant most-frequent-label guess; at_chance on the earned interval at
+    `per_item_bound_pp`). Null: shuffled labels (the guesses
     are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
     of the true labels' token F1 (`_dose`)."""
     from attacks.splitft.cell import assess
@@ -383,10 +389,11 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
 
     def trial(guesses: list[list[int]]) -> Trial:
         m = assess("label", rows, guesses, rows, rows, margin_pp, positive_margin_pp, prior_guesses=constant,
-                   plain_prior_guesses=constant)
+                   plain_prior_guesses=constant, per_item_bound_pp=per_item_bound_pp)
         ref = m["label_reference_token_f1"]
         return Trial(m["label_verdict"], m["label_token_f1"] - ref,
-                     interval=(m["label_token_f1_ci_lo"] - ref, m["label_token_f1_ci_hi"] - ref))
+                     interval=(m["label_token_f1_ci_lo"] - ref, m["label_token_f1_ci_hi"] - ref),
+                     certified_by=(m["label_token_f1_earned_ci_lo"] - ref, m["label_token_f1_earned_ci_hi"] - ref))
 
     def null(rng):
         return trial(unigram_rows(stream, len(rows), length, rng))
@@ -398,7 +405,8 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
                  "truth, from the corpus's token frequencies)",
                  "a label verdict that reads the labels' common tokens as a leak",
                  "pp of token F1 the guesses carry from the true labels (a perfect reader's gain)", null, dosed,
-                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"label rows of {length} tokens", "t", planning)
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"label rows of {length} tokens", "t", planning,
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float, *,
@@ -446,7 +454,8 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
     return Entry("grad_audit", "shuffled labels (the probe's feature rows permuted against their tokens)",
                  "a probe verdict that reads the probe's own bias or the token frequencies as a leak",
                  "pp a perfect reader of an injected token code gains over the constant guess",
-                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows, "probe rows (test split)", "z", planning)
+                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows, "probe rows (test split)", "z", planning,
+                 per_item_bound_pp=100.0)    # the B of CellScore.earned_ci_pp, which the verdict reads
 
 
 @dataclass
@@ -792,7 +801,8 @@ def _sanitize(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.sanitize
     rows, stream = _truth_rows(cfg, model, "sanitize")
     return sanitize_entry(rows, stream, float(cfg.sanitize.attack.gate_margin_pp), list(c.doses_pp),
-                          float(c.gate_dose_pp), _planning(c))
+                          float(c.gate_dose_pp), _planning(c),
+                          per_item_bound_pp=float(cfg.sanitize.attack.per_item_bound_pp))
 
 
 @_register("splitft")
@@ -801,7 +811,7 @@ def _splitft(cfg: Any, model: Any) -> Entry:
     rows, stream = _truth_rows(cfg, model, "splitft")
     return splitft_entry(rows, stream, float(cfg.splitft.attack.gate_margin_pp),
                          float(cfg.splitft.attack.positive_margin_pp), list(c.doses_pp), float(c.gate_dose_pp),
-                         _planning(c))
+                         _planning(c), per_item_bound_pp=float(cfg.splitft.attack.per_item_bound_pp))
 
 
 @_register("grad_audit")

@@ -36,7 +36,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness import configurations, placement, systems
-from harness.checks import check_at_least, check_choice, check_positive
+from harness.checks import check_at_least, check_choice, check_per_item_bound, check_positive
 from harness.errors import UserError
 from harness.group_schemas import (  # noqa: F401  (the model and workload schemas are part of this one)
     MODEL_SCHEMAS,
@@ -193,6 +193,7 @@ class AttackBayesConfig:
 class AttackControlsConfig:
     gate_margin_pp: float = MISSING       # verdict margin m: leak if ci_lo > floor + m; at chance if the interval lies within floor ± m
     positive_margin_pp: float = MISSING   # positive control: lower 95% bound of T3 token F1 >= floor + this
+    per_item_bound_pp: float = MISSING    # B of the earned interval at_chance reads (metrics/equivalence.py)
 
 
 @dataclass
@@ -569,6 +570,7 @@ def _check_attack(attack: DictConfig) -> None:
         raise UserError(f"attack.bayes.k must be a non-empty list of integers >= 1, got {list(attack.bayes.k)}")
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"attack.controls.{key}", attack.controls[key], 0)
+    check_per_item_bound("attack.controls.per_item_bound_pp", float(attack.controls.per_item_bound_pp))
     if attack.decoder is not None:
         check_model("attack.decoder", attack.decoder)
     _check_sequential(attack.sequential)

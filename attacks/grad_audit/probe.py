@@ -98,13 +98,15 @@ def score(probe_right: torch.Tensor, const_right: torch.Tensor) -> CellScore:
                      int(d.count_nonzero()))
 
 
-def earned_pp(n: int, discordant: int, effect_pp: float, variance_pp2: float, lo: float, hi: float
-              ) -> tuple[float, float]:
+def earned_pp(n: int, discordant: int, effect_pp: float, variance_pp2: float, lo: float, hi: float,
+              per_item_bound_pp: float = 100.0) -> tuple[float, float]:
     """[lo, hi] widened to effect ± the earned half-width of n rows of which `discordant` differ by ±100 pp and
-    whose mean has sampling variance `variance_pp2` (metrics.equivalence.earned_half_width, Wald)."""
+    whose mean has sampling variance `variance_pp2` (metrics.equivalence.earned_half_width, Wald), at
+    per-row bound B = `per_item_bound_pp` (grad_audit.gates; 100 pp, the most a row's hit can differ)."""
     sd = math.sqrt(variance_pp2 * n)
-    half = earned_half_width(n, discordant, effect_pp, sd, 1e4 * discordant, 100.0, critical=Z95)
-    return max(-100.0, min(lo, effect_pp - half)), min(100.0, max(hi, effect_pp + half))
+    b = per_item_bound_pp
+    half = earned_half_width(n, discordant, effect_pp, sd, 1e4 * discordant, b, critical=Z95)
+    return max(-b, min(lo, effect_pp - half)), min(b, max(hi, effect_pp + half))
 
 
 class FrequentTokenProbe:

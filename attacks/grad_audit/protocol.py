@@ -86,7 +86,8 @@ def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) ->
                        "alpha": g.gates.alpha,
                        "bonferroni_m": len(scored) * len(arms), "utility_max_nats": g.gates.utility_max_nats,
                        "injected_doses_pp": list(g.gates.injected_doses_pp),
-                       "positive_margin_pp": g.gates.positive_margin_pp, "flat_nats": g.train.flat_nats},
+                       "positive_margin_pp": g.gates.positive_margin_pp, "flat_nats": g.train.flat_nats,
+                       "per_item_bound_pp": g.gates.per_item_bound_pp},
         "rules": {
             "gate": "fail if any scored (seed, arm) cell has Bonferroni-Wilson UB(probe accuracy) - constant "
                     "accuracy > probe_margin_pp + offset, offset = min(0, that cell's shuffled-label probe "
@@ -98,9 +99,11 @@ def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) ->
                             "scored seed converged (its held-out CE fell by at most flat_nats over the curve's last "
                             "segment); unknown when a seed had not converged",
             "probe_verdict": "attacks.controls.classify on the headline arm's DerSimonian-Laird pooled effect "
-                             "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls",
+                             "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls; "
+                             "at_chance reads the interval the rows earned at per_item_bound_pp",
             "partition_verdict": "attacks.controls.classify on the norm-rank row agreement vs its chance "
-                                 "agreement, margin partition_margin_pp, with its planted / other-frame-label controls",
+                                 "agreement, margin partition_margin_pp, with its planted / other-frame-label controls; "
+                                 "at_chance reads the interval the rows earned at per_item_bound_pp",
         },
     }
 
@@ -118,7 +121,7 @@ def score_seed(run: Any, base_ce: torch.Tensor, proto: dict[str, Any], phase: st
     t = proto["topology"]
     part = partition_attack(returned_gradients(run.view), run.truth.is_real, t["real_rows"],
                             margin_pp=th["partition_margin_pp"], positive_margin_pp=th["positive_margin_pp"],
-                            seed=run.seed)
+                            seed=run.seed, per_item_bound_pp=th["per_item_bound_pp"])
     cells = {}
     margin = th["probe_margin_pp"]
     for arm in p["arms"]:
@@ -212,8 +215,10 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     n_rows, k_rows = sum(c.n for c in cells), sum(c.discordant for c in cells)
     mean_row = sum(c.effect_pp * c.n for c in cells) / n_rows
     var_row = max(0.0, (1e4 * k_rows - n_rows * mean_row ** 2) / max(1, n_rows - 1)) / n_rows
-    earned = earned_pp(n_rows, k_rows, pooled[head].mean, var_row, pooled[head].lo, pooled[head].hi)
+    earned = earned_pp(n_rows, k_rows, pooled[head].mean, var_row, pooled[head].lo, pooled[head].hi,
+                       th["per_item_bound_pp"])
     m["probe_effect_pp_earned_ci"] = list(earned)
+    m["per_item_bound_pp"] = th["per_item_bound_pp"]
     m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, reference, margin,
                                            positive_passed=m["positive_control_pass"],
                                            negative_passed=m["negative_control_pass"], certify=earned)
@@ -252,6 +257,8 @@ def seed_record(s: dict[str, Any], alpha: float, m: int) -> dict[str, Any]:
            "zero_support_frames_identified": part["zero_support"].frames_identified,
            "frames": part["zero_support"].frames,
            "norm_rank_agreement_pct": 100 * part["norm_rank"].rate,
+           "norm_rank_ci_pct": list(part["norm_rank_ci_pct"]),
+           "norm_rank_earned_ci_pct": list(part["norm_rank_earned_ci_pct"]),
            "partition_verdict": part["verdict"], "partition_positive_pass": part["positive_pass"],
            "partition_negative_pass": part["negative_pass"], "arms": {}}
     for arm, c in s["cells"].items():

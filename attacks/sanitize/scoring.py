@@ -50,6 +50,10 @@ class AttackScore:
     seconds: float = 0.0
     positions: int = 0
     candidates: int | None = None
+    # the interval the prompts earned for the token F1 (controls.earned, issue 51): what at_chance read, with its B;
+    # None where the verdict reads another statistic (the contextual attacker's prior gain: its own keys)
+    earned: tuple[float, float] | None = None
+    per_item_bound_pp: float | None = None
 
     def flat(self, k: int) -> dict[str, Any]:
         n = self.name
@@ -58,7 +62,9 @@ class AttackScore:
                 f"{n}_negative_control_pass": self.negative_passed, f"{n}_verdict": self.verdict,
                 f"{n}_seconds": self.seconds,
                 f"{n}_seconds_per_position": self.seconds / self.positions if self.positions else None,
-                f"{n}_candidates_per_position": self.candidates}
+                f"{n}_candidates_per_position": self.candidates,
+                **({} if self.earned is None else
+                   controls.earned_flat(f"{n}_token_f1", self.earned, self.per_item_bound_pp))}
 
 
 def timed(attacker: Attacker, observed: Sequence[Sequence[int]]) -> tuple[list[torch.Tensor], float, int]:
@@ -97,24 +103,29 @@ def derange(items: Sequence[Any]) -> list[Any]:
 
 def score_attacker(name: str, attacker: Attacker, originals: Sequence[Sequence[int]],
                    observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool,
-                   candidates: int | None = None) -> tuple[AttackScore, list[torch.Tensor]]:
-    """Run one attacker on the view and on its deranged copy, and classify it. `candidates`: the originals it
-    scores per position, recorded with its wall time."""
+                   candidates: int | None = None, per_item_bound_pp: float = 100.0
+                   ) -> tuple[AttackScore, list[torch.Tensor]]:
+    """Run one attacker on the view and on its deranged copy, and classify it (at_chance on the interval the
+    prompts earned at per-prompt bound `per_item_bound_pp`, sanitize.attack.per_item_bound_pp). `candidates`: the
+    originals it scores per position, recorded with its wall time."""
     if len(originals) < 2:
         raise ValueError("the controls need at least two prompts")
     guesses, seconds, positions = timed(attacker, observed)
     top1, topk = hit_rates(originals, guesses, k)
     firsts = first_guesses(guesses)
-    f1 = mean_t_ci(f1_values(originals, firsts), bounds=(0, 100))
+    values = f1_values(originals, firsts)
+    f1 = mean_t_ci(values, bounds=(0, 100))
     reference = controls.exposure_free_f1(originals, firsts)
     shuffled = first_guesses(attacker(derange(observed)))
     negative = mean_t_ci(f1_values(originals, shuffled), bounds=(0, 100))
     negative_passed = negative.lo <= reference + margin_pp
+    earned = controls.earned(values, reference, f1.lo, f1.hi, per_item_bound_pp)
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive_passed,
-                                negative_passed=negative_passed)
+                                negative_passed=negative_passed, certify=earned)
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
     return AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference, negative,
-                       negative_passed, verdict, rows, seconds, positions, candidates), guesses
+                       negative_passed, verdict, rows, seconds, positions, candidates, earned,
+                       per_item_bound_pp), guesses
 
 
 def positive_control(originals: Sequence[Sequence[int]], identity_guesses: Sequence[torch.Tensor],

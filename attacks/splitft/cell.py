@@ -51,12 +51,14 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
            plain_guesses: list[list[int]], margin_pp: float, positive_margin_pp: float,
            negative_guesses: list[list[int]] | None = None, kind: str = "sequence",
            prior_guesses: list[list[int]] | None = None,
-           plain_prior_guesses: list[list[int]] | None = None) -> dict[str, Any]:
+           plain_prior_guesses: list[list[int]] | None = None, per_item_bound_pp: float = 100.0) -> dict[str, Any]:
     """The flat metrics of one attacker, prefixed `name`: token F1 and top-1 with intervals, reference,
     chance floor, controls and verdict. `negative_guesses`: a trained attacker's guesses for `refs` after
     training on shuffled pairs (its negative control: upper bound ≤ their own reference + margin); without
     them the control holds by construction (an untrained attacker). `kind="set"`: distinct-token guesses
-    (module docstring), with `prior_guesses` / `plain_prior_guesses` for `guesses` / `plain_guesses`."""
+    (module docstring), with `prior_guesses` / `plain_prior_guesses` for `guesses` / `plain_guesses`. The
+    verdict's at_chance reads the interval the examples earned at per-example bound `per_item_bound_pp`
+    (controls.earned, issue 51), written as `<name>_token_f1_earned_ci_lo/hi`."""
     if len(refs) < 2:
         raise ValueError(f"{name}: need at least 2 recorded examples, got {len(refs)}")
     if kind not in ("sequence", "set"):
@@ -64,7 +66,8 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     if kind == "set" and any(len(set(x)) != len(x) for x in [*refs, *guesses, *plain_refs, *plain_guesses]):
         raise ValueError(f"{name}: a set attacker's truths and guesses must hold distinct tokens")
     prf = [token_prf(r, g, mode=controls.PRF_MODE) for r, g in zip(refs, guesses)]
-    f1 = mean_t_ci([f for *_, f in prf], bounds=(0, 100))
+    values = [f for *_, f in prf]
+    f1 = mean_t_ci(values, bounds=(0, 100))
     reference = controls.exposure_free_f1(refs, guesses)
     plain_f1 = mean_t_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(plain_refs, plain_guesses)],
                        bounds=(0, 100))
@@ -92,9 +95,11 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
         negative_passed = controls.negative_control(neg_f1, neg_reference, margin_pp).passed
         negative = {**neg_f1.flat(f"{name}_negative_control_token_f1"),
                     f"{name}_negative_control_reference": neg_reference}
+    earned = controls.earned(values, reference, f1.lo, f1.hi, per_item_bound_pp)
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive.passed,
-                                negative_passed=negative_passed)
-    return {**f1.flat(f"{name}_token_f1"), **extra,
+                                negative_passed=negative_passed, certify=earned)
+    return {**f1.flat(f"{name}_token_f1"), **controls.earned_flat(f"{name}_token_f1", earned, per_item_bound_pp),
+            **extra,
             f"{name}_reference_token_f1": reference, f"{name}_chance_floor_token_f1": controls.floor(refs),
             **plain_f1.flat(f"{name}_positive_control_token_f1"),
             f"{name}_positive_control_reference": plain_reference,

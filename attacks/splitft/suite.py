@@ -13,13 +13,13 @@ attacker guesses one set of distinct tokens per step, not an example's sequence,
 scale; it enters the run's `verdict` like the others."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from attacks import controls
-from attacks.splitft import weights_label
+from attacks.splitft import cell, weights_label
 from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
-from attacks.splitft.cell import assess
 from attacks.splitft.eia import eia
 from attacks.splitft.label import constant_guesses, infer_labels, top1_floor
 from attacks.splitft.white_box import ServerCopy
@@ -53,6 +53,10 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         control_view = undefended_gradients(control_view, attacked, truth, int(b.max_examples))
     control = ServerCopy(control_view, model_cfg, cache_dir)
     margin, positive = float(settings.gate_margin_pp), float(settings.positive_margin_pp)
+    bound = float(settings.per_item_bound_pp)
+    # every attacker's at_chance reads the interval its examples earned at the configured bound (issue 51)
+    assess = functools.partial(cell.assess, per_item_bound_pp=bound)
+
     e = settings.eia
 
     def labels(guesses):
@@ -130,7 +134,7 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
                  plain_prior_guesses=constant_guesses(labels(label_plain))),
         **assess("eia", inputs(eia_guess), [g for *_, g in eia_guess], inputs(eia_plain),
                  [g for *_, g in eia_plain], margin, positive),
-        "gate_margin_pp": margin, "positive_margin_pp": positive,
+        "gate_margin_pp": margin, "positive_margin_pp": positive, "per_item_bound_pp": bound,
     }
     metrics["label_top1_floor"] = top1_floor(labels(label_guess))
     # PrivPair's burst crossings (public D_align, every step of every recorded burst): recorded, but no

@@ -377,12 +377,18 @@ def test_prior_gain_is_paired_and_its_verdict_needs_the_gain_to_clear_the_margin
     assert gain.mean == pytest.approx(d.mean()) and gain.lo == pytest.approx(d.mean() - half)
     assert verdict == "leak"
     # Unpaired, the two sets of rates overlap (40–62 against 50–71): the pairing is what resolves the gain.
-    # The same rates as the prior alone, to within the margin: at chance; a failed negative control never is.
-    _, same = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
-                                    negative_passed=True)
+    # The same rates as the prior alone, to within the margin: 3 prompts earn no more than ±B·CP_U(0, 3) = ±70.8 pp
+    # (issue 51), so inconclusive; 400 such prompts earn ±0.92 pp and read at chance; a failed negative control
+    # never does.
+    _, few = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                   negative_passed=True)
+    assert few == "inconclusive"
+    attacker, prior = [40.0, 40.5, 45.0, 44.5] * 100, [40.0, 40.0, 45.0, 45.0] * 100
+    _, same = contextual.prior_gain(attacker, prior, 1.0, positive_passed=True, negative_passed=True)
     assert same == "at_chance"
-    _, failed = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
-                                      negative_passed=False)
+    assert contextual.gain_earned(attacker, prior, contextual.paired_difference_t_ci(attacker, prior), 100.0) == \
+        pytest.approx((-0.9179, 0.9179), abs=1e-4)
+    _, failed = contextual.prior_gain(attacker, prior, 1.0, positive_passed=True, negative_passed=False)
     assert failed == "inconclusive"
 
 

@@ -222,9 +222,16 @@ def _why_learned(row: AttackRow) -> str | None:
         return None
     if not (m.get("positive_control_pass") and m.get("negative_control_pass")):
         return "control failed"
-    lo, hi = num(m.get("token_f1_ci_lo")), num(m.get("token_f1_ci_hi"))
+    lo, hi = _certified(m, "token_f1")
     floor, margin = num(m.get("chance_floor_token_f1")), num(m.get("gate_margin_pp"))
     return _why_interval(lo, hi, floor, margin, "floor")
+
+
+def _certified(m: dict, key: str) -> tuple[float | None, float | None]:
+    """The interval the verdict's at_chance read: the earned one where the run stored it (issue 51), else the data's."""
+    if f"{key}_earned_ci_lo" in m:
+        return num(m.get(f"{key}_earned_ci_lo")), num(m.get(f"{key}_earned_ci_hi"))
+    return num(m.get(f"{key}_ci_lo")), num(m.get(f"{key}_ci_hi"))
 
 
 def _why_interval(lo: float | None, hi: float | None, reference: float | None, margin: float | None,
@@ -244,7 +251,7 @@ def _why_bayes(row: AttackRow) -> str | None:
         return "old run: no Bayes control"
     if not m.get("bayes_positive_control_pass"):
         return "control failed"
-    lo, hi = num(m.get("bayes_token_f1_ci_lo")), num(m.get("bayes_token_f1_ci_hi"))
+    lo, hi = _certified(m, "bayes_token_f1")
     return _why_interval(lo, hi, num(m.get("bayes_token_f1_chance")), num(m.get("gate_margin_pp")), "chance")
 
 
