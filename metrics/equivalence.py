@@ -63,6 +63,15 @@ def examples_needed(sd: float, margin: float, power: float = 0.8, confidence: fl
     return hi
 
 
+def t_interval_sd(lo: float, hi: float, n: int, confidence: float = 0.95) -> float:
+    """The per-unit standard deviation s that a Student-t interval mean ± t_{(1+c)/2, n−1}·s/√n of n units
+    implies (metrics.intervals.mean_t_ci): the spread to size with when a result kept its interval, not its
+    values (a report reading results.json)."""
+    if n < 2 or not hi >= lo:
+        raise ValueError(f"need n >= 2 and lo <= hi, got n={n}, [{lo}, {hi}]")
+    return (hi - lo) / 2.0 / float(stats.t.ppf((1 + confidence) / 2, n - 1)) * math.sqrt(n)
+
+
 # --- sizing a verdict: the margin n units certify and the n a margin needs, for the null and a dose --------
 #
 # A verdict reads leak when its interval's lower end exceeds +m, at_chance when the whole interval lies

@@ -49,6 +49,15 @@ def test_equivalence_helper_is_its_own_inverse_and_certifies_as_promised():
     assert examples_needed(0.5, 0.5) < n
 
 
+def test_t_interval_sd_recovers_the_spread_a_t_interval_was_built_from():
+    values = np.random.default_rng(1).normal(2.0, 7.0, 30)
+    e = mean_t_ci(values)
+    assert equivalence.t_interval_sd(e.lo, e.hi, 30) == pytest.approx(float(np.std(values, ddof=1)), rel=1e-9)
+    assert equivalence.t_interval_sd(0.0, 0.0, 30) == 0.0      # all units agree: no spread
+    with pytest.raises(ValueError):
+        equivalence.t_interval_sd(1.0, 0.0, 30)
+
+
 def _toy_entry(null_verdict: str) -> calibration.Entry:
     """A verdict whose statistic is the mean of 20 unit-normal examples plus the dose, read by classify."""
     def read(dose, rng):
