@@ -134,12 +134,14 @@ def proportion(k: int, n: int) -> dict[str, Any]:
 
 
 def null_summary(runs: Sequence[Trial]) -> dict[str, Any]:
-    """A further null's record: its false-leak and certify rates (Clopper–Pearson), the statistic's mean and the
-    at_chance calls made on a zero-width interval (issue 51: 0)."""
+    """A further null's record: its false-leak and certify rates (Clopper–Pearson), the statistic's mean, the
+    at_chance calls made on a zero-width interval (issue 51: 0) and the trials whose data interval had zero width
+    (a null that reproduces its signal bit for bit has all of them)."""
     return {"false_leak_rate": proportion(sum(t.verdict == controls.LEAK for t in runs), len(runs)),
             "certify_rate": proportion(sum(t.verdict == controls.AT_CHANCE for t in runs), len(runs)),
             "null_statistic_mean_pp": statistics.fmean(t.statistic for t in runs),
-            "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in runs)}
+            "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in runs),
+            "zero_width_intervals": sum(zero_width(t, certification=False) for t in runs)}
 
 
 def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = None, target: float = 0.8
@@ -1004,8 +1006,8 @@ def _collab(cfg: Any, model: Any) -> Entry:
                                         renyi_order=float(cfg.collab.renyi_order), **verdict)
     entry.published = Published(int(e.n_examples), "calibration.collab.engine.n_examples (the committed n30 runs: "
                                 "30 examples, 48 tokens, K = 100; docs/results/collab/n30)",
-                                f"examples (the {len(data.evidence)} built-in ones in turn, {int(e.max_new_tokens)} "
-                                f"steps, K = {int(c.k)}, through the engine)", nulls, dosed, int(e.trials))
+                                f"examples (the built-in ones in turn, {int(e.max_new_tokens)} steps, K = {int(c.k)}, "
+                                "through the engine)", nulls, dosed, int(e.trials))
     return entry
 
 
