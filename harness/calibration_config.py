@@ -156,8 +156,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("calibration.collab.engine.max_new_tokens", c.collab.engine.max_new_tokens, 1)
     check_at_least("calibration.collab.engine.trials", c.collab.engine.trials, 1)
     for name in ("sanitize", "splitft", "grad_audit", "splitee"):
-        if c[name].get("published_n") is not None:
-            check_at_least(f"calibration.{name}.published_n", c[name].published_n, 2)
+        check_at_least(f"calibration.{name}.published_n", c[name].get("published_n"), 2, nullable=True)
     check_at_least("calibration.grad_audit.rows", c.grad_audit.rows, 10)
     check_at_least("calibration.grad_audit.top_k", c.grad_audit.top_k, 1)
     check_at_least("calibration.grad_audit.max_iter", c.grad_audit.max_iter, 1)

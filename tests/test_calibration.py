@@ -269,6 +269,10 @@ def test_bad_calibration_values_are_one_line_errors(tmp_path):
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.gate_dose_pp=3"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and "calibration.collab.gate_dose_pp must be one of its doses_pp" in res.stderr_lines[0]
+    res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.engine.n_examples=1"],
+                             tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 2 and len(res.stderr_lines) == 1
+    assert "calibration.collab.engine.n_examples must be" in res.stderr_lines[0], res.stderr_lines
     res = run_cli_in_process(["experiment=calibration_smoke", f"calibration.splitee.pool_path={tmp_path / 'none.txt'}"],
                              tmp_path / "pool_out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1
