@@ -311,3 +311,18 @@ def units_needed(plan: Callable[[int], Plan], target: float = 0.8, start: int = 
         else:
             lo = mid
     return hi
+
+
+def certification_note(n: int, margin_pp: float, certify_probability: float, n_needed: int | None,
+                       target: float = 0.8) -> str | None:
+    """What a report says where n units cannot certify ±margin (issue 51 item 4): None where the sizing rule
+    predicts a certification with probability ≥ `target` at n (`mean_plan`, `paired_plan`); else "n = 30
+    certifies nothing; ±1 pp needs n = 447" (probability 0: the interval's floor, c·se or ±h₀, is wider than
+    the margin), or how often n does certify, with the n `units_needed` asks for ≥ `target` (None: past its
+    limit)."""
+    if certify_probability >= target:
+        return None
+    head = (f"n = {n} certifies nothing" if certify_probability <= 0 else
+            f"n = {n} certifies ±{margin_pp:g} pp only {100 * certify_probability:.0f} % of the time")
+    need = "more than 1,000,000" if n_needed is None else f"{n_needed}"
+    return f"{head}; ±{margin_pp:g} pp needs n = {need}"
