@@ -1108,3 +1108,45 @@ def test_report_rereads_stored_at_chance_under_the_earned_bound():
     tight = {**old, "null_excess_token_er_ci": [-0.05, 0.05]}
     assert reread(tight, "at_chance", 400) == "at_chance" and reread(tight, "at_chance", 300) == "inconclusive"
     assert reread({**old, "null_excess_token_er_earned_ci": [-0.9, 0.9]}, "at_chance", 30) == "at_chance"
+
+
+def test_report_shows_the_earned_interval_and_the_margin_its_n_certifies(tmp_path):
+    """A point whose 30 examples all agree with their null (t interval [0, 0]) through the verdict's own code, as
+    results.json: its row shows inconclusive beside the interval it earned (±B·CP_U(0, 30) = ±11.6 pp, never zero
+    width) and says, from its spread (here the negative control's ±3 pp), what n = 30 certifies and what ±1 pp
+    needs."""
+    from metrics.equivalence import certifiable_margin, examples_needed, zero_spread_bound
+    from runners.report import collab as report
+    from runners.report.runs import scan
+
+    k, n = 100, 30
+    rng = np.random.default_rng(0)
+
+    def curves(values):
+        return leak.Curves([{"token_er": {k: float(v)}} for v in values])
+
+    null = rng.uniform(20, 60, n)
+    noise = np.resize([3.0, -3.0], n)     # a second null ±3 pp from the null: the mechanism's own noise
+    v = leak.verdict(curves(null), curves(null), (curves(null + rng.uniform(10, 30, n)), curves(null)),
+                     (curves(null + noise), curves(null)), k, 1.0, 5.0)
+    assert v["null_excess_token_er_ci"] == [0.0, 0.0] and v["verdict"] == "inconclusive"
+    at_k = {str(k): 40.0}
+    data = {"experiment": "collab", "status": "ok", "configuration": "collab_dp_logit", "epsilon": 4.0, "alpha": 0.3,
+            "model": "m", "cloud_model": "m", "benchmark": {"name": "pubmedqa"}, "n_prompts": n, "fusion": "cloud",
+            "verdict": v["verdict"], "controls": v,
+            "utility": {"metric": "accuracy", "value": 50.0, "ci": [30.0, 70.0], "cloud_only": 50.0},
+            **{f"{p}{m}_at_k": at_k for m in leak.METRICS for p in ("", "floor_", "excess_")}}
+    run = tmp_path / "collab" / "dp_logit"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(data))
+    (run / ".done").write_text("")
+    [group] = report.groups(scan(tmp_path))
+    row = next(line for line in report.table_md(group)[0].splitlines() if line.startswith("| collab_dp_logit"))
+    *_, excess, earned, verdict, margin = [c.strip() for c in row.strip().strip("|").split("|")]
+    h0 = zero_spread_bound(n, 100.0)
+    assert excess == "0.0 [0.0, 0.0]" and earned == f"[{-h0:.1f}, {h0:.1f}]" == "[-11.6, 11.6]"
+    assert verdict == "inconclusive"
+    sd = 3.0 * math.sqrt(n / (n - 1))     # the ±3 pp differences' sample standard deviation
+    reach, need = certifiable_margin(sd, n, per_item_bound=100.0), examples_needed(sd, 1.0, per_item_bound=100.0)
+    assert reach > h0 and need > examples_needed(0.0, 1.0, per_item_bound=100.0) == 368   # the spread adds to the floor
+    assert margin == f"n = 30 certifies ±{reach:.1f} pp, not ±1 pp; ±1 pp needs n = {need:,}"
