@@ -374,6 +374,15 @@ def test_smoke_experiment_through_the_cli(tmp_path):
     assert m["utility_gate"] == ("unknown" if not m["converged"] else m["utility_gate"])
     assert m["probe_gate_offset_pp"] <= 0.0
     assert m["positive_control_doses_pp"] == [0.0, 1.0, 2.0]
+    # issue 52 item 4: the per-row scores as tests; the trainer's decoys get a gradient of exactly 0, so the norm
+    # separates every real row from every decoy, and the interval is the exact bound of that many pairs, not a point
+    part = r["roc"]["partition_norm"]
+    assert part["auc"] == m["auc"] == 1.0 and part["auc_ci"][1] == 1.0
+    assert part["auc_ci"][0] == pytest.approx(0.025 ** (1 / min(part["positives"], part["negatives"])))
+    assert {p["fpr_target_pct"]: p["tpr_pct"] for p in part["tpr_at_fpr"]}[10.0] == 100.0
+    assert set(r["roc"]) == {"partition_norm", *(f"probe_{arm}" for arm in r["protocol_l2"])}
+    probe = r["roc"][f"probe_{m['probe_arm']}"]
+    assert probe["auc"] == m["probe_auc"] and probe["positives"] == probe["negatives"] == m["probe_rows_scored"]
     assert isinstance(m["positive_control_1pp_gate_fires"], bool) and "positive_control_2pp_effect_pp" in m
     # the protocol was locked in the run dir, its hash recorded, before the results were written
     proto = path.parent / "protocol.json"
