@@ -498,6 +498,8 @@ def test_controls_flag_an_attacker_that_reads_the_truth():
     cheat = lambda obs: [torch.tensor(o).unsqueeze(1).repeat(1, 5) for o in originals]  # noqa: E731
     bad, _ = scoring.score_attacker("cheat", cheat, originals, observed, 5, 1.0, positive_passed=True)
     assert not bad.negative_passed and bad.verdict == "inconclusive"
+    # as a test (issue 52 item 4) the cheat scores the same on its own view and on the deranged one: AUC ½
+    assert bad.roc["auc"] == 0.5 and bad.roc["positives"] == bad.roc["negatives"] == 5
 
 
 # --- the command line -----------------------------------------------------------------------------------
