@@ -33,9 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from attacks import controls
-from metrics import roc
 from metrics.intervals import mean_ci, mean_t_ci
-from metrics.privacy import token_prf
+from metrics.privacy import repaired_test, token_prf
 from metrics.proportions import proportion_ci
 
 
@@ -104,23 +103,14 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
             f"{name}_verdict": verdict, f"{name}_n_examples": len(refs)}
 
 
-def repaired_test(refs: Sequence[Sequence[int]], guesses: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """An attacker's per-example token F1 as a membership-style test (metrics/roc.py): each guess against its own
-    example's truth (positives) and against the next example's (negatives: the truth re-paired by a cyclic
-    shift, one the guess carries nothing of, as the reference's pairs i ≠ j)."""
-    n = len(refs)
-    own = [token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(refs, guesses)]
-    other = [token_prf(refs[(i + 1) % n], g, mode=controls.PRF_MODE)[2] for i, g in enumerate(guesses)]
-    return roc.roc(own, other, positive="token F1 of each guess against its own example's truth",
-                   negative="token F1 of each guess against the next example's truth (re-paired)")
-
-
 def tests(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`repaired_test` of every attacker with at least two examples in `rows` (attacks/splitft/suite.py's sample
-    rows: attacker, guess_ids, truth_ids)."""
+    """Each attacker's per-example token F1 as a membership-style test, every guess against its own example's truth
+    and against the next example's (metrics.privacy.repaired_test), for every attacker with at least two
+    examples in `rows` (attacks/splitft/suite.py's sample rows: attacker, guess_ids, truth_ids)."""
     by: dict[str, tuple[list, list]] = {}
     for row in rows:
         refs, guesses = by.setdefault(row["attacker"], ([], []))
         refs.append(row["truth_ids"])
         guesses.append(row["guess_ids"])
-    return {name: repaired_test(refs, guesses) for name, (refs, guesses) in by.items() if len(refs) >= 2}
+    return {name: repaired_test(refs, guesses, controls.PRF_MODE)
+            for name, (refs, guesses) in by.items() if len(refs) >= 2}

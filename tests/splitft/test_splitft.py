@@ -341,7 +341,8 @@ def test_assess_verdicts():
 def test_repaired_test_reads_own_truth_against_the_next_examples():
     """A guess that is its own example's truth separates every pair (AUC 1); one guess for all examples scores the
     same against any truth (AUC ½); n examples resolve FPR ≥ 1/n only."""
-    from attacks.splitft.cell import repaired_test, tests
+    from attacks.splitft.cell import tests
+    from metrics.privacy import repaired_test
 
     rng = np.random.default_rng(0)
     refs = [list(rng.integers(0, 1000, 12)) for _ in range(10)]
