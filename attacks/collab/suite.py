@@ -17,7 +17,7 @@ from harness.collab import prompts, protocol
 from harness.collab.experiment import Decodings, Parties
 from metrics import roc
 
-ROC_TEST = "informed_token_er"
+ROC_TEST, INVERSION_TEST = "informed_token_er", "inversion"
 
 
 @dataclass
@@ -87,7 +87,13 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
     test = roc.roc(verdict_run.values("token_er", k_rep), informed_null.values("token_er", k_rep),
                    positive=f"informed Token-ER@{k_rep} of each example on the signal",
                    negative=f"informed Token-ER@{k_rep} of each example on the null signal (the edge without x_priv)")
-    return Audit(curves, floor_curves, curves_out, informed_out, v, {ROC_TEST: test})
+    tests = {ROC_TEST: test}
+    if curves.inversion:     # the inversion from the run's exposure sets against from the cloud alone's, per example
+        tests[INVERSION_TEST] = roc.roc([r["inversion_rouge1_recall"] for r in curves.inversion],
+                                        [r["inversion_rouge1_recall"] for r in floor_curves.inversion],
+                                        positive="inversion ROUGE-1 recall of x_priv from the run's exposure sets",
+                                        negative="the same from the cloud alone's own top-K (the floor)")
+    return Audit(curves, floor_curves, curves_out, informed_out, v, tests)
 
 
 def metrics(a: Audit, k_rep: int) -> dict[str, Any]:
@@ -104,6 +110,8 @@ def metrics(a: Audit, k_rep: int) -> dict[str, Any]:
     out[f"null_excess_token_er_at_{k_rep}"] = v["null_excess_token_er"]
     out[f"null_excess_token_er_at_{k_rep}_ci"] = v["null_excess_token_er_ci"]
     out.update(roc.flat(a.roc[ROC_TEST]))
+    if INVERSION_TEST in a.roc:
+        out.update(roc.flat(a.roc[INVERSION_TEST], "inversion_"))
     out.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
                                            "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
                 if k in curves_out})

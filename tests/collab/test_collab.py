@@ -819,6 +819,8 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
         assert [p["fpr_target_pct"] for p in test["tpr_at_fpr"]] == [0.1, 1.0, 10.0]
         assert all(p["tpr_pct"] is None and p["reason"] for p in test["tpr_at_fpr"][:2])   # < 100 null examples
         assert set(r["metrics"]["tpr_at_fpr"]) == {"0.1", "1", "10"}
+        assert set(r["roc"]) == {"informed_token_er", "inversion"}       # the smoke runs the inversion
+        assert r["metrics"]["inversion_auc"] == r["roc"]["inversion"]["auc"]
         gold = [json.loads(line)["gold"] for line in (run / "samples.jsonl").read_text().splitlines()]
         assert r["utility"]["constant_answer_floor"] == r["metrics"]["accuracy_floor"] == constant_answer_floor(gold)
         from harness.adversary_view import AdversaryView
