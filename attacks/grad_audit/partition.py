@@ -45,6 +45,14 @@ def norm_rank(grads: list[torch.Tensor], n_real: int) -> list[torch.Tensor]:
     return out
 
 
+def row_norms(grads: list[torch.Tensor], is_real: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """The norm-rank attacker's per-row score as a membership-style test (metrics/roc.py): the returned gradient's
+    norm of every real row (positives) and of every decoy (negatives), over all frames."""
+    norms = torch.cat([g.flatten(1).norm(dim=1) for g in grads]).double()
+    real = torch.cat(is_real).bool()
+    return norms[real].tolist(), norms[~real].tolist()
+
+
 def chance_agreement(n_real: int, n_rows: int) -> float:
     """Expected row agreement of a uniformly random guess of exactly n_real real rows."""
     return (n_real ** 2 + (n_rows - n_real) ** 2) / n_rows ** 2
@@ -124,5 +132,5 @@ def partition_attack(grads: list[torch.Tensor], is_real: list[torch.Tensor], n_r
     return {
         "zero_support": zs, "norm_rank": nr, "chance_agreement_pct": chance,
         "norm_rank_ci_pct": (lo, hi), "norm_rank_earned_ci_pct": earned, "positive": pos, "positive_pass": pos_ok,
-        "negative": neg, "negative_pass": neg_ok, "verdict": verdict,
+        "negative": neg, "negative_pass": neg_ok, "verdict": verdict, "row_norms": row_norms(grads, is_real),
     }

@@ -197,7 +197,8 @@ def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], origina
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
     # Rates over positions, as the other attackers' (scoring.score): Wilson where every prompt sits at 0 or 100 %.
     result = scoring.AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference,
-                                 negative, negative_passed, verdict, rows, seconds, positions, candidates)
+                                 negative, negative_passed, verdict, rows, seconds, positions, candidates,
+                                 scoring.f1_test(originals, firsts, shuffled))
     extra = {**proportion_ci(prior).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain"),
              **controls.earned_flat(f"{name}_prior_gain", earned, per_item_bound_pp)}
     return result, guesses, extra

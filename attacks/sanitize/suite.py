@@ -19,6 +19,7 @@ from attacks.sanitize import (
 )
 from harness.adversary_view import AdversaryView
 from harness.sanitize.prompts import read_prefixes, read_view
+from metrics import roc
 from metrics.proportions import proportion_ci
 
 NEIGHBOURS, BAYES, WINDOW, LEARNED, DECODER = "neighbours", "bayes", "window", "learned", "decoder"
@@ -138,7 +139,10 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         "verdict": controls.worst([s.verdict for s in scores]),
         "mechanism": settings.mechanism,
     })
-    return SuiteResult(metrics, scores, guesses, training, curves)
+    result = SuiteResult(metrics, scores, guesses, training, curves)
+    # the run's headline test (`auc`, `tpr_at_fpr`): the strongest attacker's, the one its chart point takes
+    metrics.update(roc.flat(result.strongest.roc))
+    return result
 
 
 def decoder_settings(cfg: Any) -> decoder.DecoderSettings:

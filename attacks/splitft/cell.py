@@ -34,7 +34,7 @@ from typing import Any
 
 from attacks import controls
 from metrics.intervals import mean_ci, mean_t_ci
-from metrics.privacy import token_prf
+from metrics.privacy import repaired_test, token_prf
 from metrics.proportions import proportion_ci
 
 
@@ -106,3 +106,16 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
             f"{name}_positive_control_pass": positive.passed, **negative,
             f"{name}_negative_control_pass": negative_passed,
             f"{name}_verdict": verdict, f"{name}_n_examples": len(refs)}
+
+
+def tests(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each attacker's per-example token F1 as a membership-style test, every guess against its own example's truth
+    and against the next example's (metrics.privacy.repaired_test), for every attacker with at least two
+    examples in `rows` (attacks/splitft/suite.py's sample rows: attacker, guess_ids, truth_ids)."""
+    by: dict[str, tuple[list, list]] = {}
+    for row in rows:
+        refs, guesses = by.setdefault(row["attacker"], ([], []))
+        refs.append(row["truth_ids"])
+        guesses.append(row["guess_ids"])
+    return {name: repaired_test(refs, guesses, controls.PRF_MODE)
+            for name, (refs, guesses) in by.items() if len(refs) >= 2}

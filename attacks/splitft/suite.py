@@ -25,6 +25,7 @@ from attacks.splitft.label import constant_guesses, infer_labels, top1_floor
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.step import ALIGN_DOWN, ALIGN_UP, GRAD_UP, SMASHED_DOWN, SMASHED_UP
+from metrics import roc
 
 
 def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> AdversaryView:
@@ -185,4 +186,10 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
              for (s, r, g), t in zip(guesses, inputs(guesses))]
     rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g, "truth_ids": t}  # a batch, no row
              for (s, g), t in zip(wl_guess, sets)]
+    # each attacker's per-example F1 as a test (results.json `roc`: cell.tests(rows)); unprefixed: the strongest's
+    roc_tests = cell.tests(rows)
+    for name, record in roc_tests.items():
+        metrics.update(roc.flat(record, f"{name}_"))
+    if strongest in roc_tests:
+        metrics.update(roc.flat(roc_tests[strongest]))
     return metrics, rows, curves

@@ -24,6 +24,7 @@ from metrics import names
 from metrics.equivalence import certifiable_margin, examples_needed, t_interval_sd, zero_spread_bound
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
@@ -300,6 +301,7 @@ def markdown(items: Sequence[CollabGroup], figure: Figures) -> list[str]:
         lines += [f"### {g.title}", "", *table_md(g), ""]
         matched = matched_md(g)
         lines += [*matched, ""] if matched else []
+        lines += roc_table(g.runs, lambda run: _label(run, g.setting))
         lines += figure("collab_curves", i, g, plot_curves, "Token-ER against K")
         lines += figure("collab_tradeoff", i, g, plot_tradeoff, "privacy-utility (evidence recall)")
         if _has_inversion(g):

@@ -812,6 +812,15 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
         c = r["controls"]            # issue 31: the verdict reads the excess over the null signal
         assert c["verdict_statistic"] == "null_excess_token_er" and len(c["null_excess_token_er_ci"]) == 2
         assert r["metrics"]["null_excess_token_er_at_20"] == c["null_excess_token_er"]
+        # issue 52 item 4: the verdict's per-example scores as a test, signal against null
+        test = r["roc"]["informed_token_er"]
+        assert test["positives"] == test["negatives"] == r["n_prompts"]
+        assert test["auc_ci"][0] <= test["auc"] <= test["auc_ci"][1] and r["metrics"]["auc"] == test["auc"]
+        assert [p["fpr_target_pct"] for p in test["tpr_at_fpr"]] == [0.1, 1.0, 10.0]
+        assert all(p["tpr_pct"] is None and p["reason"] for p in test["tpr_at_fpr"][:2])   # < 100 null examples
+        assert set(r["metrics"]["tpr_at_fpr"]) == {"0.1", "1", "10"}
+        assert set(r["roc"]) == {"informed_token_er", "inversion"}       # the smoke runs the inversion
+        assert r["metrics"]["inversion_auc"] == r["roc"]["inversion"]["auc"]
         gold = [json.loads(line)["gold"] for line in (run / "samples.jsonl").read_text().splitlines()]
         assert r["utility"]["constant_answer_floor"] == r["metrics"]["accuracy_floor"] == constant_answer_floor(gold)
         from harness.adversary_view import AdversaryView
@@ -836,6 +845,11 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
     assert "## Cloud-edge collaborative decoding (paper 003)" in text
     assert "cloud-side fusion" in text and "edge-side fusion" in text and "Matched utility" in text
     assert "constant-answer floor" in text
+    assert "AUC [95% CI]" in text and "| informed_token_er |" in text
+    from runners.export import table
+
+    rows = [row for row in table(out)[0] if row["metric"] == "auc"]
+    assert len(rows) == 4 and all(row["ci_lo"] <= row["value"] <= row["ci_hi"] for row in rows)
     assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 6    # Figure 3, 4 and 5 per mode
 
 

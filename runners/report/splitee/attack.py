@@ -35,6 +35,7 @@ from runners.report.format import (
     tagged,
 )
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 from runners.report.splitee import sequential_attack
 
@@ -485,6 +486,8 @@ def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:
         bayes = bayes_md(group)
         if bayes:
             md += [BAYES_INTRO, "", bayes, ""]
+        labels = {id(r.run): f"{r.privacy_label()} · {r.setting} · {r.component}" for r in group.rows}
+        md += roc_table([r.run for r in group.rows], lambda run: labels[id(run)])
         acc = accounting_md(group)
         if acc:
             md += [ACCOUNTING_INTRO, "", acc, ""]
