@@ -77,7 +77,7 @@ class CalibrationGradAuditConfig:
 class CalibrationSpliteeConfig:
     prompts: int = MISSING         # pool prompts, cut in order from real text
     tokens: int = MISSING          # tokens a prompt (positions 1..tokens-1 are attacked)
-    pool_path: Optional[str] = None   # a UTF-8 text file the pool is cut from; None = the built-in corpus
+    pool_path: Optional[str] = MISSING   # a UTF-8 text file the pool is cut from; null = the built-in corpus
     positions: int = MISSING       # positions per trial, drawn from the pool
     epsilon: float = MISSING       # ep1's ε of the masks
     dose_epsilon: float = MISSING  # ε of a dosed position's own exposure

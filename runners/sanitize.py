@@ -24,11 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.errors import UserError
 from harness.results import RunContext
 from harness.sanitize.config import point_label, tradeoff_setting
-from runners import common, identity
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1",
@@ -37,7 +37,7 @@ _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbour
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

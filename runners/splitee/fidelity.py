@@ -16,11 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, provenance
+from harness import configurations, provenance, run_identity
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.splitee import accounting
 from metrics.replicates import pool as replicates_pool
-from runners import identity
 from runners.common import (
     BatchedGeneration,
     Inputs,
@@ -51,9 +50,9 @@ NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """What it reads (runners/registry.py READS: the `sanitize` section only for a sanitiser configuration),
+    """What it reads (harness/run_identity.py READS: the `sanitize` section only for a sanitiser configuration),
     with ε normalised: configurations that ignore it record None."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note

@@ -501,9 +501,9 @@ def test_slalom_per_op_worst_case_is_reached_by_an_input_built_for_it():
 
 
 def test_slalom_scalings_are_the_ones_the_config_schema_accepts():
-    from harness import schema
+    from harness.splitee import config
 
-    assert schema.SLALOM_SCALINGS == SLALOM_SCALINGS
+    assert config.SLALOM_SCALINGS == SLALOM_SCALINGS
 
 
 @pytest.mark.parametrize("bad, match", [
