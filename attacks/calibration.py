@@ -375,8 +375,8 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
     exposure-free reference and the constant most-frequent-label guess). Null: shuffled labels (the guesses
     are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
     of the true labels' token F1 (`_dose`)."""
+    from attacks.labels import constant_guesses
     from attacks.splitft.cell import assess
-    from attacks.splitft.label import constant_guesses
 
     constant = constant_guesses(rows)
     length = len(rows[0])

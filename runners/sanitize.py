@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from harness import configurations, run_identity
 from harness.errors import UserError
 from harness.results import RunContext
-from harness.sanitize.config import point_label, tradeoff_setting
+from harness.sanitize.config import tradeoff_setting
 from runners import common
 
 describe_skip = common.epsilon_ignored_note
@@ -88,7 +88,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
             leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
             leakage_floor=best.reference, utility_metric="accuracy", utility=utility.mean,
             utility_ci=(utility.lo, utility.hi), reference=f"lm-eval gold labels; {use.reference}",
-            point=point_label(cfg.sanitize, cfg.configuration.name), setting=tradeoff_setting(task_docs.docs)),
+            point=common.test_point(cfg), setting=tradeoff_setting(task_docs.docs)),
         "timings": {k: round(clock[k] - clock[p], 3) for p, k in zip(list(clock), list(clock)[1:])},
         "notes": [],
     }

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
@@ -122,16 +122,6 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         # epsilon > 0 is checked for every configuration already; say it in the mechanism's own words.
         if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
             raise UserError(f"{entry.parameter_name} (epsilon) of {entry.name} must be a number > 0, got {cfg.epsilon}")
-
-
-def point_label(section: Any, configuration: str) -> str:
-    """What tells two runs of one sanitiser and privacy parameter apart on the privacy–utility chart
-    (runners/common.tradeoff `point`): the window of the Stencil mechanisms, the output set of CusText+."""
-    if configuration in ("stencil", "dx_stencil"):
-        return f"L={section.window} σ={section.sigma:g}"
-    if configuration == "custext_plus":
-        return f"k={section.custext_k}"
-    return ""
 
 
 def tradeoff_setting(tasks: Iterable[str]) -> str:
