@@ -3,11 +3,10 @@ value in conf/sanitize/default.yaml.
 
 Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`. The
 privacy parameter itself is the top-level `epsilon` knob (η of dχ Noise / dχ-Stencil, ε of CusText+;
-harness/configurations.py), so its range is checked here too for the sanitiser configurations.
+harness/configurations.py), so its range is checked with it, once, by harness/schema.py validate.
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -81,7 +80,6 @@ class SanitizeConfig:
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
-    from harness import configurations
 
     checks.check_at_least("sanitize.window (Stencil's L)", section.window, 1)
     checks.check_positive("sanitize.sigma", section.sigma)
@@ -117,11 +115,6 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         checks.check_positive("sanitize.attack.decoder_evidence_scale", a.decoder_evidence_scale)
     for key in ("gate_margin_pp", "positive_margin_pp"):
         checks.check_at_least(f"sanitize.attack.{key}", float(a[key]), 0.0)
-    entry = configurations.REGISTRY.get(str(cfg.configuration.name))
-    if entry is not None and entry.system == configurations.SANITIZE and entry.uses_epsilon:
-        # epsilon > 0 is checked for every configuration already; say it in the mechanism's own words.
-        if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
-            raise UserError(f"{entry.parameter_name} (epsilon) of {entry.name} must be a number > 0, got {cfg.epsilon}")
 
 
 def tradeoff_setting(tasks: Iterable[str]) -> str:
