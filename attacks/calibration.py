@@ -102,6 +102,23 @@ class Entry:
     extra_nulls: dict[str, Callable[[np.random.Generator], Trial]] | None = None
     # B of the earned interval the verdict's at_chance reads (metrics/equivalence.py), where it reads one
     per_item_bound_pp: float | None = None
+    # the verdict at the n the system's committed reports use (issue 51 item 4), where the config states it
+    published: Published | None = None
+
+
+@dataclass
+class Published:
+    """The verdict at the n its committed reports use (issue 51 item 4): what the sizing rule predicts there
+    (`sizing` at that n) and, where the entry can run trials at that n, its nulls and the gate's dose (collab:
+    through the engine), `trials` each. The record says, where that n cannot certify at the margin, how many
+    units the margin needs (metrics/equivalence.certification_note)."""
+
+    n: int
+    source: str                                 # where that n comes from
+    unit: str | None = None                     # what one unit is there, where not the entry's
+    nulls: dict[str, Callable[[np.random.Generator], Trial]] | None = None
+    dosed: Callable[[float, np.random.Generator], Trial] | None = None
+    trials: int = 0
 
 
 def zero_width(t: Trial, certification: bool = True) -> bool:
@@ -114,6 +131,17 @@ def zero_width(t: Trial, certification: bool = True) -> bool:
 def proportion(k: int, n: int) -> dict[str, Any]:
     lo, hi = clopper_pearson(k, n)
     return {"k": k, "n": n, "rate": k / n, "ci": [lo, hi]}
+
+
+def null_summary(runs: Sequence[Trial]) -> dict[str, Any]:
+    """A further null's record: its false-leak and certify rates (Clopper–Pearson), the statistic's mean, the
+    at_chance calls made on a zero-width interval (issue 51: 0) and the trials whose data interval had zero width
+    (a null that reproduces its signal bit for bit has all of them)."""
+    return {"false_leak_rate": proportion(sum(t.verdict == controls.LEAK for t in runs), len(runs)),
+            "certify_rate": proportion(sum(t.verdict == controls.AT_CHANCE for t in runs), len(runs)),
+            "null_statistic_mean_pp": statistics.fmean(t.statistic for t in runs),
+            "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in runs),
+            "zero_width_intervals": sum(zero_width(t, certification=False) for t in runs)}
 
 
 def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = None, target: float = 0.8
@@ -144,12 +172,8 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         dosed_stats[f"{float(dose):g}"] = statistics.fmean(t.statistic for t in runs)
     extra = {}
     for name, make in (entry.extra_nulls or {}).items():
-        runs = [make(np.random.default_rng(s)) for s in np.random.SeedSequence([seed, len(name)]).spawn(trials)]
-        extra[name] = {"false_leak_rate": proportion(sum(t.verdict == controls.LEAK for t in runs), trials),
-                       "certify_rate": proportion(sum(t.verdict == controls.AT_CHANCE for t in runs), trials),
-                       "null_statistic_mean_pp": statistics.fmean(t.statistic for t in runs),
-                       "zero_spread_certifications": sum(t.verdict == controls.AT_CHANCE and zero_width(t)
-                                                         for t in runs)}
+        extra[name] = null_summary([make(np.random.default_rng(s))
+                                    for s in np.random.SeedSequence([seed, len(name)]).spawn(trials)])
     bar.close()
     values = [t.statistic for t in nulls]
     every = nulls + [t for runs in dosed_runs for t in runs]
@@ -197,6 +221,10 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
                                             + ("" if entry.per_item_bound_pp is None else
                                                f", earned bound at B = {entry.per_item_bound_pp:g} pp"))
     out["sizing"] = sizing(entry, nulls, gate_runs, target)
+    if entry.published is not None:
+        out["published"], engine = published(entry, seed, target)
+        if engine:
+            out["engine_nulls"] = engine
     out["acceptance"] = {
         "false_leak_upper_le_10pct": out["false_leak_rate"]["ci"][1] <= 0.10,
         "power_at_gate_dose_ge_80pct": out["power_at_gate_dose"] is not None
@@ -204,6 +232,44 @@ def calibrate(entry: Entry, trials: int, seed: int, dosed_trials: int | None = N
         "certify_rate_ge_80pct": out["certify_rate"]["rate"] >= 0.80,
     }
     return out
+
+
+def published(entry: Entry, seed: int, target: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The verdict at its published n (`Published`): the record (n, its source, the sizing rule's predictions
+    there at the planning values and, where trials ran, at the measured ones; the false-leak and certify rates
+    over all its null trials together and the power at the gate's dose, Clopper–Pearson each; the sentence
+    where n cannot certify the margin) and each null's own record (`null_summary`, by name)."""
+    from dataclasses import replace
+
+    pub = entry.published
+    assert pub is not None
+    streams = np.random.SeedSequence([seed, 51]).spawn(1 + len(pub.nulls or {}))
+    by_null = {name: [make(np.random.default_rng(s)) for s in ss.spawn(pub.trials)]
+               for (name, make), ss in zip((pub.nulls or {}).items(), streams[1:])}
+    gate = ([pub.dosed(float(entry.gate_dose_pp), np.random.default_rng(s)) for s in streams[0].spawn(pub.trials)]
+            if pub.dosed is not None and pub.trials else [])
+    nulls = [t for runs in by_null.values() for t in runs]
+    z = sizing(replace(entry, n_examples=pub.n, unit=pub.unit or entry.unit), nulls, gate, target)
+    values = z["measured"] if z["measured"] and "predicted_certify_probability" in z["measured"] else z["planned"]
+    out: dict[str, Any] = {"n": pub.n, "source": pub.source, "unit": z["unit"], "margin_pp": entry.margin_pp,
+                           "gate_dose_pp": entry.gate_dose_pp, "trials": pub.trials, "nulls": list(by_null)}
+    if nulls:
+        out["false_leak_rate"] = proportion(sum(t.verdict == controls.LEAK for t in nulls), len(nulls))
+        out["certify_rate"] = proportion(sum(t.verdict == controls.AT_CHANCE for t in nulls), len(nulls))
+        out["zero_spread_certifications"] = sum(t.verdict == controls.AT_CHANCE and zero_width(t) for t in nulls)
+    if gate:
+        out["power_at_gate_dose"] = proportion(sum(t.verdict == controls.LEAK for t in gate), len(gate))
+        out["dosed_statistic_mean_pp"] = statistics.fmean(t.statistic for t in gate)
+    out["sizing"] = z
+    out["sizing_from"] = "measured" if values is z["measured"] else "planned"
+    if values and "predicted_certify_probability" in values:
+        if entry.interval != "newcombe":
+            out["certifiable_margin_pp"] = certifiable_margin(values["sd_null_pp"], pub.n,
+                                                              per_item_bound=entry.per_item_bound_pp)
+        out["n_needed_80pct"] = values["n_needed_80pct"]
+        out["note"] = equivalence.certification_note(pub.n, entry.margin_pp, values["predicted_certify_probability"],
+                                                     values["n_needed_80pct"])
+    return out, {name: {"trials": len(runs), **null_summary(runs)} for name, runs in by_null.items()}
 
 
 def sizing(entry: Entry, nulls: Sequence[Trial], gate_runs: Sequence[Trial], target: float = 0.8
@@ -338,11 +404,12 @@ def _dose(truth: Sequence[int], other: Sequence[int], dose_pp: float, rng: np.ra
 
 
 def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, doses_pp: Sequence[float],
-                   gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
+                   gate_dose_pp: float, planning: dict[str, float] | None = None,
+                   per_item_bound_pp: float = 100.0) -> Entry:
     """Paper 001: the sanitisers' verdict (attacks/sanitize/scoring.score_attacker, the identity attacker that
-    reads the sanitised tokens as its guess). Null: every prompt sanitised independently of the truth (a
-    fresh row of the corpus's token frequencies, `stream`, per prompt and trial); dose d: that row carrying
-    d pp of the truth's token F1 (`_dose`)."""
+    reads the sanitised tokens as its guess; at_chance on the earned interval at `per_item_bound_pp`). Null:
+    every prompt sanitised independently of the truth (a fresh row of the corpus's token frequencies, `stream`,
+    per prompt and trial); dose d: that row carrying d pp of the truth's token F1 (`_dose`)."""
     import torch
 
     from attacks.sanitize import scoring
@@ -353,8 +420,10 @@ def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: floa
         return [torch.tensor(o, dtype=torch.long).view(-1, 1) for o in observed]
 
     def trial(observed: list[list[int]]) -> Trial:
-        s, _ = scoring.score_attacker("identity", identity, rows, observed, 1, margin_pp, True)
-        return Trial(s.verdict, s.f1.mean - s.reference, interval=(s.f1.lo - s.reference, s.f1.hi - s.reference))
+        s, _ = scoring.score_attacker("identity", identity, rows, observed, 1, margin_pp, True,
+                                      per_item_bound_pp=per_item_bound_pp)
+        return Trial(s.verdict, s.f1.mean - s.reference, interval=(s.f1.lo - s.reference, s.f1.hi - s.reference),
+                     certified_by=(s.earned[0] - s.reference, s.earned[1] - s.reference))
 
     def null(rng):
         return trial(unigram_rows(stream, len(rows), length, rng))
@@ -366,13 +435,16 @@ def sanitize_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: floa
                  "fresh row drawn from the corpus's token frequencies)",
                  "a verdict that calls the sanitiser's output a leak from the text's shared vocabulary alone",
                  "pp of token F1 the sanitised prompt carries from its truth (a perfect reader's gain)", null, dosed,
-                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"prompts of {length} tokens", "t", planning)
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"prompts of {length} tokens", "t", planning,
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float, positive_margin_pp: float,
-                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None) -> Entry:
+                  doses_pp: Sequence[float], gate_dose_pp: float, planning: dict[str, float] | None = None,
+                  per_item_bound_pp: float = 100.0) -> Entry:
     """Paper 002: the label attack's verdict (attacks/splitft/cell.assess, reference = the larger of the
-    exposure-free reference and the constant most-frequent-label guess). Null: shuffled labels (the guesses
+    exposure-free reference and the constant most-frequent-label guess; at_chance on the earned interval at
+    `per_item_bound_pp`). Null: shuffled labels (the guesses
     are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
     of the true labels' token F1 (`_dose`)."""
     from attacks.labels import constant_guesses
@@ -383,10 +455,11 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
 
     def trial(guesses: list[list[int]]) -> Trial:
         m = assess("label", rows, guesses, rows, rows, margin_pp, positive_margin_pp, prior_guesses=constant,
-                   plain_prior_guesses=constant)
+                   plain_prior_guesses=constant, per_item_bound_pp=per_item_bound_pp)
         ref = m["label_reference_token_f1"]
         return Trial(m["label_verdict"], m["label_token_f1"] - ref,
-                     interval=(m["label_token_f1_ci_lo"] - ref, m["label_token_f1_ci_hi"] - ref))
+                     interval=(m["label_token_f1_ci_lo"] - ref, m["label_token_f1_ci_hi"] - ref),
+                     certified_by=(m["label_token_f1_earned_ci_lo"] - ref, m["label_token_f1_earned_ci_hi"] - ref))
 
     def null(rng):
         return trial(unigram_rows(stream, len(rows), length, rng))
@@ -398,7 +471,8 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
                  "truth, from the corpus's token frequencies)",
                  "a label verdict that reads the labels' common tokens as a leak",
                  "pp of token F1 the guesses carry from the true labels (a perfect reader's gain)", null, dosed,
-                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"label rows of {length} tokens", "t", planning)
+                 doses_pp, gate_dose_pp, margin_pp, len(rows), f"label rows of {length} tokens", "t", planning,
+                 per_item_bound_pp=per_item_bound_pp)
 
 
 def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float, *,
@@ -446,7 +520,36 @@ def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gat
     return Entry("grad_audit", "shuffled labels (the probe's feature rows permuted against their tokens)",
                  "a probe verdict that reads the probe's own bias or the token frequencies as a leak",
                  "pp a perfect reader of an injected token code gains over the constant guess",
-                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows, "probe rows (test split)", "z", planning)
+                 null, dosed, doses_pp, gate_dose_pp, margin_pp, rows, "probe rows (test split)", "z", planning,
+                 per_item_bound_pp=100.0)    # the B of CellScore.earned_ci_pp, which the verdict reads
+
+
+def _inject(sets: list[list[int]], tokens: Sequence[int]) -> list[list[int]]:
+    """`tokens` written at the head of an example's first step (displacing its last ids), not as a step of their
+    own: an injection is content, and with matched steps an extra step would cost the signal its last one."""
+    keep = set(tokens)
+    first = (list(tokens) + [t for t in sets[0] if t not in keep])[:max(len(sets[0]), len(tokens))]
+    return [first] + sets[1:]
+
+
+def _collab_dose(signal: list[list[list[int]]], evidence: Sequence[Any], floor: Sequence[Any], k: int, dose: float,
+                 rng: np.random.Generator) -> list[list[list[int]]]:
+    """The signal carrying a dose of d pp of Token-ER@k: each evidence token that neither the example's signal
+    nor its floor covers joins the signal (`_inject`) with probability p = d·E/(100·U) (E evidence tokens, U
+    uncovered; capped at 1), so the informed attacker's Token-ER rises by d pp in expectation."""
+    injected = []
+    for ev, fl, sets in zip(evidence, floor, signal):
+        covered = {t for st in (*sets, *fl) for t in st[:k]}
+        open_ = [t for t in sorted(ev.token_ids) if t not in covered]
+        p = min(1.0, dose / 100.0 * len(ev.token_ids) / len(open_)) if open_ else 0.0
+        injected.append(_inject(sets, [t for t in open_ if rng.random() < p]))
+    return injected
+
+
+def _collab_trial(v: dict[str, Any]) -> Trial:
+    """A trial from decodeleak.verdict's record: its verdict, statistic, t interval and the earned interval."""
+    return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]),
+                 certified_by=tuple(v["null_excess_token_er_earned_ci"]))
 
 
 @dataclass
@@ -515,34 +618,17 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
         return leak.paired_scores(signal, null, evidence, data.vocab, [k], prior=floor, step_matching=step_matching,
                                   metrics=("token_er",))
 
-    def inject(sets: list[list[int]], tokens: Sequence[int]) -> list[list[int]]:
-        """`tokens` written at the head of the first step (displacing its last random ids), not as a step of
-        their own: an injection is content, and with matched steps an extra step would cost the signal its
-        last one."""
-        keep = set(tokens)
-        first = (list(tokens) + [t for t in sets[0] if t not in keep])[:max(len(sets[0]), len(tokens))]
-        return [first] + sets[1:]
-
     def trial(signal, rng) -> Trial:
         null_sets, again = draw(rng), draw(rng)
-        full = [inject(s, sorted(ev.token_ids)) for ev, s in zip(evidence, null_sets)]
-        v = leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets), k,
-                         margin_pp, positive_margin_pp, per_item_bound_pp)
-        return Trial(v["verdict"], v["null_excess_token_er"], interval=tuple(v["null_excess_token_er_ci"]),
-                     certified_by=tuple(v["null_excess_token_er_earned_ci"]))
+        full = [_inject(s, sorted(ev.token_ids)) for ev, s in zip(evidence, null_sets)]
+        return _collab_trial(leak.verdict(*pair(signal, null_sets), pair(full, null_sets), pair(again, null_sets),
+                                          k, margin_pp, positive_margin_pp, per_item_bound_pp))
 
     def null(rng):
         return trial(draw(rng), rng)
 
     def dosed(dose, rng):
-        signal = draw(rng)
-        injected = []
-        for ev, fl, sets in zip(evidence, floor, signal):
-            covered = {t for st in (*sets, *fl) for t in st[:k]}
-            open_ = [t for t in sorted(ev.token_ids) if t not in covered]
-            p = min(1.0, dose / 100.0 * len(ev.token_ids) / len(open_)) if open_ else 0.0
-            injected.append(inject(sets, [t for t in open_ if rng.random() < p]))
-        return trial(injected, rng)
+        return trial(_collab_dose(draw(rng), evidence, floor, k, dose, rng), rng)
 
     return Entry("collab", f"random ids ({ids_per_step} uniform token ids a step, signal and null drawn "
                  "independently)",
@@ -553,6 +639,148 @@ def collab_entry(data: CollabData, *, units: int, ids_per_step: int, k: int, mar
                  f"examples (the {n_ex} built-in ones in turn, {data.steps} steps, K = {k})", "t", planning,
                  extra_nulls={"long_random_ids": lambda rng: trial(draw(rng, 2 * data.steps), rng)},
                  per_item_bound_pp=per_item_bound_pp)
+
+
+# --- collab through the engine (issue 51 items 2 and 4) -------------------------------------------------------
+# The entry above calibrates the verdict on constructed signals at the sized n. These nulls are built through the
+# engine itself (protocol.collaborate_all on the calibration's model in both roles, as the n30 runs), paired and
+# read as the runner reads them (attacks/collab/suite.audit: the informed attacker over matched steps,
+# decodeleak.verdict with its positive and negative controls and the earned bound), at the n the committed
+# reports use (`Published`).
+
+ENGINE_NULLS = ("random_ids_along_undefended_steps", "dp_fusion_eps0_edge")
+
+
+@dataclass
+class CollabEngineData:
+    """What the engine trials share, decoded once: the units (the built-in examples in turn, a repeat under its
+    own id so that its draws and its place in the view are its own), their evidence, the cloud alone's sets (the
+    informed attacker's prior) and, per fusion mode, the exposure sets of the undefended private run and of its
+    null, the undefended edge without x_priv (`no_context`): greedy undefended decoding draws nothing, so one
+    decode each serves every trial."""
+
+    pair: Any                                  # protocol.Pair: the model in both roles
+    units: list[Any]                           # benchmarks.Example per unit
+    evidence: list[Any]
+    vocab: Any                                 # evidence_recall.Vocabulary
+    floor: list[list[list[int]]]
+    undefended: dict[str, list[list[list[int]]]]   # fusion mode -> per unit
+    no_context: dict[str, list[list[list[int]]]]
+    steps: int
+    k: int
+    alpha: float
+
+    def sets(self, sig: Any, units: Sequence[Any] | None = None, memo: dict | None = None) -> list[list[list[int]]]:
+        """Each unit's exposure sets read from a decode's view (decodeleak.exposure_sets, as the runner reads).
+        `memo` only for the shared decodes: a trial's draws rarely repeat, and their sets would pile up."""
+        from attacks.collab import decodeleak as leak
+
+        return [leak.exposure_sets(sig.view, u.id, cloud=self.pair.cloud, vocab=self.pair.vocab, top=self.k,
+                                   memo=memo) for u in (self.units if units is None else units)]
+
+    def decode(self, defence: Any, mode: str, *, private: bool, seed: int, desc: str,
+               units: Sequence[Any] | None = None) -> Any:
+        from harness.collab import protocol
+
+        return protocol.collaborate_all(self.pair, self.units if units is None else units, defence, mode=mode,
+                                        max_new_tokens=self.steps, seed=seed, view_top=self.k, private=private,
+                                        desc=desc)
+
+
+def collab_engine_data(model: Any, n_units: int, steps: int, k: int, alpha: float) -> CollabEngineData:
+    """The built-in examples through the engine (module section above): `n_units` units, `steps` tokens, K = k;
+    the undefended run and its null in both fusion modes, the cloud alone's sets."""
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+
+    from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
+    from harness.collab import batching, benchmarks, engine, protocol
+    from harness.collab.fusion import Defence
+
+    examples = benchmarks.load_benchmark(OmegaConf.create(dict(
+        name="builtin", path=None, hub_id=None, n_examples=None, max_context_words=None,
+        answer_critical=False))).examples
+    distinct = examples[:n_units]
+    units = [ex if i < len(examples) else replace(ex, id=f"{ex.id}#{i // len(examples)}")
+             for i, ex in ((i, examples[i % len(examples)]) for i in range(n_units))]
+    eos = model.tokenizer.eos_token_id
+    eos = (eos[0] if eos else None) if isinstance(eos, (list, tuple)) else eos
+    pair = protocol.Pair(model.model, model.model, model.tokenizer, engine.shared_vocab(model.tokenizer, model.tokenizer),
+                         None if eos is None else int(eos), prompt_cache=batching.PromptCache())
+    info = Vocabulary(model.tokenizer)
+    data = CollabEngineData(pair, units, [tokenise_evidence(u.evidence, info, True) for u in units], info, [], {}, {},
+                            steps, k, alpha)
+
+    def tiled(sets: list[list[list[int]]]) -> list[list[list[int]]]:
+        return [sets[i % len(distinct)] for i in range(n_units)]
+
+    # a repeat's deterministic decodes are its example's: decode the distinct examples once, then tile
+    floor = protocol.cloud_alone(pair, distinct, max_new_tokens=steps, top=k).sets
+    data.floor = tiled(floor)
+    undefended, memo = Defence(alpha), {}
+    for mode in ("cloud", "edge"):
+        for private, into in ((True, data.undefended), (False, data.no_context)):
+            sig = data.decode(undefended, mode, private=private, seed=0, units=distinct,
+                              desc=f"engine null: undefended {mode}-side{'' if private else ' without x_priv'}")
+            into[mode] = tiled(data.sets(sig, distinct, memo))
+    return data
+
+
+def collab_engine_trials(data: CollabEngineData, *, ids_per_step: int, margin_pp: float, positive_margin_pp: float,
+                         per_item_bound_pp: float, step_matching: str, renyi_order: float
+                         ) -> tuple[dict[str, Callable[[np.random.Generator], Trial]],
+                                    Callable[[float, np.random.Generator], Trial]]:
+    """The two engine nulls (`ENGINE_NULLS`) and a trial at a dose, each read by decodeleak.verdict as the
+    runner reads a point (signal against its null over `step_matching` steps, the informed attacker with the
+    cloud alone's sets, the point's positive control: its mode's undefended run against `no_context`; its
+    negative control: a second null against the null).
+
+    - `random_ids_along_undefended_steps`: per unit, as many steps as its undefended private run (cloud-side)
+      decoded, each `ids_per_step` uniformly random ids (at most K count); its null is the same mechanism on
+      the runner's null run, random ids along `no_context`'s steps, drawn independently, and the negative
+      control another such draw. The private run decodes more steps than its null (issue 51 item 3), so this
+      null fails if the verdict credits steps.
+    - `dp_fusion_eps0_edge`: DP-Fusion at ε = 0 edge-side (the synced token drawn from the cloud's own p_L: the
+      mechanism ignores x_priv) decoded through the engine with a fresh seed s per trial, the private signal at
+      s, its null (no x_priv) at s + NULL_SEED_OFFSET and the negative control at s + NEGATIVE_CONTROL_SEED_OFFSET,
+      as harness/collab/experiment.decode seeds them.
+    - the dose: the gate's dose written into the first null's signal (`_collab_dose`, as the sized entry doses)."""
+    from attacks.collab import decodeleak as leak
+    from harness.collab.defences import DPFusion
+    from harness.collab.experiment import NEGATIVE_CONTROL_SEED_OFFSET, NULL_SEED_OFFSET
+
+    k, vocab_size, drawn = data.k, data.pair.vocab, min(ids_per_step, data.k)
+
+    def pair(signal, null):
+        return leak.paired_scores(signal, null, data.evidence, data.vocab, [k], prior=data.floor,
+                                  step_matching=step_matching, metrics=("token_er",))
+
+    positive = {mode: pair(data.undefended[mode], data.no_context[mode]) for mode in ("cloud", "edge")}
+
+    def read(signal, null, again, mode: str) -> Trial:
+        return _collab_trial(leak.verdict(*pair(signal, null), positive[mode], pair(again, null), k, margin_pp,
+                                          positive_margin_pp, per_item_bound_pp))
+
+    def along(runs: list[list[list[int]]], rng) -> list[list[list[int]]]:
+        return [[rng.choice(vocab_size, drawn, replace=False).tolist() for _ in steps] for steps in runs]
+
+    def random_ids(rng, dose: float = 0.0) -> Trial:
+        signal = along(data.undefended["cloud"], rng)
+        if dose:
+            signal = _collab_dose(signal, data.evidence, data.floor, k, dose, rng)
+        return read(signal, along(data.no_context["cloud"], rng), along(data.no_context["cloud"], rng), "cloud")
+
+    def dp_fusion(rng) -> Trial:
+        s = int(rng.integers(1 << 30))
+        mechanism = DPFusion(data.alpha, 0.0, renyi_order)
+        signal, null, again = (data.sets(data.decode(mechanism, "edge", private=private, seed=seed, desc=desc))
+                               for private, seed, desc in ((True, s, "engine null: DP-Fusion ε = 0 edge-side"),
+                                                           (False, s + NULL_SEED_OFFSET, "its null"),
+                                                           (False, s + NEGATIVE_CONTROL_SEED_OFFSET, "second null")))
+        return read(signal, null, again, "edge")
+
+    return dict(zip(ENGINE_NULLS, (random_ids, dp_fusion))), lambda dose, rng: random_ids(rng, dose)
 
 
 @dataclass
@@ -767,16 +995,29 @@ def _planning(section: Any) -> dict[str, float]:
     return {k: float(v) for k, v in OmegaConf.to_container(section.planning, resolve=True).items()}
 
 
+def _published(section: Any) -> Published | None:
+    """The section's published n (`published_n`, `published`), where the config states one."""
+    n = section.get("published_n")
+    return None if n is None else Published(int(n), str(section.get("published") or "calibration config"))
+
+
 @_register("collab")
 def _collab(cfg: Any, model: Any) -> Entry:
-    c = cfg.calibration.collab
+    c, controls_ = cfg.calibration.collab, cfg.collab.controls
+    verdict = dict(margin_pp=float(controls_.gate_margin_pp), positive_margin_pp=float(controls_.positive_margin_pp),
+                   per_item_bound_pp=float(controls_.per_item_bound_pp), step_matching=str(controls_.step_matching))
     data = collab_data(model, int(c.examples), int(c.steps), int(c.k))
-    return collab_entry(data, units=int(c.units), ids_per_step=int(c.ids_per_step), k=int(c.k),
-                        margin_pp=float(cfg.collab.controls.gate_margin_pp),
-                        positive_margin_pp=float(cfg.collab.controls.positive_margin_pp),
-                        doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c),
-                        per_item_bound_pp=float(cfg.collab.controls.per_item_bound_pp),
-                        step_matching=str(cfg.collab.controls.step_matching))
+    entry = collab_entry(data, units=int(c.units), ids_per_step=int(c.ids_per_step), k=int(c.k),
+                         doses_pp=list(c.doses_pp), gate_dose_pp=float(c.gate_dose_pp), planning=_planning(c), **verdict)
+    e = c.engine
+    engine = collab_engine_data(model, int(e.n_examples), int(e.max_new_tokens), int(c.k), float(cfg.collab.alpha))
+    nulls, dosed = collab_engine_trials(engine, ids_per_step=int(c.ids_per_step),
+                                        renyi_order=float(cfg.collab.renyi_order), **verdict)
+    entry.published = Published(int(e.n_examples), "calibration.collab.engine.n_examples (the committed n30 runs: "
+                                "30 examples, 48 tokens, K = 100; docs/results/collab/n30)",
+                                f"examples (the built-in ones in turn, {int(e.max_new_tokens)} steps, K = {int(c.k)}, "
+                                "through the engine)", nulls, dosed, int(e.trials))
+    return entry
 
 
 def _truth_rows(cfg: Any, model: Any, name: str) -> tuple[list[list[int]], list[int]]:
@@ -791,25 +1032,32 @@ def _truth_rows(cfg: Any, model: Any, name: str) -> tuple[list[list[int]], list[
 def _sanitize(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.sanitize
     rows, stream = _truth_rows(cfg, model, "sanitize")
-    return sanitize_entry(rows, stream, float(cfg.sanitize.attack.gate_margin_pp), list(c.doses_pp),
-                          float(c.gate_dose_pp), _planning(c))
+    entry = sanitize_entry(rows, stream, float(cfg.sanitize.attack.gate_margin_pp), list(c.doses_pp),
+                           float(c.gate_dose_pp), _planning(c),
+                           per_item_bound_pp=float(cfg.sanitize.attack.per_item_bound_pp))
+    entry.published = _published(c)
+    return entry
 
 
 @_register("splitft")
 def _splitft(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.splitft
     rows, stream = _truth_rows(cfg, model, "splitft")
-    return splitft_entry(rows, stream, float(cfg.splitft.attack.gate_margin_pp),
-                         float(cfg.splitft.attack.positive_margin_pp), list(c.doses_pp), float(c.gate_dose_pp),
-                         _planning(c))
+    entry = splitft_entry(rows, stream, float(cfg.splitft.attack.gate_margin_pp),
+                          float(cfg.splitft.attack.positive_margin_pp), list(c.doses_pp), float(c.gate_dose_pp),
+                          _planning(c), per_item_bound_pp=float(cfg.splitft.attack.per_item_bound_pp))
+    entry.published = _published(c)
+    return entry
 
 
 @_register("grad_audit")
 def _grad_audit(cfg: Any, model: Any) -> Entry:
     c = cfg.calibration.grad_audit
-    return grad_audit_entry(int(c.rows), float(cfg.grad_audit.gates.probe_margin_pp), list(c.doses_pp),
-                            float(c.gate_dose_pp), top_k=int(c.top_k), l2=float(c.l2), max_iter=int(c.max_iter),
-                            code_strength=float(c.code_strength), planning=_planning(c))
+    entry = grad_audit_entry(int(c.rows), float(cfg.grad_audit.gates.probe_margin_pp), list(c.doses_pp),
+                             float(c.gate_dose_pp), top_k=int(c.top_k), l2=float(c.l2), max_iter=int(c.max_iter),
+                             code_strength=float(c.code_strength), planning=_planning(c))
+    entry.published = _published(c)
+    return entry
 
 
 @_register("splitee")
@@ -828,8 +1076,10 @@ def _splitee(cfg: Any, model: Any) -> Entry:
     data = splitee_data(model.model, rows, epsilon=float(c.epsilon), dose_epsilon=float(c.dose_epsilon),
                         sigma_scale=float(cfg.engine.sigma_scale),
                         sensitivity_rule=str(cfg.engine.sensitivity_rule))
-    return splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
-                         min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
-                         gate_dose_pp=float(c.gate_dose_pp),
-                         map_reference=str(cfg.attack.sequential.map_reference), planning=_planning(c),
-                         pool=pool)
+    entry = splitee_entry(data, positions=int(c.positions), margin_pp=float(cfg.attack.controls.gate_margin_pp),
+                          min_recall=float(cfg.attack.sequential.min_pruning_recall), doses_pp=list(c.doses_pp),
+                          gate_dose_pp=float(c.gate_dose_pp),
+                          map_reference=str(cfg.attack.sequential.map_reference), planning=_planning(c),
+                          pool=pool)
+    entry.published = _published(c)
+    return entry

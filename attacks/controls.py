@@ -15,8 +15,9 @@ An attack measurement means something only if it can fail and can succeed:
   attack's token F1 interval [lo, hi] and its reference r (the chance floor for the learned attacker):
 
       leak          lo > r + m and the negative control passed
-      at_chance     r − m ≤ lo and hi ≤ r + m for the interval the sample earned (never zero-width: a sample
-                    without spread earns ± B·CP_U(0, n), metrics/equivalence.py), and both controls passed
+      at_chance     r − m ≤ lo and hi ≤ r + m for the interval the sample earned (`earned`: never narrower
+                    than ± B·CP_U(0, n), B the per-item bound each system's config states, metrics/equivalence.py),
+                    and both controls passed
       inconclusive  everything else: lo < r − m (below chance: the attacker failed, which says nothing
                     about the masks), an interval reaching past r ± m so that neither holds, or a failed
                     (or missing) control.
@@ -54,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from metrics.equivalence import earned_interval
 from metrics.intervals import Estimate
 from metrics.privacy import chance_floor, corpus_token_prf, pairwise_f1, token_prf
 
@@ -154,10 +156,11 @@ def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positi
              negative_passed: bool, certify: tuple[float, float] | None = None) -> str:
     """The three-way verdict of a token-F1 interval [lo, hi] against `reference` (module docstring):
     leak if lo > reference + margin and the negative control passed; at_chance if the interval the sample
-    earned, `certify` (metrics.equivalence.earned_interval; [lo, hi] where not given), lies within
-    reference ± margin and both controls passed; otherwise inconclusive. A zero-width interval never
-    certifies: a sample without spread earns its bound from its size only (issue 51), which a caller that
-    has it passes as `certify`."""
+    earned, `certify` (`earned`, metrics.equivalence.earned_interval), lies within reference ± margin and
+    both controls passed; otherwise inconclusive. Every runner and the calibration pass `certify` (issue 51;
+    tests/test_earned_everywhere.py checks each call): a sample without spread earns its bound from its size
+    only. Without it (results from before the rule, `recompute`) [lo, hi] is read, and a zero-width interval
+    never certifies."""
     if lo > reference + margin_pp:
         return LEAK if negative_passed else INCONCLUSIVE
     c_lo, c_hi = (lo, hi) if certify is None else certify
@@ -165,6 +168,25 @@ def classify(lo: float, hi: float, reference: float, margin_pp: float, *, positi
             and reference - margin_pp <= c_lo and c_hi <= reference + margin_pp):
         return AT_CHANCE
     return INCONCLUSIVE
+
+
+def earned(values: Sequence[float], reference: float, lo: float, hi: float, per_item_bound_pp: float
+           ) -> tuple[float, float]:
+    """The interval a mean of per-item `values` (its data interval [lo, hi]) earned against `reference`, in the
+    values' units: metrics.equivalence.earned_interval of the differences values − reference, shifted back. The
+    one rule every at_chance reads (issue 51): `classify(..., certify=earned(...))`. For a reference computed
+    from the same items (a chance floor, an exposure-free F1) the differences are taken against it as a
+    constant, as the data interval does."""
+    d = np.asarray(values, dtype=float) - reference
+    e_lo, e_hi = earned_interval(d, lo - reference, hi - reference, per_item_bound_pp)
+    return e_lo + reference, e_hi + reference
+
+
+def earned_flat(prefix: str, interval: tuple[float, float], per_item_bound_pp: float) -> dict[str, float]:
+    """The results.json keys of an earned interval beside the verdict that read it: `<prefix>_earned_ci_lo/hi`
+    and `<prefix>_per_item_bound_pp`."""
+    return {f"{prefix}_earned_ci_lo": interval[0], f"{prefix}_earned_ci_hi": interval[1],
+            f"{prefix}_per_item_bound_pp": per_item_bound_pp}
 
 
 def interval_case(lo: float, hi: float, reference: float, margin: float) -> str:
@@ -197,13 +219,14 @@ def worst(verdicts: Sequence[str | None]) -> str | None:
 
 
 def verdict(f1: Estimate, floor_f1: float, margin_pp: float, positive: ControlResult | None,
-            negative: ControlResult | None) -> dict[str, Any]:
+            negative: ControlResult | None, certify: tuple[float, float] | None = None) -> dict[str, Any]:
     """The learned attacker's results.json keys: `attack_verdict` (leak | at_chance | inconclusive, by
-    `classify` against the chance floor), `attack_gate` (verdict is at_chance), `attack_valid` (both
-    controls were run and passed) and `attack_at_floor` (`gate`). A control that was not run failed."""
+    `classify` against the chance floor, its at_chance on `certify`, the interval the prompts earned),
+    `attack_gate` (verdict is at_chance), `attack_valid` (both controls were run and passed) and
+    `attack_at_floor` (`gate`). A control that was not run failed."""
     pos = positive is not None and positive.passed
     neg = negative is not None and negative.passed
-    v = classify(f1.lo, f1.hi, floor_f1, margin_pp, positive_passed=pos, negative_passed=neg)
+    v = classify(f1.lo, f1.hi, floor_f1, margin_pp, positive_passed=pos, negative_passed=neg, certify=certify)
     return {"attack_verdict": v, "attack_gate": v == AT_CHANCE, "attack_valid": bool(pos and neg),
             "attack_at_floor": bool(gate(f1, floor_f1, margin_pp))}
 

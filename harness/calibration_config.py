@@ -41,6 +41,15 @@ class CalibrationPairedPlanning:
 
 
 @dataclass
+class CalibrationCollabEngineConfig:
+    """Collab's nulls built through the engine, at the n its committed reports use (issue 51 items 2, 4)."""
+
+    n_examples: int = MISSING      # units (the built-in examples in turn): the n30 runs' 30
+    max_new_tokens: int = MISSING  # tokens decoded (the n30 runs' 48)
+    trials: int = MISSING          # trials per engine null, and at the gate's dose
+
+
+@dataclass
 class CalibrationCollabConfig:
     examples: int = MISSING        # built-in examples (the cloud's no-signal sets are computed once)
     units: int = MISSING           # the verdict's n: the examples in turn, each unit its own random signal
@@ -50,6 +59,7 @@ class CalibrationCollabConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
+    engine: CalibrationCollabEngineConfig = MISSING
 
 
 @dataclass
@@ -59,6 +69,8 @@ class CalibrationTextConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
+    published_n: Optional[int] = MISSING   # the n the system's committed runs use (null: not stated)
+    published: Optional[str] = MISSING     # where that n comes from
 
 
 @dataclass
@@ -71,6 +83,8 @@ class CalibrationGradAuditConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 @dataclass
@@ -84,6 +98,8 @@ class CalibrationSpliteeConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationPairedPlanning = MISSING
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 @dataclass
@@ -136,6 +152,11 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     check_at_least("calibration.collab.steps", c.collab.steps, 1)
     check_at_least("calibration.collab.k", c.collab.k, 1)
     check_at_least("calibration.collab.ids_per_step", c.collab.ids_per_step, 1)
+    check_at_least("calibration.collab.engine.n_examples", c.collab.engine.n_examples, 2)
+    check_at_least("calibration.collab.engine.max_new_tokens", c.collab.engine.max_new_tokens, 1)
+    check_at_least("calibration.collab.engine.trials", c.collab.engine.trials, 1)
+    for name in ("sanitize", "splitft", "grad_audit", "splitee"):
+        check_at_least(f"calibration.{name}.published_n", c[name].get("published_n"), 2, nullable=True)
     check_at_least("calibration.grad_audit.rows", c.grad_audit.rows, 10)
     check_at_least("calibration.grad_audit.top_k", c.grad_audit.top_k, 1)
     check_at_least("calibration.grad_audit.max_iter", c.grad_audit.max_iter, 1)

@@ -36,6 +36,13 @@ def check_positive(name: str, value: float) -> None:
         raise UserError(f"{name} must be a finite number > 0, got {value}")
 
 
+def check_per_item_bound(name: str, value: float) -> None:
+    """`value` is a per-item bound B of the earned interval (metrics/equivalence.py): in (0, 100] pp, since no
+    item's difference of two rates in percent can exceed 100 pp."""
+    if not (math.isfinite(value) and 0 < value <= 100):
+        raise UserError(f"{name}={value}: a per-item bound of the earned interval lies in (0, 100] pp")
+
+
 # The wording of check_local_file's refusal (tests/test_configs.py reads it back).
 MISSING_FILE = "does not exist: give your copy's path"
 

@@ -331,10 +331,12 @@ class GenerationCache:
 class RunContext:
     """One job: its directory, its name relative to the experiment's output dir, its config hash, and when it
     started (time.time(), for the wall time results.json records: `splitbench --dry-run` estimates a sweep's
-    cost from it)."""
+    cost from it) and the process's CPU seconds then (time.process_time(), every thread: a sweep's CPU cost
+    is the sum of its jobs' `cpu_s`, which a loaded machine does not inflate as it does wall time)."""
 
     run_dir: RunDir
     name: str
     config_hash: str
     semantic: dict
     started: float = field(default_factory=time.time)
+    started_cpu: float = field(default_factory=time.process_time)

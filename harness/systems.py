@@ -281,7 +281,8 @@ CROSS_SYSTEM: tuple[System, ...] = (
         configurations=(),
         runners=(
             Runner("calibration", "runners.calibration",
-                   ("runner", "model", "calibration", "collab.controls", "sanitize.attack", "splitft.attack",
+                   ("runner", "model", "calibration", "collab.controls", "collab.alpha", "collab.renyi_order",
+                    "sanitize.attack", "splitft.attack",
                     "grad_audit.gates", "attack.controls", "attack.sequential.min_pruning_recall",
                     "attack.sequential.map_reference", "engine.sigma_scale", "engine.sensitivity_rule"),
                    also_runs=tuple(s.name for s in SYSTEMS), unhashed=(("attack.sequential.map_reference", "prior"),)),

@@ -17,7 +17,8 @@ tests fixed before the evaluation half is read; the headline bound is the larges
 intervals at 1 − α/3 (Bonferroni), so that the largest holds at 1 − α. Each target's own row shows the 1 − α
 intervals.
 
-The ROC curve (every threshold, all trials) is descriptive. `separation` estimates μ for a test whose
+The ROC curve (every threshold, all trials) and its AUC are descriptive (metrics/roc.py, shared with every
+other attack that scores trials). `separation` estimates μ for a test whose
 scores are Gaussian with a common variance (the log-likelihood ratio of a Gaussian mechanism is: N(±μ²/2, μ²)):
 the standardised difference of the two labels' means, with the large-sample interval of Hedges & Olkin
 (1985); it is an estimate, not a bound.
@@ -32,9 +33,8 @@ import numpy as np
 from scipy import stats
 
 from metrics.proportions import clopper_pearson
-
-FPR_TARGETS = (0.001, 0.01, 0.1)
-ROC_POINTS = 256        # the ROC curve kept in results.json: at most this many vertices
+from metrics.roc import FPR_TARGETS, roc_curve  # noqa: F401 (roc_curve: the audit's name for the shared curve)
+from metrics.roc import roc as roc_record
 
 
 @dataclass(frozen=True)
@@ -98,27 +98,6 @@ def threshold_at(negatives: np.ndarray, target: float) -> float:
     return float(ordered[ordered.size - k - 1])
 
 
-def roc_curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(FPR, TPR) at every distinct threshold, from (0, 0) to (1, 1) (decision: score ≥ threshold ⇒ 1)."""
-    order = np.argsort(-scores, kind="stable")
-    s, y = scores[order], labels[order]
-    last = np.r_[np.flatnonzero(np.diff(s)), y.size - 1]     # the last trial of each run of equal scores
-    tps, fps = np.cumsum(y)[last], np.cumsum(1 - y)[last]
-    return np.r_[0.0, fps / max(1, (1 - y).sum())], np.r_[0.0, tps / max(1, y.sum())]
-
-
-def thin(fpr: np.ndarray, tpr: np.ndarray, points: int = ROC_POINTS) -> tuple[list[float], list[float]]:
-    """At most `points` vertices of a ROC curve, evenly spaced in log FPR where it is long (the low-FPR end is
-    what the audit reads), with both ends kept."""
-    if fpr.size <= points:
-        return fpr.tolist(), tpr.tolist()
-    grid = np.unique(np.r_[0, np.geomspace(max(fpr[fpr > 0].min(), 1e-6), 1.0, points - 1)])
-    # the highest-TPR vertex at or below each grid FPR (the curve is a step function)
-    at = np.searchsorted(fpr, grid, side="right") - 1
-    keep = np.unique(np.r_[at, fpr.size - 1])
-    return fpr[keep].tolist(), tpr[keep].tolist()
-
-
 def separation(scores: np.ndarray, labels: np.ndarray, alpha: float = 0.05) -> tuple[float, float, float]:
     """The standardised difference of means (label 1 − label 0, pooled variance) and its large-sample
     interval (Hedges & Olkin 1985): μ of the Gaussian trade-off the scores fit; not a bound."""
@@ -140,14 +119,14 @@ class Audit:
     mu_lower: float                   # the headline: max over targets at 1 − α jointly, clamped at 0
     mu_cap: float                     # the largest headline these trial counts can give (a perfect test)
     separation: tuple[float, float, float]
-    roc: tuple[list[float], list[float]]
+    roc: dict                         # metrics/roc.py's record of all trials: the curve, AUC, TPR read off it
 
     def record(self) -> dict:
         d, lo, hi = self.separation
         return {"n_trials": self.n_trials, "empirical_mu_lower": self.mu_lower, "mu_cap": self.mu_cap,
                 "mu_estimate": d, "mu_estimate_ci": [lo, hi],
                 "tpr_at_fpr": [p.record() for p in self.points],
-                "roc": {"fpr_pct": [100.0 * v for v in self.roc[0]], "tpr_pct": [100.0 * v for v in self.roc[1]]}}
+                "roc": self.roc}
 
 
 def audit(scores: Sequence[float], labels: Sequence[int], *, targets: Sequence[float] = FPR_TARGETS,
@@ -174,4 +153,4 @@ def audit(scores: Sequence[float], labels: Sequence[int], *, targets: Sequence[f
     # a test that separates the evaluation half perfectly: every positive above, no negative
     cap = _mu_lower(pos.size, pos.size, 0, neg.size, alpha / len(targets))[2]
     return Audit(int(s.size), points, max(0.0, lower), float(cap), separation(s, y, alpha),
-                 thin(*roc_curve(s, y)))
+                 roc_record(s[y == 1], s[y == 0], targets=targets, alpha=alpha))

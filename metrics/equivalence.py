@@ -63,6 +63,15 @@ def examples_needed(sd: float, margin: float, power: float = 0.8, confidence: fl
     return hi
 
 
+def t_interval_sd(lo: float, hi: float, n: int, confidence: float = 0.95) -> float:
+    """The per-unit standard deviation s that a Student-t interval mean ± t_{(1+c)/2, n−1}·s/√n of n units
+    implies (metrics.intervals.mean_t_ci): the spread to size with when a result kept its interval, not its
+    values (a report reading results.json)."""
+    if n < 2 or not hi >= lo:
+        raise ValueError(f"need n >= 2 and lo <= hi, got n={n}, [{lo}, {hi}]")
+    return (hi - lo) / 2.0 / float(stats.t.ppf((1 + confidence) / 2, n - 1)) * math.sqrt(n)
+
+
 # --- sizing a verdict: the margin n units certify and the n a margin needs, for the null and a dose --------
 #
 # A verdict reads leak when its interval's lower end exceeds +m, at_chance when the whole interval lies
@@ -302,3 +311,18 @@ def units_needed(plan: Callable[[int], Plan], target: float = 0.8, start: int = 
         else:
             lo = mid
     return hi
+
+
+def certification_note(n: int, margin_pp: float, certify_probability: float, n_needed: int | None,
+                       target: float = 0.8) -> str | None:
+    """What a report says where n units cannot certify ±margin (issue 51 item 4): None where the sizing rule
+    predicts a certification with probability ≥ `target` at n (`mean_plan`, `paired_plan`); else "n = 30
+    certifies nothing; ±1 pp needs n = 447" (probability 0: the interval's floor, c·se or ±h₀, is wider than
+    the margin), or how often n does certify, with the n `units_needed` asks for ≥ `target` (None: past its
+    limit)."""
+    if certify_probability >= target:
+        return None
+    head = (f"n = {n} certifies nothing" if certify_probability <= 0 else
+            f"n = {n} certifies ±{margin_pp:g} pp only {100 * certify_probability:.0f} % of the time")
+    need = "more than 1,000,000" if n_needed is None else f"{n_needed}"
+    return f"{head}; ±{margin_pp:g} pp needs n = {need}"

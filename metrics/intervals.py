@@ -21,6 +21,11 @@ Metrics, states the rule):
   ratios of sums and not means of per-prompt values: corpus BLEU (metrics/text.py) and micro-averaged
   token precision/recall/F1 (metrics/privacy.py).
 
+The fidelity metrics (metrics/text.py: BLEU, ROUGE-L, semantic similarity) pass their range (`metric_range`): a
+bootstrap over items that all sit at 100 is [100, 100], which no sample can show, so the interval is widened to
+what the sample earned (`earned_range`, issue 51): at most CP_U(0, n) of such items could differ, each by at
+most the metric's range, which puts the lower end of 30 prompts at 100 at 88.4 (0–100 metrics).
+
 All treat the prompt as the unit of sampling: the interval says how much the number would move on
 another draw of prompts of the same kind, not how much it moves between runs on the same prompts.
 With a handful of prompts (n < ~10) any of them is a rough guide only; the percentile bootstrap in
@@ -57,7 +62,8 @@ class Estimate:
         return {name: self.mean, f"{name}_ci_lo": self.lo, f"{name}_ci_hi": self.hi}
 
 
-def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Estimate:
+def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0,
+            metric_range: tuple[float, float] | None = None) -> Estimate:
     """Mean of per-prompt values with a percentile bootstrap interval over prompts.
 
     `n_boot` resamples of the n values with replacement (seeded by `seed`, so the interval is
@@ -65,7 +71,9 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 200
     confidence. Each resample's mean lies between the smallest and the largest value, so the interval
     stays inside the metric's range (0–100 for a percentage) with no clipping, and follows a skewed
     metric's asymmetry where mean ± t·s/√n would not. With one value, or when all values are equal, the
-    interval collapses to the mean (lo = hi = mean).
+    bootstrap collapses to the mean (lo = hi = mean); with the metric's range (`metric_range`: it widens, never
+    clips) the interval is widened to
+    at least what the sample earned (`earned_range`), so 30 prompts all at 100 read [88.4, 100], not [100, 100].
     """
     a = _values(values, "mean_ci")
     n = int(a.size)
@@ -75,13 +83,38 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 200
     if n == 1 or np.ptp(a) == 0:
         # Exact, so that "all prompts identical" reports e.g. 100.0 and not 99.99999999999999.
         m = float(a[0])
-        return Estimate(m, m, m, n)
+        return _earned(Estimate(m, m, m, n), metric_range, confidence)
     reps = np.concatenate([a[idx].mean(axis=1) for idx in _resamples(n, n_boot, seed)])
     alpha = 1.0 - confidence
     lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
     # min/max absorb only the last bit of a resample sum's rounding (0.1 + 0.1 + 0.1 > 0.3): the mean of
     # values that all lie in [a.min(), a.max()] lies there too.
-    return Estimate(float(a.mean()), max(float(lo), float(a.min())), min(float(hi), float(a.max())), n)
+    est = Estimate(float(a.mean()), max(float(lo), float(a.min())), min(float(hi), float(a.max())), n)
+    return _earned(est, metric_range, confidence)
+
+
+def earned_range(mean: float, lo: float, hi: float, n: int, metric_range: tuple[float, float],
+                 confidence: float = 0.95) -> tuple[float, float]:
+    """[lo, hi] widened to at least [mean − π₀·(mean − a), mean + π₀·(b − mean)], π₀ = CP_U(0, n) (issue 51,
+    metrics/equivalence.zero_spread_bound): a sample of n items in [a, b] cannot rule out that a share π₀ of
+    such items would lie anywhere in the range, so a mean over items that all agree (or all sit at a bound)
+    moves by up to π₀ of the room on each side. The descriptive counterpart of the verdicts' earned interval:
+    never zero-width, and one more item away from the bound never raises the lower end above the all-at-the-
+    bound sample's (both ends of a bootstrap over fixed resamples only move outward then)."""
+    from metrics.equivalence import zero_spread_bound
+
+    a, b = metric_range
+    if not a < b:
+        raise ValueError(f"metric_range must be (low, high) with low < high, got {metric_range}")
+    share = zero_spread_bound(n, 1.0, confidence)
+    return min(lo, mean - share * (mean - a)), max(hi, mean + share * (b - mean))
+
+
+def _earned(est: Estimate, metric_range: tuple[float, float] | None, confidence: float) -> Estimate:
+    if metric_range is None:
+        return est
+    lo, hi = earned_range(est.mean, est.lo, est.hi, est.n, metric_range, confidence)
+    return Estimate(est.mean, lo, hi, est.n)
 
 
 def mean_t_ci(
@@ -127,6 +160,7 @@ def bootstrap_ci(
     n_boot: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
+    metric_range: tuple[float, float] | None = None,
 ) -> Estimate:
     """Percentile bootstrap interval of a corpus-level statistic, resampling prompts with replacement.
 
@@ -134,7 +168,8 @@ def bootstrap_ci(
     statistics such as BLEU's n-gram counts and lengths. `stat_fn` receives an array of such rows (a
     resample, or the full sample for the point estimate) and returns the statistic. The interval is
     the (α/2, 1-α/2) quantile pair of `n_boot` replicates, α = 1 - confidence; `seed` makes it
-    reproducible. With one prompt, or when every replicate is equal, lo = hi = the point estimate.
+    reproducible. With one prompt, or when every replicate is equal, lo = hi = the point estimate; with the
+    statistic's `metric_range` the interval is widened to what the sample earned (`earned_range`).
     """
     a = np.asarray(values)
     n = int(a.shape[0]) if a.ndim else 0
@@ -145,14 +180,14 @@ def bootstrap_ci(
     _check_confidence(confidence)
     point = float(stat_fn(a))
     if n == 1:
-        return Estimate(point, point, point, n)
+        return _earned(Estimate(point, point, point, n), metric_range, confidence)
     reps = np.fromiter((stat_fn(a[row]) for idx in _resamples(n, n_boot, seed) for row in idx), dtype=float,
                        count=n_boot)
     if np.ptp(reps) == 0:
-        return Estimate(point, point, point, n)
+        return _earned(Estimate(point, point, point, n), metric_range, confidence)
     alpha = 1.0 - confidence
     lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return Estimate(point, float(lo), float(hi), n)
+    return _earned(Estimate(point, float(lo), float(hi), n), metric_range, confidence)
 
 
 # Index cells per block of resamples (int64: 32 MiB), so 2000 resamples of 10⁵ units do not build a 1.6 GB

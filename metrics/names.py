@@ -57,6 +57,9 @@ NAMES: dict[str, Metric] = {
     "unchanged_rate": Metric("Tokens left unchanged"),
     "contextual_prior_gain": Metric("Contextual attacker's gain over the prior alone", "pp", POINTS, POINTS),
     "probe_accuracy_pct": Metric("Frequent-token probe accuracy"),
+    # an attack's per-trial scores as a test, signal against its null (metrics/roc.py)
+    "auc": Metric("ROC AUC of the attack's test", "", (0.0, 1.0), (0.0, 1.0)),
+    "tpr_at_fpr": Metric("TPR at low FPR of the attack's test"),
     # task utility
     "accuracy": Metric("Accuracy"),
     "heldout_top1": Metric("Held-out next-token top-1"),

@@ -190,3 +190,29 @@ def pairwise_f1(refs: Sequence[Sequence[Hashable]], hyps: Sequence[Sequence[Hash
     f1 = np.where((hyp_size == 0) | (ref_size == 0), 0.0, f1)
     f1 = np.where((hyp_size == 0) & (ref_size == 0), 1.0, f1)
     return 100.0 * f1
+
+
+def repaired_f1(refs: Sequence[Sequence[Hashable]], guesses: Sequence[Sequence[Hashable]], mode: Mode = "multiset"
+                ) -> tuple[list[float], list[float]]:
+    """A reconstruction attack's per-example token F1 as the two sides of a membership-style test (metrics/roc.py):
+    each guess against its own example (own) and against the next example, re-paired by a cyclic shift (other:
+    a truth the guess carries nothing of, one of the pairs i ≠ j that the chance floor and the exposure-free
+    reference average). One negative per example, so the negatives are as independent as the examples."""
+    n = len(refs)
+    if n < 2 or len(guesses) != n:
+        raise ValueError(f"need at least 2 examples and one guess each, got {n} and {len(guesses)}")
+    own = [token_prf(r, g, mode)[2] for r, g in zip(refs, guesses)]
+    other = [token_prf(refs[(i + 1) % n], g, mode)[2] for i, g in enumerate(guesses)]
+    return own, other
+
+
+REPAIRED_POSITIVE = "token F1 of each guess against its own example"
+REPAIRED_NEGATIVE = "token F1 of each guess against the next example (re-paired)"
+
+
+def repaired_test(refs: Sequence[Sequence[Hashable]], guesses: Sequence[Sequence[Hashable]],
+                  mode: Mode = "multiset") -> dict:
+    """The ROC record (metrics/roc.py) of `repaired_f1`."""
+    from metrics import roc
+
+    return roc.roc(*repaired_f1(refs, guesses, mode), positive=REPAIRED_POSITIVE, negative=REPAIRED_NEGATIVE)

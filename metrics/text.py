@@ -148,7 +148,10 @@ def corpus_bleu(refs: Sequence[str], hyps: Sequence[str], n_boot: int = 2000, se
         rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
     stats = np.asarray(rows, dtype=np.int64)
     point = min(100.0, score.score)
-    interval = bootstrap_ci(stats, _bleu_from_stats, n_boot=n_boot, seed=seed)
+    # BLEU's range: with every prompt's n-grams matching, the bootstrap is [100, 100] (issue 51). A share π
+    # of prompts (of equal length) whose n-grams all missed would scale every precision by 1 − π, so BLEU by 1 − π:
+    # intervals.earned_range's lower end.
+    interval = bootstrap_ci(stats, _bleu_from_stats, n_boot=n_boot, seed=seed, metric_range=(0.0, 100.0))
     return CorpusBleu(Estimate(point, interval.lo, interval.hi, interval.n), signature)
 
 
@@ -177,6 +180,9 @@ def _bleu_from_stats(rows: np.ndarray) -> float:
 
 _MEAN_METRICS = ("exact_match", "token_match_rate", "bleu_sentence_mean", "rouge_l", "semantic_similarity")
 _RATES = ("exact_match", "token_match_rate")   # per-prompt proportions: proportion_ci
+# each mean metric's range (pp): mean_ci widens its interval to what the prompts earned there (issue 51);
+# the similarity is a cosine × 100
+_RANGES = {"bleu_sentence_mean": (0.0, 100.0), "rouge_l": (0.0, 100.0), "semantic_similarity": (-100.0, 100.0)}
 
 
 @dataclass
@@ -198,7 +204,8 @@ class FidelityScores:
         Intervals are 95%. Exact match and token match rate get `proportion_ci` (Wilson at the edges), `bleu`
         is corpus BLEU (bootstrap interval), `bleu_sentence_mean` the mean sentence BLEU, and ROUGE-L and
         semantic similarity their means, each with `mean_ci`'s bootstrap interval over prompts (inside the
-        metric's range by construction). Without a semantic model the
+        metric's range by construction), widened to what the prompts earned in that range (never zero-width:
+        intervals.earned_range, issue 51). Without a semantic model the
         semantic_similarity keys are present and None.
         """
         out: dict[str, Any] = {}
@@ -211,7 +218,7 @@ class FidelityScores:
             if name in _RATES:
                 out.update(proportion_ci(values).flat(name))
                 continue
-            out.update(mean_ci(values).flat(name))
+            out.update(mean_ci(values, metric_range=_RANGES[name]).flat(name))
         out.update(self.corpus_bleu.estimate.flat("bleu"))
         out["bleu_signature"] = self.corpus_bleu.signature
         diverged = [r["first_divergence"] for r in self.rows if r["first_divergence"] is not None]

@@ -71,6 +71,16 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         for null, x in r.get("extra_nulls", {}).items():     # collab: random ids with 2× the null's steps
             metrics[f"{name}_{null}_false_leak_rate"] = x["false_leak_rate"]["rate"]
             metrics[f"{name}_{null}_certify_rate"] = x["certify_rate"]["rate"]
+        for null, x in r.get("engine_nulls", {}).items():   # collab: its nulls through the engine (issue 51)
+            metrics[f"{name}_{null}_false_leak_rate"] = x["false_leak_rate"]["rate"]
+            metrics[f"{name}_{null}_certify_rate"] = x["certify_rate"]["rate"]
+            metrics[f"{name}_{null}_zero_spread_certifications"] = x["zero_spread_certifications"]
+        pub = r.get("published")
+        if pub is not None:     # the verdict at the n its committed reports use (issue 51 item 4)
+            metrics[f"{name}_published_n"] = pub["n"]
+            for key in ("false_leak_rate", "certify_rate", "power_at_gate_dose"):
+                if key in pub:
+                    metrics[f"{name}_published_{key}"] = pub[key]["rate"]
         for attacker, a in r.get("by_attacker", {}).items():   # splitee: MAP's own (and against the other reference)
             metrics[f"{name}_{attacker}_false_leak_rate"] = a["false_leak_rate"]["rate"]
             metrics[f"{name}_{attacker}_false_leak_rate_ci_hi"] = a["false_leak_rate"]["ci"][1]
@@ -99,6 +109,15 @@ DEFINITIONS = {
                                              "their verdict: the corner the earned bound exists for",
     "systems.<system>.extra_nulls": "further nulls read with the same verdict, each with false_leak_rate and "
                                     "certify_rate (collab: long_random_ids, random ids with 2x the null's steps)",
+    "systems.<system>.engine_nulls": "collab: nulls built through the engine at its published n (issue 51), "
+                                     "random_ids_along_undefended_steps and dp_fusion_eps0_edge, each read by the "
+                                     "runner's verdict: trials, false_leak_rate, certify_rate (Clopper-Pearson), "
+                                     "null_statistic_mean_pp, zero_spread_certifications",
+    "systems.<system>.published": "the verdict at the n its committed reports use (issue 51 item 4): n, source, the "
+                                  "sizing rule's predictions there (sizing, sizing_from: planned or measured), "
+                                  "n_needed_80pct, and `note`, the sentence a report prints where that n cannot "
+                                  "certify the margin (null where it can); collab adds its engine trials' pooled "
+                                  "false_leak_rate and certify_rate and power_at_gate_dose",
     "systems.<system>.power": "per dose (pp, in the unit dose_unit says), the share of dosed trials read as leak",
     "systems.<system>.certifiable_margin_pp": "the margin the entry's sample size certifies with 80% probability "
                                               "at the null trials' spread (metrics/equivalence.py), or, where the "
@@ -120,6 +139,8 @@ DEFINITIONS = {
 
 
 def summary(results: dict[str, Any]) -> str:
+    from runners.report.calibration import reading
+
     lines = [f"{results['experiment_name']}: {results['model']} · {results['n_prompts']} null trials per system"]
     for name, r in results["systems"].items():
         fl, cert = r["false_leak_rate"], r["certify_rate"]
@@ -130,7 +151,13 @@ def summary(results: dict[str, Any]) -> str:
                      f"{r.get('certifiable_margin_pp', float('nan')):.2f} pp at n = {r['n_examples']} "
                      f"(sized for {planned.get('n_needed', '?')}); zero-spread certifications "
                      f"{r['zero_spread_certifications']} (zero-width intervals {r['zero_width_intervals']})")
-        for null, x in r.get("extra_nulls", {}).items():
+        for null, x in {**r.get("extra_nulls", {}), **r.get("engine_nulls", {})}.items():
             lines.append(f"    {null}: false leak {x['false_leak_rate']['k']}/{x['false_leak_rate']['n']}, "
-                         f"at chance {x['certify_rate']['k']}/{x['certify_rate']['n']}")
+                         f"at chance {x['certify_rate']['k']}/{x['certify_rate']['n']}, zero-spread "
+                         f"certifications {x['zero_spread_certifications']}")
+        pub = r.get("published")
+        if pub is not None:
+            gate = pub.get("power_at_gate_dose")
+            lines.append(f"    at the published n = {pub['n']}: " + (
+                f"power at {pub['gate_dose_pp']:g} pp {gate['k']}/{gate['n']}; " if gate else "") + reading(pub))
     return "\n".join(lines)

@@ -93,7 +93,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "accuracy": util.mean if accuracy else None, "accuracy_ci": [util.lo, util.hi] if accuracy else None,
         "utility": {"metric": use.metric, "value": util.mean, "ci": [util.lo, util.hi],
                     "cloud_only": use.cloud_only.mean, "constant_answer_floor": use.accuracy_floor},
-        "controls": v, "verdict": v["verdict"],
+        "controls": v, "verdict": v["verdict"], "roc": audit.roc,
         "tradeoff": common.tradeoff(leakage_metric=f"token_er_at_{k_rep}", leakage=curves_out["token_er_at_k"][rep],
                                     leakage_ci=curves_out["token_er_at_k_ci"][rep],
                                     attacker="decodeleak (the paper's exposure sets)",
@@ -165,6 +165,9 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                                                    "at per_item_bound_pp = "
                                                    f"{c.controls.per_item_bound_pp} pp: what at_chance reads; never "
                                                    "narrower than ±B·CP_U(0, n)",
+        "roc": "the verdict's per-example scores as a test (metrics/roc.py): positives the informed Token-ER@"
+               f"{c.metrics.report_k} on the signal, negatives on the null signal; auc with DeLong's 95% interval, "
+               "tpr_at_fpr (%) keyed by the FPR in % with Clopper–Pearson intervals, null below 1/n_null",
         "verdict": f"attacks/controls.classify on null_excess_token_er_at_{c.metrics.report_k} against 0 with m = "
                    f"{c.controls.gate_margin_pp} pp (leak: its t interval; at_chance: its earned interval); "
                    "positive control: the undefended run against the undefended "

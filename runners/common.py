@@ -103,9 +103,11 @@ def finish(cfg: DictConfig, ctx: Any, results: dict[str, Any], samples: Sequence
     from harness import provenance
     from harness.wandb_mirror import mirror
 
-    # the job's wall time, model loading included (runners/plan.py estimates a sweep's cost from it)
+    # the job's wall and CPU time, model loading included (runners/plan.py estimates a sweep's cost from the
+    # wall time; the CPU time sums to a sweep's cost across sessions and loads)
     started = getattr(ctx, "started", None)
-    wall = {} if started is None else {"wall_s": round(time.time() - started, 3)}
+    wall = {} if started is None else {"wall_s": round(time.time() - started, 3),
+                                       "cpu_s": round(time.process_time() - ctx.started_cpu, 3)}
     results = {
         **results,
         "privacy_parameter": results.get("privacy_parameter") or configurations.privacy_parameter(

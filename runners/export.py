@@ -9,7 +9,10 @@ own name and its value, the run directory's other overrides (`variant`: "default
 model, workload, seed (an integer) and mask seeds, tags, and where it came from: its config hash, the commit
 that computed it (`-dirty` with uncommitted edits) and its date, UTC) and one number of its results.json
 `metrics` with its 95% interval (`<name>_ci_lo`/`_ci_hi`, or a `<name>_ci` pair) where it has one. A metric
-held per k (`{"1": v, "5": w}`, the collab curves) becomes one row per k, named `<name>[k]`. Non-numeric
+held per k (`{"1": v, "5": w}`, the collab curves) becomes one row per k, named `<name>[k]`. So an attack's ROC
+(metrics/roc.py, docs/design.md "ROC of the attacks") is the rows `auc` (DeLong's interval) and
+`tpr_at_fpr[1]`, `tpr_at_fpr[10]`, … (FPR in %, Clopper–Pearson), each with its test's prefix where a run has
+several (`bayes_auc`); a TPR at an FPR its negatives cannot resolve is null in results.json and has no row. Non-numeric
 entries (signatures, verdicts, flags) stay in results.json. Runs are found as `splitbench-report` finds them
 (runners/report/runs.py): finished ones only (status ok and `.done`), smoke runs included, with their tags
 in a column so they can be filtered out (or `--tag NAME`: only runs carrying NAME; repeated, every one).

@@ -79,6 +79,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                                    "heldout_ce_increase", "verdict", "clipped_fraction", "converged")},
         "bisr_backward": None if out.bisr is None else {**vars(out.bisr), "enabled": True},
         "seeds": out.seeds,
+        "roc": out.roc,
         "metric_definitions": DEFINITIONS,
     }
     results["tradeoff"] = _tradeoff(metrics, workload)
@@ -113,6 +114,13 @@ def _tradeoff(m: dict[str, Any], workload: str) -> dict[str, Any]:
 
 
 DEFINITIONS = {
+    "auc": "the norm-rank attacker's per-row score as a test (metrics/roc.py, results.json roc.partition_norm): the "
+           "returned-gradient norm of real rows (positives) against decoys (negatives), scored seeds pooled; "
+           "ROC AUC with DeLong's 95% interval; tpr_at_fpr: TPR (%) keyed by the FPR in %, Clopper-Pearson, null "
+           "below 1/n_decoys",
+    "probe_auc": "the headline arm's probe as a test (roc.probe_<arm>): the log-probability of a scored row's token "
+                 "from its own features against from another row's (rows permuted against labels); probe_tpr_at_fpr "
+                 "likewise",
     "zero_support_agreement": "share of scored rows whose real/decoy label the zero-support attacker gets right "
                               "(a row is real when its returned gradient has a non-zero entry); paper: 1.000",
     "zero_support_frames_identified": "frames whose every row it labels right, of frames_scored",

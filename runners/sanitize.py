@@ -83,6 +83,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "tasks": task_docs.record(),
         "attack_training": attacks.training,
         "metrics": {**attacks.metrics, **use.metrics},
+        "roc": {s.name: s.roc for s in attacks.scores},
         "metric_definitions": _definitions(int(section.attack.top_k)),
         "tradeoff": common.tradeoff(
             leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
@@ -105,6 +106,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
 
 def _definitions(k: int) -> dict[str, str]:
     return {
+        "<attacker>_auc": "the attacker's per-prompt token F1 as a test (metrics/roc.py, results.json roc.<attacker>): "
+                          "each prompt's F1 of the guesses from its own sanitised tokens (positives) against from the "
+                          "next prompt's (the deranged view, negatives); ROC AUC with DeLong's 95% interval; "
+                          "<attacker>_tpr_at_fpr: TPR (%) keyed by the FPR in %, Clopper-Pearson, null below 1/n_prompts; "
+                          "unprefixed auc, tpr_at_fpr: the strongest attacker's",
         f"pr_at_{k}": f"the paper's Pr@{k}: % of text positions whose original token is among the {k} nearest "
                       "neighbours of the sanitised token's embedding (itself first), macro over prompts, 95% CI: "
                       "Wilson when every prompt sits at 0 or 100 %, else bootstrap (metrics/proportions.py)",

@@ -41,6 +41,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
+    from attacks.splitft.cell import tests as repaired_tests
     from attacks.splitft.suite import run_attacks
     from harness.models import load_model
     from harness.partition import Partition
@@ -92,6 +93,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                   "n_clients": int(s.n_clients), "lora": bool(s.lora.enabled), "train_head": bool(s.train_head)},
         "grad_up": grad_guard(section),   # the guard on the gradient sent up, or None
         "view_channels": list(view.channels()) if view is not None else [],
+        "roc": repaired_tests(rows),      # each attacker's per-example F1 as a test (attacks/splitft/cell.py)
         "timings": timings,
         "metric_definitions": DEFINITIONS,
     }
@@ -151,6 +153,11 @@ def _tradeoff(m: dict[str, Any], configuration: str, point: str | None, setting:
 
 
 DEFINITIONS = {
+    "<attacker>_auc": "the attacker's per-example token F1 as a test (attacks/splitft/cell.py repaired_test, "
+                      "results.json roc.<attacker>): each guess against its own example's truth (positives) and "
+                      "against the next example's (re-paired, negatives); ROC AUC with DeLong's 95% interval; "
+                      "<attacker>_tpr_at_fpr: TPR (%) keyed by the FPR in %, Clopper-Pearson, null below 1/n; "
+                      "unprefixed auc, tpr_at_fpr: strongest_attacker's",
     "heldout_ce": "mean over held-out blocks of the mean next-token cross-entropy (nats) of the final model "
                   "f = C∘B∘A (no adapters), bootstrap 95% CI over blocks; heldout_ppl = exp(heldout_ce)",
     "heldout_ce_gain": "mean over held-out blocks of the pretrained model's CE minus the final model's (nats), "

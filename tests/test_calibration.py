@@ -49,6 +49,15 @@ def test_equivalence_helper_is_its_own_inverse_and_certifies_as_promised():
     assert examples_needed(0.5, 0.5) < n
 
 
+def test_t_interval_sd_recovers_the_spread_a_t_interval_was_built_from():
+    values = np.random.default_rng(1).normal(2.0, 7.0, 30)
+    e = mean_t_ci(values)
+    assert equivalence.t_interval_sd(e.lo, e.hi, 30) == pytest.approx(float(np.std(values, ddof=1)), rel=1e-9)
+    assert equivalence.t_interval_sd(0.0, 0.0, 30) == 0.0      # all units agree: no spread
+    with pytest.raises(ValueError):
+        equivalence.t_interval_sd(1.0, 0.0, 30)
+
+
 def _toy_entry(null_verdict: str) -> calibration.Entry:
     """A verdict whose statistic is the mean of 20 unit-normal examples plus the dose, read by classify."""
     def read(dose, rng):
@@ -211,6 +220,28 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     long = r["systems"]["collab"]["extra_nulls"]["long_random_ids"]
     assert long["false_leak_rate"]["n"] == 36 and long["false_leak_rate"]["ci"][1] <= 0.10, long
     assert r["metrics"]["collab_long_random_ids_false_leak_rate"] == long["false_leak_rate"]["rate"]
+    # issue 51 items 2 and 4: collab's two nulls built through the engine at its published n (the smoke: 6
+    # examples, 4 tokens, 12 trials each), each with its counts and no certification from a zero-width interval
+    co = r["systems"]["collab"]
+    assert set(co["engine_nulls"]) == {"random_ids_along_undefended_steps", "dp_fusion_eps0_edge"}
+    for null, x in co["engine_nulls"].items():
+        fl = x["false_leak_rate"]
+        assert x["trials"] == fl["n"] == x["certify_rate"]["n"] == 12, (null, x)
+        assert fl["ci"] == pytest.approx(list(clopper_pearson(fl["k"], 12)))
+        assert x["zero_spread_certifications"] == 0 == r["metrics"][f"collab_{null}_zero_spread_certifications"]
+        assert r["metrics"][f"collab_{null}_false_leak_rate"] == fl["rate"]
+    # the DP-Fusion null decodes at its own seed: not every trial reproduces its signal bit for bit
+    assert co["engine_nulls"]["dp_fusion_eps0_edge"]["zero_width_intervals"] < 12
+    pub = co["published"]
+    assert pub["n"] == 6 and pub["false_leak_rate"]["n"] == 24 and pub["power_at_gate_dose"]["n"] == 12
+    assert pub["zero_spread_certifications"] == 0
+    # 6 examples earn at best ±B·CP_U(0, 6) = ±45.9 pp: they certify nothing at 1 pp, and the report says so
+    assert pub["note"] == f"n = 6 certifies nothing; ±1 pp needs n = {pub['n_needed_80pct']}" and pub["n_needed_80pct"] > 300
+    assert r["metrics"]["collab_published_n"] == 6
+    # the other systems' published n, where the config states one, from their sizing at the planning values
+    assert r["systems"]["sanitize"]["published"]["n"] == 8 and r["systems"]["splitee"]["published"]["n"] == 320
+    assert r["systems"]["sanitize"]["published"]["note"].startswith("n = 8 certifies nothing; ±1 pp needs n = ")
+    assert "published" not in r["systems"]["splitft"] and "published" not in r["systems"]["grad_audit"]
     # the report section: one row per system with its null, counts and acceptance marks
     from runners.report.document import build
 
@@ -220,6 +251,23 @@ def test_calibration_smoke_meets_the_issues_acceptance(tmp_path):
     fl = r["systems"]["collab"]["false_leak_rate"]
     assert "| collab | 450 | planned 447 (at n: certify" in text and "random ids" in text and f"{fl['k']}/36" in text
     assert "; measured " in text   # the n the rule asks at the run's own measured rates, beside the planned n
+    assert "*At the published n*" in text and pub["note"] in text and "random_ids_along_undefended_steps" in text
+
+
+def test_certification_note_says_what_a_published_n_cannot_certify():
+    """metrics/equivalence.certification_note, on the sizing rule's predictions: 30 examples at B = 100 pp earn
+    at best ±11.6 pp, so they certify nothing at 1 pp whatever their spread, and the note gives the n the rule
+    asks; at that n there is no note."""
+    def rule(k):
+        return equivalence.mean_plan(2.0, 5.0, k, 1.0, 2.0, per_item_bound_pp=100.0)
+
+    need = equivalence.units_needed(rule, 0.8)
+    assert rule(30).certify_probability == 0.0 and need >= 368       # h₀ ≤ 1 pp needs n ≥ 368
+    assert equivalence.certification_note(30, 1.0, rule(30).certify_probability, need) == \
+        f"n = 30 certifies nothing; ±1 pp needs n = {need}"
+    assert equivalence.certification_note(need, 1.0, rule(need).certify_probability, need) is None
+    assert equivalence.certification_note(400, 1.0, 0.43, 500) == \
+        "n = 400 certifies ±1 pp only 43 % of the time; ±1 pp needs n = 500"
 
 
 def test_bad_calibration_values_are_one_line_errors(tmp_path):
@@ -230,6 +278,10 @@ def test_bad_calibration_values_are_one_line_errors(tmp_path):
     res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.gate_dose_pp=3"],
                              tmp_path / "out", tmp_path / "cache")
     assert res.returncode == 2 and "calibration.collab.gate_dose_pp must be one of its doses_pp" in res.stderr_lines[0]
+    res = run_cli_in_process(["experiment=calibration_smoke", "calibration.collab.engine.n_examples=1"],
+                             tmp_path / "out", tmp_path / "cache")
+    assert res.returncode == 2 and len(res.stderr_lines) == 1
+    assert "calibration.collab.engine.n_examples must be" in res.stderr_lines[0], res.stderr_lines
     res = run_cli_in_process(["experiment=calibration_smoke", f"calibration.splitee.pool_path={tmp_path / 'none.txt'}"],
                              tmp_path / "pool_out", tmp_path / "cache")
     assert res.returncode == 2 and len(res.stderr_lines) == 1

@@ -134,3 +134,22 @@ def test_nothing_to_export_is_one_line_exit_2_and_no_file(tmp_path: Path, capsys
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith("splitbench-export: error:") and expected in err
     assert not list(tmp_path.rglob("splitbench_export*"))
+
+
+def test_a_tests_roc_becomes_rows_and_an_unresolvable_tpr_none(tmp_path: Path, capsys) -> None:
+    """Issue 52 item 4: a test's ROC in metrics (metrics/roc.py flat) is rows `auc` and `tpr_at_fpr[<FPR %>]` with
+    their intervals; a TPR at an FPR below 1/n_neg is null in results.json: no row, and no error line."""
+    from metrics import roc
+
+    small = fidelity("coveil", 4.0, 50.0, 40.0, 60.0, system="collab")
+    small["run_dir"] = "collab/m/coveil/eps=4/default"
+    record = roc.roc([0.9, 0.8, 0.7, 0.2] * 5, [0.1, 0.3, 0.5, 0.6] * 5)       # 20 negatives: FPR ≥ 5 %
+    small["metrics"] = {"utility": 70.0, **roc.flat(record)}
+    write_run(tmp_path, small["run_dir"], small)
+    code, _, err = _export([str(tmp_path)], capsys)
+    assert code == 0 and err == ""
+    rows = pd.read_parquet(tmp_path / "splitbench_export.parquet").set_index("metric")
+    assert rows.loc["auc", ["value", "ci_lo", "ci_hi"]].tolist() == [record["auc"], *record["auc_ci"]]
+    ten = record["tpr_at_fpr"][2]
+    assert rows.loc["tpr_at_fpr[10]", ["value", "ci_lo", "ci_hi"]].tolist() == [ten["tpr_pct"], *ten["tpr_ci_pct"]]
+    assert "tpr_at_fpr[1]" not in rows.index and "tpr_at_fpr[0.1]" not in rows.index

@@ -191,10 +191,14 @@ def test_identical_texts_score_100_everywhere(minilm):
     s = compare_generations(texts, list(texts), ids, [list(i) for i in ids], semantic_model=minilm).summary()
     for key in ("exact_match", "token_match_rate", "bleu_sentence_mean", "rouge_l"):
         assert s[key] == s[f"{key}_ci_hi"] == 100.0, key
-    # The rates get Wilson's interval on 4 of 4 prompts, not a zero-width one; BLEU and ROUGE keep their t interval.
+    # The rates get Wilson's interval on 4 of 4 prompts, not a zero-width one; BLEU, ROUGE-L and the similarity
+    # the interval 4 prompts earned (issue 51): 0 of 4 differing allows CP_U(0, 4) = 60.2 % to differ, each by up to
+    # the metric's range, so 39.8 (0–100) and −20.5 (the similarity's −100–100), never [100, 100].
     for key in ("exact_match", "token_match_rate"):
         assert s[f"{key}_ci_lo"] == pytest.approx(100 * wilson(4, 4)[0]) and 40 < s[f"{key}_ci_lo"] < 60, key
-    assert s["rouge_l_ci_lo"] == s["bleu_sentence_mean_ci_lo"] == 100.0
+    share = 1 - 0.025 ** (1 / 4)
+    assert s["rouge_l_ci_lo"] == s["bleu_sentence_mean_ci_lo"] == pytest.approx(100 * (1 - share))
+    assert s["semantic_similarity_ci_lo"] == pytest.approx(s["semantic_similarity"] - share * (s["semantic_similarity"] + 100))
     assert s["bleu"] == pytest.approx(100.0, abs=1e-9)
     assert s["semantic_similarity"] >= 99.9
     assert s["mean_first_divergence"] is None and s["n_diverging"] == 0
@@ -457,3 +461,29 @@ def test_earned_bound_covers_few_large_differences_where_t_does_not():
         t_miss += e.hi < 2.0
         miss += earned_interval(d, e.lo, e.hi, 100.0)[1] < 2.0
     assert t_miss / 2000 > 0.06 and miss / 2000 <= 0.035, (t_miss, miss)
+
+
+@pytest.mark.parametrize("x", [0.01, 1.0, 30.0, 100.0])
+def test_a_bounded_metric_at_its_bound_earns_its_interval(x):
+    """Table 2's BLEU / ROUGE-L / similarity read 100.0 [100.0, 100.0] over 30 prompts (issue 51). With the metric's
+    range, mean_ci's interval (metric_range) is never zero-width: 30 prompts at 100 earn [88.4, 100] on a 0–100 metric, 200 earn
+    [98.2, 100]; and k = 0..n prompts moving x below the bound never raise the lower end (each fixed resample's mean
+    only falls, and so does the earned floor), nor does any lower end exceed the all-at-the-bound one."""
+    from metrics.intervals import earned_range
+
+    assert mean_ci([100.0] * 30, metric_range=(0, 100)).lo == pytest.approx(100 * 0.025 ** (1 / 30)) == \
+        pytest.approx(88.43, abs=0.01)
+    assert mean_ci([100.0] * 200, metric_range=(0, 100)).lo == pytest.approx(98.17, abs=0.01)
+    assert mean_ci([100.0] * 30).lo == 100.0          # without bounds: the bootstrap as it was
+    assert earned_range(0.0, 0.0, 0.0, 30, (0.0, 100.0)) == pytest.approx((0.0, 11.57), abs=0.01)
+    n, prev = 30, None
+    for k in range(n + 1):
+        e = mean_ci([100.0 - x] * k + [100.0] * (n - k), metric_range=(0, 100))
+        assert e.hi - e.lo > 0 and e.lo <= e.mean <= e.hi
+        if prev is not None:
+            assert e.lo <= prev + 1e-9, (k, prev, e)
+        prev = e.lo
+    # corpus BLEU's bootstrap of 30 identical texts: [100, 100] before; the same earned lower end now
+    texts = [f"sentence number {i} says the same thing every time" for i in range(30)]
+    b = corpus_bleu(texts, list(texts))
+    assert b.estimate.hi == pytest.approx(100.0) and b.estimate.lo == pytest.approx(88.43, abs=0.01)

@@ -19,6 +19,7 @@ def test_a_dry_run_lists_the_sweeps_jobs_marks_the_finished_one_and_writes_nothi
     assert done.returncode == 0, done.stderr
     results = json.loads((out / "smoke/tiny-llama/ep1/eps=1/default/results.json").read_text())
     assert results["provenance"]["wall_s"] > 0                                 # what the estimate reads
+    assert 0 < results["provenance"]["cpu_s"]                                  # what a sweep's CPU cost sums
     before = _files(tmp_path)
     plan = run_cli(["--dry-run", "-m", "experiment=smoke", "epsilon=1,2"], out, cache)
     assert plan.returncode == 0, plan.stderr

@@ -15,6 +15,9 @@ from attacks.collab import decodeleak as leak
 from attacks.collab.evidence_recall import Vocabulary, tokenise_evidence
 from harness.collab import prompts, protocol
 from harness.collab.experiment import Decodings, Parties
+from metrics import roc
+
+ROC_TEST, INVERSION_TEST = "informed_token_er", "inversion"
 
 
 @dataclass
@@ -24,6 +27,7 @@ class Audit:
     curves_out: dict[str, Any]       # leak.summarise: every metric at every K, its floor and excess
     informed_out: dict[str, Any]     # the informed attacker's, `informed_` keys
     verdict: dict[str, Any]          # leak.verdict with its controls
+    roc: dict[str, Any]              # the verdict's per-example scores as a membership-style test (metrics/roc.py)
 
 
 def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], runs: Decodings, ks: list[int],
@@ -79,12 +83,22 @@ def audit(c: DictConfig, cache_dir: Any, parties: Parties, examples: list[Any], 
     v["step_matching"] = matching
     informed_out = {f"informed_{k}": val for k, val in leak.summarise(informed, floor_curves, ks).items()
                     if not k.startswith("floor_") and "inversion" not in k}
-    return Audit(curves, floor_curves, curves_out, informed_out, v)
+    # The same per-example scores as a test: does an example's Token-ER tell the signal from its null?
+    test = roc.roc(verdict_run.values("token_er", k_rep), informed_null.values("token_er", k_rep),
+                   positive=f"informed Token-ER@{k_rep} of each example on the signal",
+                   negative=f"informed Token-ER@{k_rep} of each example on the null signal (the edge without x_priv)")
+    tests = {ROC_TEST: test}
+    if curves.inversion:     # the inversion from the run's exposure sets against from the cloud alone's, per example
+        tests[INVERSION_TEST] = roc.roc([r["inversion_rouge1_recall"] for r in curves.inversion],
+                                        [r["inversion_rouge1_recall"] for r in floor_curves.inversion],
+                                        positive="inversion ROUGE-1 recall of x_priv from the run's exposure sets",
+                                        negative="the same from the cloud alone's own top-K (the floor)")
+    return Audit(curves, floor_curves, curves_out, informed_out, v, tests)
 
 
 def metrics(a: Audit, k_rep: int) -> dict[str, Any]:
     """results.json `metrics`' leakage part: every metric at the verdict's K with its floor and excess, the
-    informed attacker's, the verdict's statistic, the inversion's, in this order."""
+    informed attacker's, the verdict's statistic and its ROC (`auc`, `tpr_at_fpr`), the inversion's, in this order."""
     rep, curves_out, v = str(k_rep), a.curves_out, a.verdict
     out: dict[str, Any] = {}
     for m in leak.METRICS:
@@ -95,6 +109,9 @@ def metrics(a: Audit, k_rep: int) -> dict[str, Any]:
     out[f"informed_excess_token_er_at_{k_rep}"] = a.informed_out["informed_excess_token_er_at_k"][rep]
     out[f"null_excess_token_er_at_{k_rep}"] = v["null_excess_token_er"]
     out[f"null_excess_token_er_at_{k_rep}_ci"] = v["null_excess_token_er_ci"]
+    out.update(roc.flat(a.roc[ROC_TEST]))
+    if INVERSION_TEST in a.roc:
+        out.update(roc.flat(a.roc[INVERSION_TEST], "inversion_"))
     out.update({k: curves_out[k] for k in ("inversion_rouge1_recall", "inversion_rouge1_f1",
                                            "floor_inversion_rouge1_recall", "excess_inversion_rouge1_recall")
                 if k in curves_out})

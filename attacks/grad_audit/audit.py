@@ -26,6 +26,7 @@ class Audit:
     seeds: list[dict[str, Any]]        # each scored seed's record (protocol.seed_record)
     losses: dict[str, list[float]]     # each scored seed's per-step training loss, by "loss/<phase>_seed<seed>"
     bisr: bisr_backward.BisrSettings | None  # BiSR(b)'s settings, None when it did not run
+    roc: dict[str, Any]                # the per-row scores as membership-style tests (protocol.roc_tests)
 
 
 def audit(loaded: Any, blocks: Any, topology: Any, g: Any, meta: dict[str, Any], *, configuration: str,
@@ -58,11 +59,12 @@ def audit(loaded: Any, blocks: Any, topology: Any, g: Any, meta: dict[str, Any],
         return protocol.score_seed(run, reference, proto, phase)
 
     scored = [scored_seed(s, phase) for phase in ("replicate", "test") for s in g.seeds[phase]]
-    metrics = protocol.summarise(scored, proto, reference)
+    tests = protocol.roc_tests(scored, list(g.probe.arms))
+    metrics = protocol.summarise(scored, proto, reference, tests)
     if bisr:
         metrics.update(bisr_backward.summarise(attacked, float(g.gates.probe_margin_pp),
                                                float(g.gates.positive_margin_pp)))
         metrics["verdict"] = controls.worst([metrics["verdict"], metrics["bisr_b_verdict"]])
     th = proto["thresholds"]
     seeds = [protocol.seed_record(s, th["alpha"], th["bonferroni_m"]) for s in scored]
-    return Audit(l2, exploration, proto, digest, metrics, seeds, losses, bisr)
+    return Audit(l2, exploration, proto, digest, metrics, seeds, losses, bisr, tests)

@@ -45,6 +45,14 @@ def norm_rank(grads: list[torch.Tensor], n_real: int) -> list[torch.Tensor]:
     return out
 
 
+def row_norms(grads: list[torch.Tensor], is_real: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """The norm-rank attacker's per-row score as a membership-style test (metrics/roc.py): the returned gradient's
+    norm of every real row (positives) and of every decoy (negatives), over all frames."""
+    norms = torch.cat([g.flatten(1).norm(dim=1) for g in grads]).double()
+    real = torch.cat(is_real).bool()
+    return norms[real].tolist(), norms[~real].tolist()
+
+
 def chance_agreement(n_real: int, n_rows: int) -> float:
     """Expected row agreement of a uniformly random guess of exactly n_real real rows."""
     return (n_real ** 2 + (n_rows - n_real) ** 2) / n_rows ** 2
@@ -104,8 +112,9 @@ def planted(grads: list[torch.Tensor], n_real: int, seed: int) -> tuple[list[tor
 
 
 def partition_attack(grads: list[torch.Tensor], is_real: list[torch.Tensor], n_real: int, *, margin_pp: float,
-                     positive_margin_pp: float, seed: int) -> dict:
-    """Zero support and norm rank against the truth, the norm-rank controls and its verdict (in %)."""
+                     positive_margin_pp: float, seed: int, per_item_bound_pp: float = 100.0) -> dict:
+    """Zero support and norm rank against the truth, the norm-rank controls and its verdict (in %; at_chance on
+    the interval the rows earned, per row 100 or 0 % against the chance agreement, at `per_item_bound_pp`)."""
     n_rows = int(grads[0].shape[0])
     chance = 100 * chance_agreement(n_real, n_rows)
     zs = agreement(zero_support(grads), is_real)
@@ -116,9 +125,12 @@ def partition_attack(grads: list[torch.Tensor], is_real: list[torch.Tensor], n_r
     lo, hi = (100 * x for x in nr.interval())
     pos_ok = 100 * pos.interval()[0] >= chance + positive_margin_pp
     neg_ok = neg is not None and 100 * neg.interval()[1] <= chance + margin_pp
-    verdict = controls.classify(lo, hi, chance, margin_pp, positive_passed=pos_ok, negative_passed=neg_ok)
+    rows = [100.0] * nr.rows_agree + [0.0] * (nr.rows - nr.rows_agree)
+    earned = controls.earned(rows, chance, lo, hi, per_item_bound_pp)
+    verdict = controls.classify(lo, hi, chance, margin_pp, positive_passed=pos_ok, negative_passed=neg_ok,
+                                certify=earned)
     return {
         "zero_support": zs, "norm_rank": nr, "chance_agreement_pct": chance,
-        "norm_rank_ci_pct": (lo, hi), "positive": pos, "positive_pass": pos_ok,
-        "negative": neg, "negative_pass": neg_ok, "verdict": verdict,
+        "norm_rank_ci_pct": (lo, hi), "norm_rank_earned_ci_pct": earned, "positive": pos, "positive_pass": pos_ok,
+        "negative": neg, "negative_pass": neg_ok, "verdict": verdict, "row_norms": row_norms(grads, is_real),
     }

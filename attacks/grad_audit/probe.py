@@ -98,13 +98,15 @@ def score(probe_right: torch.Tensor, const_right: torch.Tensor) -> CellScore:
                      int(d.count_nonzero()))
 
 
-def earned_pp(n: int, discordant: int, effect_pp: float, variance_pp2: float, lo: float, hi: float
-              ) -> tuple[float, float]:
+def earned_pp(n: int, discordant: int, effect_pp: float, variance_pp2: float, lo: float, hi: float,
+              per_item_bound_pp: float = 100.0) -> tuple[float, float]:
     """[lo, hi] widened to effect ± the earned half-width of n rows of which `discordant` differ by ±100 pp and
-    whose mean has sampling variance `variance_pp2` (metrics.equivalence.earned_half_width, Wald)."""
+    whose mean has sampling variance `variance_pp2` (metrics.equivalence.earned_half_width, Wald), at
+    per-row bound B = `per_item_bound_pp` (grad_audit.gates; 100 pp, the most a row's hit can differ)."""
     sd = math.sqrt(variance_pp2 * n)
-    half = earned_half_width(n, discordant, effect_pp, sd, 1e4 * discordant, 100.0, critical=Z95)
-    return max(-100.0, min(lo, effect_pp - half)), min(100.0, max(hi, effect_pp + half))
+    b = per_item_bound_pp
+    half = earned_half_width(n, discordant, effect_pp, sd, 1e4 * discordant, b, critical=Z95)
+    return max(-b, min(lo, effect_pp - half)), min(b, max(hi, effect_pp + half))
 
 
 class FrequentTokenProbe:
@@ -144,6 +146,12 @@ class FrequentTokenProbe:
         return target
 
     @torch.no_grad()
+    def true_class_log_prob(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per row, log P(the class of its token y | x) under the probe (every other token: the last class)."""
+        logp = torch.log_softmax(self._standard(x) @ self.w + self.b, dim=1)
+        return logp.gather(1, self._class_of(y)[:, None])[:, 0]
+
+    @torch.no_grad()
     def predict(self, x: torch.Tensor, standardised: bool = False) -> torch.Tensor:
         xs = x if standardised else self._standard(x)
         logits = (xs @ self.w + self.b)[:, :len(self.classes)]
@@ -157,15 +165,34 @@ def _subsample(x: torch.Tensor, y: torch.Tensor, max_rows: int, seed: int) -> tu
     return x[idx], y[idx]
 
 
-def run_probe(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], *, top_k: int,
-              l2: float, max_iter: int, max_rows: int, seed: int, shuffle_labels: bool = False) -> CellScore:
-    """Fit on `train` (labels shuffled for the negative control), score on `test` against the constant guess."""
+def fit_probe(train: tuple[torch.Tensor, torch.Tensor], *, top_k: int, l2: float, max_iter: int, max_rows: int,
+              seed: int, shuffle_labels: bool = False) -> FrequentTokenProbe:
+    """The probe fitted on `train` (labels shuffled for the negative control)."""
     x, y = _subsample(*train, max_rows, seed)
     if shuffle_labels:
         y = y[torch.randperm(y.numel(), generator=torch.Generator().manual_seed(seed + 1))]
-    probe = FrequentTokenProbe(top_k, l2, max_iter).fit(x, y)
-    const = probe.classes[0]
-    return score(probe.predict(test[0]) == test[1], test[1] == const)
+    return FrequentTokenProbe(top_k, l2, max_iter).fit(x, y)
+
+
+def score_probe(probe: FrequentTokenProbe, test: tuple[torch.Tensor, torch.Tensor]) -> CellScore:
+    """A fitted probe on `test` against the constant guess of its most frequent training token."""
+    return score(probe.predict(test[0]) == test[1], test[1] == probe.classes[0])
+
+
+def run_probe(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], *, top_k: int,
+              l2: float, max_iter: int, max_rows: int, seed: int, shuffle_labels: bool = False) -> CellScore:
+    """Fit on `train` (labels shuffled for the negative control), score on `test` against the constant guess."""
+    return score_probe(fit_probe(train, top_k=top_k, l2=l2, max_iter=max_iter, max_rows=max_rows, seed=seed,
+                                 shuffle_labels=shuffle_labels), test)
+
+
+def row_scores(probe: FrequentTokenProbe, test: tuple[torch.Tensor, torch.Tensor], seed: int
+               ) -> tuple[list[float], list[float]]:
+    """The probe as a membership-style test (metrics/roc.py): per scored row, the log-probability it gives the
+    row's own token from the row's own features (positives), and from another row's features, the rows permuted
+    against their labels as `floor_arm` does (negatives: features that carry nothing about that label)."""
+    null = floor_arm(test, seed)
+    return probe.true_class_log_prob(*test).tolist(), probe.true_class_log_prob(*null).tolist()
 
 
 def inject(x: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, dose: float, *, code_seed: int, pick_seed: int,

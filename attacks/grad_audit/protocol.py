@@ -35,14 +35,39 @@ from attacks.grad_audit.probe import (
     arm_tensors,
     dosed_control,
     earned_pp,
+    fit_probe,
     probe_rows,
+    row_scores,
     run_probe,
+    score_probe,
 )
 from harness.results import atomic_write_json
+from metrics import roc
 from metrics.intervals import mean_ci
 from metrics.random_effects import dersimonian_laird
 
 CONTROL_ARM = "gradient"   # the probe's controls run on the channel under audit
+PARTITION_TEST = "partition_norm"
+
+
+def roc_tests(scored: list[dict[str, Any]], arms: list[str]) -> dict[str, dict[str, Any]]:
+    """The per-row scores of the scored seeds, pooled, as membership-style tests (metrics/roc.py): the norm-rank
+    attacker's gradient norm of real rows against decoys, and each arm's probe: the log-probability of a row's
+    own token from its own features against from another row's."""
+    def pooled(pairs):
+        pairs = list(pairs)
+        return [v for pos, _ in pairs for v in pos], [v for _, neg in pairs for v in neg]
+
+    tests = {PARTITION_TEST: roc.roc(*pooled(s["partition"]["row_norms"] for s in scored),
+                                     positive="returned-gradient norm of each real row",
+                                     negative="returned-gradient norm of each decoy row")}
+    for arm in arms:
+        tests[f"probe_{arm}"] = roc.roc(*pooled(s["cells"][arm]["row_scores"] for s in scored),
+                                        positive=f"probe ({arm}) log-probability of a scored row's token from its "
+                                                 "own features",
+                                        negative="the same from another row's features (rows permuted against "
+                                                 "their labels)")
+    return tests
 
 
 def _split(view, truth, arm: str, target: str):
@@ -86,7 +111,8 @@ def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) ->
                        "alpha": g.gates.alpha,
                        "bonferroni_m": len(scored) * len(arms), "utility_max_nats": g.gates.utility_max_nats,
                        "injected_doses_pp": list(g.gates.injected_doses_pp),
-                       "positive_margin_pp": g.gates.positive_margin_pp, "flat_nats": g.train.flat_nats},
+                       "positive_margin_pp": g.gates.positive_margin_pp, "flat_nats": g.train.flat_nats,
+                       "per_item_bound_pp": g.gates.per_item_bound_pp},
         "rules": {
             "gate": "fail if any scored (seed, arm) cell has Bonferroni-Wilson UB(probe accuracy) - constant "
                     "accuracy > probe_margin_pp + offset, offset = min(0, that cell's shuffled-label probe "
@@ -98,9 +124,11 @@ def protocol(g: Any, l2: dict[str, float], *, configuration: str, model: str) ->
                             "scored seed converged (its held-out CE fell by at most flat_nats over the curve's last "
                             "segment); unknown when a seed had not converged",
             "probe_verdict": "attacks.controls.classify on the headline arm's DerSimonian-Laird pooled effect "
-                             "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls",
+                             "interval vs 0, margin probe_margin_pp, with every scored seed's probe controls; "
+                             "at_chance reads the interval the rows earned at per_item_bound_pp",
             "partition_verdict": "attacks.controls.classify on the norm-rank row agreement vs its chance "
-                                 "agreement, margin partition_margin_pp, with its planted / other-frame-label controls",
+                                 "agreement, margin partition_margin_pp, with its planted / other-frame-label controls; "
+                                 "at_chance reads the interval the rows earned at per_item_bound_pp",
         },
     }
 
@@ -118,19 +146,20 @@ def score_seed(run: Any, base_ce: torch.Tensor, proto: dict[str, Any], phase: st
     t = proto["topology"]
     part = partition_attack(returned_gradients(run.view), run.truth.is_real, t["real_rows"],
                             margin_pp=th["partition_margin_pp"], positive_margin_pp=th["positive_margin_pp"],
-                            seed=run.seed)
+                            seed=run.seed, per_item_bound_pp=th["per_item_bound_pp"])
     cells = {}
     margin = th["probe_margin_pp"]
     for arm in p["arms"]:
         train, test = _split(run.view, run.truth, arm, p["target"])
         kw = dict(top_k=p["top_k"], l2=p["l2"][arm], max_iter=p["max_iter"], max_rows=p["max_rows"], seed=run.seed)
-        cell = run_probe(train, test, **kw)
+        probe = fit_probe(train, **kw)
+        cell = score_probe(probe, test)
         # The probe's bias: on shuffled labels it sits below the constant guess; the gate moves down by it.
         neg = run_probe(train, test, shuffle_labels=True, **kw)
         offset = min(0.0, neg.effect_pp)
         ub = cell.upper_bound_pp(th["alpha"], th["bonferroni_m"])
         cells[arm] = {"cell": cell, "upper_bound_pp": ub, "negative": neg, "offset_pp": offset,
-                      "gate_fires": ub > margin + offset}
+                      "gate_fires": ub > margin + offset, "row_scores": row_scores(probe, test, run.seed + 5)}
         if arm == p["control_arm"]:
             dosed = []
             # dose 0 first: the floor arm itself. A gate that fires there too cannot tell a leak from none.
@@ -152,11 +181,15 @@ def score_seed(run: Any, base_ce: torch.Tensor, proto: dict[str, Any], phase: st
             "clips": [c[0] for c in clips]}
 
 
-def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torch.Tensor) -> dict[str, Any]:
-    """The flat results.json metrics of the scored seeds (module docstring)."""
+def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torch.Tensor,
+              tests: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The flat results.json metrics of the scored seeds (module docstring); the ROC of the partition attacker
+    unprefixed (`auc`, `tpr_at_fpr`), of the headline arm's probe `probe_`-prefixed (`tests`: `roc_tests`'
+    records, computed here when not given)."""
     p, th = proto["probe"], proto["thresholds"]
     margin = th["probe_margin_pp"]
     m: dict[str, Any] = {}
+    tests = roc_tests(scored, p["arms"]) if tests is None else tests
     zs = [s["partition"]["zero_support"] for s in scored]
     nr = [s["partition"]["norm_rank"] for s in scored]
     m["zero_support_agreement"] = sum(a.rows_agree for a in zs) / sum(a.rows for a in zs)
@@ -212,12 +245,16 @@ def summarise(scored: list[dict[str, Any]], proto: dict[str, Any], base_ce: torc
     n_rows, k_rows = sum(c.n for c in cells), sum(c.discordant for c in cells)
     mean_row = sum(c.effect_pp * c.n for c in cells) / n_rows
     var_row = max(0.0, (1e4 * k_rows - n_rows * mean_row ** 2) / max(1, n_rows - 1)) / n_rows
-    earned = earned_pp(n_rows, k_rows, pooled[head].mean, var_row, pooled[head].lo, pooled[head].hi)
+    earned = earned_pp(n_rows, k_rows, pooled[head].mean, var_row, pooled[head].lo, pooled[head].hi,
+                       th["per_item_bound_pp"])
     m["probe_effect_pp_earned_ci"] = list(earned)
+    m["per_item_bound_pp"] = th["per_item_bound_pp"]
     m["probe_verdict"] = controls.classify(pooled[head].lo, pooled[head].hi, reference, margin,
                                            positive_passed=m["positive_control_pass"],
                                            negative_passed=m["negative_control_pass"], certify=earned)
     m["verdict"] = controls.worst([m["probe_verdict"], m["partition_verdict"]])
+    m.update(roc.flat(tests[PARTITION_TEST]))
+    m.update(roc.flat(tests[f"probe_{head}"], "probe_"))
     diffs = [d for s in scored for d in s["ce_increase"]]
     ce = mean_ci(diffs)
     m["heldout_ce_increase"], m["heldout_ce_increase_ci_lo"], m["heldout_ce_increase_ci_hi"] = ce.mean, ce.lo, ce.hi
@@ -252,6 +289,8 @@ def seed_record(s: dict[str, Any], alpha: float, m: int) -> dict[str, Any]:
            "zero_support_frames_identified": part["zero_support"].frames_identified,
            "frames": part["zero_support"].frames,
            "norm_rank_agreement_pct": 100 * part["norm_rank"].rate,
+           "norm_rank_ci_pct": list(part["norm_rank_ci_pct"]),
+           "norm_rank_earned_ci_pct": list(part["norm_rank_earned_ci_pct"]),
            "partition_verdict": part["verdict"], "partition_positive_pass": part["positive_pass"],
            "partition_negative_pass": part["negative_pass"], "arms": {}}
     for arm, c in s["cells"].items():

@@ -156,18 +156,29 @@ def prior_hits(model: Any, prefix: Sequence[int], originals: Sequence[Sequence[i
 
 
 def prior_gain(attacker_top1: Sequence[float], prior_top1: Sequence[float], margin_pp: float, *,
-               positive_passed: bool, negative_passed: bool) -> tuple[Estimate, str]:
+               positive_passed: bool, negative_passed: bool, per_item_bound_pp: float = 100.0
+               ) -> tuple[Estimate, str]:
     """The verdict of an attacker with an LM prior: its per-prompt top-1 rates (%) minus the prior-alone
     rates on the same positions (paired, Student-t 95% interval over prompts), classified against 0 with
-    margin m (attacks.controls.classify: leak when the lower bound clears m)."""
+    margin m (attacks.controls.classify: leak when the lower bound clears m; at_chance on the interval the
+    paired differences earned at per-prompt bound `per_item_bound_pp`, `gain_earned`)."""
     gain = paired_difference_t_ci(list(attacker_top1), list(prior_top1))
+    earned = gain_earned(attacker_top1, prior_top1, gain, per_item_bound_pp)
     return gain, controls.classify(gain.lo, gain.hi, 0.0, margin_pp, positive_passed=positive_passed,
-                                   negative_passed=negative_passed)
+                                   negative_passed=negative_passed, certify=earned)
+
+
+def gain_earned(attacker_top1: Sequence[float], prior_top1: Sequence[float], gain: Estimate,
+                per_item_bound_pp: float) -> tuple[float, float]:
+    """The interval the per-prompt gains earned (controls.earned around 0): what `prior_gain`'s at_chance reads."""
+    return controls.earned([a - b for a, b in zip(attacker_top1, prior_top1)], 0.0, gain.lo, gain.hi,
+                           per_item_bound_pp)
 
 
 def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], originals: Sequence[Sequence[int]],
           observed: Sequence[Sequence[int]], k: int, margin_pp: float, positive_passed: bool, name: str = "contextual",
-          candidates: int | None = None) -> tuple[scoring.AttackScore, list[torch.Tensor], dict[str, Any]]:
+          candidates: int | None = None, per_item_bound_pp: float = 100.0
+          ) -> tuple[scoring.AttackScore, list[torch.Tensor], dict[str, Any]]:
     """The contextual attacker scored as the others (top-1/top-k, token F1 against the exposure-free reference,
     the deranged-view negative control), with the verdict against the prior-alone reference instead, and the
     extra keys <name>_prior_top1 and <name>_prior_gain (flat, with 95% intervals)."""
@@ -181,10 +192,13 @@ def score(attacker: scoring.Attacker, model: Any, prefix: Sequence[int], origina
     negative_passed = negative.lo <= reference + margin_pp
     prior = [100.0 * sum(h) / len(h) for h in prior_hits(model, prefix, originals) if h]
     gain, verdict = prior_gain(top1, prior, margin_pp, positive_passed=positive_passed,
-                               negative_passed=negative_passed)
+                               negative_passed=negative_passed, per_item_bound_pp=per_item_bound_pp)
+    earned = gain_earned(top1, prior, gain, per_item_bound_pp)
     rows = [{"top1": a, f"top{k}": b} for a, b in zip(top1, topk)]
     # Rates over positions, as the other attackers' (scoring.score): Wilson where every prompt sits at 0 or 100 %.
     result = scoring.AttackScore(name, proportion_ci(top1), proportion_ci(topk), f1, reference,
-                                 negative, negative_passed, verdict, rows, seconds, positions, candidates)
-    extra = {**proportion_ci(prior).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain")}
+                                 negative, negative_passed, verdict, rows, seconds, positions, candidates,
+                                 scoring.f1_test(originals, firsts, shuffled))
+    extra = {**proportion_ci(prior).flat(f"{name}_prior_top1"), **gain.flat(f"{name}_prior_gain"),
+             **controls.earned_flat(f"{name}_prior_gain", earned, per_item_bound_pp)}
     return result, guesses, extra

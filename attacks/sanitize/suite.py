@@ -19,6 +19,7 @@ from attacks.sanitize import (
 )
 from harness.adversary_view import AdversaryView
 from harness.sanitize.prompts import read_prefixes, read_view
+from metrics import roc
 from metrics.proportions import proportion_ci
 
 NEIGHBOURS, BAYES, WINDOW, LEARNED, DECODER = "neighbours", "bayes", "window", "learned", "decoder"
@@ -53,6 +54,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
     by beam search), judged against the prior alone."""
     observed = read_view(view)
     table, settings, k, margin = sanitizer.table, sanitizer.settings, int(cfg.top_k), float(cfg.gate_margin_pp)
+    bound = float(cfg.per_item_bound_pp)
     identity = neighbours.rank(originals, table, k, chunk=sanitizer.chunk)
     pos_f1, pos_ref, pos_ok = scoring.positive_control(originals, identity, float(cfg.positive_margin_pp))
     bayes_settings = bayes.BayesSettings(int(cfg.bayes_candidates), int(cfg.bayes_samples), int(cfg.bayes_local_vocab))
@@ -104,7 +106,8 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
     candidates = {NEIGHBOURS: table_size, WINDOW: table_size, LEARNED: table_size, BAYES: posterior_size}
     scores, guesses = [], {}
     for name, fn in attackers.items():
-        s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok, candidates.get(name))
+        s, g = scoring.score_attacker(name, fn, originals, observed, k, margin, pos_ok, candidates.get(name),
+                                      per_item_bound_pp=bound)
         scores.append(s)
         guesses[name] = scoring.first_guesses(g)
     extra: dict[str, Any] = {}
@@ -114,7 +117,7 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         fn = lambda obs: contextual.rank(obs, model, prefix, posterior_of, settings.mechanism, ctx, k)
         # each beam is extended by each of the position's posterior candidates
         s, g, extra = contextual.score(fn, model, prefix, originals, observed, k, margin, pos_ok, name=CONTEXTUAL,
-                                       candidates=ctx.beam * posterior_size)
+                                       candidates=ctx.beam * posterior_size, per_item_bound_pp=bound)
         scores.append(s)
         guesses[CONTEXTUAL] = scoring.first_guesses(g)
     unchanged = proportion_ci([100.0 * sum(a == b for a, b in zip(o, c)) / len(o)
@@ -132,10 +135,14 @@ def attack(view: AdversaryView, originals: Sequence[Sequence[int]], sanitizer: A
         "positive_control_token_f1_chance": pos_ref,
         "positive_control_pass": pos_ok,
         "gate_margin_pp": margin,
+        "per_item_bound_pp": bound,
         "verdict": controls.worst([s.verdict for s in scores]),
         "mechanism": settings.mechanism,
     })
-    return SuiteResult(metrics, scores, guesses, training, curves)
+    result = SuiteResult(metrics, scores, guesses, training, curves)
+    # the run's headline test (`auc`, `tpr_at_fpr`): the strongest attacker's, the one its chart point takes
+    metrics.update(roc.flat(result.strongest.roc))
+    return result
 
 
 def decoder_settings(cfg: Any) -> decoder.DecoderSettings:

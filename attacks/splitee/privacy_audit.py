@@ -250,10 +250,13 @@ def summarise(games: dict[str, tuple[Pair, dict[str, np.ndarray]]], acc: dict, s
 
 
 def _flat(audit: dict) -> dict:
-    """One scope's flat metrics: the bound, the fit with its interval, the pair's and the accountant's μ, and TPR
-    at each target FPR (%, keyed by the target in %) with its Clopper–Pearson interval."""
+    """One scope's flat metrics: the bound, the AUC of all trials with its DeLong interval (metrics/roc.py), the
+    fit with its interval, the pair's and the accountant's μ, and TPR at each target FPR (%, keyed by the target
+    in %) with its Clopper–Pearson interval, read on the held-out half (metrics/auditing.py)."""
     lo, hi = audit["mu_estimate_ci"]
+    auc_lo, auc_hi = audit["roc"]["auc_ci"]
     return {"empirical_mu_lower": audit["empirical_mu_lower"], "mu_cap": audit["mu_cap"],
+            "auc": audit["roc"]["auc"], "auc_ci_lo": auc_lo, "auc_ci_hi": auc_hi,
             "mu_estimate": audit["mu_estimate"],
             "mu_estimate_ci_lo": lo, "mu_estimate_ci_hi": hi, "pair_mu": audit["pair_mu"],
             "accountant_mu": audit["accountant_mu"],

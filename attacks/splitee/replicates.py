@@ -29,6 +29,25 @@ class Replicates:
             for s, m in zip(self.seeds, per_seed)]
         return pool_mask_seeds(per_seed), record
 
+    def roc(self, prompts: Sequence[Sequence[int]]) -> dict[str, dict[str, Any]]:
+        """The learned attacker's and the Bayes attacker's per-prompt token F1 as membership-style tests
+        (metrics/roc.py): each reconstruction against its own prompt and against the next prompt, re-paired
+        within its mask seed (metrics.privacy.repaired_f1), pooled over the seeds. `prompts`: the evaluation
+        prompts' token ids."""
+        from attacks import controls
+        from metrics import roc
+        from metrics.privacy import REPAIRED_NEGATIVE, REPAIRED_POSITIVE, repaired_f1
+
+        def pooled(guesses_by_seed: list[list[list[int]]]) -> dict[str, Any]:
+            sides = [repaired_f1(prompts, g, controls.PRF_MODE) for g in guesses_by_seed]
+            return roc.roc([v for own, _ in sides for v in own], [v for _, other in sides for v in other],
+                           positive=REPAIRED_POSITIVE, negative=REPAIRED_NEGATIVE)
+
+        tests = {"learned": pooled([c.reconstructions for c in self.cells])}
+        if all(c.bayes is not None for c in self.cells):
+            tests["bayes"] = pooled([c.bayes["guesses"] for c in self.cells])
+        return tests
+
     def samples(self, prompts: Sequence[Any]) -> list[dict[str, Any]]:
         """samples.jsonl: the first seed's rows, with every seed's reconstruction where there are several."""
         samples = self.cells[0].samples(prompts)

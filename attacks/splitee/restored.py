@@ -64,7 +64,8 @@ def source_controls(source_metrics: Mapping[str, Any], attacker: str) -> tuple[b
 
 
 def restore_attackers(restorer: Any, tokenizer: Any, source_samples: Sequence[Mapping[str, Any]], section: Any,
-                      semantic_model: Any, margin: float, source_metrics: Mapping[str, Any]) -> Restored:
+                      semantic_model: Any, margin: float, source_metrics: Mapping[str, Any],
+                      per_item_bound_pp: float = 100.0) -> Restored:
     """Restore and score the reconstructions of each attacker of `section.attackers` (the restore section:
     instruction, max_new_tokens, batch_size) that the source samples hold; `margin`: the verdict's m in pp."""
     from attacks import controls
@@ -92,13 +93,15 @@ def restore_attackers(restorer: Any, tokenizer: Any, source_samples: Sequence[Ma
         floor = controls.exposure_free_f1(prompts, restored_ids)
         positive, negative = source_controls(source_metrics, attacker)
         f1 = rest.f1
+        earned = controls.earned([row["token_f1"] for row in rest.rows], floor, f1.lo, f1.hi, per_item_bound_pp)
         out.attackers[attacker] = {
             "raw": {k: v for k, v in raw.metrics.items() if not k.startswith("bleu_signature")},
             "restored": {k: v for k, v in rest.metrics.items() if not k.startswith("bleu_signature")},
             "delta_token_f1": delta.mean, "delta_token_f1_ci_lo": delta.lo, "delta_token_f1_ci_hi": delta.hi,
             "restored_floor_token_f1": floor,
+            **controls.earned_flat("restored_token_f1", earned, per_item_bound_pp),
             "restored_verdict": controls.classify(f1.lo, f1.hi, floor, margin, positive_passed=positive,
-                                                  negative_passed=negative),
+                                                  negative_passed=negative, certify=earned),
         }
         out.rows[attacker] = [{"raw": a, "restored": b} for a, b in zip(raw.rows, rest.rows)]
         out.texts[attacker] = restored

@@ -514,6 +514,9 @@ class ScorerResult:
     # per stage, per position: the truth's rank (0 = best) among the stage's candidates by the score it prunes
     # by, None where an earlier stage dropped it: how wide the stage had to be (docs/sequential_attack.md)
     ranks: list[list[int | None]] = field(default_factory=list)
+    # per prompt, per attacked position: the truth's rank in the final scoring (0: the guess), the vocabulary's
+    # size where pruning dropped it (it ranks after every survivor): the per-position score of `roc_tests`
+    final_ranks: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -596,6 +599,7 @@ def run(model: nn.Module, prompts: Sequence[Sequence[int]], rows: Sequence[dict[
         for s in scorers:
             results[s.name].guesses.append([])
             results[s.name].hits.append([])
+            results[s.name].final_ranks.append([])
         if not pos:
             prior_guesses.append([])
             prior_hits.append([])
@@ -650,9 +654,10 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
     for i, (upto, keep) in enumerate([*plan, (depth, 1)]):
         final = i == len(plan)
         if final and plan and _covered(keys, plan[-1][0]) == _covered(keys, depth):
-            # The last stage already scored its survivors with every used exposure, best first.
+            # The last stage already scored its survivors with every used exposure, best first: its rank of the
+            # truth is the final one.
             for s in group:
-                _record(results[s.name], int(alive[s.name][0]), true_token)
+                _record(results[s.name], int(alive[s.name][0]), true_token, results[s.name].ranks[i - 1][-1], vocab)
             break
         if upto == PRIOR_STAGE:   # prune_prior: every scorer keeps the prior's best, no exposure read
             top = log_prior.topk(keep).indices
@@ -686,7 +691,9 @@ def _position(model, prefix: Prefix, group: Sequence[Scorer], views, p: int, key
             if s.prior_weight:
                 sc = sc + s.prior_weight * log_prior[cand]
             if final:
-                _record(results[s.name], int(cand[int(sc.argmax())]), true_token)
+                at = (cand == true_token).nonzero()
+                rank = int((sc > sc[int(at[0])]).sum()) if at.numel() else None
+                _record(results[s.name], int(cand[int(sc.argmax())]), true_token, rank, vocab)
             else:
                 _rank(results[s.name], i, sc, cand, true_token)
                 alive[s.name] = cand[sc.topk(min(keep, cand.numel())).indices]
@@ -706,9 +713,10 @@ def _rank(result: ScorerResult, stage: int, scores: torch.Tensor, cand: torch.Te
     result.ranks[stage].append(int((scores > scores[int(at[0])]).sum()) if at.numel() else None)
 
 
-def _record(result: ScorerResult, guess: int, true_token: int) -> None:
+def _record(result: ScorerResult, guess: int, true_token: int, rank: int | None, vocab: int) -> None:
     result.guesses[-1].append(guess)
     result.hits[-1].append(guess == true_token)
+    result.final_ranks[-1].append(vocab if rank is None else rank)
 
 
 def candidates_per_position(outcome: Outcome) -> float:
@@ -872,6 +880,24 @@ def summarise(outcome: Outcome, settings: Settings, margin_pp: float, decisive: 
     m["candidates_per_position"] = candidates_per_position(outcome)
     m["vocab_fraction_forward"] = m["candidates_per_position"] / outcome.vocab
     return m
+
+
+def roc_tests(outcome: Outcome) -> dict[str, dict]:
+    """Each scorer as a membership-style test (metrics/roc.py), where the null view ran: per attacked position, the
+    score −(the truth's rank in its final scoring) from the prompt's own view (positives) and from the null view,
+    another prompt's, scored against the same tokens (negatives). A truth that pruning dropped ranks last (the
+    vocabulary's size), so ties among the dropped are ties. MAP's null reads the prior, so its AUC is what the
+    view adds to the prior."""
+    from metrics import roc
+
+    def scores(name: str) -> list[float]:
+        return [-float(r) for ranks in outcome.scorers[name].final_ranks for r in ranks]
+
+    return {name: roc.roc(scores(name), scores(f"{name}_null"),
+                          positive=f"−rank of the true token in the {name} scorer's final scoring, own view",
+                          negative="the same from the null view (another prompt's), against the same tokens")
+            for name in (LIKELIHOOD, MAP) if name in outcome.scorers and f"{name}_null" in outcome.scorers
+            and outcome.n_positions}
 
 
 def record(outcome: Outcome, settings: Settings, layers_used: Sequence[int]) -> dict:

@@ -219,6 +219,7 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
                                  decode, text_metrics=False).f1
     checks = attack["controls"]
     margin = float(checks["gate_margin_pp"])
+    bound = float(checks["per_item_bound_pp"])
     positive = controls.positive_control(positive_f1, floor, float(checks["positive_margin_pp"]))
     negative = controls.negative_control(negative_f1, floor, margin)
 
@@ -230,35 +231,44 @@ def attack_cell(pipe: Pipeline, configuration: str, epsilon: float | None, attac
                                                      b["rows_per_chunk"], b["vocab_per_chunk"])
         bayes_out = run_bayes(configuration, epsilon, list(b["k"]))
         clean_bayes = bayes_out if configuration == UNMASKED else run_bayes(UNMASKED, None, [1])
-        bayes_metrics = _bayes_metrics(bayes_out, clean_bayes, prompts, margin, float(checks["positive_margin_pp"]))
+        bayes_metrics = _bayes_metrics(bayes_out, clean_bayes, prompts, margin, float(checks["positive_margin_pp"]),
+                                       bound)
+    f1_values = [row["token_f1"] for row in scores.rows]
+    earned = controls.earned(f1_values, floor, scores.f1.lo, scores.f1.hi, bound)
 
     return Cell(configuration=configuration, setting=setting, component=component, layer=layer, floor=floor,
                 trained_under={"configuration": train_conf, "epsilon": train_eps}, attacker=attacker, capture=cap,
                 reconstructions=recon, scores=scores, margin=margin, positive=positive, positive_key=positive_key,
                 negative=negative, negative_key=shuffled_rec["key"],
-                verdict=controls.verdict(scores.f1, floor, margin, positive, negative), bayes=bayes_out,
-                bayes_metrics=bayes_metrics)
+                verdict={**controls.verdict(scores.f1, floor, margin, positive, negative, certify=earned),
+                         **controls.earned_flat("token_f1", earned, bound)},
+                bayes=bayes_out, bayes_metrics=bayes_metrics)
 
 
 def _bayes_metrics(out: dict, clean: dict, prompts: list[list[int]], margin: float,
-                   positive_margin: float) -> dict[str, Any]:
+                   positive_margin: float, per_item_bound_pp: float = 100.0) -> dict[str, Any]:
     """The Bayes attacker's results.json keys, with its verdict (attacks/controls.py: `classify` against
-    the token F1 of its own guesses for the other prompts, positive control on t3)."""
+    the token F1 of its own guesses for the other prompts, positive control on t3; at_chance on the interval
+    the prompts earned at `per_item_bound_pp`)."""
     from metrics.proportions import proportion_ci
 
     m: dict[str, Any] = {}
     m.update(proportion_ci(out["top1"]).flat("bayes_top1"))
     m.update(proportion_ci(out["topk"]).flat(f"bayes_top{out['top_k']}"))
-    f1 = controls.score(prompts, out["guesses"], None, text_metrics=False).f1
+    scored = controls.score(prompts, out["guesses"], None, text_metrics=False)
+    f1 = scored.f1
     m.update(f1.flat("bayes_token_f1"))
     reference = controls.exposure_free_f1(prompts, out["guesses"])
+    earned = controls.earned([row["token_f1"] for row in scored.rows], reference, f1.lo, f1.hi, per_item_bound_pp)
+    m.update(controls.earned_flat("bayes_token_f1", earned, per_item_bound_pp))
     m["bayes_token_f1_chance"] = reference
     clean_f1 = f1 if clean is out else controls.score(prompts, clean["guesses"], None, text_metrics=False).f1
     clean_reference = reference if clean is out else controls.exposure_free_f1(prompts, clean["guesses"])
     m.update(clean_f1.flat("bayes_positive_control_token_f1"))
     m["bayes_positive_control_pass"] = bool(clean_f1.lo >= clean_reference + positive_margin)
     m["bayes_verdict"] = controls.classify(f1.lo, f1.hi, reference, margin,
-                                           positive_passed=m["bayes_positive_control_pass"], negative_passed=True)
+                                           positive_passed=m["bayes_positive_control_pass"], negative_passed=True,
+                                           certify=earned)
     m["bayes_gate"] = m["bayes_verdict"] == controls.AT_CHANCE
     m["bayes_top1_chance"] = out["chance_top1"]
     m["bayes_sigma_mean"] = out["sigma_mean"]

@@ -29,12 +29,13 @@ alone is `<name>_exposure_free_token_f1` then).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from attacks import controls
 from attacks.labels import top1
 from metrics.intervals import mean_ci, mean_t_ci
-from metrics.privacy import token_prf
+from metrics.privacy import repaired_test, token_prf
 from metrics.proportions import proportion_ci
 
 
@@ -46,12 +47,14 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
            plain_guesses: list[list[int]], margin_pp: float, positive_margin_pp: float,
            negative_guesses: list[list[int]] | None = None, kind: str = "sequence",
            prior_guesses: list[list[int]] | None = None,
-           plain_prior_guesses: list[list[int]] | None = None) -> dict[str, Any]:
+           plain_prior_guesses: list[list[int]] | None = None, per_item_bound_pp: float = 100.0) -> dict[str, Any]:
     """The flat metrics of one attacker, prefixed `name`: token F1 and top-1 with intervals, reference,
     chance floor, controls and verdict. `negative_guesses`: a trained attacker's guesses for `refs` after
     training on shuffled pairs (its negative control: upper bound ≤ their own reference + margin); without
     them the control holds by construction (an untrained attacker). `kind="set"`: distinct-token guesses
-    (module docstring), with `prior_guesses` / `plain_prior_guesses` for `guesses` / `plain_guesses`."""
+    (module docstring), with `prior_guesses` / `plain_prior_guesses` for `guesses` / `plain_guesses`. The
+    verdict's at_chance reads the interval the examples earned at per-example bound `per_item_bound_pp`
+    (controls.earned, issue 51), written as `<name>_token_f1_earned_ci_lo/hi`."""
     if len(refs) < 2:
         raise ValueError(f"{name}: need at least 2 recorded examples, got {len(refs)}")
     if kind not in ("sequence", "set"):
@@ -59,7 +62,8 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     if kind == "set" and any(len(set(x)) != len(x) for x in [*refs, *guesses, *plain_refs, *plain_guesses]):
         raise ValueError(f"{name}: a set attacker's truths and guesses must hold distinct tokens")
     prf = [token_prf(r, g, mode=controls.PRF_MODE) for r, g in zip(refs, guesses)]
-    f1 = mean_t_ci([f for *_, f in prf], bounds=(0, 100))
+    values = [f for *_, f in prf]
+    f1 = mean_t_ci(values, bounds=(0, 100))
     reference = controls.exposure_free_f1(refs, guesses)
     plain_f1 = mean_t_ci([token_prf(r, g, mode=controls.PRF_MODE)[2] for r, g in zip(plain_refs, plain_guesses)],
                        bounds=(0, 100))
@@ -87,12 +91,27 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
         negative_passed = controls.negative_control(neg_f1, neg_reference, margin_pp).passed
         negative = {**neg_f1.flat(f"{name}_negative_control_token_f1"),
                     f"{name}_negative_control_reference": neg_reference}
+    earned = controls.earned(values, reference, f1.lo, f1.hi, per_item_bound_pp)
     verdict = controls.classify(f1.lo, f1.hi, reference, margin_pp, positive_passed=positive.passed,
-                                negative_passed=negative_passed)
-    return {**f1.flat(f"{name}_token_f1"), **extra,
+                                negative_passed=negative_passed, certify=earned)
+    return {**f1.flat(f"{name}_token_f1"), **controls.earned_flat(f"{name}_token_f1", earned, per_item_bound_pp),
+            **extra,
             f"{name}_reference_token_f1": reference, f"{name}_chance_floor_token_f1": controls.floor(refs),
             **plain_f1.flat(f"{name}_positive_control_token_f1"),
             f"{name}_positive_control_reference": plain_reference,
             f"{name}_positive_control_pass": positive.passed, **negative,
             f"{name}_negative_control_pass": negative_passed,
             f"{name}_verdict": verdict, f"{name}_n_examples": len(refs)}
+
+
+def tests(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each attacker's per-example token F1 as a membership-style test, every guess against its own example's truth
+    and against the next example's (metrics.privacy.repaired_test), for every attacker with at least two
+    examples in `rows` (attacks/splitft/suite.py's sample rows: attacker, guess_ids, truth_ids)."""
+    by: dict[str, tuple[list, list]] = {}
+    for row in rows:
+        refs, guesses = by.setdefault(row["attacker"], ([], []))
+        refs.append(row["truth_ids"])
+        guesses.append(row["guess_ids"])
+    return {name: repaired_test(refs, guesses, controls.PRF_MODE)
+            for name, (refs, guesses) in by.items() if len(refs) >= 2}

@@ -13,19 +13,20 @@ attacker guesses one set of distinct tokens per step, not an example's sequence,
 scale; it enters the run's `verdict` like the others."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from attacks import controls
 from attacks.labels import constant_guesses, top1_floor
-from attacks.splitft import weights_label
+from attacks.splitft import cell, weights_label
 from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
-from attacks.splitft.cell import assess
 from attacks.splitft.eia import eia
 from attacks.splitft.label import infer_labels
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.step import ALIGN_DOWN, ALIGN_UP, GRAD_UP, SMASHED_DOWN, SMASHED_UP
+from metrics import roc
 
 
 def plain_view(view: AdversaryView, truth: dict[int, dict[str, Any]]) -> AdversaryView:
@@ -54,6 +55,10 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
         control_view = undefended_gradients(control_view, attacked, truth, int(b.max_examples))
     control = ServerCopy(control_view, model_cfg, cache_dir)
     margin, positive = float(settings.gate_margin_pp), float(settings.positive_margin_pp)
+    bound = float(settings.per_item_bound_pp)
+    # every attacker's at_chance reads the interval its examples earned at the configured bound (issue 51)
+    assess = functools.partial(cell.assess, per_item_bound_pp=bound)
+
     e = settings.eia
 
     def labels(guesses):
@@ -131,7 +136,7 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
                  plain_prior_guesses=constant_guesses(labels(label_plain))),
         **assess("eia", inputs(eia_guess), [g for *_, g in eia_guess], inputs(eia_plain),
                  [g for *_, g in eia_plain], margin, positive),
-        "gate_margin_pp": margin, "positive_margin_pp": positive,
+        "gate_margin_pp": margin, "positive_margin_pp": positive, "per_item_bound_pp": bound,
     }
     metrics["label_top1_floor"] = top1_floor(labels(label_guess))
     # PrivPair's burst crossings (public D_align, every step of every recorded burst): recorded, but no
@@ -182,4 +187,10 @@ def run_attacks(view: AdversaryView, truth: dict[int, dict[str, Any]], model_cfg
              for (s, r, g), t in zip(guesses, inputs(guesses))]
     rows += [{"attacker": "weights_label", "step": s, "row": None, "guess_ids": g, "truth_ids": t}  # a batch, no row
              for (s, g), t in zip(wl_guess, sets)]
+    # each attacker's per-example F1 as a test (results.json `roc`: cell.tests(rows)); unprefixed: the strongest's
+    roc_tests = cell.tests(rows)
+    for name, record in roc_tests.items():
+        metrics.update(roc.flat(record, f"{name}_"))
+    if strongest in roc_tests:
+        metrics.update(roc.flat(roc_tests[strongest]))
     return metrics, rows, curves

@@ -12,7 +12,7 @@ from typing import List, Optional
 from omegaconf import MISSING, DictConfig
 
 from harness import placement as placement_check
-from harness.checks import check_at_least, check_choice, check_local_file, check_positive
+from harness.checks import check_at_least, check_choice, check_local_file, check_per_item_bound, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
 
@@ -88,6 +88,7 @@ class GradAuditGatesConfig:
     utility_max_nats: float = MISSING  # utility gate: held-out CE increase ≤ this
     injected_doses_pp: List[float] = MISSING  # positive control: gains (pp) a perfect reader of the injected code gets
     positive_margin_pp: float = MISSING
+    per_item_bound_pp: float = MISSING  # B of the earned interval at_chance reads (metrics/equivalence.py)
 
 
 @dataclass
@@ -188,6 +189,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     q = g.gates
     for key in ("probe_margin_pp", "partition_margin_pp", "utility_max_nats", "positive_margin_pp"):
         check_at_least(f"grad_audit.gates.{key}", float(q[key]), 0.0)
+    check_per_item_bound("grad_audit.gates.per_item_bound_pp", float(q.per_item_bound_pp))
     if not 0 < q.alpha < 1:
         raise UserError(f"grad_audit.gates.alpha must lie in (0, 1), got {q.alpha}")
     doses = list(q.injected_doses_pp)

@@ -43,6 +43,7 @@ class SanitizeAttackConfig:
     decoder_evidence_scale: float = MISSING  # the evidence head's starting scale s
     gate_margin_pp: float = MISSING       # verdict margin m (attacks/controls.py)
     positive_margin_pp: float = MISSING   # positive control: lower bound >= reference + this
+    per_item_bound_pp: float = MISSING    # B of the earned interval at_chance reads (metrics/equivalence.py)
 
 
 @dataclass
@@ -115,6 +116,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
         checks.check_positive("sanitize.attack.decoder_evidence_scale", a.decoder_evidence_scale)
     for key in ("gate_margin_pp", "positive_margin_pp"):
         checks.check_at_least(f"sanitize.attack.{key}", float(a[key]), 0.0)
+    checks.check_per_item_bound("sanitize.attack.per_item_bound_pp", float(a.per_item_bound_pp))
 
 
 def tradeoff_setting(tasks: Iterable[str]) -> str:

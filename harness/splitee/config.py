@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 from omegaconf import MISSING, DictConfig
 
 from harness import configurations
-from harness.checks import check_at_least, check_choice, check_positive
+from harness.checks import check_at_least, check_choice, check_per_item_bound, check_positive
 from harness.errors import UserError
 from harness.group_schemas import ModelConfig, check_model
 from harness.text_corpus import paragraphs
@@ -156,6 +156,7 @@ class AttackBayesConfig:
 class AttackControlsConfig:
     gate_margin_pp: float = MISSING       # verdict margin m: leak if ci_lo > floor + m; at chance if the interval lies within floor ± m
     positive_margin_pp: float = MISSING   # positive control: lower 95% bound of T3 token F1 >= floor + this
+    per_item_bound_pp: float = MISSING    # B of the earned interval at_chance reads (metrics/equivalence.py)
 
 
 @dataclass
@@ -354,6 +355,7 @@ def _check_attack(attack: DictConfig) -> None:
         raise UserError(f"attack.bayes.k must be a non-empty list of integers >= 1, got {list(attack.bayes.k)}")
     for key in ("gate_margin_pp", "positive_margin_pp"):
         check_at_least(f"attack.controls.{key}", attack.controls[key], 0)
+    check_per_item_bound("attack.controls.per_item_bound_pp", float(attack.controls.per_item_bound_pp))
     if attack.decoder is not None:
         check_model("attack.decoder", attack.decoder)
     _check_sequential(attack.sequential)

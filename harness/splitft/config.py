@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 from omegaconf import MISSING, DictConfig
 
 from harness import placement as placement_check
-from harness.checks import check_at_least, check_choice, check_local_file, check_positive
+from harness.checks import check_at_least, check_choice, check_local_file, check_per_item_bound, check_positive
 from harness.errors import UserError
 from harness.placement import Placement
 
@@ -153,6 +153,7 @@ class SplitFtInverterConfig:
 class SplitFtAttackConfig:
     gate_margin_pp: float = MISSING
     positive_margin_pp: float = MISSING
+    per_item_bound_pp: float = MISSING   # B of the earned interval at_chance reads (metrics/equivalence.py)
     eia: SplitFtEiaConfig = MISSING
     bisr: SplitFtBisrConfig = MISSING
     inverter: SplitFtInverterConfig = MISSING
@@ -275,6 +276,7 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     a = s.attack
     check_positive("splitft.attack.gate_margin_pp", a.gate_margin_pp)
     check_positive("splitft.attack.positive_margin_pp", a.positive_margin_pp)
+    check_per_item_bound("splitft.attack.per_item_bound_pp", a.per_item_bound_pp)
     check_at_least("splitft.attack.eia.steps", a.eia.steps, 0)
     check_positive("splitft.attack.eia.lr", a.eia.lr)
     check_at_least("splitft.attack.eia.max_examples", a.eia.max_examples, 2)

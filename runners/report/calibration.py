@@ -67,11 +67,56 @@ def run_md(run: Run) -> str:
                     rows, align="lrlllllrrcrl")
 
 
+PUBLISHED_INTRO = ("*At the published n* (issue 51 item 4): each verdict at the n its committed reports use "
+                   "(calibration.<system>.published_n; collab: calibration.collab.engine.n_examples), with what the "
+                   "sizing rule (metrics/equivalence.py) predicts there and, where that n cannot certify the margin, "
+                   "the n it needs (80 % certification and power at the gate's dose). Collab's row is measured "
+                   "through the engine: its two *engine nulls* (random ids along the undefended run's own steps "
+                   "against random ids along its null's; DP-Fusion at ε = 0 edge-side, signal and null each decoded "
+                   "at its own seed) and the gate's dose written into the first, each read by the runner's verdict "
+                   "(matched steps, earned bound); false leaks and at chance over both nulls' trials together, "
+                   "Clopper–Pearson 95 %.")
+
+
+def reading(pub: dict[str, Any]) -> str:
+    """What the published n certifies: the note where it cannot (metrics/equivalence.certification_note)."""
+    if "note" not in pub:
+        return "—"
+    return pub["note"] or f"certifies ±{pub['margin_pp']:g} pp (≥ 80 %)"
+
+
+def _ci(p: dict[str, Any] | None) -> str:
+    return "—" if p is None else f"{_pct(p)} [{100 * p['ci'][0]:.1f}, {100 * p['ci'][1]:.1f}] %"
+
+
+def published_md(run: Run) -> str | None:
+    rows = []
+    for name, s in (run.data.get("systems") or {}).items():
+        pub = s.get("published")
+        if pub is None:
+            continue
+        engine = "; ".join(f"{k}: false leaks {_pct(x['false_leak_rate'])}, at chance {_pct(x['certify_rate'])}, "
+                           f"zero-width at_chance {x['zero_spread_certifications']}"
+                           for k, x in (s.get("engine_nulls") or {}).items()) or "—"
+        margin = pub.get("certifiable_margin_pp")
+        rows.append([name, f"{pub['n']} ({pub['source']})", engine, _ci(pub.get("false_leak_rate")),
+                     _ci(pub.get("certify_rate")), _ci(pub.get("power_at_gate_dose")),
+                     "—" if margin is None else f"{margin:.2f}", f"{reading(pub)} ({pub.get('sizing_from', '—')})"])
+    if not rows:
+        return None
+    return md_table(["system", "published n (source)", "engine nulls", "false leaks [CP 95 %]",
+                     "at chance [CP 95 %]", "power at the gate dose [CP 95 %]", "certifiable margin pp",
+                     "what n certifies (sizing values)"], rows, align="llllllrl")
+
+
 def markdown(items: Sequence[Run], figure: Any) -> list[str]:
     md = ["## Verdicts calibrated against nulls (issue 31)", "", INTRO, ""]
     for run in items:
         md += [f"### {tagged(run.rel + ' · ' + str(run.data.get('model')), run.tags)}",
                "", run_md(run), ""]
+        table = published_md(run)
+        if table is not None:
+            md += [PUBLISHED_INTRO, "", table, ""]
     return md
 
 

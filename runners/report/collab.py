@@ -21,9 +21,10 @@ from typing import Any
 
 from attacks.controls import AT_CHANCE, INCONCLUSIVE
 from metrics import names
-from metrics.equivalence import zero_spread_bound
+from metrics.equivalence import certifiable_margin, examples_needed, t_interval_sd, zero_spread_bound
 from runners.report.format import configuration_label, file_slug, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "collab"
@@ -47,7 +48,11 @@ INTRO = ("An edge model holding the private context x_priv and a cloud model hol
          "null, dose 0, must not read leak; it would catch a statistic that rewards a signal without "
          "information, such as random ids against the floor). at_chance reads the interval the sample earned "
          "(docs/design.md, issue 51): n examples that all agree bound the mean by ±B·CP_U(0, n), 11.6 pp at n = 30 "
-         "and B = 100 pp, so a stored at_chance whose interval cannot reach that reads inconclusive here. Results "
+         "and B = 100 pp, so a stored at_chance whose interval cannot reach that reads inconclusive here. *Earned "
+         "interval*: the interval at_chance reads. *Certifiable margin*: the margin the point's n certifies with 80 % "
+         "probability at a true null (metrics/equivalence.certifiable_margin, earned bound included) at the larger "
+         "of its own and its negative control's per-example spread, and the n the gate margin needs for that "
+         "(examples_needed). Results "
          "from before issue 31 have no excess "
          "over the null (—): their verdicts were read on the informed excess over the floor and are not evidence.")
 
@@ -67,6 +72,27 @@ def reread(stored: dict[str, Any], verdict: str | None, n: int) -> str | None:
     h0 = zero_spread_bound(n, float(stored.get("per_item_bound_pp", 100.0)))
     ok = hi > lo and -m <= min(lo, mean - h0) and max(hi, mean + h0) <= m
     return AT_CHANCE if ok else INCONCLUSIVE
+
+
+def certifiable(stored: dict[str, Any], n: int) -> str:
+    """The margin a point's n examples certify with 80 % probability at a true null, and the n its gate margin
+    m needs (metrics/equivalence.certifiable_margin and examples_needed, with the earned bound at the stored
+    per_item_bound_pp), in words where n falls short. The spread is the larger of the point's own statistic's
+    and its negative control's (a second null against the null), each recovered from its t interval: a
+    certification must hold at the spread the point showed and at the one its mechanism shows without x_priv."""
+    if n < 2 or "null_excess_token_er_ci" not in stored:
+        return "—"
+    m, b = float(stored["gate_margin_pp"]), float(stored.get("per_item_bound_pp", 100.0))
+    sd = max(t_interval_sd(*stored[key], n) for key in ("null_excess_token_er_ci", "negative_control_excess_token_er_ci")
+             if key in stored)
+    reach = certifiable_margin(sd, n, per_item_bound=b)
+    try:
+        need = f"n = {examples_needed(sd, m, per_item_bound=b):,}"
+    except ValueError:     # past examples_needed's limit
+        need = "more than 10,000,000 examples"
+    if reach <= m:
+        return f"±{reach:.1f} pp (±{m:g} pp needs {need})"
+    return f"n = {n} certifies ±{reach:.1f} pp, not ±{m:g} pp; ±{m:g} pp needs {need}"
 
 
 @dataclass
@@ -160,7 +186,7 @@ def table_md(group: CollabGroup) -> list[str]:
     for _, label in METRICS:
         head += [f"{label}@{k}", "floor", "excess"]
     head += ["inversion R-1 recall (floor)", f"informed excess Token-ER@{k}", "excess over null (verdict)",
-             "verdict"]
+             "earned interval (at_chance reads)", "verdict", "certifiable margin (80 %)"]
     rows = []
     for run in group.runs:
         d = run.data
@@ -174,8 +200,12 @@ def table_md(group: CollabGroup) -> list[str]:
         c = d.get("controls") or {}
         row.append(fmt_ci(c["null_excess_token_er"], *c["null_excess_token_er_ci"], 1)
                    if "null_excess_token_er" in c else "—")
+        earned = c.get("null_excess_token_er_earned_ci")
+        row.append("—" if earned is None else f"[{earned[0]:.1f}, {earned[1]:.1f}]")
+        n = int(d.get("n_prompts") or 0)
         # re-read under the earned rule (issue 51): a stored at_chance from a zero-width or too-small sample is not one
-        row.append(reread(c, d.get("verdict"), int(d.get("n_prompts") or 0)) if c else d.get("verdict"))
+        row.append(reread(c, d.get("verdict"), n) if c else d.get("verdict"))
+        row.append(certifiable(c, n))
         rows.append(row)
     u = group.runs[0].data["utility"]
     note = f"The cloud alone: {u['metric']} {u['cloud_only']:.1f}"
@@ -271,6 +301,7 @@ def markdown(items: Sequence[CollabGroup], figure: Figures) -> list[str]:
         lines += [f"### {g.title}", "", *table_md(g), ""]
         matched = matched_md(g)
         lines += [*matched, ""] if matched else []
+        lines += roc_table(g.runs, lambda run: _label(run, g.setting))
         lines += figure("collab_curves", i, g, plot_curves, "Token-ER against K")
         lines += figure("collab_tradeoff", i, g, plot_tradeoff, "privacy-utility (evidence recall)")
         if _has_inversion(g):

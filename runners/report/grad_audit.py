@@ -19,6 +19,7 @@ from typing import Any
 
 from runners.report.format import ci, fmt_ci, md_table, num, tagged
 from runners.report.plotting import Figures
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "grad_audit"
@@ -229,6 +230,7 @@ def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
                    "scored seeds both ran:", "", mit, ""]
         md += ["The probe per arm (what the cloud sees: the forward payload, the returned gradient, both):", "",
                arms_md(group), ""]
+        md += roc_table(group.runs, _config_label)
         bisr = bisr_md(group)
         if bisr:
             md += ["BiSR's backward stage run by the cloud on the returned gradient (it holds s_B and the public "

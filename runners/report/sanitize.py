@@ -14,6 +14,7 @@ from typing import Any
 from metrics import names
 from runners.report.format import ci, file_slug, fmt_ci, md_table, num, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sanitize"
@@ -253,6 +254,7 @@ def markdown(items: Sequence[SanitizeTable], figure: Figures) -> list[str]:
         matched = matched_md(table)
         if matched:
             md += [matched, ""]
+        md += roc_table(table.runs, lambda run: f"{series_label(run)} · {_parameter(run)}")
         for j, task in enumerate(table.tasks):
             view = _TaskView(table, task)
             md += figure("sanitize", i * 10 + j, view, lambda v, path, t=task: _plot(t)(v.table, path),

@@ -22,6 +22,7 @@ from harness.splitft.config import variant_label
 from metrics.intervals import paired_difference_ci
 from runners.report.format import ci, configuration_label, file_slug, fmt_auto, fmt_ci, md_table, num, run_order, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "splitft"
@@ -250,6 +251,7 @@ def markdown(items: Sequence[SplitFtGroup], figure: Figures) -> list[str]:
         paired = paired_utility_md(group)
         if paired is not None:
             md += [PAIRED_NOTE, "", paired, ""]
+        md += roc_table(group.runs, _label)
         md += ["H, H_A and held-out CE per round:", "", rounds_md(group), ""]
         accounting = accounting_md(group)
         if accounting is not None:

@@ -63,6 +63,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     from attacks.splitee import suite
     from attacks.splitee.replicates import attack_replicates
     from harness.models import load_model
+    from metrics import roc
 
     a = cfg.attack
     configuration = cfg.configuration.name
@@ -94,6 +95,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                                      cfg.generation.max_new_tokens, tuple(offload), sigma_scale, float(cfg.dp_delta),
                                      epsilon_lengths=inputs.epsilon_lengths(cfg.epn_n))
     metrics, per_mask_seed = replicates.metrics(acc)
+    # the attackers' per-prompt F1 as tests: the learned attacker's unprefixed (as its token_f1), the Bayes one's bayes_
+    tests = replicates.roc(pipe.eval_prompts)
+    metrics.update(roc.flat(tests["learned"]))
+    if "bayes" in tests:
+        metrics.update(roc.flat(tests["bayes"], "bayes_"))
     results = {
         **common.results_header(cfg, "attack", inputs, generation=False),
         "configuration": configuration,
@@ -103,6 +109,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "mask_seeds": seeds,
         "metrics": metrics,
         "per_mask_seed": per_mask_seed,
+        "roc": tests,
         "metric_definitions": _definitions(cfg),
         **cell.sections(pipe, attack),
         "accounting": {**acc, "n_layers": n_layers, "max_new_tokens": cfg.generation.max_new_tokens,
@@ -157,6 +164,10 @@ def _definitions(cfg: DictConfig) -> dict[str, str]:
                                      "95% CI: bootstrap for precision and recall, Student t for F1 (the verdicts "
                                      "read it)",
         "chance_floor_token_f1": "mean token F1 over all pairs of distinct evaluation prompts (an unrelated prompt's score)",
+        "auc": "the learned attacker's per-prompt token F1 as a test (metrics/roc.py, results.json roc.learned): each "
+               "reconstruction against its own prompt (positives) and against the next prompt (re-paired, negatives), "
+               "mask seeds pooled; ROC AUC with DeLong's 95% interval; tpr_at_fpr: TPR (%) keyed by the FPR in %, "
+               "Clopper-Pearson, null below 1/n_negatives; bayes_auc, bayes_tpr_at_fpr: the Bayes attacker's",
         "attack_verdict": f"the learned attacker, with m = {cfg.attack.controls.gate_margin_pp} pp (gate_margin_pp) "
                           "and its token F1 interval [lo, hi]: leak if lo > floor + m and the negative control "
                           "passed; at_chance if floor - m <= lo and hi <= floor + m and both controls passed; else "

@@ -86,10 +86,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     restorer = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
     victim = restorer if victim_cfg.get("name") == restorer.name else load_model(victim_cfg, cache_dir=cfg.paths.cache_dir)
     tok = victim.tokenizer
-    margin = float(recorded.get("attack", {}).get("controls", {}).get("gate_margin_pp",
-                                                                      cfg.attack.controls.gate_margin_pp))
+    recorded_controls = recorded.get("attack", {}).get("controls", {})
+    margin = float(recorded_controls.get("gate_margin_pp", cfg.attack.controls.gate_margin_pp))
+    # the source run's B where it recorded one (runs from before issue 51 did not: this run's then)
+    bound = float(recorded_controls.get("per_item_bound_pp", cfg.attack.controls.per_item_bound_pp))
     src_m = src.get("metrics") or {}
-    restored = restore_attackers(restorer, tok, src_samples, cfg.restore, common.load_semantic(cfg), margin, src_m)
+    restored = restore_attackers(restorer, tok, src_samples, cfg.restore, common.load_semantic(cfg), margin, src_m,
+                                 per_item_bound_pp=bound)
     per_attacker = restored.attackers
     if not per_attacker:
         raise UserError(f"restore.source={source}: none of restore.attackers={list(cfg.restore.attackers)} "

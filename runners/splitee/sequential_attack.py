@@ -42,6 +42,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from attacks.splitee import sequential as sq
+    from metrics import roc
 
     s = sq.Settings.from_config(OmegaConf.to_container(cfg.attack.sequential, resolve=True))
     configuration = cfg.configuration.name
@@ -84,6 +85,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
                 if s.pruning_rule == "no_decisive_miss" else None)
     metrics = sq.summarise(outcome, s, float(cfg.attack.controls.gate_margin_pp), decisive)
     section = sq.record(outcome, s, used)
+    # each scorer's per-position rank of the truth as a test, own view against the null view's (where it ran):
+    # MAP's unprefixed where it ran (the scorer the chart takes), the likelihood's sequential_
+    tests = sq.roc_tests(outcome)
+    for name, record in tests.items():
+        metrics.update(roc.flat(record, "sequential_" if name == sq.LIKELIHOOD else "sequential_map_"))
+    if tests:
+        metrics.update(roc.flat(tests.get(sq.MAP) or tests[sq.LIKELIHOOD]))
     if s.pruning_rule == "no_decisive_miss":
         section["pruning_decisive"] = decisive   # null: no pruning stage, nothing to check
     samples = sq.samples(outcome, [p.id for p in inputs.workload.prompts])
@@ -95,6 +103,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
         "mode": s.mode,
         "layers_used": list(used),
         "pruning_recall": section["pruning_recall"],
+        "roc": tests,
         "sequential": {**section, "public_prefix_lengths": starts,
                        "sigma_per_op_layer": {f"{op}[{layer}]": sigmas[0][(op, layer)] for op, layer in keys}
                        if sigmas else {}},

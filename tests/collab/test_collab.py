@@ -508,7 +508,8 @@ def test_stated_option():
 
 def test_option_accuracy_at_the_edges_has_a_wilson_interval():
     """Every example right (and the cloud alone every one wrong): accuracy 100 and 0 with Wilson's interval on
-    10 examples, never a zero-width one (issue 34, item 3); ROUGE-L keeps the t interval of its mean."""
+    10 examples, never a zero-width one (issue 34, item 3); ROUGE-L's mean interval is widened to what 10
+    examples earn (issue 51), never [100, 100]."""
     from types import SimpleNamespace as NS
 
     from harness.collab.experiment import utility
@@ -523,7 +524,8 @@ def test_option_accuracy_at_the_edges_has_a_wilson_interval():
     assert use.value.lo < 75 and (use.cloud_only.mean, use.cloud_only.lo) == (0.0, 0.0) and use.cloud_only.hi > 25
     rouge = utility(cfg, NS(pair=None), NS(examples=examples, has_options=False),
                     NS(signals=NS(texts=["a b c"] * 10), floor=NS(texts=["a b c"] * 10)))
-    assert rouge.metric == "rouge_l" and (rouge.value.mean, rouge.value.lo) == pytest.approx((100.0, 100.0))
+    assert rouge.metric == "rouge_l" and (rouge.value.mean, rouge.value.hi) == pytest.approx((100.0, 100.0))
+    assert rouge.value.lo < 75.0        # 0 of 10 differing still allows 30.8 % of examples to differ
 
 
 def test_constant_answer_floor_is_the_most_frequent_gold_answers_share():
@@ -812,6 +814,15 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
         c = r["controls"]            # issue 31: the verdict reads the excess over the null signal
         assert c["verdict_statistic"] == "null_excess_token_er" and len(c["null_excess_token_er_ci"]) == 2
         assert r["metrics"]["null_excess_token_er_at_20"] == c["null_excess_token_er"]
+        # issue 52 item 4: the verdict's per-example scores as a test, signal against null
+        test = r["roc"]["informed_token_er"]
+        assert test["positives"] == test["negatives"] == r["n_prompts"]
+        assert test["auc_ci"][0] <= test["auc"] <= test["auc_ci"][1] and r["metrics"]["auc"] == test["auc"]
+        assert [p["fpr_target_pct"] for p in test["tpr_at_fpr"]] == [0.1, 1.0, 10.0]
+        assert all(p["tpr_pct"] is None and p["reason"] for p in test["tpr_at_fpr"][:2])   # < 100 null examples
+        assert set(r["metrics"]["tpr_at_fpr"]) == {"0.1", "1", "10"}
+        assert set(r["roc"]) == {"informed_token_er", "inversion"}       # the smoke runs the inversion
+        assert r["metrics"]["inversion_auc"] == r["roc"]["inversion"]["auc"]
         gold = [json.loads(line)["gold"] for line in (run / "samples.jsonl").read_text().splitlines()]
         assert r["utility"]["constant_answer_floor"] == r["metrics"]["accuracy_floor"] == constant_answer_floor(gold)
         from harness.adversary_view import AdversaryView
@@ -836,6 +847,11 @@ def test_collab_smoke_experiment(tmp_path, monkeypatch):
     assert "## Cloud-edge collaborative decoding (paper 003)" in text
     assert "cloud-side fusion" in text and "edge-side fusion" in text and "Matched utility" in text
     assert "constant-answer floor" in text
+    assert "AUC [95% CI]" in text and "| informed_token_er |" in text
+    from runners.export import table
+
+    rows = [row for row in table(out)[0] if row["metric"] == "auc"]
+    assert len(rows) == 4 and all(row["ci_lo"] <= row["value"] <= row["ci_hi"] for row in rows)
     assert len(list((tmp_path / "report").glob("report_collab_*.png"))) == 6    # Figure 3, 4 and 5 per mode
 
 
@@ -1108,3 +1124,45 @@ def test_report_rereads_stored_at_chance_under_the_earned_bound():
     tight = {**old, "null_excess_token_er_ci": [-0.05, 0.05]}
     assert reread(tight, "at_chance", 400) == "at_chance" and reread(tight, "at_chance", 300) == "inconclusive"
     assert reread({**old, "null_excess_token_er_earned_ci": [-0.9, 0.9]}, "at_chance", 30) == "at_chance"
+
+
+def test_report_shows_the_earned_interval_and_the_margin_its_n_certifies(tmp_path):
+    """A point whose 30 examples all agree with their null (t interval [0, 0]) through the verdict's own code, as
+    results.json: its row shows inconclusive beside the interval it earned (±B·CP_U(0, 30) = ±11.6 pp, never zero
+    width) and says, from its spread (here the negative control's ±3 pp), what n = 30 certifies and what ±1 pp
+    needs."""
+    from metrics.equivalence import certifiable_margin, examples_needed, zero_spread_bound
+    from runners.report import collab as report
+    from runners.report.runs import scan
+
+    k, n = 100, 30
+    rng = np.random.default_rng(0)
+
+    def curves(values):
+        return leak.Curves([{"token_er": {k: float(v)}} for v in values])
+
+    null = rng.uniform(20, 60, n)
+    noise = np.resize([3.0, -3.0], n)     # a second null ±3 pp from the null: the mechanism's own noise
+    v = leak.verdict(curves(null), curves(null), (curves(null + rng.uniform(10, 30, n)), curves(null)),
+                     (curves(null + noise), curves(null)), k, 1.0, 5.0)
+    assert v["null_excess_token_er_ci"] == [0.0, 0.0] and v["verdict"] == "inconclusive"
+    at_k = {str(k): 40.0}
+    data = {"experiment": "collab", "status": "ok", "configuration": "collab_dp_logit", "epsilon": 4.0, "alpha": 0.3,
+            "model": "m", "cloud_model": "m", "benchmark": {"name": "pubmedqa"}, "n_prompts": n, "fusion": "cloud",
+            "verdict": v["verdict"], "controls": v,
+            "utility": {"metric": "accuracy", "value": 50.0, "ci": [30.0, 70.0], "cloud_only": 50.0},
+            **{f"{p}{m}_at_k": at_k for m in leak.METRICS for p in ("", "floor_", "excess_")}}
+    run = tmp_path / "collab" / "dp_logit"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(data))
+    (run / ".done").write_text("")
+    [group] = report.groups(scan(tmp_path))
+    row = next(line for line in report.table_md(group)[0].splitlines() if line.startswith("| collab_dp_logit"))
+    *_, excess, earned, verdict, margin = [c.strip() for c in row.strip().strip("|").split("|")]
+    h0 = zero_spread_bound(n, 100.0)
+    assert excess == "0.0 [0.0, 0.0]" and earned == f"[{-h0:.1f}, {h0:.1f}]" == "[-11.6, 11.6]"
+    assert verdict == "inconclusive"
+    sd = 3.0 * math.sqrt(n / (n - 1))     # the ±3 pp differences' sample standard deviation
+    reach, need = certifiable_margin(sd, n, per_item_bound=100.0), examples_needed(sd, 1.0, per_item_bound=100.0)
+    assert reach > h0 and need > examples_needed(0.0, 1.0, per_item_bound=100.0) == 368   # the spread adds to the floor
+    assert margin == f"n = 30 certifies ±{reach:.1f} pp, not ±1 pp; ±1 pp needs n = {need:,}"

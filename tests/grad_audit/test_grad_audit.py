@@ -265,6 +265,21 @@ def test_probe_reads_a_linear_code_and_nothing_from_noise():
     assert expected == pytest.approx(35, abs=4) and cell.effect_pp > 0.6 * expected
 
 
+def test_probe_as_a_test_separates_a_code_and_not_noise():
+    """Issue 52 item 4: the probe's log-probability of a row's own token from its own features against from
+    another row's: a linear code separates them; without one the AUC's interval holds ½."""
+    from metrics import roc
+
+    kw = dict(top_k=5, l2=1e-3, max_iter=30, max_rows=10_000, seed=0)
+    strong = probe.fit_probe(_synthetic(1500, 3.0, 1), **kw)
+    # a permuted row carries the same token with probability Σp² = 0.215 and then cannot be told apart: a perfect
+    # reader reaches AUC ≈ 1 − 0.215/2 ≈ 0.89
+    assert roc.roc(*probe.row_scores(strong, _synthetic(1500, 3.0, 2), seed=5))["auc_ci"][0] > 0.8
+    none = probe.fit_probe(_synthetic(1500, 0.0, 1), **kw)
+    lo, hi = roc.roc(*probe.row_scores(none, _synthetic(1500, 0.0, 2), seed=5))["auc_ci"]
+    assert lo <= 0.5 <= hi
+
+
 def test_dosed_control_on_an_arm_at_the_floor_gives_its_dose():
     """Issue 31: the positive control starts from an arm at the floor (features permuted against labels, the
     probe reads about 0 there) and injects a code worth the dose to a perfect reader; a large dose is read."""
@@ -374,6 +389,15 @@ def test_smoke_experiment_through_the_cli(tmp_path):
     assert m["utility_gate"] == ("unknown" if not m["converged"] else m["utility_gate"])
     assert m["probe_gate_offset_pp"] <= 0.0
     assert m["positive_control_doses_pp"] == [0.0, 1.0, 2.0]
+    # issue 52 item 4: the per-row scores as tests; the trainer's decoys get a gradient of exactly 0, so the norm
+    # separates every real row from every decoy, and the interval is the exact bound of that many pairs, not a point
+    part = r["roc"]["partition_norm"]
+    assert part["auc"] == m["auc"] == 1.0 and part["auc_ci"][1] == 1.0
+    assert part["auc_ci"][0] == pytest.approx(0.025 ** (1 / min(part["positives"], part["negatives"])))
+    assert {p["fpr_target_pct"]: p["tpr_pct"] for p in part["tpr_at_fpr"]}[10.0] == 100.0
+    assert set(r["roc"]) == {"partition_norm", *(f"probe_{arm}" for arm in r["protocol_l2"])}
+    probe = r["roc"][f"probe_{m['probe_arm']}"]
+    assert probe["auc"] == m["probe_auc"] and probe["positives"] == probe["negatives"] == m["probe_rows_scored"]
     assert isinstance(m["positive_control_1pp_gate_fires"], bool) and "positive_control_2pp_effect_pp" in m
     # the protocol was locked in the run dir, its hash recorded, before the results were written
     proto = path.parent / "protocol.json"

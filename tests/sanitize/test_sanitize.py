@@ -377,12 +377,18 @@ def test_prior_gain_is_paired_and_its_verdict_needs_the_gain_to_clear_the_margin
     assert gain.mean == pytest.approx(d.mean()) and gain.lo == pytest.approx(d.mean() - half)
     assert verdict == "leak"
     # Unpaired, the two sets of rates overlap (40–62 against 50–71): the pairing is what resolves the gain.
-    # The same rates as the prior alone, to within the margin: at chance; a failed negative control never is.
-    _, same = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
-                                    negative_passed=True)
+    # The same rates as the prior alone, to within the margin: 3 prompts earn no more than ±B·CP_U(0, 3) = ±70.8 pp
+    # (issue 51), so inconclusive; 400 such prompts earn ±0.92 pp and read at chance; a failed negative control
+    # never does.
+    _, few = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
+                                   negative_passed=True)
+    assert few == "inconclusive"
+    attacker, prior = [40.0, 40.5, 45.0, 44.5] * 100, [40.0, 40.0, 45.0, 45.0] * 100
+    _, same = contextual.prior_gain(attacker, prior, 1.0, positive_passed=True, negative_passed=True)
     assert same == "at_chance"
-    _, failed = contextual.prior_gain([40.0, 40.5, 45.0], [40.0, 40.0, 45.0], 1.0, positive_passed=True,
-                                      negative_passed=False)
+    assert contextual.gain_earned(attacker, prior, contextual.paired_difference_t_ci(attacker, prior), 100.0) == \
+        pytest.approx((-0.9179, 0.9179), abs=1e-4)
+    _, failed = contextual.prior_gain(attacker, prior, 1.0, positive_passed=True, negative_passed=False)
     assert failed == "inconclusive"
 
 
@@ -498,6 +504,8 @@ def test_controls_flag_an_attacker_that_reads_the_truth():
     cheat = lambda obs: [torch.tensor(o).unsqueeze(1).repeat(1, 5) for o in originals]  # noqa: E731
     bad, _ = scoring.score_attacker("cheat", cheat, originals, observed, 5, 1.0, positive_passed=True)
     assert not bad.negative_passed and bad.verdict == "inconclusive"
+    # as a test (issue 52 item 4) the cheat scores the same on its own view and on the deranged one: AUC ½
+    assert bad.roc["auc"] == 0.5 and bad.roc["positives"] == bad.roc["negatives"] == 5
 
 
 # --- the command line -----------------------------------------------------------------------------------
@@ -597,6 +605,16 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path, monkeypatch):
         assert m["neighbours_candidates_per_position"] == r["sanitize"]["candidate_vocabulary"]
         assert m["contextual_candidates_per_position"] == 2 * m["bayes_candidates_per_position"] == 2 * 16   # beam 2
         assert m["decoder_candidates_per_position"] is None
+        # issue 52 item 4: each attacker's per-prompt F1 as a test, own view against the deranged one
+        assert set(r["roc"]) == set(attackers)
+        for a in attackers:
+            test = r["roc"][a]
+            assert test["positives"] == test["negatives"] == 3 and m[f"{a}_auc"] == test["auc"]
+            assert test["auc_ci"][0] <= test["auc"] <= test["auc_ci"][1]
+            assert m[f"{a}_tpr_at_fpr"] == {"0.1": None, "1": None, "10": None}   # 3 prompts resolve FPR >= 33 %
+        from attacks.controls import strength
+        strongest = max(attackers, key=lambda a: strength(m[f"{a}_token_f1"], m[f"{a}_token_f1_chance"]))
+        assert m["auc"] == m[f"{strongest}_auc"]
         from attacks import controls
         assert m["verdict"] == controls.worst([v for key, v in m.items() if key.endswith("_verdict")])
         assert m["verdict"] in ("leak", "at_chance", "inconclusive") and 0 <= m["accuracy"] <= 100
@@ -647,6 +665,7 @@ def test_smoke_sweep_runs_every_mechanism(tmp_path, monkeypatch):
     assert "contextual − prior (pp)" in section and f"({m['contextual_verdict']})" in section
     assert f"floor {mini_floor:.1f}" in section
     assert ("*no skill*" in section) == (not m["accuracy_skill_sst2"])
+    assert "AUC [95% CI]" in section and "| bayes |" in section
     assert list((tmp_path / "report").glob("report_sanitize_*.png"))
 
 

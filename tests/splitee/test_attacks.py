@@ -564,6 +564,24 @@ def test_attack_smoke_cli(tmp_path, monkeypatch):
     assert m["bayes_leak_k"] == controls.repeat_leak_k(m)
     assert {"attack_verdict", "bayes_verdict", "verdict", "bayes_token_f1_chance"} <= set(results["metric_definitions"])
     assert m["token_f1_ci_lo"] <= m["token_f1"] <= m["token_f1_ci_hi"]
+    # issue 52 item 4: both attackers' per-prompt F1 as tests, own prompt against the next one; 6 prompts resolve
+    # FPR >= 16.7 % only, so no TPR at 10 % and below is reported
+    assert set(results["roc"]) == {"learned", "bayes"}
+    for name, prefix in (("learned", ""), ("bayes", "bayes_")):
+        test = results["roc"][name]
+        assert test["positives"] == test["negatives"] == 6 and m[f"{prefix}auc"] == test["auc"]
+        assert m[f"{prefix}auc_ci_lo"] <= test["auc"] <= m[f"{prefix}auc_ci_hi"]
+        assert m[f"{prefix}tpr_at_fpr"] == {"0.1": None, "1": None, "10": None}
+    from runners.export import table
+
+    rows = {r["metric"]: r for r in table(out)[0]}
+    assert rows["auc"]["value"] == m["auc"] and rows["bayes_auc"]["ci_hi"] == m["bayes_auc_ci_hi"]
+    assert "tpr_at_fpr[10]" not in rows       # not measurable: no number, and no error line (runs.data_problems)
+    from runners.report.runs import scan
+    from runners.report.splitee import attack as section
+
+    text = "\n".join(section.markdown(section.groups(scan(out)), lambda *a, **k: []))    # the section, no figures
+    assert "| ep1 ε=5 · noise_aware · qkv | learned |" in text
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == results["n_prompts"] == 6
     assert all(len(s["output_ids"]) == s["n_prompt_tokens"] for s in samples)

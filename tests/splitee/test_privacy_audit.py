@@ -173,6 +173,13 @@ def test_privacy_audit_smoke_through_the_cli_and_its_report(tmp_path):
     assert set(data["roc"]) == {"worst_case", "typical", "null"}
     curve = data["roc"]["worst_case"]["submission"]
     assert curve["fpr_pct"][0] == 0 and curve["fpr_pct"][-1] == 100 and curve["tpr_pct"][-1] == 100
+    # the shared ROC record (metrics/roc.py, issue 52 item 4): AUC with its interval, TPR read off the curve, and
+    # at 0.1 % FPR not measurable with ~100 negatives rather than a number
+    assert curve["auc_ci"][0] <= curve["auc"] <= curve["auc_ci"][1] and curve["auc"] == m["auc"]
+    assert curve["positives"] + curve["negatives"] == 200 and len(curve["fpr_pct"]) <= 200
+    low = {p["fpr_target_pct"]: p for p in curve["tpr_at_fpr"]}
+    assert low[0.1]["tpr_pct"] is None and "negatives resolve FPR" in low[0.1]["reason"]
+    assert low[10.0]["tpr_ci_pct"][0] <= low[10.0]["tpr_pct"] <= low[10.0]["tpr_ci_pct"][1]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [s["game"] for s in samples] == ["worst_case", "typical", "null"]
     assert len(samples[0]["labels"]) == len(samples[0]["submission_llr"]) == 200
@@ -183,11 +190,13 @@ def test_privacy_audit_smoke_through_the_cli_and_its_report(tmp_path):
     assert rows["tpr_at_fpr[10]"]["value"] == m["tpr_at_fpr"]["10"]
     assert [rows["tpr_at_fpr[10]"]["ci_lo"], rows["tpr_at_fpr[10]"]["ci_hi"]] == m["tpr_at_fpr_ci"]["10"]
     assert rows["empirical_mu_lower"]["value"] == m["empirical_mu_lower"] and "typical_exposure_accountant_mu" in rows
+    assert [rows["auc"]["value"], rows["auc"]["ci_lo"], rows["auc"]["ci_hi"]] == [m["auc"], m["auc_ci_lo"], m["auc_ci_hi"]]
     from runners.report.cli import main as report_main
 
     assert report_main([str(out), "--include-tagged", "smoke"]) == 0
     report = (out / "report.md").read_text()
     assert "## Empirical privacy audit" in report and "worst_case" in report
+    assert "| ε=1 | worst_case · submission | " in report and "AUC [95% CI]" in report
     assert any(p.name.startswith("report_privacy_audit") for p in out.glob("*.png"))
 
 

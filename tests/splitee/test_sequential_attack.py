@@ -229,7 +229,7 @@ def _first_stage(s: sq.Settings, log_prior: torch.Tensor, y: torch.Tensor, truth
     plan = sq.stages(s, keys, vocab)
     scorer = sq.Scorer(sq.LIKELIHOOD, 0.0, "own")
     results = {scorer.name: sq.ScorerResult(guesses=[[]], hits=[[]], survived=[0] * len(plan),
-                                            ranks=[[] for _ in plan])}
+                                            ranks=[[] for _ in plan], final_ranks=[[]])}
     prefix = SimpleNamespace(log_prior=log_prior)
     sq._position(None, prefix, [scorer], {"own": ({("qkv", 0): y[None]}, {("qkv", 0): 1.0})}, 0, keys, plan,
                  book, (book * book).sum(-1), s, truth, results, {"forward": 0})
@@ -265,6 +265,42 @@ def test_union_first_stage_keeps_what_the_prior_alone_and_the_exposure_alone_eac
     assert [_first_stage(exposure_only, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
     assert [_first_stage(prior_only, lp, y, t)[1] for lp, y, t in cases] == [0, 2]
     assert [_first_stage(union, lp, y, t)[1] for lp, y, t in cases] == [2, 0]
+
+
+def test_final_rank_of_the_truth_and_the_scorers_as_tests():
+    """The per-position score of sq.roc_tests (issue 52 item 4): the truth's rank in the final scoring, the
+    vocabulary's size where pruning dropped it; own view against the null view as a ROC."""
+    from types import SimpleNamespace
+
+    vocab = 6
+    y = torch.tensor([0.9, 0.8, 0.1, 0.7, 0.0, 0.2])      # exposure ranks 0 > 1 > 3 > 5 > 2 > 4
+    keys = [("qkv", 0)]
+    book = torch.eye(vocab)
+
+    def final_rank(keep: int, truth: int, prune_prior: int | None = None) -> int:
+        s = settings(prior="none", layers=(0,), ops=("qkv",), null_view=False, prune=((0, keep),),
+                     prune_prior=prune_prior)
+        scorer = sq.Scorer(sq.LIKELIHOOD, 0.0, "own")
+        plan = sq.stages(s, keys, vocab)
+        result = sq.ScorerResult(guesses=[[]], hits=[[]], survived=[0] * len(plan), ranks=[[] for _ in plan],
+                                 final_ranks=[[]])
+        # the prior ranks token 3 last: a prior stage of 2 drops it before any exposure is read
+        prefix = SimpleNamespace(log_prior=torch.log_softmax(torch.tensor([2.0, 1.5, 1.0, -5.0, 0.5, 0.0],
+                                                                          dtype=torch.float64), -1))
+        sq._position(None, prefix, [scorer], {"own": ({keys[0]: y[None]}, {keys[0]: 1.0})}, 0, keys, plan, book,
+                     (book * book).sum(-1), s, truth, {scorer.name: result}, {"forward": 0})
+        return result.final_ranks[0][0]
+
+    # the last stage scores with every exposure, so its rank of the truth is final, whatever it keeps
+    assert final_rank(2, 3) == final_rank(3, 3) == 2 and final_rank(2, 0) == 0
+    assert final_rank(2, 3, prune_prior=2) == vocab      # dropped by the prior: ranked after every survivor
+    own = sq.ScorerResult(final_ranks=[[0, 0, 2], [6]])
+    null = sq.ScorerResult(final_ranks=[[3, 6, 6], [6]])
+    outcome = sq.Outcome({sq.LIKELIHOOD: own, f"{sq.LIKELIHOOD}_null": null}, [], [], [], [], [], keys, [], 0.0, 4,
+                         0, vocab)
+    (test,) = sq.roc_tests(outcome).values()
+    # pairs (own, null) of −ranks: 0, 0 and −2 beat all four nulls (−3, −6, −6, −6), −6 ties three and loses one
+    assert test["auc"] == pytest.approx((4 + 4 + 4 + 1.5) / 16) and test["positives"] == test["negatives"] == 4
 
 
 def test_union_survivors_are_the_stage_best_then_the_priors(tiny, prompts):
@@ -658,6 +694,13 @@ def test_smoke_experiment_results(tmp_path):
     # ε = 1 on the tiny model: σ far above the signal, MAP reads the prior.
     assert m["map_minus_prior_ci_lo"] <= 0.0 <= m["map_minus_prior_ci_hi"]
     assert "smoke" in results["tags"]
+    # issue 52 item 4: each scorer's rank of the truth as a test, own view against the null view; MAP unprefixed
+    assert set(results["roc"]) == {"likelihood", "map"}
+    for name, prefix in (("likelihood", "sequential_"), ("map", "sequential_map_")):
+        test = results["roc"][name]
+        assert test["positives"] == test["negatives"] == m["n_positions"]
+        assert m[f"{prefix}auc"] == test["auc"] and test["auc_ci"][0] <= test["auc"] <= test["auc_ci"][1]
+    assert m["auc"] == m["sequential_map_auc"]
 
 
 @pytest.mark.parametrize("reference", ["prior", "null_view"])
@@ -676,6 +719,7 @@ def test_one_prompt_runs_without_the_null_view_and_says_so(tmp_path, reference):
     (note,) = results["notes"]
     assert note.startswith("one prompt, so no other prompt's view to serve as the null view: ran without it")
     assert ("map_reference=prior" in note) == (reference == "null_view")
+    assert results["roc"] == {} and "auc" not in m          # no null view: no test to read
     assert [line for line in res.stderr_lines if line.startswith("splitbench: note: one prompt")] == \
         [f"splitbench: note: {note}"]
 

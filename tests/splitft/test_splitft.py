@@ -338,6 +338,23 @@ def test_assess_verdicts():
     assert failed["a_verdict"] == "inconclusive" and not failed["a_positive_control_pass"]   # failed control
 
 
+def test_repaired_test_reads_own_truth_against_the_next_examples():
+    """A guess that is its own example's truth separates every pair (AUC 1); one guess for all examples scores the
+    same against any truth (AUC ½); n examples resolve FPR ≥ 1/n only."""
+    from attacks.splitft.cell import tests
+    from metrics.privacy import repaired_test
+
+    rng = np.random.default_rng(0)
+    refs = [list(rng.integers(0, 1000, 12)) for _ in range(10)]
+    perfect = repaired_test(refs, refs)
+    assert perfect["auc"] == 1.0 and perfect["positives"] == perfect["negatives"] == 10
+    assert {p["fpr_target_pct"]: p["tpr_pct"] for p in perfect["tpr_at_fpr"]} == {0.1: None, 1.0: None, 10.0: 100.0}
+    assert repaired_test(refs, [[7] * 12] * 10)["auc"] == 0.5
+    rows = [{"attacker": "a", "truth_ids": r, "guess_ids": r} for r in refs] + [
+        {"attacker": "b", "truth_ids": refs[0], "guess_ids": refs[0]}]      # one example: no test
+    assert set(tests(rows)) == {"a"} and tests(rows)["a"]["auc"] == 1.0
+
+
 def test_label_floor_is_the_constant_most_frequent_guess_and_the_verdict_must_beat_it():
     from attacks.labels import constant_guesses, top1_floor
 
@@ -490,6 +507,11 @@ def test_smoke_experiment_through_flower(tmp_path):
     assert m["weights_label_verdict"] == "leak" and m["verdict"] == "leak"
     assert "weights_label_top1" not in m and m["strongest_attacker"] != "weights_label"
     assert m["verdict"] in ("leak", "at_chance", "inconclusive")
+    # issue 52 item 4: each attacker's per-example F1 as a test, own truth against re-paired
+    assert {"label", "eia", "weights_label"} <= set(results["roc"])
+    weights = results["roc"]["weights_label"]
+    assert weights["positives"] == weights["negatives"] == 4 and m["weights_label_auc"] == weights["auc"]
+    assert m["auc"] == m[f"{m['strongest_attacker']}_auc"] and set(m["tpr_at_fpr"]) == {"0.1", "1", "10"}
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(r["H_A"] > 0 and "heldout_ce" in r for r in results["rounds"])   # PrivPair obfuscates
     assert m["heldout_ce"] < m["initial_heldout_ce"]                             # fine-tuning learned

@@ -35,6 +35,7 @@ from runners.report.format import (
     tagged,
 )
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 from runners.report.splitee import sequential_attack
 
@@ -222,9 +223,16 @@ def _why_learned(row: AttackRow) -> str | None:
         return None
     if not (m.get("positive_control_pass") and m.get("negative_control_pass")):
         return "control failed"
-    lo, hi = num(m.get("token_f1_ci_lo")), num(m.get("token_f1_ci_hi"))
+    lo, hi = _certified(m, "token_f1")
     floor, margin = num(m.get("chance_floor_token_f1")), num(m.get("gate_margin_pp"))
     return _why_interval(lo, hi, floor, margin, "floor")
+
+
+def _certified(m: dict, key: str) -> tuple[float | None, float | None]:
+    """The interval the verdict's at_chance read: the earned one where the run stored it (issue 51), else the data's."""
+    if f"{key}_earned_ci_lo" in m:
+        return num(m.get(f"{key}_earned_ci_lo")), num(m.get(f"{key}_earned_ci_hi"))
+    return num(m.get(f"{key}_ci_lo")), num(m.get(f"{key}_ci_hi"))
 
 
 def _why_interval(lo: float | None, hi: float | None, reference: float | None, margin: float | None,
@@ -244,7 +252,7 @@ def _why_bayes(row: AttackRow) -> str | None:
         return "old run: no Bayes control"
     if not m.get("bayes_positive_control_pass"):
         return "control failed"
-    lo, hi = num(m.get("bayes_token_f1_ci_lo")), num(m.get("bayes_token_f1_ci_hi"))
+    lo, hi = _certified(m, "bayes_token_f1")
     return _why_interval(lo, hi, num(m.get("bayes_token_f1_chance")), num(m.get("gate_margin_pp")), "chance")
 
 
@@ -478,6 +486,8 @@ def markdown(items: Sequence[AttackGroup], figure: Figures) -> list[str]:
         bayes = bayes_md(group)
         if bayes:
             md += [BAYES_INTRO, "", bayes, ""]
+        labels = {id(r.run): f"{r.privacy_label()} · {r.setting} · {r.component}" for r in group.rows}
+        md += roc_table([r.run for r in group.rows], lambda run: labels[id(run)])
         acc = accounting_md(group)
         if acc:
             md += [ACCOUNTING_INTRO, "", acc, ""]

@@ -12,6 +12,7 @@ from typing import Any
 
 from runners.report.format import file_slug, md_table, tagged
 from runners.report.plotting import Figures, legend_outside, pyplot, save
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "privacy_audit"
@@ -191,6 +192,7 @@ def markdown(items: Sequence[AuditGroup], figure: Figures) -> list[str]:
                f"{audit.get('accountant_exposures')} exposures influenced; {first['metrics'].get('n_trials')} trials "
                f"a pair; one exposure = {audit.get('exposure')} at the differing position.", "",
                table_md(group), "",
+               *roc_table(group.runs, lambda run: f"ε={_eps(run):g}"),
                *figure("privacy_audit_mu", i, group, plot_mu, "μ against ε: audit, pair and accountant"),
                *figure("privacy_audit_roc", i, group, plot_roc, "ROC of the whole submission")]
     return md

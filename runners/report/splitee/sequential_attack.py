@@ -12,6 +12,7 @@ from typing import Any
 from attacks import controls
 from runners.report.format import ci, md_table, tagged
 from runners.report.plotting import Figures, mark_coincident, metric_axis, pyplot, save_axes, series_style
+from runners.report.roc import table_md as roc_table
 from runners.report.runs import Run, finished_runs
 
 EXPERIMENT = "sequential_attack"
@@ -247,6 +248,7 @@ def markdown(items: Sequence[SequentialGroup], figure: Figures) -> list[str]:
     md = ["## Sequential all-exposure attacker (issues 32, 36)", "", INTRO, ""]
     for i, group in enumerate(items):
         md += [f"### {group.model}", "", table_md(group.rows), ""]
+        md += roc_table(group.rows, _setting)
         if any(r.data.get("epsilon") is not None for r in group.rows):
             md += figure("sequential", i, group, plot, "top-1 against ε: likelihood, MAP and the prior alone")
         for j, curve in enumerate(layer_curves(group)):
