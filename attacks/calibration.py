@@ -447,8 +447,8 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
     `per_item_bound_pp`). Null: shuffled labels (the guesses
     are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
     of the true labels' token F1 (`_dose`)."""
+    from attacks.labels import constant_guesses
     from attacks.splitft.cell import assess
-    from attacks.splitft.label import constant_guesses
 
     constant = constant_guesses(rows)
     length = len(rows[0])
@@ -476,7 +476,7 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
 
 
 def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float, *,
-                     top_k: int, l2: float, max_iter: int, code_strength: float = 3.0,
+                     top_k: int, l2: float, max_iter: int, code_strength: float,
                      planning: dict[str, float] | None = None) -> Entry:
     """Paper 004: the frequent-token probe's verdict (attacks/controls.classify of one cell's effect interval
     against the gate's moved reference, min(0, the shuffled-label probe's effect)). Features: 8 Gaussian

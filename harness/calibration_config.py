@@ -69,8 +69,8 @@ class CalibrationTextConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
-    published_n: Optional[int] = None   # the n the system's committed runs use (None: not stated)
-    published: Optional[str] = None     # where that n comes from
+    published_n: Optional[int] = MISSING   # the n the system's committed runs use (null: not stated)
+    published: Optional[str] = MISSING     # where that n comes from
 
 
 @dataclass
@@ -83,23 +83,23 @@ class CalibrationGradAuditConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
-    published_n: Optional[int] = None
-    published: Optional[str] = None
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 @dataclass
 class CalibrationSpliteeConfig:
     prompts: int = MISSING         # pool prompts, cut in order from real text
     tokens: int = MISSING          # tokens a prompt (positions 1..tokens-1 are attacked)
-    pool_path: Optional[str] = None   # a UTF-8 text file the pool is cut from; None = the built-in corpus
+    pool_path: Optional[str] = MISSING   # a UTF-8 text file the pool is cut from; null = the built-in corpus
     positions: int = MISSING       # positions per trial, drawn from the pool
     epsilon: float = MISSING       # ep1's ε of the masks
     dose_epsilon: float = MISSING  # ε of a dosed position's own exposure
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationPairedPlanning = MISSING
-    published_n: Optional[int] = None
-    published: Optional[str] = None
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 @dataclass

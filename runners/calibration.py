@@ -15,10 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from harness import run_identity
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
-# The systems' sections whose margins it reads (runners/registry.py READS names the parts): in its hash they
+# The systems' sections whose margins it reads (harness/run_identity.py READS names the parts): in its hash they
 # sit under `system_margins`, the layout its finished runs were hashed in.
 _MARGINS = ("collab", "sanitize", "splitft", "grad_audit", "attack")
 
@@ -30,8 +31,8 @@ def describe_skip(cfg: DictConfig) -> str | None:
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Its own section, the model (the collab entry's cloud and every entry's tokenizer), the margins it reads
     from each system's section, the sequential attacker's recall threshold and MAP reference, the engine's σ settings
-    (runners/registry.py READS), the margins grouped as its finished runs' hashes have them."""
-    out = identity.semantic_config(cfg)
+    (harness/run_identity.py READS), the margins grouped as its finished runs' hashes have them."""
+    out = run_identity.semantic_config(cfg)
     margins = {sys: out.pop(sys) for sys in _MARGINS}
     sequential = margins["attack"].pop("sequential")
     margins["attack"]["sequential_min_pruning_recall"] = float(sequential["min_pruning_recall"])
