@@ -1,5 +1,6 @@
 """Shared test helpers: composing configs with Hydra's compose API, running the CLI in a subprocess
-(run_cli) or, without paying an interpreter's start-up, in the test process (run_cli_in_process).
+(run_cli) or, without paying an interpreter's start-up, in the test process (run_cli_in_process; any other
+entry point's main(): run_main_in_process).
 
 Every CLI run gets WANDB_MODE=disabled, its own output dir and cache dir under tmp_path, and the
 repository root as working directory, so tests never touch ~/.cache or ./outputs and never reach W&B.
@@ -201,9 +202,22 @@ def run_cli(args: list[str], out: Path | str, cache: Path, *, script: Path | Non
 
 def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: dict | None = None) -> CliResult:
     """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
-    `splitbench = runners.run:main`) called in this process with the same argv, environment and working
-    directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter
-    would. It saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
+    `splitbench = runners.run:main`) called in this process by run_main_in_process, with the same argv,
+    environment and working directory. SPLITBENCH_TEST_SUBPROCESS=1 runs each call through run_cli instead
+    (a process of its own), to check that a test passes the same both ways or to time the two (a test that
+    patches this process's modules, such as test_runs' count_jobs, needs the in-process way)."""
+    if os.environ.get("SPLITBENCH_TEST_SUBPROCESS") == "1":
+        return run_cli(args, out, cache, env=env)
+    _share_tokenizer_cache(Path(cache))
+    return run_main_in_process("runners.run", ["splitbench", *args, f"paths.output_dir={out}",
+                                               f"paths.cache_dir={cache}"], env=env)
+
+
+def run_main_in_process(module: str, argv: list[str], *, env: dict | None = None, cwd: Path = REPO) -> CliResult:
+    """`python -m MODULE ARGV[1:]` in CWD (run_cli's environment plus `env`) without the subprocess: MODULE's
+    main() called in this process with sys.argv = ARGV, stdout and stderr captured and SystemExit turned into
+    the exit code, as the interpreter would (an uncaught exception: its traceback on stderr, exit 1). It
+    saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
     run changes in the process is put back: the environment (main() sets HYDRA_FULL_ERROR), sys.argv, the
     working directory, Hydra's GlobalHydra and HydraConfig, the root logging handlers Hydra's job logging
     installs, torch's thread count (runners may set it), the global random generators (model loading
@@ -212,12 +226,16 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
     logging calls logging.config.dictConfig, which first closes every handler of the process, and absl's
     handler (absl.logging, imported with dp-accounting) closes its stream unless that is the current
     sys.stderr: inside the run that is the capture below, so it would close pytest's own capture stream.
-    SPLITBENCH_TEST_SUBPROCESS=1 runs each call through run_cli instead (a process of its own), to check
-    that a test passes the same both ways or to time the two (a test that patches this process's modules,
-    such as test_runs' count_jobs, needs the in-process way)."""
+    SPLITBENCH_TEST_SUBPROCESS=1 runs it as `python -m MODULE` in a process of its own instead."""
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
     if os.environ.get("SPLITBENCH_TEST_SUBPROCESS") == "1":
-        return run_cli(args, out, cache, env=env)
+        done = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=cwd, env=full_env, capture_output=True,
+                              text=True, timeout=300)
+        return CliResult(done.returncode, done.stdout, done.stderr)
     import contextlib
+    import importlib
     import io
     import logging
     import random
@@ -228,12 +246,7 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
     import torch
     from hydra.core.hydra_config import HydraConfig
 
-    from runners.run import main
-
-    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None)
-    _share_tokenizer_cache(Path(cache))
+    main = importlib.import_module(module).main
     saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
@@ -248,8 +261,8 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
         logging._handlers.clear()
         os.environ.clear()
         os.environ.update(full_env)
-        sys.argv = ["splitbench", *args, f"paths.output_dir={out}", f"paths.cache_dir={cache}"]
-        os.chdir(REPO)
+        sys.argv = list(argv)
+        os.chdir(cwd)
         GlobalHydra.instance().clear()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
