@@ -331,7 +331,7 @@ def run_main_in_process(module: str, argv: list[str], *, env: dict | None = None
         GlobalHydra.instance().clear()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                main()
+                raise SystemExit(main())           # what a console script does with main()'s return value
             except SystemExit as exc:
                 if isinstance(exc.code, str):      # sys.exit("message"): printed, status 1
                     print(exc.code, file=sys.stderr)
