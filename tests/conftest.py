@@ -360,6 +360,45 @@ def run_main_in_process(module: str, argv: list[str], *, env: dict | None = None
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
 
+@pytest.fixture
+def splitbench_lm_eval(monkeypatch):
+    """`splitbench-lm-eval ARGV[1:]` (runners/lm_eval_model.py main()) in this process: a function of (argv, env)
+    that returns run_main_in_process's CliResult. Each call is set up as a fresh process would be: lm-eval's log
+    handler is made again, on the captured stderr, so its lines are checked too. lm-eval's command line indexes
+    its ~14k task files (pure-Python YAML, seconds) at every call, the same files every time here: they are
+    indexed once for the test and each call gets its own copy. What main() changes in the process
+    (lm_eval.simple_evaluate, the lm_eval logger) is put back after the test."""
+    import copy
+    import logging
+
+    import lm_eval
+    import lm_eval.utils
+    from lm_eval.tasks._index import TaskIndex
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lm_eval.simple_evaluate)
+    logger = logging.getLogger("lm_eval")
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "handlers", logger.handlers)
+    built: dict = {}
+    build = TaskIndex.build
+
+    def build_once(paths, **kwargs):
+        paths = list(paths)
+        key = (tuple(str(p) for p in paths), tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build(paths, **kwargs)
+        return copy.deepcopy(built[key])
+
+    monkeypatch.setattr(TaskIndex, "build", staticmethod(build_once))
+
+    def run(argv: list[str], env: dict | None = None, cwd: Path = REPO) -> CliResult:
+        monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+        logger.handlers = []
+        return run_main_in_process("runners.lm_eval_model", argv, env=env, cwd=cwd)
+
+    return run
+
+
 def _share_tokenizer_cache(cache: Path) -> None:
     """Point a fresh test cache's tokenizers/ at the user's cache root, so that the tiny models' SmolLM2
     tokenizer is parsed from its GGUF once per machine rather than once per CLI test (a few seconds each).

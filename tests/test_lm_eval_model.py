@@ -132,35 +132,9 @@ def test_a_sanitiser_changes_what_the_model_sees_and_its_identity_does_not(tmp_p
         assert _responses(same, task) == _responses(plain, task)
 
 
-def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Path, monkeypatch) -> None:
-    """`splitbench-lm-eval` (its main(), in this process: run_main_in_process) on each bad configuration."""
-    import copy
-    import logging
-
-    import lm_eval.utils
-    from lm_eval.tasks._index import TaskIndex
-
-    from .conftest import run_main_in_process
-
+def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Path, splitbench_lm_eval) -> None:
+    """`splitbench-lm-eval` (its main(), in this process: conftest's splitbench_lm_eval) on each bad configuration."""
     (tmp_path / "task.yaml").write_text(json.dumps(_tasks(tmp_path)[0]))
-    # lm-eval's command line indexes its ~14k task files (pure-Python YAML, seconds) on every call, the same
-    # files every time here: indexed once, each call given its own copy.
-    built: dict = {}
-    build = TaskIndex.build
-
-    def build_once(paths, **kwargs):
-        paths = list(paths)
-        key = (tuple(str(p) for p in paths), tuple(sorted(kwargs.items())))
-        if key not in built:
-            built[key] = build(paths, **kwargs)
-        return copy.deepcopy(built[key])
-
-    monkeypatch.setattr(TaskIndex, "build", staticmethod(build_once))
-    # What main() sets up in the process, as in a fresh one each call: lm-eval's log handler (on the captured
-    # stderr, so its lines are checked too) and its wrapped simple_evaluate, both put back afterwards.
-    monkeypatch.setattr(lm_eval, "simple_evaluate", lm_eval.simple_evaluate)
-    lm_logger = logging.getLogger("lm_eval")
-    monkeypatch.setattr(lm_logger, "propagate", lm_logger.propagate)
     for args, message, model, task in (
             (f"{MODEL},configuration=nope", "nope", "splitbench", "sb_choice"),
             (f"{MODEL},configuration=custext_plus", "needs its privacy parameter", "splitbench", "sb_choice"),
@@ -168,11 +142,9 @@ def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Pat
             (f"{MODEL},configuration=cpu", "Tasks not found: nope_task", "splitbench", "nope_task"),
             (MODEL, "plain `lm_eval --model splitbench` cannot find it: lm-eval does not load plug-in entry points",
              "splitbnech", "sb_choice")):
-        monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
-        monkeypatch.setattr(lm_logger, "handlers", [])
-        proc = run_main_in_process("runners.lm_eval_model", [
-            "splitbench-lm-eval", "--model", model, "--model_args", args, "--include_path", str(tmp_path),
-            "--tasks", task, "--output_path", str(tmp_path / "out")], env={"OMP_NUM_THREADS": "1"})
+        proc = splitbench_lm_eval(["splitbench-lm-eval", "--model", model, "--model_args", args, "--include_path",
+                                   str(tmp_path), "--tasks", task, "--output_path", str(tmp_path / "out")],
+                                  env={"OMP_NUM_THREADS": "1"})
         assert proc.returncode == 2, proc.stderr[-2000:]
         errors = [line for line in proc.stderr.splitlines() if line.startswith("splitbench: error:")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr
