@@ -65,7 +65,8 @@ def _keep_freed_memory() -> None:
     """glibc hands every allocation over 32 MB back to the kernel when it is freed (mmap, munmap), so a test
     that allocates a (rows x vocabulary) tensor at every step pays the page faults again at every step: in
     the grad-audit smoke (BiSR's label matching on a 151k vocabulary) the kernel's time was 38 of its 66
-    CPU-seconds. Served from the heap, with up to 1 GiB freed kept for reuse, it is 1 s (25.7 in all). The
+    CPU-seconds. Served from the heap, with up to 1 GiB freed kept for reuse, it is 1 s (25.7 in all; the
+    sanitize smoke's 9 s of kernel time are 1.3, the attack smoke's 5.7 are 0.9). The
     CLI's subprocesses and Ray's workers get the same through glibc's environment variables. Elsewhere
     (no glibc) nothing changes."""
     if not sys.platform.startswith("linux"):
