@@ -130,7 +130,7 @@ SYSTEMS: tuple[System, ...] = (
             # only for their configurations (harness/run_identity.py)
             # dp_delta: 1e-5 is what every run converted with before the key existed (unhashed)
             Runner("fidelity", "runners.splitee.fidelity", (*_SPLITEE_READS, "baseline", "sanitize", "dp_delta"),
-                   also_runs=(SANITIZE,), unhashed=(("dp_delta", 1e-5),)),
+                   also_runs=(SANITIZE,), unhashed=(("dp_delta", 1e-5), ("sanitize.attack.per_item_bound_pp", 100.0))),
             # timing times the configurations of its own section, not the `configuration` group
             Runner("timing", "runners.splitee.timing", ("runner", "seed", "model", "epsilon", "workload", "generation",
                                                 "engine", "epn_n", "mask_seeds", "timing")),
@@ -141,14 +141,15 @@ SYSTEMS: tuple[System, ...] = (
             Runner("controlled_error", "runners.splitee.controlled_error", (*_SPLITEE_READS, "controlled_error")),
             # `attack.sequential` is the sequential attacker's; the learned attack's options never move it
             Runner("attack", "runners.splitee.attack", (*_SPLITEE_READS, "attack", "dp_delta"),
-                   ignores=("attack.sequential",), unhashed=(("dp_delta", 1e-5),)),
+                   ignores=("attack.sequential",), unhashed=(("dp_delta", 1e-5), ("attack.controls.per_item_bound_pp", 100.0))),
             # map_reference: prior, prune_union_prior: null and pruning_rule: recall are what every run computed
             # before the keys existed (unhashed)
             Runner("sequential_attack", "runners.splitee.sequential_attack",
                    (*_SPLITEE_READS, "attack.sequential", "attack.controls"),
                    unhashed=(("attack.sequential.map_reference", "prior"),
                              ("attack.sequential.prune_union_prior", None),
-                             ("attack.sequential.pruning_rule", "recall"))),
+                             ("attack.sequential.pruning_rule", "recall"),
+                             ("attack.controls.per_item_bound_pp", 100.0))),
             # the privacy audit generates nothing: of the shared keys, the prompt, the engine's σ and ε's reading
             Runner("privacy_audit", "runners.splitee.privacy_audit",
                    ("runner", "seed", "model", "configuration", "epsilon", "workload", "engine", "epn_n",
@@ -180,7 +181,8 @@ SYSTEMS: tuple[System, ...] = (
         ),
         runners=(
             Runner("sanitize", "runners.sanitize", ("runner", "seed", "model", "configuration", "epsilon",
-                                                    "workload", "sanitize"), placements=("sanitize.placement",)),
+                                                    "workload", "sanitize"), placements=("sanitize.placement",),
+                   unhashed=(("sanitize.attack.per_item_bound_pp", 100.0),)),
         ),
         report_sections=("runners.report.sanitize",),
         smoke=("sanitize_smoke",),
@@ -209,7 +211,8 @@ SYSTEMS: tuple[System, ...] = (
             # `splitft.runtime: simulation` is what every run computed before the key existed; the split
             # deployment (other processes, the same numbers to float tolerance) enters the hash
             Runner("splitft", "runners.splitft", ("runner", "seed", "model", "configuration", "epsilon", "splitft"),
-                   unhashed=(("splitft.runtime", "simulation"),), placements=("splitft.placement",)),
+                   unhashed=(("splitft.runtime", "simulation"), ("splitft.attack.per_item_bound_pp", 100.0)),
+                   placements=("splitft.placement",)),
         ),
         report_sections=("runners.report.splitft",),
         smoke=("splitft_smoke",),
@@ -262,13 +265,19 @@ SYSTEMS: tuple[System, ...] = (
             # the mitigation's settings only where it runs
             Runner("grad_audit", "runners.grad_audit", ("runner", "model", "configuration", "epsilon", "grad_audit"),
                    reads_only_for=(("grad_audit.mitigation", ("decoy_mitigated",)),),
-                   placements=("grad_audit.placement",)),
+                   unhashed=(("grad_audit.gates.per_item_bound_pp", 100.0),), placements=("grad_audit.placement",)),
         ),
         report_sections=("runners.report.grad_audit",),
         smoke=("grad_audit_smoke",),
         docs="docs/grad_audit.md",
     ),
 )
+
+# Issue 51's per-item bounds (the earned interval's B) at 100 pp are what every run's verdict read before the
+# keys existed: left out of the hash there, so committed runs keep their identity.
+_BOUNDS_UNHASHED = tuple((key, 100.0) for key in ("sanitize.attack.per_item_bound_pp", "splitft.attack.per_item_bound_pp",
+                                                  "grad_audit.gates.per_item_bound_pp",
+                                                  "attack.controls.per_item_bound_pp"))
 
 # What runs across systems, declared like a system with no configurations: its runner runs every system's
 # configurations and reads every section it names whatever the configuration (harness/run_identity.py).
@@ -285,7 +294,8 @@ CROSS_SYSTEM: tuple[System, ...] = (
                     "sanitize.attack", "splitft.attack",
                     "grad_audit.gates", "attack.controls", "attack.sequential.min_pruning_recall",
                     "attack.sequential.map_reference", "engine.sigma_scale", "engine.sensitivity_rule"),
-                   also_runs=tuple(s.name for s in SYSTEMS), unhashed=(("attack.sequential.map_reference", "prior"),)),
+                   also_runs=tuple(s.name for s in SYSTEMS),
+                   unhashed=(("attack.sequential.map_reference", "prior"), *_BOUNDS_UNHASHED)),
         ),
         report_sections=("runners.report.calibration",),
         smoke=("calibration_smoke",),

@@ -117,7 +117,7 @@ def test_every_system_has_the_same_folders(system):
 # What runners/ and runners/report/ hold beside the systems' modules: the machinery every runner or section
 # shares, and tradeoff.py, the one cross-system section (every run's `tradeoff` block in one chart)
 SHARED_RUNNER_MODULES = {"__init__", "run", "registry", "common", "export", "lm_eval_model", "plan"}
-SHARED_REPORT_MODULES = {"__init__", "__main__", "cli", "document", "format", "other", "plotting", "provenance",
+SHARED_REPORT_MODULES = {"__init__", "__main__", "cli", "document", "format", "other", "plotting", "provenance", "roc",
                          "runs", "sections", "tradeoff", "wandb_report"}
 
 
