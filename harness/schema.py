@@ -325,7 +325,11 @@ def _splitbench_config() -> type:
     at = next(i for i, f in enumerate(shared) if f[0] == "restore") + 1
     sections = [(section, getattr(SYSTEM_SECTIONS[section], schema.partition(":")[2]), field(default=MISSING))
                 for section, (_, schema) in systems.sections().items()]
-    node = make_dataclass("SplitbenchConfig", [*shared[:at], *sections, *shared[at:]])
+    # Each section's defaults (conf/SECTION/default.yaml) are composed from here, not listed in conf/config.yaml,
+    # so a new system's section joins without an edit there (the schema itself first: its MISSING values under them).
+    groups = [{section: "default"} for section in systems.sections()]
+    defaults = ("defaults", List[Any], field(default_factory=lambda: ["_self_", *groups]))
+    node = make_dataclass("SplitbenchConfig", [defaults, *shared[:at], *sections, *shared[at:]])
     node.__module__ = __name__
     return node
 
