@@ -325,11 +325,7 @@ def _splitbench_config() -> type:
     at = next(i for i, f in enumerate(shared) if f[0] == "restore") + 1
     sections = [(section, getattr(SYSTEM_SECTIONS[section], schema.partition(":")[2]), field(default=MISSING))
                 for section, (_, schema) in systems.sections().items()]
-    # Each section's defaults (conf/SECTION/default.yaml) are composed from here, not listed in conf/config.yaml,
-    # so a new system's section joins without an edit there (the schema itself first: its MISSING values under them).
-    groups = [{section: "default"} for section in systems.sections()]
-    defaults = ("defaults", List[Any], field(default_factory=lambda: ["_self_", *groups]))
-    node = make_dataclass("SplitbenchConfig", [defaults, *shared[:at], *sections, *shared[at:]])
+    node = make_dataclass("SplitbenchConfig", [*shared[:at], *sections, *shared[at:]])
     node.__module__ = __name__
     return node
 
@@ -340,6 +336,9 @@ SplitbenchConfig = _splitbench_config()
 def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="splitbench_schema", node=SplitbenchConfig)
+    # Each section's defaults (conf/SECTION/default.yaml), composed where conf/config.yaml names this node: built
+    # from the registry, so a new system's section joins without an edit there.
+    store.store(name="system_sections", node={"defaults": [{section: "default"} for section in systems.sections()]})
     for kind, node in MODEL_SCHEMAS.items():
         store.store(group="schema/model", name=kind, node=node)
 
