@@ -1,5 +1,6 @@
 """The schema of the `calibration` config section (issue 31: every system's verdict calibrated against
-nulls, attacks/calibration.py): types only, every value in conf/calibration/default.yaml.
+nulls, attacks/calibration.py): types only, every value in conf/calibration/default.yaml (the shared keys) and
+conf/NAME/calibration.yaml (calibration.NAME).
 
 The shared keys and the planning types are here; each system's part (calibration.NAME) is typed and checked by
 the module of its calibration entry (attacks/NAME/calibration.py `Config`, `check`), the one its entry of

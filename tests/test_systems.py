@@ -59,7 +59,12 @@ def test_schema_sections_are_the_entries_sections(hydra_conf):
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
     assert "system_sections" in defaults and not {k for d in defaults if isinstance(d, dict) for k in d} & set(declared)
     cfg = compose_config([])
-    assert all(cfg[section] == yaml.safe_load((CONF / section / "default.yaml").read_text()) for section in declared)
+    for section in declared:
+        assert all(cfg[section][k] == v for k, v in yaml.safe_load((CONF / section / "default.yaml").read_text()).items())
+    # and each calibrated system's part of the calibration section from its own conf/NAME/calibration.yaml
+    for s in systems.SYSTEMS:
+        if s.calibration is not None:
+            assert cfg.calibration[s.name] == yaml.safe_load((CONF / s.name / "calibration.yaml").read_text())
 
 
 @pytest.mark.parametrize("entry", systems.ENTRIES, ids=lambda s: s.name)
@@ -216,9 +221,10 @@ def test_a_sixth_system_runs_its_smoke_touching_only_the_registry(tmp_path, monk
     other shared file knows it: its section is composed from the registry (harness/schema.py), its
     configuration, runner and section check are found through it. A real sixth system would touch, besides
     its own files (harness/NAME/, attacks/NAME/ with its calibration.py, runners/NAME.py,
-    runners/report/NAME.py, conf/NAME/default.yaml, conf/configuration/*.yaml, conf/experiment/NAME*.yaml,
+    runners/report/NAME.py, conf/NAME/default.yaml and calibration.yaml, conf/configuration/*.yaml, conf/experiment/NAME*.yaml,
     docs/NAME.md, tests/NAME/), the shared harness/systems.py (its entry), conf/calibration/default.yaml (its
-    calibration.NAME values, where it is calibrated) and docs/systems.md and docs/architecture.md (its line)."""
+    name in calibration.systems, where it is calibrated; its values are its own conf/NAME/calibration.yaml) and
+    docs/systems.md and docs/architecture.md (its lines)."""
     for path, text in _SIXTH.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text.lstrip("\n"))
