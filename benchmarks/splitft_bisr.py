@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from attacks.labels import match_labels
 from attacks.splitft.bisr import initial_embeddings, reconstruct
-from attacks.splitft.bisr_backward import match_labels
 from attacks.splitft.eia import invert
 from benchmarks.models import load_named_model
 from harness.partition import Partition

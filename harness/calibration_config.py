@@ -53,8 +53,8 @@ class CalibrationTextConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
-    published_n: Optional[int] = None   # the n the system's committed runs use (None: not stated)
-    published: Optional[str] = None     # where that n comes from
+    published_n: Optional[int] = MISSING   # the n the system's committed runs use (null: not stated)
+    published: Optional[str] = MISSING     # where that n comes from
 
 
 def check_text(name: str, c: DictConfig) -> None:

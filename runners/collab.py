@@ -23,17 +23,17 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.collab import config as collab_config
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What changes a collab result: not the SpliTEE sections or the workload; the parameter normalised."""
-    return identity.semantic_config(cfg, epsilon=parameter(cfg))
+    return run_identity.semantic_config(cfg, epsilon=parameter(cfg))
 
 
 def parameter(cfg: DictConfig) -> float | None:

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness import configurations
+from harness.errors import UserError
 
 
 @dataclass
@@ -241,6 +242,18 @@ def test_side(cfg: DictConfig, inputs: Inputs, seed: int) -> tuple[str, list[lis
                                                                       loaded.tokenizer, seed).input_ids
 
 
+def test_point(cfg: DictConfig) -> str | None:
+    """What tells two runs of one configuration and privacy parameter apart on the privacy–utility chart
+    (`tradeoff` `point`), for the runners that run a sanitiser (sanitize, and fidelity's test side): the window
+    of the Stencil mechanisms, the output set of CusText+; None for any other configuration."""
+    name, section = cfg.configuration.name, cfg.sanitize
+    if name in ("stencil", "dx_stencil"):
+        return f"L={section.window} σ={section.sigma:g}"
+    if name == "custext_plus":
+        return f"k={section.custext_k}"
+    return None
+
+
 def resolve_baseline(choice: str) -> str:
     """`auto` → gpu where CUDA exists, else cpu; explicit choices stand."""
     if choice != "auto":
@@ -355,9 +368,13 @@ def load_semantic(cfg: DictConfig) -> Any:
     """The similarity model cfg.semantic_model (None: the metric is skipped), cached under paths.cache_dir."""
     if not cfg.semantic_model:
         return None
-    from metrics.semantic import load_semantic_model
+    from harness.models import cache_root
+    from metrics.semantic import SemanticModelError, load_semantic_model
 
-    return load_semantic_model(cfg.semantic_model, cache_dir=cfg.paths.cache_dir)
+    try:
+        return load_semantic_model(cfg.semantic_model, cache_dir=cache_root(cfg.paths.cache_dir))
+    except SemanticModelError as exc:   # metrics' own error: the user's to fix (not installed, unknown)
+        raise UserError(str(exc)) from None
 
 
 def summary_head(results: dict[str, Any], *details: str, model: str | None = None,

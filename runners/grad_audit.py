@@ -21,9 +21,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 EXPERIMENT = "grad_audit"
@@ -32,7 +32,7 @@ EXPERIMENT = "grad_audit"
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The audit's config hash: without what it ignores; the mitigation's settings only where it runs
     (harness/systems.py: the runner's `reads_only_for`)."""
-    return identity.semantic_config(cfg, epsilon=None)
+    return run_identity.semantic_config(cfg, epsilon=None)
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:

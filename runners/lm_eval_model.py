@@ -166,13 +166,14 @@ HELP = (f"splitbench-lm-eval is lm-eval's command line with the model `{NAME}` r
 def _run_folder(output_path: str, model_args: Any) -> str:
     """`OUT/<model>/<configuration>/<eps=ε|eps=na>/results.json` for lm-eval's tracker, which writes a path
     ending in .json as `results_<date>.json` beside the tasks' samples files in that folder."""
-    from harness import schema
+    from harness import run_identity
 
     args = model_args if isinstance(model_args, dict) else {}
     model, configuration = str(args.get("model", "smollm2-135m")), str(args.get("configuration", "ep1"))
     epsilon = args.get("epsilon")
-    eps = schema.eps_dirname(configuration, epsilon) if epsilon is not None else "eps=na"
-    parts = [schema.plain_dirname("model", model), schema.plain_dirname("configuration", configuration), eps]
+    eps = run_identity.eps_dirname(configuration, epsilon) if epsilon is not None else "eps=na"
+    parts = [run_identity.plain_dirname("model", model), run_identity.plain_dirname("configuration", configuration),
+             eps]
     return str(Path(output_path, *parts, "results.json"))
 
 

@@ -91,7 +91,7 @@ def _job(cfg: Any, overrides: list[str]) -> Job:
     from harness.results import RunDir, config_hash
     from runners.registry import load_runner, runner_systems
 
-    HydraConfig.instance().set_config(cfg)   # what a running job sees (its overrides: runners/identity.py)
+    HydraConfig.instance().set_config(cfg)   # what a running job sees (its overrides: harness/run_identity.py)
     folder = Path(cfg.hydra.sweep.dir).expanduser().resolve()
     path = folder / str(cfg.hydra.sweep.subdir)
     job = cfg.copy()

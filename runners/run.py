@@ -6,7 +6,7 @@
     splitbench -m hydra/launcher=joblib ...          # local parallel sweep
 
 Every job goes through `run_job`: validate, note the overrides its runner does not read (they change
-neither its directory nor its config hash: runners/identity.py), lock its run directory, skip it if it is
+neither its directory nor its config hash: harness/run_identity.py), lock its run directory, skip it if it is
 already complete, else hand it to the runner named by `cfg.runner` (runners/registry.py: the contract and
 the registry). Runners compose library code (harness/, metrics/) and write results through
 harness/results.py.
@@ -28,7 +28,7 @@ variable HYDRA_FULL_ERROR=1 is set, in which case it re-raises. `main()` sets it
   show their traceback before the one line.
 A sweep that ends in one of these before any job wrote a file leaves its folder as it was, multirun.yaml
 included (SweepGuard). An empty paths.output_dir and a key given twice on the command line are refused
-while Hydra resolves the sweep folder, before it writes anything (runners/identity.py sweep_dirname).
+while Hydra resolves the sweep folder, before it writes anything (harness/run_identity.py sweep_dirname).
 """
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ from harness import configurations, schema
 from harness.errors import UserError
 from harness.progress import quiet_bars_in_environment, quiet_library_bars
 from harness.results import DONE, RunContext, RunDir, atomic_write_bytes, config_hash, remove_if_empty
+from harness.run_identity import unread_overrides  # also registers the sb.* resolvers, which name run dirs
 from runners import plan
 from runners.common import results_header
-from runners.identity import unread_overrides  # also registers sb.run_overrides, which names run dirs
 from runners.registry import Runner, load_runner, runner_systems
 
 PROG = "splitbench"

@@ -24,11 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.errors import UserError
 from harness.results import RunContext
-from harness.sanitize.config import point_label, tradeoff_setting
-from runners import common, identity
+from harness.sanitize.config import tradeoff_setting
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbours_top1", "bayes_top1", "decoder_top1",
@@ -37,7 +37,7 @@ _TABLE_COLUMNS = ("id", "prompt", "sanitized_text", "unchanged_rate", "neighbour
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """No generation, engine, baseline or similarity model; ε normalised (Stencil ignores it)."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
             leakage_metric="token_f1", leakage=best.f1.mean, leakage_ci=(best.f1.lo, best.f1.hi), attacker=best.name,
             leakage_floor=best.reference, utility_metric="accuracy", utility=utility.mean,
             utility_ci=(utility.lo, utility.hi), reference=f"lm-eval gold labels; {use.reference}",
-            point=point_label(cfg.sanitize, cfg.configuration.name), setting=tradeoff_setting(task_docs.docs)),
+            point=common.test_point(cfg), setting=tradeoff_setting(task_docs.docs)),
         "timings": {k: round(clock[k] - clock[p], 3) for p, k in zip(list(clock), list(clock)[1:])},
         "notes": [],
     }

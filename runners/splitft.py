@@ -25,10 +25,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
 from harness.splitft.config import grad_guard, tradeoff_setting, variant_label  # torch-free
-from runners import common, identity
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 
@@ -36,7 +36,7 @@ describe_skip = common.epsilon_ignored_note
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the SpliTEE-only sections; ε normalised (only the defences with a knob use it).
     `splitft.runtime: simulation` stays out (harness/systems.py: the runner's `unhashed`)."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
                                                                                   cfg.epsilon))
 
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 
-import harness.schema  # noqa: E402,F401  (registers the schema and the sb.* resolvers)
-import runners.identity  # noqa: E402,F401  (registers sb.run_overrides, which names run directories)
+import harness.run_identity  # noqa: E402,F401  (registers the sb.* resolvers, which name run directories)
+import harness.schema  # noqa: E402,F401  (registers the schema)
 from harness import configurations  # noqa: E402
 from harness.results import config_hash  # noqa: E402
 from runners.registry import load_runner, runner_systems  # noqa: E402

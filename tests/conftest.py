@@ -20,8 +20,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import harness.schema  # noqa: F401  (registers the schema and the sb.* resolvers)
-import runners.identity  # noqa: F401  (registers sb.run_overrides, which names run directories)
+import harness.run_identity  # noqa: F401  (registers the sb.* resolvers, which name run directories)
+import harness.schema  # noqa: F401  (registers the schema)
 
 # No test reaches the Hugging Face hub: library calls in the test process work from the local cache, as every CLI
 # run does (run_cli). Without it, the first hub load would probe the network (harness/hub.py) and switch this

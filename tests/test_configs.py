@@ -11,12 +11,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import MISSING, OmegaConf
 
-from harness import configurations, schema
+from harness import configurations, run_identity, schema
 from harness.checks import MISSING_FILE
 from harness.errors import UserError
 from harness.results import GenerationCache, RunDir, atomic_write_json, config_hash, is_complete, remove_if_empty
-from runners import identity
-from runners.registry import READS, RUNNERS, runner_systems
+from harness.splitee import config as splitee_config
+from runners.registry import RUNNERS, runner_systems
 from runners.run import render_error
 from runners.splitee import attack, controlled_error, fidelity, fp_error, timing
 
@@ -220,11 +220,14 @@ def _run_dir(overrides: list[str]) -> str:
 
 
 def test_schema_holds_no_values():
-    """Defaults live in conf/ only: every schema field is MISSING until a YAML file or an override sets it."""
+    """Defaults live in conf/ only: every schema field is MISSING until a YAML file or an override sets it (the
+    shared schema's and every system's: SpliTEE's harness/splitee/config.py, each section's module)."""
     import dataclasses
 
-    nodes = [obj for obj in vars(schema).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
-    assert {schema.SplitbenchConfig, schema.AttackCorpusConfig, schema.WorkloadConfig, schema.HubModelConfig} <= set(nodes)
+    modules = [schema, *schema.TOP_LEVEL.values(), *schema.SYSTEM_SECTIONS.values()]
+    nodes = [obj for module in modules for obj in vars(module).values()
+             if isinstance(obj, type) and dataclasses.is_dataclass(obj)]
+    assert {schema.SplitbenchConfig, splitee_config.AttackCorpusConfig, schema.WorkloadConfig, schema.HubModelConfig} <= set(nodes)
     for node in nodes:
         for f in dataclasses.fields(node):
             assert f.default == MISSING and f.default_factory is dataclasses.MISSING, f"{node.__name__}.{f.name}"
@@ -264,7 +267,7 @@ def test_run_dir_layout(hydra_conf):
 
 
 def test_run_dir_leaves_out_what_the_runner_does_not_read(hydra_conf):
-    """The last component names overrides of the keys the run reads only (runners/registry.py READS): another
+    """The last component names overrides of the keys the run reads only (harness/run_identity.py READS): another
     system's parameter, or a section of the run's runner that its configuration does not use, moves nothing."""
     base = ["paths.output_dir=out"]
     assert _run_dir(base + ["collab.alpha=0.5", "grad_audit.latent_dim=3"]) == _run_dir(base)
@@ -280,14 +283,14 @@ def test_run_dir_leaves_out_what_the_runner_does_not_read(hydra_conf):
     assert _run_dir(base + ["experiment=restore_smoke", "generation.batch_size=2", "restore.batch_size=3"]).endswith(
         "/from_attack/eps=na/restore.batch_size=3")
     labels = compose_config([], hydra_node=True).hydra.job.config.override_dirname.exclude_keys
-    assert identity.unread_overrides(["experiment=smoke", "collab.alpha=0.5", "seed=1", "tags=[a]"], labels,
+    assert run_identity.unread_overrides(["experiment=smoke", "collab.alpha=0.5", "seed=1", "tags=[a]"], labels,
                                      "fidelity", "ep1") == ["collab.alpha=0.5"]
 
 
 def test_identity_is_an_allow_list(hydra_conf):
     """A run's config hash takes in only the keys its runner reads: a section added later (a new system) and
     the sections of the systems it does not run leave every existing run's hash as it was."""
-    assert set(READS) == set(RUNNERS)
+    assert set(run_identity.READS) == set(RUNNERS)
     for experiment in EXPERIMENTS[1:]:
         for extra in ([], ["configuration=stencil"]):
             cfg = compose_config([f"experiment={experiment}", *extra])
@@ -298,7 +301,7 @@ def test_identity_is_an_allow_list(hydra_conf):
             grown = OmegaConf.create(OmegaConf.to_container(cfg))  # untyped: it takes a key the schema lacks
             grown.new_system = {"alpha": 0.5, "seeds": [1, 2]}
             grown.new_knob = 3
-            read = {key.split(".")[0] for key in identity.keys(cfg)}
+            read = {key.split(".")[0] for key in run_identity.keys(cfg)}
             for section in schema.SYSTEM_SECTIONS:
                 if section not in read:
                     grown[section] = {"changed": True}
@@ -348,9 +351,9 @@ def test_declared_identities(hydra_conf):
     assert "mitigation" not in semantic(["experiment=grad_audit_smoke"])["grad_audit"]
     assert "mitigation" in semantic(["experiment=grad_audit_smoke", "configuration=decoy_mitigated"])["grad_audit"]
     labels = compose_config([], hydra_node=True).hydra.job.config.override_dirname.exclude_keys
-    assert identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1",
+    assert run_identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1",
                                       "engine.bank_bytes=1"], labels, "sequential_attack", "ep1") == ["attack.layer=1"]
-    assert identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1"], labels, "attack",
+    assert run_identity.unread_overrides(["attack.sequential.mode=free_running", "attack.layer=1"], labels, "attack",
                                      "ep1") == ["attack.sequential.mode=free_running"]
 
 
@@ -483,29 +486,28 @@ def test_generation_cache(tmp_path):
 
 
 def test_eps_dirname_and_overrides_dirname():
-    assert schema.eps_dirname("ep1", 0.5) == "eps=0.5"
-    assert schema.eps_dirname("ep1", 15.0) == "eps=15" == schema.eps_label(15)
+    assert run_identity.eps_dirname("ep1", 0.5) == "eps=0.5"
+    assert run_identity.eps_dirname("ep1", 15.0) == "eps=15" == run_identity.eps_label(15)
     for name in ("cpu", "gpu", "tdx", "t3", "epn", "slalom"):
-        assert schema.eps_dirname(name, 0.5) == "eps=na"
-    assert schema.eps_dirname("nope", 0.5) == "eps=na"  # validate rejects the name, in one line
-    assert schema.overrides_dirname("") == "default"
-    long = schema.overrides_dirname("a=" + "x" * 300)
-    assert len(long) <= 120 and long != schema.overrides_dirname("a=" + "x" * 299)
-    assert "/" not in schema.overrides_dirname("workload.path=/a/b")
+        assert run_identity.eps_dirname(name, 0.5) == "eps=na"
+    assert run_identity.eps_dirname("nope", 0.5) == "eps=na"  # validate rejects the name, in one line
+    assert run_identity.overrides_dirname("") == "default"
+    long = run_identity.overrides_dirname("a=" + "x" * 300)
+    assert len(long) <= 120 and long != run_identity.overrides_dirname("a=" + "x" * 299)
+    assert "/" not in run_identity.overrides_dirname("workload.path=/a/b")
     # A model placed elsewhere on the command line (Hydra files it under the excluded `model` group) names
     # its own directory, apart from the run without it; the experiment's own placement does not appear.
-    decoder = schema.overrides_dirname("", ["experiment=attack_smoke", "+model@attack.decoder=tiny-llama-tied"])
-    assert decoder != "default" and decoder == schema.overrides_dirname("", ["model@attack.decoder=tiny-llama-tied"])
-    assert schema.overrides_dirname("", ["experiment=attack_smoke", "model=tiny-llama"]) == "default"
-    assert schema.overrides_dirname("a=1", ["model@collab.cloud=x"]) != schema.overrides_dirname("a=1", [])
+    decoder = run_identity.overrides_dirname("", ["experiment=attack_smoke", "+model@attack.decoder=tiny-llama-tied"])
+    assert decoder != "default" and decoder == run_identity.overrides_dirname("", ["model@attack.decoder=tiny-llama-tied"])
+    assert run_identity.overrides_dirname("", ["experiment=attack_smoke", "model=tiny-llama"]) == "default"
+    assert run_identity.overrides_dirname("a=1", ["model@collab.cloud=x"]) != run_identity.overrides_dirname("a=1", [])
     # the run directory's resolver too: a decoder of its own is a run of its own (its hash differs)
-    from runners import identity
     exclude = OmegaConf.load(CONF / "hydra" / "default.yaml").job.config.override_dirname.exclude_keys
-    plain = identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke"], exclude)
-    placed = identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke",
+    plain = run_identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke"], exclude)
+    placed = run_identity.run_overrides_dirname("attack", "ep1", ["experiment=attack_smoke",
                                                               "+model@attack.decoder=tiny-qwen3"], exclude)
     assert plain == "default" and placed != plain and "decoder" in placed
-    assert identity.run_overrides_dirname("attack", "ep1", ["model=tiny-llama"], exclude) == "default"
+    assert run_identity.run_overrides_dirname("attack", "ep1", ["model=tiny-llama"], exclude) == "default"
 
 
 def test_logger_yaml_matches_wandb_modes(hydra_conf):

@@ -54,8 +54,10 @@ def test_epsilon_rule():
 def test_bad_names_and_values_are_user_errors():
     with pytest.raises(UserError, match="unknown configuration 'ep2'"):
         configurations.get("ep2")
+    # ε's positivity is the config validation's one check (tests/test_configs.py: "epsilon must be a finite number
+    # > 0"); the registry asserts it, so a library caller passing an unchecked ε fails before any mask is drawn
     for bad in (None, 0.0, -1.0, math.nan):
-        with pytest.raises(UserError, match="epsilon must be a positive number"):
+        with pytest.raises(AssertionError, match="epsilon must be a positive number"):
             configurations.mask_epsilons("ep1", bad, [3])
 
 

@@ -138,19 +138,45 @@ def test_metrics_import_no_system_library():
     assert not offenders, offenders
 
 
-def _system_of(module: str) -> str | None:
-    """The system a harness/ module belongs to (harness.collab.engine: collab), None for the shared floor."""
+def _system_of(module: str, layers: tuple[str, ...] = ("harness",)) -> str | None:
+    """The system a module of `layers` belongs to (harness.collab.engine: collab; runners.splitee.fidelity and
+    runners.sanitize: splitee, sanitize), None for the shared floor and the other layers."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "harness" and len(parts) > 1 and parts[1] in systems.NAMES else None
+    return parts[1] if parts[0] in layers and len(parts) > 1 and parts[1] in systems.NAMES else None
 
 
 def test_no_harness_system_imports_another_systems_library():
     """A shared piece lives on the shared floor (harness/architectures.py, harness/partition.py,
     harness/token_embeddings.py), so each system's library can be read, tested or removed alone: no module of
-    harness/<system>/ imports another system's. (attacks/grad_audit -> attacks/splitft's label matching and
-    runners/splitee/fidelity -> harness.sanitize.config are issue 53's, still to move.)"""
+    harness/<system>/ imports another system's. (Its attacks and runners: the next test.)"""
     graph = import_graph()
     offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if _system_of(m)
                        for t in targets if _system_of(t) not in (None, _system_of(m)))
     assert not offenders, offenders
     assert _system_of("harness.collab.engine") == "collab" and _system_of("harness.partition") is None
+
+
+def test_no_attack_or_runner_of_a_system_imports_another_systems_module():
+    """attacks/<system>/ and a system's runners (runners/<system>.py, runners/<system>/) import no module of
+    another system, in any layer: what the gradient attackers of split FT and of the gradient audit share (BiSR(b)'s
+    label matching, the constant-guess floor) is attacks/labels.py, and what fidelity needs of a sanitiser run
+    (its point label) is runners/common.py's. Fails on the tree before issue 53 (attacks.grad_audit.bisr_backward
+    -> attacks.splitft.bisr_backward, runners.splitee.fidelity -> harness.sanitize.config)."""
+    layers = ("harness", "attacks", "runners")
+    graph = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if _system_of(m, ("attacks", "runners"))
+                       for t in targets if _system_of(t, layers) not in (None, _system_of(m, layers)))
+    assert not offenders, offenders
+    assert _system_of("attacks.splitft.label", layers) == "splitft" and _system_of("attacks.labels", layers) is None
+    assert _system_of("runners.sanitize", layers) == "sanitize" and _system_of("runners.report.collab", layers) is None
+
+
+def test_metrics_import_nothing_from_the_floors_above():
+    """metrics/ is the ground floor: it imports nothing from harness/, attacks/ or runners/. What a metric needs
+    of splitbench comes in as an argument (the cache folder metrics/semantic.py extracts a model into), and its
+    errors are its own, which the caller maps to a user error (SemanticModelError -> UserError in
+    runners/common.py). Fails on the tree before issue 53 (metrics.semantic -> harness.errors, harness.models)."""
+    graph = import_graph()
+    offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] == "metrics"
+                       for t in targets if t.split(".")[0] != "metrics")
+    assert not offenders, offenders

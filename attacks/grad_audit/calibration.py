@@ -35,8 +35,8 @@ class CalibrationGradAuditConfig:
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationMeanPlanning = MISSING
-    published_n: Optional[int] = None
-    published: Optional[str] = None
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 Config = CalibrationGradAuditConfig
@@ -51,7 +51,7 @@ def check(c: Any, cfg: Any) -> None:
 
 
 def grad_audit_entry(rows: int, margin_pp: float, doses_pp: Sequence[float], gate_dose_pp: float, *,
-                     top_k: int, l2: float, max_iter: int, code_strength: float = 3.0,
+                     top_k: int, l2: float, max_iter: int, code_strength: float,
                      planning: dict[str, float] | None = None) -> Entry:
     """Paper 004: the frequent-token probe's verdict (attacks/controls.classify of one cell's effect interval
     against the gate's moved reference, min(0, the shuffled-label probe's effect)). Features: 8 Gaussian

@@ -32,15 +32,15 @@ MARGINS = ("attack",)
 class CalibrationSpliteeConfig:
     prompts: int = MISSING         # pool prompts, cut in order from real text
     tokens: int = MISSING          # tokens a prompt (positions 1..tokens-1 are attacked)
-    pool_path: Optional[str] = None   # a UTF-8 text file the pool is cut from; None = the built-in corpus
+    pool_path: Optional[str] = MISSING   # a UTF-8 text file the pool is cut from; null = the built-in corpus
     positions: int = MISSING       # positions per trial, drawn from the pool
     epsilon: float = MISSING       # ep1's ε of the masks
     dose_epsilon: float = MISSING  # ε of a dosed position's own exposure
     doses_pp: List[float] = MISSING
     gate_dose_pp: float = MISSING
     planning: CalibrationPairedPlanning = MISSING
-    published_n: Optional[int] = None
-    published: Optional[str] = None
+    published_n: Optional[int] = MISSING
+    published: Optional[str] = MISSING
 
 
 Config = CalibrationSpliteeConfig

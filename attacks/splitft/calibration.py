@@ -32,8 +32,8 @@ def splitft_entry(rows: list[list[int]], stream: Sequence[int], margin_pp: float
     are a fresh row of the corpus's token frequencies per example and trial); dose d: guesses carrying d pp
     of the true labels' token F1 (`attacks.calibration.dose_row`)."""
     from attacks.calibration import Entry, Trial, dose_row, unigram_rows
+    from attacks.labels import constant_guesses
     from attacks.splitft.cell import assess
-    from attacks.splitft.label import constant_guesses
 
     constant = constant_guesses(rows)
     length = len(rows[0])

@@ -33,14 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from attacks import controls
+from attacks.labels import top1
 from metrics.intervals import mean_ci, mean_t_ci
 from metrics.privacy import repaired_test, token_prf
 from metrics.proportions import proportion_ci
-
-
-def _top1(ref: Sequence[int], hyp: Sequence[int]) -> float:
-    n = max(len(ref), 1)
-    return 100.0 * sum(int(a == b) for a, b in zip(ref, hyp)) / n
 
 
 def _mean_f1(refs: list[list[int]], guesses: list[list[int]]) -> float:
@@ -74,7 +70,7 @@ def assess(name: str, refs: list[list[int]], guesses: list[list[int]], plain_ref
     plain_reference = controls.exposure_free_f1(plain_refs, plain_guesses)
     extra: dict[str, Any] = {}
     if kind == "sequence":
-        extra = proportion_ci([_top1(r, g) for r, g in zip(refs, guesses)]).flat(f"{name}_top1")
+        extra = proportion_ci([top1(r, g) for r, g in zip(refs, guesses)]).flat(f"{name}_top1")
     else:
         extra = {**mean_ci([p for p, _, _ in prf]).flat(f"{name}_token_precision"),
                  **mean_ci([r for _, r, _ in prf]).flat(f"{name}_token_recall"),

@@ -8,11 +8,9 @@ client. Scored by next-token top-1 accuracy and multiset token F1 against the tr
 splitft/cell.py).
 
 Its floor (issue 31): the constant guess, the most frequent label token of the same labels at every
-position (`constant_guesses`); on WikiText-2 blocks it scores about 5 % top-1. The verdict's reference is the
+position (attacks/labels.py `constant_guesses`); on WikiText-2 blocks it scores about 5 % top-1. The verdict's reference is the
 larger of the exposure-free reference and the constant guess's F1, so a leak must beat both."""
 from __future__ import annotations
-
-from collections import Counter
 
 import torch
 
@@ -31,21 +29,3 @@ def infer_labels(copy: ServerCopy) -> list[tuple[int, int, list[int]]]:
         for row, ids in enumerate(logits[:, :-1].argmax(-1).tolist()):
             out.append((exposure.step, row, ids))
     return out
-
-
-def constant_guesses(labels: list[list[int]]) -> list[list[int]]:
-    """The label floor: every position guessed as the most frequent token over all `labels` (ties: the
-    smallest id, so the floor does not depend on the order of the examples)."""
-    counts = Counter(t for row in labels for t in row)
-    if not counts:
-        return [[] for _ in labels]
-    top = max(counts.values())
-    mode = min(t for t, c in counts.items() if c == top)
-    return [[mode] * len(row) for row in labels]
-
-
-def top1_floor(labels: list[list[int]]) -> float:
-    """`label_top1_floor`: the constant guess's top-1 (%), averaged over examples as `label_top1` is."""
-    from attacks.splitft.cell import _top1
-
-    return sum(_top1(r, g) for r, g in zip(labels, constant_guesses(labels))) / len(labels) if labels else 0.0

@@ -17,11 +17,12 @@ import functools
 from typing import Any
 
 from attacks import controls
+from attacks.labels import constant_guesses, top1_floor
 from attacks.splitft import cell, weights_label
 from attacks.splitft.bisr import bisr_forward
 from attacks.splitft.bisr_backward import bisr_backward, undefended_gradients
 from attacks.splitft.eia import eia
-from attacks.splitft.label import constant_guesses, infer_labels, top1_floor
+from attacks.splitft.label import infer_labels
 from attacks.splitft.white_box import ServerCopy
 from harness.adversary_view import AdversaryView, Exposure
 from harness.splitft.step import ALIGN_DOWN, ALIGN_UP, GRAD_UP, SMASHED_DOWN, SMASHED_UP

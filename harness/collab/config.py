@@ -203,6 +203,15 @@ def _check_baselines(c: DictConfig) -> None:
     check_at_least("collab.invisibleink.top_k", ink.top_k, 1, nullable=True)
 
 
+def tokenizer_pairs(section: DictConfig, cfg: DictConfig) -> list[tuple[str, Any, str, str]]:
+    """(key, model entry, whose tokenizer, why): the cloud model must share the edge model's token ids
+    (harness/schema.py compares them before either model loads)."""
+    if cfg.runner == "collab" and section.get("cloud") is not None:
+        return [("collab.cloud", section.cloud, "the edge model", "collaborative decoding fuses "
+                 "distributions over one shared vocabulary")]
+    return []
+
+
 def tradeoff_setting(benchmark: str, fusion: str, alpha: float | None, edge: str, cloud: str | None) -> str:
     """What a collab point on the cross-system privacy–utility chart is measured under (runners/common.tradeoff
     `setting`): one run measures both halves on one benchmark, in one fusion mode, at one fusion weight α, so

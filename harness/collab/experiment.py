@@ -231,8 +231,11 @@ def utility(cfg: DictConfig, parties: Parties, bench: Any, runs: Decodings) -> U
     # a defence cannot lower it measurably, so the benchmark says nothing about that defence's cost.
     floor = constant_answer_floor([e.answer for e in examples]) if metric == "accuracy" else None
     # Accuracy is a proportion of examples (each 0 or 100): Wilson's interval, never zero-width at 0 or 100 %;
-    # ROUGE-L a mean of scores (bootstrap over examples) (docs/design.md, Metrics).
-    interval = proportion_ci if metric == "accuracy" else mean_ci
+    # ROUGE-L a mean of scores in [0, 100] (bootstrap over examples), widened to what n earns so that every
+    # example at 100 never reads a zero-width [100, 100] (metrics/intervals.earned_range).
+    def interval(values: list[float]) -> Estimate:
+        return proportion_ci(values) if metric == "accuracy" else mean_ci(values, metric_range=(0.0, 100.0))
+
     return Utility(metric, per, cloud_per, interval(per), interval(cloud_per), floor, option_scores)
 
 

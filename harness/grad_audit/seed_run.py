@@ -33,7 +33,7 @@ def _pick(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 def train_seed(model: nn.Module, blocks: Blocks, settings: TopologySettings, *, seed: int, frames: int,
                real_rows: int, decoy_rows: int, meta: dict, desc: str, init_blocks: int,
-               curve_points: int = 1, cloud_output_frames: int = 0) -> SeedRun:
+               curve_points: int, cloud_output_frames: int = 0) -> SeedRun:
     """`cloud_output_frames`: the view also holds the cloud's s_B of the last that many frames (the BiSR
     backward attacker's input; kept to those frames for memory)."""
     trainer = DecoyTrainer(model, settings, seed)

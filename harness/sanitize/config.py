@@ -3,16 +3,15 @@ value in conf/sanitize/default.yaml.
 
 Torch-free: harness/schema.py imports it to type the section and calls `check` from its `validate`. The
 privacy parameter itself is the top-level `epsilon` knob (η of dχ Noise / dχ-Stencil, ε of CusText+;
-harness/configurations.py), so its range is checked here too for the sanitiser configurations.
+harness/configurations.py), so its range is checked with it, once, by harness/schema.py validate.
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from omegaconf import MISSING, DictConfig
 
@@ -82,7 +81,6 @@ class SanitizeConfig:
 
 def check(section: DictConfig, cfg: DictConfig) -> None:
     """Raise harness.errors.UserError (one line) for a value of the section out of range."""
-    from harness import configurations
 
     checks.check_at_least("sanitize.window (Stencil's L)", section.window, 1)
     checks.check_positive("sanitize.sigma", section.sigma)
@@ -119,21 +117,6 @@ def check(section: DictConfig, cfg: DictConfig) -> None:
     for key in ("gate_margin_pp", "positive_margin_pp"):
         checks.check_at_least(f"sanitize.attack.{key}", float(a[key]), 0.0)
     checks.check_per_item_bound("sanitize.attack.per_item_bound_pp", float(a.per_item_bound_pp))
-    entry = configurations.REGISTRY.get(str(cfg.configuration.name))
-    if entry is not None and entry.system == configurations.SANITIZE and entry.uses_epsilon:
-        # epsilon > 0 is checked for every configuration already; say it in the mechanism's own words.
-        if not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
-            raise UserError(f"{entry.parameter_name} (epsilon) of {entry.name} must be a number > 0, got {cfg.epsilon}")
-
-
-def point_label(section: Any, configuration: str) -> str:
-    """What tells two runs of one sanitiser and privacy parameter apart on the privacy–utility chart
-    (runners/common.tradeoff `point`): the window of the Stencil mechanisms, the output set of CusText+."""
-    if configuration in ("stencil", "dx_stencil"):
-        return f"L={section.window} σ={section.sigma:g}"
-    if configuration == "custext_plus":
-        return f"k={section.custext_k}"
-    return ""
 
 
 def tradeoff_setting(tasks: Iterable[str]) -> str:

@@ -8,5 +8,5 @@ sensitivity.py (each op's Δ). Beyond it, what SpliTEE's runners compute: the pr
 the rotation of timed configurations (rotation.py).
 
 The engine lived in harness/split/ until issue 30; runs finished before then hashed that path, and
-harness/schema.py HASHED_AS keeps their config hashes.
+harness/run_identity.py HASHED_AS keeps their config hashes.
 """

@@ -72,7 +72,7 @@ class Served:
     """The n entries of one request as views of the pieces they lie in: `parts` holds (first row of the
     request, masks, [corrections]) per piece. A request that spans pieces is not joined into one tensor:
     a prefill's request spans the bank's ready rows and the piece made for it, and that copy was ep1's
-    whole 0.73 s "other" excess over t3 in SmolLM2's 10 s prefill (docs/results/README.md, one thread)."""
+    whole 0.73 s "other" excess over t3 in SmolLM2's 10 s prefill (docs/benchmarks/README.md, one thread)."""
 
     parts: tuple[tuple[int, torch.Tensor, list[torch.Tensor]], ...]
 

@@ -30,11 +30,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.errors import UserError
 from harness.results import RunContext
 from harness.splitee import accounting
-from runners import common, identity
+from runners import common
 
 _TABLE_COLUMNS = ("id", "prompt", "output_text", "token_precision", "token_recall", "token_f1", "exact_match", "bleu",
                   "rouge_l", "semantic_similarity", "bayes_top1", "bayes_top5")
@@ -43,9 +43,9 @@ describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """What changes an attack result: the keys the attack runner reads (runners/registry.py READS, less the
+    """What changes an attack result: the keys the attack runner reads (harness/run_identity.py READS, less the
     sequential attacker's subsection, which runner sequential_attack reads); ε normalised (only ep1 uses it)."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
                                                                                   cfg.epsilon))
 
 

@@ -21,9 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
-from runners import identity
 from runners.common import (
     batch_history,
     epsilon_ignored_note,
@@ -39,7 +38,7 @@ from runners.common import (
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """Everything but the baseline (T3 is the reference), with ε normalised (where it is used)."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note

@@ -16,11 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations, provenance
+from harness import configurations, provenance, run_identity
 from harness.results import GenerationCache, RunContext, cache_key
 from harness.splitee import accounting
 from metrics.replicates import pool as replicates_pool
-from runners import identity
 from runners.common import (
     BatchedGeneration,
     Inputs,
@@ -36,6 +35,7 @@ from runners.common import (
     resolve_baseline,
     results_header,
     summary_head,
+    test_point,
     test_side,
     tradeoff,
     workload_record,
@@ -51,9 +51,9 @@ NO_CUDA_DEVICE = "no CUDA on this machine: the device side ran on the CPU"
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """What it reads (runners/registry.py READS: the `sanitize` section only for a sanitiser configuration),
+    """What it reads (harness/run_identity.py READS: the `sanitize` section only for a sanitiser configuration),
     with ε normalised: configurations that ignore it record None."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name, cfg.epsilon))
 
 
 describe_skip = epsilon_ignored_note
@@ -140,14 +140,8 @@ def _tradeoff(cfg: DictConfig, m: dict[str, Any], baseline: str) -> dict[str, An
     """The utility half of this run's privacy–utility point: semantic similarity of the generations to the
     unprotected baseline's (token match where no similarity model ran)."""
     key = "semantic_similarity" if m.get("semantic_similarity") is not None else "token_match_rate"
-    name = cfg.configuration.name
-    point = None
-    if configurations.get(name).system == configurations.SANITIZE:
-        from harness.sanitize.config import point_label  # torch-free
-
-        point = point_label(cfg.sanitize, name)
     return tradeoff(utility_metric=key, utility=m[key], utility_ci=(m.get(f"{key}_ci_lo"), m.get(f"{key}_ci_hi")),
-                    reference=f"{baseline} generations", point=point)
+                    reference=f"{baseline} generations", point=test_point(cfg))
 
 
 def _replicate(cfg: DictConfig, inputs: Inputs, seed: int, generate: dict[str, Any], base: dict[str, Any],

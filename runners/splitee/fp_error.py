@@ -25,9 +25,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
-from runners import identity
 from runners.common import (
     Inputs,
     epsilon_ignored_note,
@@ -46,7 +45,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """What the study depends on: model, workload, configuration, ε (where it is used), seed, the offloaded
     ops, the sensitivity rule, σ's scale and fp_error; generation settings, baseline and the similarity
     model play no part."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
                                                                                   cfg.epsilon))
 
 

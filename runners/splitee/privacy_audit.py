@@ -16,17 +16,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.errors import UserError
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
 describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """The keys this runner reads (runners/registry.py READS), ε normalised."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+    """The keys this runner reads (harness/run_identity.py READS), ε normalised."""
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
                                                                                   cfg.epsilon))
 
 

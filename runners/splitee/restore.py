@@ -25,9 +25,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attacks.splitee.restored import HEADLINE
+from harness import run_identity
 from harness.errors import UserError
 from harness.results import DONE, RESULTS, SAMPLES, RunContext, read_json, read_jsonl
-from runners import common, identity
+from runners import common
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
             source_hash = recorded.get("config_hash") if isinstance(recorded, dict) else None  # else: read_source
         except (OSError, ValueError):
             source_hash = None
-    return identity.semantic_config(cfg, source_config_hash=source_hash)
+    return run_identity.semantic_config(cfg, source_config_hash=source_hash)
 
 
 def describe_skip(cfg: DictConfig) -> str | None:

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
-from runners import common, identity
+from runners import common
 
 if TYPE_CHECKING:
     from attacks.splitee.sequential import Settings
@@ -32,9 +32,9 @@ describe_skip = common.epsilon_ignored_note
 
 
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
-    """The keys this runner reads (runners/registry.py READS), of `attack` only its sequential and controls
+    """The keys this runner reads (harness/run_identity.py READS), of `attack` only its sequential and controls
     subsections: the learned attack's options never move it; ε normalised."""
-    return identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
+    return run_identity.semantic_config(cfg, epsilon=configurations.effective_epsilon(cfg.configuration.name,
                                                                                   cfg.epsilon))
 
 

@@ -26,9 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness import configurations
+from harness import configurations, run_identity
 from harness.results import RunContext
-from runners import identity
 from runners.common import (
     BatchedGeneration,
     Inputs,
@@ -54,7 +53,7 @@ def _epsilon(cfg: DictConfig) -> float | None:
 def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     """The `configuration` group, baseline and semantic model play no part; ε only through the timed
     configurations that use it."""
-    return identity.semantic_config(cfg, epsilon=_epsilon(cfg))
+    return run_identity.semantic_config(cfg, epsilon=_epsilon(cfg))
 
 
 def describe_skip(cfg: DictConfig) -> str | None:

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attacks.grad_audit import bisr_backward as bb
-from attacks.splitft.label import constant_guesses
+from attacks.labels import constant_guesses
 from harness.adversary_view import AdversaryView
 from harness.grad_audit.trainer import CLOUD_OUTPUT, RETURNED_GRADIENT, DecoyTrainer, FrameTruth, TopologySettings
 from harness.models import load_model

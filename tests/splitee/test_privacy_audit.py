@@ -208,9 +208,9 @@ def test_privacy_audit_smoke_through_the_cli_and_its_report(tmp_path):
     ("privacy_audit.fpr=[0.5,1.5]", "privacy_audit.fpr must be distinct false-positive rates"),
 ])
 def test_bad_inputs_one_line_exit_2_no_files(tmp_path, override, expected):
-    from harness import schema
+    from harness.splitee import config
 
-    assert schema.AUDIT_PAIRS == pa.PAIRS      # the torch-free schema's copy of the pairs the game knows
+    assert config.AUDIT_PAIRS == pa.PAIRS      # the torch-free schema's copy of the pairs the game knows
     out, cache = tmp_path / "out", tmp_path / "cache"
     res = run_cli_in_process(["experiment=privacy_audit_smoke", override], out, cache)
     assert res.returncode == 2

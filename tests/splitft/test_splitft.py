@@ -356,7 +356,7 @@ def test_repaired_test_reads_own_truth_against_the_next_examples():
 
 
 def test_label_floor_is_the_constant_most_frequent_guess_and_the_verdict_must_beat_it():
-    from attacks.splitft.label import constant_guesses, top1_floor
+    from attacks.labels import constant_guesses, top1_floor
 
     labels = [[5, 5, 9, 2], [5, 3, 3, 3], [7, 5, 1, 0]]          # 5 occurs 4 times, 3 three times
     assert constant_guesses(labels) == [[5] * 4, [5] * 4, [5] * 4]
