@@ -1,5 +1,6 @@
 """Shared test helpers: composing configs with Hydra's compose API, running the CLI in a subprocess
-(run_cli) or, without paying an interpreter's start-up, in the test process (run_cli_in_process).
+(run_cli) or, without paying an interpreter's start-up, in the test process (run_cli_in_process; any other
+entry point's main(): run_main_in_process).
 
 Every CLI run gets WANDB_MODE=disabled, its own output dir and cache dir under tmp_path, and the
 repository root as working directory, so tests never touch ~/.cache or ./outputs and never reach W&B.
@@ -58,6 +59,72 @@ def _share_cores_among_workers() -> None:
 
 
 _share_cores_among_workers()
+
+
+def _keep_freed_memory() -> None:
+    """glibc hands every allocation over 32 MB back to the kernel when it is freed (mmap, munmap), so a test
+    that allocates a (rows x vocabulary) tensor at every step pays the page faults again at every step: in
+    the grad-audit smoke (BiSR's label matching on a 151k vocabulary) the kernel's time was 38 of its 66
+    CPU-seconds. Served from the heap, with up to 1 GiB freed kept for reuse, it is 1 s (25.7 in all; the
+    sanitize smoke's 9 s of kernel time are 1.3, the attack smoke's 5.7 are 0.9). The
+    CLI's subprocesses and Ray's workers get the same through glibc's environment variables. Elsewhere
+    (no glibc) nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    keep = 1 << 30
+    os.environ.setdefault("MALLOC_MMAP_MAX_", "0")
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(keep))
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):      # another C library
+        return
+    m_trim_threshold, m_mmap_max = -1, -4    # malloc.h
+    mallopt(m_trim_threshold, keep)
+    mallopt(m_mmap_max, 0)
+
+
+_keep_freed_memory()
+
+
+def _parse_config_files_once() -> None:
+    """Hydra parses every YAML file of a composition again at each compose (its cache lasts one compose), in
+    pure Python: a sixth of a compose's time, and the suite composes thousands of times (test_configs alone
+    spends minutes). Here a file under conf/ is parsed once per process, keyed by its path, size and mtime
+    (an edited file is parsed again), and every load still builds a fresh OmegaConf object from the parsed
+    data, as OmegaConf.load does; any other file is loaded as before."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    load = OmegaConf.load
+    parsed: dict[tuple, object] = {}
+    root = os.path.realpath(CONF) + os.sep
+
+    def load_once(file_):
+        name = getattr(file_, "name", file_)
+        path = os.path.realpath(name) if isinstance(name, (str, Path)) else ""
+        if not path.startswith(root):
+            return load(file_)
+        stat = os.stat(path)
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        if key not in parsed:
+            if hasattr(file_, "read"):
+                obj = yaml.load(file_, Loader=get_yaml_loader())
+            else:
+                with open(path, encoding="utf-8") as f:
+                    obj = yaml.load(f, Loader=get_yaml_loader())
+            if obj is not None and not isinstance(obj, (list, dict, str)):
+                return load(path)     # OmegaConf's own error
+            parsed[key] = obj
+        obj = parsed[key]
+        return OmegaConf.create() if obj is None else OmegaConf.create(obj)
+
+    OmegaConf.load = staticmethod(load_once)
+
+
+_parse_config_files_once()
 
 
 def group_options(group: str) -> list[str]:
@@ -201,9 +268,22 @@ def run_cli(args: list[str], out: Path | str, cache: Path, *, script: Path | Non
 
 def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: dict | None = None) -> CliResult:
     """run_cli without the subprocess: the console script's own entry point (pyproject [project.scripts]
-    `splitbench = runners.run:main`) called in this process with the same argv, environment and working
-    directory, stdout and stderr captured and SystemExit turned into the exit code, as the interpreter
-    would. It saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
+    `splitbench = runners.run:main`) called in this process by run_main_in_process, with the same argv,
+    environment and working directory. SPLITBENCH_TEST_SUBPROCESS=1 runs each call through run_cli instead
+    (a process of its own), to check that a test passes the same both ways or to time the two (a test that
+    patches this process's modules, such as test_runs' count_jobs, needs the in-process way)."""
+    if os.environ.get("SPLITBENCH_TEST_SUBPROCESS") == "1":
+        return run_cli(args, out, cache, env=env)
+    _share_tokenizer_cache(Path(cache))
+    return run_main_in_process("runners.run", ["splitbench", *args, f"paths.output_dir={out}",
+                                               f"paths.cache_dir={cache}"], env=env)
+
+
+def run_main_in_process(module: str, argv: list[str], *, env: dict | None = None, cwd: Path = REPO) -> CliResult:
+    """`python -m MODULE ARGV[1:]` in CWD (run_cli's environment plus `env`) without the subprocess: MODULE's
+    main() called in this process with sys.argv = ARGV, stdout and stderr captured and SystemExit turned into
+    the exit code, as the interpreter would (an uncaught exception: its traceback on stderr, exit 1). It
+    saves the Python + torch start-up (seconds on a busy CI core) of every call. Everything a
     run changes in the process is put back: the environment (main() sets HYDRA_FULL_ERROR), sys.argv, the
     working directory, Hydra's GlobalHydra and HydraConfig, the root logging handlers Hydra's job logging
     installs, torch's thread count (runners may set it), the global random generators (model loading
@@ -212,12 +292,16 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
     logging calls logging.config.dictConfig, which first closes every handler of the process, and absl's
     handler (absl.logging, imported with dp-accounting) closes its stream unless that is the current
     sys.stderr: inside the run that is the capture below, so it would close pytest's own capture stream.
-    SPLITBENCH_TEST_SUBPROCESS=1 runs each call through run_cli instead (a process of its own), to check
-    that a test passes the same both ways or to time the two (a test that patches this process's modules,
-    such as test_runs' count_jobs, needs the in-process way)."""
+    SPLITBENCH_TEST_SUBPROCESS=1 runs it as `python -m MODULE` in a process of its own instead."""
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
     if os.environ.get("SPLITBENCH_TEST_SUBPROCESS") == "1":
-        return run_cli(args, out, cache, env=env)
+        done = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=cwd, env=full_env, capture_output=True,
+                              text=True, timeout=300)
+        return CliResult(done.returncode, done.stdout, done.stderr)
     import contextlib
+    import importlib
     import io
     import logging
     import random
@@ -228,12 +312,7 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
     import torch
     from hydra.core.hydra_config import HydraConfig
 
-    from runners.run import main
-
-    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None)
-    _share_tokenizer_cache(Path(cache))
+    main = importlib.import_module(module).main
     saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
@@ -248,12 +327,12 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
         logging._handlers.clear()
         os.environ.clear()
         os.environ.update(full_env)
-        sys.argv = ["splitbench", *args, f"paths.output_dir={out}", f"paths.cache_dir={cache}"]
-        os.chdir(REPO)
+        sys.argv = list(argv)
+        os.chdir(cwd)
         GlobalHydra.instance().clear()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                main()
+                raise SystemExit(main())           # what a console script does with main()'s return value
             except SystemExit as exc:
                 if isinstance(exc.code, str):      # sys.exit("message"): printed, status 1
                     print(exc.code, file=sys.stderr)
@@ -280,6 +359,45 @@ def run_cli_in_process(args: list[str], out: Path | str, cache: Path, *, env: di
             if handler is not None and signal.getsignal(s) is not handler:
                 signal.signal(s, handler)
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+@pytest.fixture
+def splitbench_lm_eval(monkeypatch):
+    """`splitbench-lm-eval ARGV[1:]` (runners/lm_eval_model.py main()) in this process: a function of (argv, env)
+    that returns run_main_in_process's CliResult. Each call is set up as a fresh process would be: lm-eval's log
+    handler is made again, on the captured stderr, so its lines are checked too. lm-eval's command line indexes
+    its ~14k task files (pure-Python YAML, seconds) at every call, the same files every time here: they are
+    indexed once for the test and each call gets its own copy. What main() changes in the process
+    (lm_eval.simple_evaluate, the lm_eval logger) is put back after the test."""
+    import copy
+    import logging
+
+    import lm_eval
+    import lm_eval.utils
+    from lm_eval.tasks._index import TaskIndex
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lm_eval.simple_evaluate)
+    logger = logging.getLogger("lm_eval")
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "handlers", logger.handlers)
+    built: dict = {}
+    build = TaskIndex.build
+
+    def build_once(paths, **kwargs):
+        paths = list(paths)
+        key = (tuple(str(p) for p in paths), tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build(paths, **kwargs)
+        return copy.deepcopy(built[key])
+
+    monkeypatch.setattr(TaskIndex, "build", staticmethod(build_once))
+
+    def run(argv: list[str], env: dict | None = None, cwd: Path = REPO) -> CliResult:
+        monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+        logger.handlers = []
+        return run_main_in_process("runners.lm_eval_model", argv, env=env, cwd=cwd)
+
+    return run
 
 
 def _share_tokenizer_cache(cache: Path) -> None:

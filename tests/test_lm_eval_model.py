@@ -132,13 +132,9 @@ def test_a_sanitiser_changes_what_the_model_sees_and_its_identity_does_not(tmp_p
         assert _responses(same, task) == _responses(plain, task)
 
 
-def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
+def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Path, splitbench_lm_eval) -> None:
+    """`splitbench-lm-eval` (its main(), in this process: conftest's splitbench_lm_eval) on each bad configuration."""
     (tmp_path / "task.yaml").write_text(json.dumps(_tasks(tmp_path)[0]))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     for args, message, model, task in (
             (f"{MODEL},configuration=nope", "nope", "splitbench", "sb_choice"),
             (f"{MODEL},configuration=custext_plus", "needs its privacy parameter", "splitbench", "sb_choice"),
@@ -146,11 +142,9 @@ def test_splitbench_lm_eval_refuses_bad_configurations_in_one_line(tmp_path: Pat
             (f"{MODEL},configuration=cpu", "Tasks not found: nope_task", "splitbench", "nope_task"),
             (MODEL, "plain `lm_eval --model splitbench` cannot find it: lm-eval does not load plug-in entry points",
              "splitbnech", "sb_choice")):
-        proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "--model", model, "--model_args",
-                               args, "--include_path", str(tmp_path), "--tasks", task,
-                               "--output_path", str(tmp_path / "out")],
-                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env,
-                              timeout=300)
+        proc = splitbench_lm_eval(["splitbench-lm-eval", "--model", model, "--model_args", args, "--include_path",
+                                   str(tmp_path), "--tasks", task, "--output_path", str(tmp_path / "out")],
+                                  env={"OMP_NUM_THREADS": "1"})
         assert proc.returncode == 2, proc.stderr[-2000:]
         errors = [line for line in proc.stderr.splitlines() if line.startswith("splitbench: error:")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr

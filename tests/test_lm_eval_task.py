@@ -3,9 +3,6 @@ offline with no --include_path, as the README's example writes it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tomllib
 from collections import Counter
 from fnmatch import fnmatch
@@ -39,14 +36,12 @@ def test_the_task_data_is_packaged_and_its_chance_floor_is_a_quarter():
     assert Counter(d["answer"] for d in docs) == {0: 5, 1: 5, 2: 5, 3: 5}   # one fixed position scores 25 %
 
 
-def test_the_readme_example_runs_offline_without_an_include_path(tmp_path: Path):
+def test_the_readme_example_runs_offline_without_an_include_path(tmp_path: Path, splitbench_lm_eval):
     readme = (REPO / "README.md").read_text()
     assert "--tasks splitbench_mc" in readme and "model=tiny-llama,configuration=cpu" in readme
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, "-m", "runners.lm_eval_model", "run", "--model", "splitbench",
-                           "--model_args", "model=tiny-llama,configuration=cpu", "--tasks", "splitbench_mc",
-                           "--output_path", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = splitbench_lm_eval(["splitbench-lm-eval", "run", "--model", "splitbench", "--model_args",
+                               "model=tiny-llama,configuration=cpu", "--tasks", "splitbench_mc", "--output_path",
+                               str(tmp_path)], env={"HF_DATASETS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     (path,) = tmp_path.rglob("results_*.json")
     result = json.loads(path.read_text())

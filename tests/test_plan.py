@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_in_process
 
 
 def _files(root: Path) -> dict[str, float]:
@@ -15,13 +15,13 @@ def _files(root: Path) -> dict[str, float]:
 
 def test_a_dry_run_lists_the_sweeps_jobs_marks_the_finished_one_and_writes_nothing(tmp_path: Path) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    done = run_cli(["experiment=smoke", "epsilon=1"], out, cache)            # one job of the sweep, really run
+    done = run_cli_in_process(["experiment=smoke", "epsilon=1"], out, cache)  # one job of the sweep, really run
     assert done.returncode == 0, done.stderr
     results = json.loads((out / "smoke/tiny-llama/ep1/eps=1/default/results.json").read_text())
     assert results["provenance"]["wall_s"] > 0                                 # what the estimate reads
     assert 0 < results["provenance"]["cpu_s"]                                  # what a sweep's CPU cost sums
     before = _files(tmp_path)
-    plan = run_cli(["--dry-run", "-m", "experiment=smoke", "epsilon=1,2"], out, cache)
+    plan = run_cli_in_process(["--dry-run", "-m", "experiment=smoke", "epsilon=1,2"], out, cache)
     assert plan.returncode == 0, plan.stderr
     lines = plan.stdout.splitlines()
     assert lines[0].startswith("plan: 2 job(s), 2 run(s): 1 finished, 1 to run")

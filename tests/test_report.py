@@ -9,8 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,8 @@ from runners.report.sections import EXPERIMENTS
 from runners.report.splitee import fidelity as fidelity_section
 from runners.report.splitee import timing as timing_section
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import run_main_in_process
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 PROVENANCE = {
@@ -469,8 +468,7 @@ def test_single_run_directory_is_a_report(tmp_path: Path, capsys) -> None:
 
 
 def test_missing_dir_exits_2_with_one_line(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "runners.report", str(tmp_path / "nope")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = run_main_in_process("runners.report", ["splitbench-report", str(tmp_path / "nope")])
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == [f"splitbench-report: error: {tmp_path / 'nope'} is not a directory"]

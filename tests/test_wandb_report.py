@@ -11,7 +11,7 @@ import pytest
 from runners.report import cli, wandb_report
 from runners.report.runs import scan
 
-from .conftest import run_cli
+from .conftest import run_cli_in_process
 
 
 def _run(root: Path, rel: str, **data) -> None:
@@ -69,8 +69,8 @@ def test_definition_file_holds_the_wandb_view_spec_and_round_trips(tmp_path):
 
 def test_cli_offline_writes_the_definition_and_says_how_to_push(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    res = run_cli(["experiment=smoke", "workload.n_prompts=1", "generation.max_new_tokens=2", "generation.batch_size=1",
-                   "semantic_model=null"], out, tmp_path / "cache")
+    res = run_cli_in_process(["experiment=smoke", "workload.n_prompts=1", "generation.max_new_tokens=2",
+                              "generation.batch_size=1", "semantic_model=null"], out, tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert cli.main([str(out), "--include-tagged", "smoke", "--out", str(tmp_path / "rep"), "--wandb", "team/proj"]) == 0
