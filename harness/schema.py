@@ -135,6 +135,12 @@ SplitbenchConfig = _splitbench_config()
 def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="splitbench_schema", node=SplitbenchConfig)
+    # Each section's defaults (conf/SECTION/default.yaml) and each calibrated system's part of the calibration
+    # section (conf/NAME/calibration.yaml, at calibration.NAME), composed where conf/config.yaml names this node:
+    # built from the registry, so a new system joins without an edit there or in conf/calibration/.
+    store.store(name="system_sections", node={"defaults": [
+        *({section: "default"} for section in systems.sections()),
+        *({f"{s.name}@calibration.{s.name}": "calibration"} for s in systems.SYSTEMS if s.calibration is not None)]})
     for kind, node in MODEL_SCHEMAS.items():
         store.store(group="schema/model", name=kind, node=node)
 

@@ -105,6 +105,12 @@ class System:
     report_sections: tuple[str, ...]   # runners/report modules, in report.md's order
     smoke: tuple[str, ...]             # conf/experiment/NAME.yaml, tagged smoke
     docs: str                          # its page under docs/
+    # Its verdict's calibration against nulls (runner calibration): its entry, `module:function`
+    # (attacks/NAME/calibration.py `entry`; the module also types and checks calibration.NAME), imported only
+    # when a calibration runs, and the config keys that entry reads besides calibration.NAME (the calibration
+    # runner reads them: they enter its hash). None: the system is not calibrated.
+    calibration: str | None = None
+    calibration_reads: tuple[str, ...] = ()
 
 
 # The keys SpliTEE's inference runners share.
@@ -164,6 +170,10 @@ SYSTEMS: tuple[System, ...] = (
         smoke=("smoke", "timing_smoke", "fp_error_smoke", "controlled_error_smoke", "attack_smoke",
                "sequential_attack_smoke", "privacy_audit_smoke", "restore_smoke"),
         docs="docs/splitee.md",
+        calibration="attacks.splitee.calibration:entry",
+        # the sequential attacker's margin, recall threshold and MAP reference, and the engine's σ settings
+        calibration_reads=("attack.controls", "attack.sequential.min_pruning_recall",
+                           "attack.sequential.map_reference", "engine.sigma_scale", "engine.sensitivity_rule"),
     ),
     # Token-level prompt sanitisers (paper 001; harness/sanitize/). The prompt is sanitised on the client/TEE
     # side, then runs on the accelerator as `gpu` does; the name is the mechanism's
@@ -187,6 +197,7 @@ SYSTEMS: tuple[System, ...] = (
         report_sections=("runners.report.sanitize",),
         smoke=("sanitize_smoke",),
         docs="docs/sanitize.md",
+        calibration="attacks.sanitize.calibration:entry", calibration_reads=("sanitize.attack",),
     ),
     # Split federated fine-tuning and its defences (paper 002; harness/splitft/). The knob of each defence is
     # its own strength (harness/splitft/defences.py); splitft_central is the centralised (unsplit,
@@ -217,6 +228,7 @@ SYSTEMS: tuple[System, ...] = (
         report_sections=("runners.report.splitft",),
         smoke=("splitft_smoke",),
         docs="docs/splitft.md",
+        calibration="attacks.splitft.calibration:entry", calibration_reads=("splitft.attack",),
     ),
     # Cloud-edge collaborative decoding and its defences (paper 003; harness/collab/).
     System(
@@ -247,6 +259,8 @@ SYSTEMS: tuple[System, ...] = (
         report_sections=("runners.report.collab",),
         smoke=("collab_smoke",),
         docs="docs/collab.md",
+        calibration="attacks.collab.calibration:entry",
+        calibration_reads=("collab.controls", "collab.alpha", "collab.renyi_order"),
     ),
     # The returned-gradient audit's trainer and its mitigation (paper 004; harness/grad_audit/).
     System(
@@ -270,6 +284,7 @@ SYSTEMS: tuple[System, ...] = (
         report_sections=("runners.report.grad_audit",),
         smoke=("grad_audit_smoke",),
         docs="docs/grad_audit.md",
+        calibration="attacks.grad_audit.calibration:entry", calibration_reads=("grad_audit.gates",),
     ),
 )
 
@@ -282,18 +297,16 @@ _BOUNDS_UNHASHED = tuple((key, 100.0) for key in ("sanitize.attack.per_item_boun
 # What runs across systems, declared like a system with no configurations: its runner runs every system's
 # configurations and reads every section it names whatever the configuration (harness/run_identity.py).
 CROSS_SYSTEM: tuple[System, ...] = (
-    # every system's verdict calibrated against nulls (issue 31; attacks/calibration.py): its own section,
-    # each system's margins, the sequential attacker's recall threshold and the engine's σ settings
+    # every system's verdict calibrated against nulls (issue 31; attacks/calibration.py): its own section and
+    # what each system's calibration entry reads (its `calibration_reads`: its margins; SpliTEE's adds the
+    # sequential attacker's recall threshold and MAP reference and the engine's σ settings)
     System(
         name="calibration", section="calibration",
         schema="harness.calibration_config:CalibrationConfig",
         configurations=(),
         runners=(
             Runner("calibration", "runners.calibration",
-                   ("runner", "model", "calibration", "collab.controls", "collab.alpha", "collab.renyi_order",
-                    "sanitize.attack", "splitft.attack",
-                    "grad_audit.gates", "attack.controls", "attack.sequential.min_pruning_recall",
-                    "attack.sequential.map_reference", "engine.sigma_scale", "engine.sensitivity_rule"),
+                   ("runner", "model", "calibration", *(k for s in SYSTEMS for k in s.calibration_reads)),
                    also_runs=tuple(s.name for s in SYSTEMS),
                    unhashed=(("attack.sequential.map_reference", "prior"), *_BOUNDS_UNHASHED)),
         ),

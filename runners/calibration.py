@@ -1,10 +1,10 @@
 """Calibration runner (issue 31): every system's verdict against null signals and known doses.
 
-For each system of `calibration.systems` (attacks/calibration.REGISTRY), `calibration.trials` null trials
-and `calibration.dosed_trials` trials per dose; results.json holds per system `false_leak_rate`,
-`certify_rate` and `power` (per dose), each a proportion with its Clopper–Pearson 95% interval, the null
-statistic's spread, the margin the sample size can certify, and the issue's acceptance checks, measured
-and reported whether they pass or not.
+For each system of `calibration.systems` (its entry: attacks/NAME/calibration.py, named on its entry of
+harness/systems.py), `calibration.trials` null trials and `calibration.dosed_trials` trials per dose;
+results.json holds per system `false_leak_rate`, `certify_rate` and `power` (per dose), each a proportion with
+its Clopper–Pearson 95% interval, the null statistic's spread, the margin the sample size can certify, and the
+issue's acceptance checks, measured and reported whether they pass or not.
 
     splitbench experiment=calibration_smoke
     splitbench experiment=calibration
@@ -19,9 +19,15 @@ from harness import run_identity
 from harness.results import RunContext
 from runners import common
 
-# The systems' sections whose margins it reads (harness/run_identity.py READS names the parts): in its hash they
-# sit under `system_margins`, the layout its finished runs were hashed in.
-_MARGINS = ("collab", "sanitize", "splitft", "grad_audit", "attack")
+
+def _margins() -> dict[str, Any]:
+    """Each calibrated system's calibration module (harness/calibration_config.py), by the config sections
+    whose reads sit under `system_margins` in its hash (the module's MARGINS), the layout its finished runs
+    were hashed in."""
+    from harness import calibration_config
+
+    modules = [calibration_config.module(name) for name in calibration_config.SYSTEMS]
+    return {section: m for m in modules for section in getattr(m, "MARGINS", ())}
 
 
 def describe_skip(cfg: DictConfig) -> str | None:
@@ -33,11 +39,10 @@ def semantic_config(cfg: DictConfig) -> dict[str, Any]:
     from each system's section, the sequential attacker's recall threshold and MAP reference, the engine's σ settings
     (harness/run_identity.py READS), the margins grouped as its finished runs' hashes have them."""
     out = run_identity.semantic_config(cfg)
-    margins = {sys: out.pop(sys) for sys in _MARGINS}
-    sequential = margins["attack"].pop("sequential")
-    margins["attack"]["sequential_min_pruning_recall"] = float(sequential["min_pruning_recall"])
-    if "map_reference" in sequential:   # absent at prior (unhashed: the runs from before the key keep their hash)
-        margins["attack"]["sequential_map_reference"] = str(sequential["map_reference"])
+    margins = {}
+    for section, module in _margins().items():   # a module may reshape its part (splitee: `hashed_margins`)
+        hashed = getattr(module, "hashed_margins", None)
+        margins[section] = out.pop(section) if hashed is None else hashed(out.pop(section))
     return {**out, "system_margins": margins}
 
 
@@ -52,10 +57,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> dict[str, Any]:
     c = cfg.calibration
     torch.set_num_threads(int(c.threads))
     loaded = load_model(cfg.model, cache_dir=cfg.paths.cache_dir)
+    entries = calibration.entries()
     systems, seconds = {}, {}
     for i, name in enumerate(c.systems):
         start = time.perf_counter()
-        entry = calibration.REGISTRY[name](cfg, loaded)
+        entry = entries[name](cfg, loaded)
         systems[name] = calibration.calibrate(entry, int(c.trials), int(c.seed) + i, int(c.dosed_trials),
                                               float(c.plan_target))
         seconds[name] = time.perf_counter() - start

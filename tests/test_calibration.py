@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from attacks import calibration, controls
+from attacks.splitee import calibration as splitee_calibration
+from attacks.splitft import calibration as splitft_calibration
 from harness import calibration_config
 from metrics import equivalence
 from metrics.equivalence import certifiable_margin, examples_needed
@@ -88,7 +90,7 @@ def test_calibrate_counts_verdicts_with_exact_intervals():
 
 
 def test_every_configured_system_has_a_registry_entry():
-    assert set(calibration.REGISTRY) == set(calibration_config.SYSTEMS)
+    assert set(calibration.entries()) == set(calibration_config.SYSTEMS)
 
 
 def test_text_entries_null_sits_at_its_reference():
@@ -99,23 +101,23 @@ def test_text_entries_null_sits_at_its_reference():
     p = 1.0 / np.arange(1, len(vocab) + 1)
     stream = rng.choice(vocab, 5000, p=p / p.sum()).tolist()
     rows = calibration.unigram_rows(stream, 20, 16, rng)
-    entry = calibration.splitft_entry(rows, stream, 1.0, 5.0, [10.0], 10.0)
+    entry = splitft_calibration.splitft_entry(rows, stream, 1.0, 5.0, [10.0], 10.0)
     values = [entry.null_trial(np.random.default_rng(s)).statistic for s in range(30)]
     assert abs(np.mean(values)) < 3 * np.std(values) / np.sqrt(len(values)) + 0.2
     assert entry.dosed_trial(50.0, np.random.default_rng(0)).verdict == controls.LEAK
 
 
 def test_text_dose_raises_token_f1_by_the_dose():
-    """`_dose`: a perfect reader's (multiset) token F1 of the dosed row rises by d pp in expectation."""
+    """`dose_row`: a perfect reader's (multiset) token F1 of the dosed row rises by d pp in expectation."""
     rng = np.random.default_rng(1)
     stream = (rng.zipf(1.5, 4000) % 300).tolist()
     gains = []
     for _ in range(400):
         truth, other = calibration.unigram_rows(stream, 2, 64, rng)
-        dosed = calibration._dose(truth, other, 5.0, rng)
+        dosed = calibration.dose_row(truth, other, 5.0, rng)
         gains.append(token_prf(truth, dosed)[2] - token_prf(truth, other)[2])
     assert np.mean(gains) == pytest.approx(5.0, abs=3 * np.std(gains) / 20)
-    assert calibration._dose([1, 2], [1, 2], 50.0, rng) == [1, 2]     # nothing left to leak
+    assert calibration.dose_row([1, 2], [1, 2], 50.0, rng) == [1, 2]     # nothing left to leak
 
 
 def test_pairwise_f1_is_token_prf_of_every_pair():
@@ -322,7 +324,7 @@ def _splitee_data(vocab=60, dim=16, prompts=8, length=9, prior_hits=0.0, seed=0)
         if rng.random() < prior_hits:
             log_prior[i, tokens[r][p]] = 10.0
     guess = log_prior.argmax(-1).tolist()
-    return calibration.SpliteeData(tokens, where, torch.log_softmax(log_prior, -1), guess, book,
+    return splitee_calibration.SpliteeData(tokens, where, torch.log_softmax(log_prior, -1), guess, book,
                                    (book * book).sum(-1), 50.0, 1e-3)
 
 
@@ -331,7 +333,7 @@ def test_splitee_null_reads_another_prompt_and_doses_read_their_own():
     equals the prior at almost every position, so it never reads leak; every position dosed (its own
     exposure at σ = 10⁻³) is recovered, MAP − prior = 100 − prior's hits, and both attackers read leak."""
     data = _splitee_data(prior_hits=0.3)
-    entry = calibration.splitee_entry(data, positions=40, margin_pp=1.0, min_recall=0.99, doses_pp=[100.0],
+    entry = splitee_calibration.splitee_entry(data, positions=40, margin_pp=1.0, min_recall=0.99, doses_pp=[100.0],
                                       gate_dose_pp=100.0, map_reference="prior")
     nulls = [entry.null_trial(np.random.default_rng(s)) for s in range(10)]
     assert all(t.verdict != controls.LEAK for t in nulls)
@@ -357,7 +359,7 @@ def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_
     enough that against the prior the same dose does not read leak (the bias costs power as well)."""
     data = _splitee_data(vocab=60, dim=16, prompts=40, length=51, prior_hits=0.3, seed=1)
     data.sigma = 1.6
-    by = {ref: calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+    by = {ref: splitee_calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
                                          gate_dose_pp=20.0, map_reference=ref) for ref in ("prior", "null_view")}
     nulls = {ref: [e.null_trial(np.random.default_rng(s)) for s in range(6)] for ref, e in by.items()}
     assert max(t.statistic for t in nulls["prior"]) < -3.0
@@ -373,7 +375,7 @@ def test_splitee_map_against_a_null_view_is_unbiased_where_against_the_prior_it_
         assert dosed.parts["map"] == controls.LEAK and 12.0 <= dosed.statistic <= 28.0
     # a stronger pull (σ = 1: MAP − prior about −22 pp on a null) swallows a 20 pp dose against the prior
     data.sigma = 1.0
-    strong = calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
+    strong = splitee_calibration.splitee_entry(data, positions=1500, margin_pp=1.0, min_recall=0.99, doses_pp=[20.0],
                                        gate_dose_pp=20.0, map_reference="null_view")
     strong = strong.dosed_trial(20.0, np.random.default_rng(0))
     assert strong.parts["map"] == controls.LEAK and strong.parts["map_against_prior"] != controls.LEAK
@@ -413,10 +415,10 @@ def test_splitee_guesses_in_tiles_are_the_full_matrix_argmax():
     full = (torch.addmm(half_sq, y, book_t) * torch.as_tensor(1 / sigma ** 2, dtype=torch.float32)[:, None])
     want = full.argmax(-1).numpy(), (full + data.log_prior[torch.as_tensor(idx)]).argmax(-1).numpy()
     for chunk, block in ((7, 16), (50, 70), (128, 4096), (1, 1)):
-        got = calibration.splitee_guesses(data, book_t, half_sq, y, sigma, idx, chunk, block)
+        got = splitee_calibration.splitee_guesses(data, book_t, half_sq, y, sigma, idx, chunk, block)
         assert all((g == w).all() for g, w in zip(got, want)), (chunk, block)
     # ties: equal maxima in two tiles (columns 3 and 9, 5 and 6 in one tile) keep the first
-    best = calibration.RunningArgmax(2)
+    best = splitee_calibration.RunningArgmax(2)
     m = np.zeros((2, 12), np.float32)
     m[0, [3, 9]], m[1, [5, 6]] = 1.0, 2.0
     for c in range(0, 12, 4):

@@ -4,6 +4,7 @@ plus one entry."""
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import fields
 
 import pytest
@@ -13,7 +14,7 @@ from harness import configurations, run_identity, schema, systems
 from runners import registry
 from runners.report import sections
 
-from .conftest import CONF, REPO, compose_config
+from .conftest import CONF, REPO, compose_config, run_cli_in_process
 
 
 def test_configuration_registry_is_the_entries_configurations():
@@ -43,10 +44,10 @@ def test_report_sections_are_the_entries_sections():
     assert sections.EXPERIMENTS[-1] == "tradeoff"
 
 
-def test_schema_sections_are_the_entries_sections():
+def test_schema_sections_are_the_entries_sections(hydra_conf):
     declared = {s.section: s for s in systems.ENTRIES if s.section is not None}
-    assert set(schema.SYSTEM_SECTIONS) == set(declared) == {"sanitize", "splitft", "collab", "grad_audit",
-                                                            "calibration"}
+    # derived from the registry, not listed here: a new system's section joins without an edit of this test
+    assert set(schema.SYSTEM_SECTIONS) == set(declared) == set(systems.sections())
     types = {f.name: f.type for f in fields(schema.SplitbenchConfig)}
     for section, entry in declared.items():
         module, _, cls = entry.schema.partition(":")
@@ -65,10 +66,16 @@ def test_schema_sections_are_the_entries_sections():
     assert names[names.index("epsilon") + 1:][:len(own)] == own
     defined = {n for n, o in vars(schema.TOP_LEVEL[systems.SPLITEE]).items() if getattr(o, "__module__", None) == module}
     assert "EngineConfig" in defined and not defined & set(vars(schema))
-    # conf/config.yaml composes each section's defaults
+    # conf/config.yaml composes each section's defaults through the registry's node, not a list of its own
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
-    groups = {k for d in defaults if isinstance(d, dict) for k in d}
-    assert set(declared) <= groups
+    assert "system_sections" in defaults and not {k for d in defaults if isinstance(d, dict) for k in d} & set(declared)
+    cfg = compose_config([])
+    for section in declared:
+        assert all(cfg[section][k] == v for k, v in yaml.safe_load((CONF / section / "default.yaml").read_text()).items())
+    # and each calibrated system's part of the calibration section from its own conf/NAME/calibration.yaml
+    for s in systems.SYSTEMS:
+        if s.calibration is not None:
+            assert cfg.calibration[s.name] == yaml.safe_load((CONF / s.name / "calibration.yaml").read_text())
 
 
 @pytest.mark.parametrize("entry", systems.ENTRIES, ids=lambda s: s.name)
@@ -144,3 +151,117 @@ def test_a_layer_holds_one_folder_per_system_and_no_other(layer):
     code = {d.name for d in (REPO / layer).iterdir()
             if d.is_dir() and d.name != "__pycache__" and any(d.rglob("*.py"))}
     assert code == set(systems.NAMES)
+
+
+# --- a sixth system, registered at test time (issue 53 item 5) -------------------------------------------------
+
+# Its files, as a real sixth system would have them in the repository (here: a package in tmp_path and a conf
+# folder on Hydra's search path). Its attack guesses each example's secret bit from what crossed; the runner
+# records the guess rate with its Clopper–Pearson interval.
+_SIXTH = {
+    "sixth_system/__init__.py": "",
+    "sixth_system/config.py": '''
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from harness.checks import check_at_least
+
+
+@dataclass
+class SixthConfig:
+    examples: int = MISSING
+
+
+def check(section, cfg):
+    check_at_least("sixth.examples", section.examples, 1)
+''',
+    "sixth_system/attack.py": '''
+def guess(crossed):
+    """The secret bit read from what crossed: its parity (what crossed is the secret plus an even mask)."""
+    return [c % 2 for c in crossed]
+''',
+    "sixth_system/runner.py": '''
+import numpy as np
+
+from harness import run_identity
+from metrics.proportions import clopper_pearson
+from runners import common
+from sixth_system.attack import guess
+
+
+def describe_skip(cfg):
+    return None
+
+
+def semantic_config(cfg):
+    return run_identity.semantic_config(cfg)
+
+
+def run(cfg, ctx):
+    rng = np.random.default_rng(int(cfg.seed))
+    secret = rng.integers(2, size=int(cfg.sixth.examples))
+    crossed = secret + 2 * rng.integers(100, size=len(secret))
+    k = int(sum(g == s for g, s in zip(guess(crossed.tolist()), secret.tolist())))
+    lo, hi = clopper_pearson(k, len(secret))
+    results = {**common.results_header(cfg, "sixth", model=None, workload="sixth:random-bits",
+                                       n_prompts=len(secret), generation=False),
+               "configuration": cfg.configuration.name, "epsilon": None,
+               "metrics": {"guess_rate": k / len(secret), "guess_rate_ci": [lo, hi]}}
+    return common.finish(cfg, ctx, results, [], summary=lambda r: f"sixth: guess rate {k}/{len(secret)}")
+''',
+    "conf/sixth/default.yaml": "examples: 20\n",
+    "conf/configuration/sixth_plain.yaml": 'name: sixth_plain\ndescription: "the sixth system, undefended"\n',
+    "conf/experiment/sixth_smoke.yaml": ("# @package _global_\ndefaults:\n  - override /configuration: sixth_plain\n"
+                                         "  - _self_\nrunner: sixth\nexperiment_name: sixth_smoke\n"
+                                         "tags: [smoke]\nsixth:\n  examples: 12\n"),
+}
+
+
+def _reload_registry_readers():
+    """Rebuild what is built from the registry at import (the configurations, the schema and its ConfigStore
+    nodes, the run identity's tables, the runners' registry)."""
+    for module in (configurations, schema, run_identity, registry):
+        importlib.reload(module)
+
+
+def test_a_sixth_system_runs_its_smoke_touching_only_the_registry(tmp_path, monkeypatch):
+    """A throwaway sixth system (one config section, one configuration, one runner, one attack) registered at
+    test time in harness/systems.py's SYSTEMS runs its smoke through the command line in this process, and no
+    other shared file knows it: its section is composed from the registry (harness/schema.py), its
+    configuration, runner and section check are found through it. A real sixth system would touch, besides
+    its own files (harness/NAME/, attacks/NAME/ with its calibration.py, runners/NAME.py,
+    runners/report/NAME.py, conf/NAME/default.yaml and calibration.yaml, conf/configuration/*.yaml, conf/experiment/NAME*.yaml,
+    docs/NAME.md, tests/NAME/), the shared harness/systems.py (its entry), conf/calibration/default.yaml (its
+    name in calibration.systems, where it is calibrated; its values are its own conf/NAME/calibration.yaml) and
+    docs/systems.md and docs/architecture.md (its lines)."""
+    for path, text in _SIXTH.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text.lstrip("\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sixth = systems.System(
+        name="sixth", section="sixth", schema="sixth_system.config:SixthConfig",
+        configurations=(systems.Configuration("sixth_plain", "local", system="sixth"),),
+        runners=(systems.Runner("sixth", "sixth_system.runner", ("runner", "seed", "configuration", "sixth")),),
+        report_sections=(), smoke=("sixth_smoke",), docs="docs/sixth.md")
+    monkeypatch.setattr(systems, "SYSTEMS", (*systems.SYSTEMS, sixth))
+    monkeypatch.setattr(systems, "ENTRIES", systems.SYSTEMS + systems.CROSS_SYSTEM)
+    monkeypatch.setattr(systems, "NAMES", tuple(s.name for s in systems.SYSTEMS))
+    _reload_registry_readers()
+    try:
+        res = run_cli_in_process(["experiment=sixth_smoke", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"],
+                                 tmp_path / "out", tmp_path / "cache")
+        assert res.returncode == 0, res.stderr
+        [found] = (tmp_path / "out").rglob("results.json")
+        results = json.loads(found.read_text())
+        assert results["experiment_name"] == "sixth_smoke" and results["configuration"] == "sixth_plain"
+        assert results["metrics"]["guess_rate"] == 1.0 and results["n_prompts"] == 12
+        # the section is checked through the registry: a bad value is a one-line error, nothing written
+        bad = run_cli_in_process(["experiment=sixth_smoke", "sixth.examples=0",
+                                  f"hydra.searchpath=[file://{tmp_path / 'conf'}]"], tmp_path / "bad", tmp_path / "cache")
+        assert bad.returncode == 2 and bad.stderr_lines[0].startswith("splitbench: error: sixth.examples")
+        assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("results.json"))
+    finally:
+        monkeypatch.undo()
+        _reload_registry_readers()
+    assert "sixth" not in registry.RUNNERS and "sixth" not in schema.SYSTEM_SECTIONS

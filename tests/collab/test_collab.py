@@ -667,7 +667,7 @@ def _step_entry(step_matching, units=600, margin=3.0):
     """The calibration's collab entry on constructed data: 12 examples of 20 evidence ids each in a vocabulary
     of 2000, 4 steps, 100 random ids a step (each step covers 5 % of the vocabulary, so the step count matters
     a lot: 4 steps cover 18.5 % of the evidence, 8 steps 33.7 %)."""
-    from attacks import calibration
+    from attacks.collab import calibration
     from attacks.collab.evidence_recall import Evidence
 
     rng = np.random.default_rng(7)
