@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,27 @@ def test_collect_runs_short_names_each_run_by_its_config_hash(tmp_path):
                           str(tmp_path / "dest2")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "would both be copied to x/m/c/eps=1/abcdef0123" in res.stderr
     assert not (tmp_path / "dest2").exists()
+
+
+def test_restore_runs_puts_short_named_copies_back_at_their_run_dir(tmp_path):
+    """scripts/restore_runs.py: a committed --short copy goes back to its original folder (results.json's
+    run_dir) under the output root, .done with it, so a rerun skips it; a finished run already there is kept,
+    an unfinished copy (no .done) is not restored, and a missing folder is one line and exit 2."""
+    committed, out = tmp_path / "committed", tmp_path / "out"
+    long_name = "x/m/c/eps=1/collab.benchmark.n_examples=30,collab.benchmark.name=dolly-368bb51dde"
+    for short, run_dir, done in (("abcdef0123", long_name, True), ("0123456789", "x/m/c/eps=2/y", False)):
+        (committed / "x/m/c/eps=1" / short).mkdir(parents=True)
+        (committed / "x/m/c/eps=1" / short / "results.json").write_text(json.dumps({"run_dir": run_dir}))
+        if done:
+            (committed / "x/m/c/eps=1" / short / ".done").write_text("")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "restore_runs.py"), str(committed), str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "1 runs restored" in res.stdout, res.stderr
+    assert (out / long_name / ".done").is_file() and json.loads((out / long_name / "results.json").read_text())
+    assert not (out / "x/m/c/eps=2/y").exists()
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "restore_runs.py"), str(committed), str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert "0 runs restored" in res.stdout and "1 already there" in res.stdout
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "restore_runs.py"), str(tmp_path / "nope"), str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
